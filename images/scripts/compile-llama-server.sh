@@ -29,17 +29,20 @@ SOURCE, one of:
 
 options:
   --patch FILE=SHA256        apply a patch verified by sha256 (repeatable)
+  --patch-floating FILE      apply a patch with no pinned sha256 (FLOATING: logged
+                             with the sha256 it had; only for --allow-floating builds)
   --patch-exclude GLOB       path excluded from every patch (repeatable; default none)
   --cuda-archs LIST          build with CUDA for these archs, e.g. "86" or "86;90"
   --cmake-flag -DNAME=VALUE  extra CMake definition (repeatable)
-  --smoke-ld-path DIR        extra LD_LIBRARY_PATH for the --version smoke only
-                             (a CUDA build smoke-tested where no driver is present)
+  --smoke-cuda-stubs DIR     smoke-test against the CUDA driver stub in DIR (a CUDA
+                             build on a machine without a driver, e.g. docker build)
+  --prepare-only             fetch, verify and patch the source, then stop
   --jobs N                   parallel build jobs (default: nproc)
 EOF
 }
 
 prefix="" work="" sdist="" sdist_sha="" git_url="" git_commit="" git_branch=""
-cuda_archs="" smoke_ld="" jobs="$(nproc)"
+cuda_archs="" smoke_stubs="" prepare_only="false" jobs="$(nproc)"
 patches=() excludes=() cmake_extra=()
 
 while [ $# -gt 0 ]; do
@@ -52,10 +55,12 @@ while [ $# -gt 0 ]; do
     --git-commit) git_commit="$2"; shift 2 ;;
     --git-branch) git_branch="$2"; shift 2 ;;
     --patch) patches+=("$2"); shift 2 ;;
+    --patch-floating) patches+=("$2=floating"); shift 2 ;;
     --patch-exclude) excludes+=("$2"); shift 2 ;;
     --cuda-archs) cuda_archs="$2"; shift 2 ;;
     --cmake-flag) cmake_extra+=("$2"); shift 2 ;;
-    --smoke-ld-path) smoke_ld="$2"; shift 2 ;;
+    --smoke-cuda-stubs) smoke_stubs="$2"; shift 2 ;;
+    --prepare-only) prepare_only="true"; shift ;;
     --jobs) jobs="$2"; shift 2 ;;
     -h|--help) usage; exit 0 ;;
     *) usage >&2; die "unknown argument '$1'" ;;
@@ -119,9 +124,15 @@ patch_desc=""
 for p in "${patches[@]+"${patches[@]}"}"; do
   file="${p%=*}" sha="${p##*=}"
   [ -f "$file" ] || die "patch '$file' does not exist"
-  [[ "$sha" =~ ^[0-9a-f]{64}$ ]] || die "patch '$file' needs =SHA256 (64 hex), got '$sha'"
-  printf '%s  %s\n' "$sha" "$file" | sha256sum -c --quiet - \
-    || die "sha256 of patch '$file' is not $sha: refusing to apply it"
+  if [ "$sha" = "floating" ]; then
+    sha="$(sha256sum "$file" | cut -d' ' -f1)"
+    floating="true"
+    log "FLOATING patch $(basename "$file"): no pinned sha256; it has $sha"
+  else
+    [[ "$sha" =~ ^[0-9a-f]{64}$ ]] || die "patch '$file' needs =SHA256 (64 hex), got '$sha'"
+    printf '%s  %s\n' "$sha" "$file" | sha256sum -c --quiet - \
+      || die "sha256 of patch '$file' is not $sha: refusing to apply it"
+  fi
   args=(apply -p1 --whitespace=nowarn)
   for e in "${excludes[@]+"${excludes[@]}"}"; do args+=("--exclude=$e"); done
   log "applying $(basename "$file") (excluding: ${excludes[*]-none})"
@@ -130,6 +141,12 @@ for p in "${patches[@]+"${patches[@]}"}"; do
   (cd "$src" && git "${args[@]}" "$file")
   patch_desc="${patch_desc:+$patch_desc,}$(basename "$file")@sha256:$sha"
 done
+
+if [ "$prepare_only" = "true" ]; then
+  printf '%s\n' "$src"
+  log "prepared $source_desc${patch_desc:+ with $patch_desc} in $src"
+  exit 0
+fi
 
 cmake_args=(
   -S "$src" -B "$work/build"
@@ -160,7 +177,13 @@ log "built in $((SECONDS - start)) s"
 install -m 0755 "$work/build/bin/llama-server" "$prefix/bin/llama-server"
 
 smoke_env=()
-[ -n "$smoke_ld" ] && smoke_env=(env "LD_LIBRARY_PATH=$smoke_ld${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}")
+if [ -n "$smoke_stubs" ]; then
+  # The stub ships as libcuda.so; the binary asks for the driver's soname.
+  [ -f "$smoke_stubs/libcuda.so" ] || die "--smoke-cuda-stubs: no libcuda.so in '$smoke_stubs'"
+  mkdir -p "$work/stubs"
+  ln -sf "$smoke_stubs/libcuda.so" "$work/stubs/libcuda.so.1"
+  smoke_env=(env "LD_LIBRARY_PATH=$work/stubs${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}")
+fi
 # --version prints to stderr; a binary that cannot start fails here, not on a pod.
 "${smoke_env[@]+"${smoke_env[@]}"}" "$prefix/bin/llama-server" --version >"$prefix/share/kiln/llama-server.version.txt" 2>&1 \
   || { cat "$prefix/share/kiln/llama-server.version.txt" >&2; die "smoke test 'llama-server --version' failed"; }

@@ -1,0 +1,372 @@
+"""The deploy config: what the supervisor serves, and how.
+
+TOML → validated (every problem at once) → frozen dataclasses. The image bakes
+the target's default at /etc/kiln/deploy.toml; a few named fields can be
+overridden from the environment (ENV_OVERRIDES), which RunPod templates use;
+a published config replaces the whole file through the watcher.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import json
+import os
+import re
+import tomllib
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Mapping
+
+from .errors import ConfigError
+from .validate import Problem, Reader, raise_if
+
+ENGINES = ("llamacpp", "vllm")
+PLACEMENTS = ("autofit", "manual", "cpu", "engine")
+FAILURE_CLASSES = ("config_rejected", "oom", "load_error", "port_in_use", "stalled", "crashed",
+                   "selftest_failed")
+DEFAULT_FALL_THROUGH = ("oom", "config_rejected")
+DEFAULT_BINARIES = {"llamacpp": "/opt/kiln/engine/bin/llama-server", "vllm": "vllm"}
+DEFAULT_SNAPSHOTS = {"llamacpp": "/opt/kiln/engine/share/kiln/llama-server.help.txt",
+                     "vllm": "/opt/kiln/engine/share/kiln/vllm-serve.help.txt"}
+
+# Fields the environment may override: env name -> (dotted path, type).
+ENV_OVERRIDES: dict[str, tuple[str, type]] = {
+    "KILN_MODEL_SOURCE": ("model.source", str),
+    "KILN_MODEL_REVISION": ("model.revision", str),
+    "KILN_MODEL_ENTRY": ("model.entry", str),
+    "KILN_SERVER_PORT": ("server.port", int),
+    "KILN_API_KEY_SOURCE": ("server.api_key", str),
+    "KILN_STATUS_PORT": ("status.port", int),
+    "KILN_LADDER_START": ("ladder.start", str),
+    "KILN_GPU_COUNT": ("hardware.gpu_count", int),
+    "KILN_STATE_DIR": ("state_dir", str),
+}
+
+# The supervisor sets these itself from [model] and [server]; a rung must not.
+SUPERVISOR_OWNED_FLAGS = {
+    "-m", "--model", "--host", "--port", "--api-key", "--api-key-file", "-hf", "--hf-repo",
+    "-mu", "--model-url",
+}
+HF_SOURCE = re.compile(r"hf://(?P<repo>[A-Za-z0-9][\w.-]*/[\w.-]+)")
+COMMIT = re.compile(r"[0-9a-f]{40}")
+
+
+@dataclass(frozen=True)
+class ModelSpec:
+    source: str                      # hf://owner/name, or an absolute path to a local file/dir
+    revision: str | None = None      # hf only: branch, tag or 40-hex commit
+    allow_patterns: tuple[str, ...] = ()
+    entry: str | None = None         # file given to the engine, relative to the snapshot
+    family: str = "generic"          # selects the selftest's probe set
+
+    @property
+    def hf_repo(self) -> str | None:
+        m = HF_SOURCE.fullmatch(self.source)
+        return m.group("repo") if m else None
+
+    @property
+    def pinned(self) -> bool:
+        return self.hf_repo is None or bool(self.revision and COMMIT.fullmatch(self.revision))
+
+
+@dataclass(frozen=True)
+class ServerSpec:
+    host: str = "0.0.0.0"
+    port: int = 8080
+    # "env:NAME", "file:/path", or "none" (an unauthenticated server must be said out loud).
+    api_key: str = "env:KILN_API_KEY"
+    binary: str = ""
+    flag_snapshot: str = ""
+    extra_args: tuple[str, ...] = ()
+
+
+@dataclass(frozen=True)
+class SamplerSpec:
+    temperature: float | None = None
+    min_p: float | None = None
+    top_p: float | None = None
+    top_k: int | None = None
+    repeat_penalty: float | None = None
+
+
+@dataclass(frozen=True)
+class Rung:
+    name: str
+    placement: str = "autofit"
+    args: tuple[str, ...] = ()
+    env: Mapping[str, str] = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class LadderSpec:
+    rungs: tuple[Rung, ...]
+    start: str | None = None                          # begin at this rung (env KILN_LADDER_START)
+    fall_through: tuple[str, ...] = DEFAULT_FALL_THROUGH
+    remember: bool = True                             # start the next boot at the rung that won
+    reclaim_timeout_s: float = 30.0                   # wait for VRAM to come back between rungs
+    reclaim_slack_mib: int = 512
+
+
+@dataclass(frozen=True)
+class HardwareSpec:
+    gpu_count: int | None = None          # exact; None = any (0 = CPU only)
+    min_vram_mib: int | None = None       # per GPU, total memory
+    min_compute_capability: str | None = None
+    min_vcpu: int | None = None
+    min_ram_gib: float | None = None
+    # The seed's wall: 16 vCPU for ~80 GB of host-resident weights ran 1.9x slower than 41.
+    warn_vcpu_per_host_gib: float = 0.4
+
+
+@dataclass(frozen=True)
+class HealthSpec:
+    stall_s: float = 120.0      # no progress (output, CPU, I/O) for this long = stalled
+    max_s: float = 0.0          # absolute cap on loading, 0 = none (progress decides)
+    poll_s: float = 0.1
+    stop_grace_s: float = 10.0
+
+
+@dataclass(frozen=True)
+class RestartSpec:
+    max_restarts: int = 5           # within window_s, then FAILED (crash loop)
+    window_s: float = 600.0
+    backoff_initial_s: float = 1.0
+    backoff_max_s: float = 60.0
+    stable_s: float = 300.0         # uptime that resets the backoff
+
+
+@dataclass(frozen=True)
+class StatusSpec:
+    host: str = "0.0.0.0"
+    port: int = 8081
+
+
+@dataclass(frozen=True)
+class DeployConfig:
+    engine: str
+    model: ModelSpec
+    ladder: LadderSpec
+    server: ServerSpec = ServerSpec()
+    sampler: SamplerSpec = SamplerSpec()
+    hardware: HardwareSpec = HardwareSpec()
+    health: HealthSpec = HealthSpec()
+    restart: RestartSpec = RestartSpec()
+    status: StatusSpec = StatusSpec()
+    state_dir: str = "/workspace/kiln"
+    source: str = "<memory>"        # where it was read from (not hashed)
+
+    def to_dict(self) -> dict[str, Any]:
+        d = dataclasses.asdict(self)
+        d.pop("source")
+        return d
+
+    @property
+    def hash(self) -> str:
+        """Stable identity of what would run: same config, same hash, wherever it came from."""
+        blob = json.dumps(self.to_dict(), sort_keys=True, separators=(",", ":"), default=list)
+        return hashlib.sha256(blob.encode()).hexdigest()
+
+    def rung(self, name: str) -> Rung:
+        for r in self.ladder.rungs:
+            if r.name == name:
+                return r
+        raise KeyError(name)
+
+
+# ---------------------------------------------------------------------------
+def load_config(path: str | os.PathLike[str], env: Mapping[str, str] | None = None) -> DeployConfig:
+    p = Path(path)
+    try:
+        text = p.read_text(encoding="utf-8")
+    except OSError as e:
+        raise ConfigError(str(p), [Problem("(file)", f"cannot be read: {e.strerror}", str(p))]) from None
+    return parse_config(text, source=str(p), env=env)
+
+
+def parse_config(text: str, *, source: str = "<memory>", env: Mapping[str, str] | None = None) -> DeployConfig:
+    try:
+        data = tomllib.loads(text)
+    except tomllib.TOMLDecodeError as e:
+        raise ConfigError(source, [Problem("(toml)", f"is not valid TOML: {e}")]) from None
+    problems: list[Problem] = []
+    _apply_env(data, os.environ if env is None else env, problems)
+    cfg = _build(Reader(data, "", problems), source)
+    raise_if(problems, f"deploy config {source}")
+    assert cfg is not None
+    return cfg
+
+
+def _apply_env(data: dict[str, Any], env: Mapping[str, str], problems: list[Problem]) -> None:
+    for name, (path, kind) in ENV_OVERRIDES.items():
+        if name not in env:
+            continue
+        raw = env[name]
+        value: Any = raw
+        if kind is int:
+            try:
+                value = int(raw)
+            except ValueError:
+                problems.append(Problem(f"{path} (from env {name})", "must be an integer", raw))
+                continue
+        *parents, leaf = path.split(".")
+        node = data
+        for part in parents:
+            node = node.setdefault(part, {})
+        node[leaf] = value
+
+
+def _build(r: Reader, source: str) -> DeployConfig | None:
+    engine = r.str("engine", "llamacpp", choices=ENGINES)
+    model = _model(r.table("model", required=True))
+    server = _server(r.table("server"), engine)
+    sampler = _sampler(r.table("sampler"))
+    ladder = _ladder(r, engine)
+    hardware = _hardware(r.table("hardware"))
+    health = _health(r.table("health"))
+    restart = _restart(r.table("restart"))
+    status = _status(r.table("status"))
+    state_dir = r.str("state_dir", "/workspace/kiln", pattern=r"/.*", pattern_hint="an absolute path")
+    r.finish()
+    if status.port == server.port:
+        r.problem("status.port", "must differ from server.port (the supervisor and the engine both listen)",
+                  status.port)
+    return DeployConfig(engine=engine, model=model, ladder=ladder, server=server, sampler=sampler,
+                        hardware=hardware, health=health, restart=restart, status=status,
+                        state_dir=state_dir, source=source)
+
+
+def _model(r: Reader) -> ModelSpec:
+    source = r.str("source", "", required=True)
+    if source and not (HF_SOURCE.fullmatch(source) or source.startswith("/")):
+        r.problem("source", "must be hf://owner/name or an absolute local path", source,
+                  "hf://owner/name, /models/file.gguf")
+    is_hf = bool(HF_SOURCE.fullmatch(source or ""))
+    revision = r.str("revision", None, pattern=r"[\w./-]{1,200}", pattern_hint="a branch, tag or commit")
+    if revision and not is_hf:
+        r.problem("revision", "only applies to hf:// sources", revision)
+    allow = r.str_list("allow_patterns", item=_glob_problem)
+    entry = r.str("entry", None)
+    if entry is not None and (entry.startswith("/") or ".." in Path(entry).parts):
+        r.problem("entry", "must be a relative path inside the model snapshot", entry)
+    if is_hf and not entry:
+        r.problem("entry", "is required for hf:// sources: the file the engine loads",
+                  allowed="e.g. 'UD-IQ1_S/model-00001-of-00004.gguf'")
+    family = r.str("family", "generic", pattern=r"[a-z0-9][a-z0-9.-]*", pattern_hint="lowercase name")
+    r.finish()
+    return ModelSpec(source=source, revision=revision, allow_patterns=allow, entry=entry, family=family)
+
+
+def _glob_problem(pattern: str) -> str | None:
+    return "must be a relative glob" if pattern.startswith("/") or ".." in pattern.split("/") else None
+
+
+def _server(r: Reader, engine: str) -> ServerSpec:
+    host = r.str("host", "0.0.0.0", pattern=r"[\w.:-]+", pattern_hint="an address such as 0.0.0.0")
+    port = r.int("port", 8080, min=1, max=65535)
+    api_key = r.str("api_key", "env:KILN_API_KEY", pattern=r"none|env:[A-Za-z_][A-Za-z0-9_]*|file:/.+",
+                    pattern_hint='"env:NAME", "file:/path" or "none" (no authentication, said out loud)')
+    binary = r.str("binary", DEFAULT_BINARIES.get(engine, ""))
+    snapshot = r.str("flag_snapshot", DEFAULT_SNAPSHOTS.get(engine, ""))
+    extra = r.str_list("extra_args", item=_owned_flag_problem)
+    r.finish()
+    return ServerSpec(host=host, port=port, api_key=api_key, binary=binary, flag_snapshot=snapshot,
+                      extra_args=extra)
+
+
+def _owned_flag_problem(arg: str) -> str | None:
+    flag = arg.split("=", 1)[0]
+    if flag in SUPERVISOR_OWNED_FLAGS:
+        return f"{flag} is set by the supervisor from [model]/[server]; remove it here"
+    return None
+
+
+def _sampler(r: Reader) -> SamplerSpec:
+    s = SamplerSpec(
+        temperature=r.float("temperature", None, min=0.0, max=5.0),
+        min_p=r.float("min_p", None, min=0.0, max=1.0),
+        top_p=r.float("top_p", None, min=0.0, max=1.0),
+        top_k=r.int("top_k", None, min=0),
+        repeat_penalty=r.float("repeat_penalty", None, min=0.0, max=5.0),
+    )
+    r.finish()
+    return s
+
+
+def _ladder(r: Reader, engine: str) -> LadderSpec:
+    lr = r.table("ladder", required=True)
+    rungs: list[Rung] = []
+    for rr in lr.tables("rungs", required=True):
+        name = rr.str("name", f"rung{len(rungs)}", required=True,
+                      pattern=r"[A-Za-z0-9][\w.-]{0,63}", pattern_hint="letters, digits, . _ -")
+        default_placement = "engine" if engine == "vllm" else "autofit"
+        placement = rr.str("placement", default_placement, choices=PLACEMENTS)
+        args = rr.str_list("args", item=_owned_flag_problem)
+        env = rr.str_map("env")
+        rr.finish()
+        if any(x.name == name for x in rungs):
+            rr.problem("name", "is used by an earlier rung; rung names must be unique", name)
+        rungs.append(Rung(name=name, placement=placement, args=args, env=env))
+    if not rungs and lr.has("rungs"):
+        lr.problem("rungs", "needs at least one [[ladder.rungs]] entry")
+    start = lr.str("start", None)
+    fall = lr.str_list("fall_through", DEFAULT_FALL_THROUGH,
+                       item=lambda c: None if c in FAILURE_CLASSES else
+                       f"is not a failure class ({', '.join(FAILURE_CLASSES)})")
+    remember = lr.bool("remember", True)
+    reclaim_timeout = lr.float("reclaim_timeout_s", 30.0, min=0.0)
+    slack = lr.int("reclaim_slack_mib", 512, min=0)
+    lr.finish()
+    if start is not None and start not in {x.name for x in rungs}:
+        lr.problem("start", "names no rung", start, ", ".join(x.name for x in rungs))
+        start = None
+    return LadderSpec(rungs=tuple(rungs), start=start, fall_through=fall, remember=remember,
+                      reclaim_timeout_s=reclaim_timeout, reclaim_slack_mib=slack)
+
+
+def _hardware(r: Reader) -> HardwareSpec:
+    cc = r.str("min_compute_capability", None, pattern=r"\d+\.\d+", pattern_hint='"8.6"')
+    h = HardwareSpec(
+        gpu_count=r.int("gpu_count", None, min=0, max=64),
+        min_vram_mib=r.int("min_vram_mib", None, min=0),
+        min_compute_capability=cc,
+        min_vcpu=r.int("min_vcpu", None, min=1),
+        min_ram_gib=r.float("min_ram_gib", None, min=0.0),
+        warn_vcpu_per_host_gib=r.float("warn_vcpu_per_host_gib", 0.4, min=0.0),
+    )
+    r.finish()
+    return h
+
+
+def _health(r: Reader) -> HealthSpec:
+    h = HealthSpec(
+        stall_s=r.float("stall_s", 120.0, min=0.5),
+        max_s=r.float("max_s", 0.0, min=0.0),
+        poll_s=r.float("poll_s", 0.1, min=0.01, max=10.0),
+        stop_grace_s=r.float("stop_grace_s", 10.0, min=0.0, max=600.0),
+    )
+    r.finish()
+    return h
+
+
+def _restart(r: Reader) -> RestartSpec:
+    s = RestartSpec(
+        max_restarts=r.int("max_restarts", 5, min=0),
+        window_s=r.float("window_s", 600.0, min=1.0),
+        backoff_initial_s=r.float("backoff_initial_s", 1.0, min=0.0),
+        backoff_max_s=r.float("backoff_max_s", 60.0, min=0.0),
+        stable_s=r.float("stable_s", 300.0, min=0.0),
+    )
+    r.finish()
+    if s.backoff_max_s < s.backoff_initial_s:
+        r.problem("backoff_max_s", "must be >= backoff_initial_s", s.backoff_max_s)
+    return s
+
+
+def _status(r: Reader) -> StatusSpec:
+    s = StatusSpec(
+        host=r.str("host", "0.0.0.0", pattern=r"[\w.:-]+", pattern_hint="an address such as 0.0.0.0"),
+        port=r.int("port", 8081, min=1, max=65535),
+    )
+    r.finish()
+    return s

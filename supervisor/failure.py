@@ -1,0 +1,82 @@
+"""Why a server failed, decided from its exit, its timing and its own words.
+
+Exit status alone cannot tell a CUDA OOM from a bad model file (both exit 1);
+the stderr can. The seed's two signatures are the model: a parameter
+rejection fails fast with `failed to create llama_context` and no allocator
+line; a genuine OOM prints `cudaMalloc failed: out of memory`. Each engine
+supplies its signatures; the first class with a matching line wins, in the
+order the engine lists them (OOM before the generic "failed to create
+context" that follows it in the same log).
+"""
+
+from __future__ import annotations
+
+import re
+import signal
+from dataclasses import dataclass, field
+from typing import Sequence
+
+# The failure classes, in the words /status and the ladder use.
+CONFIG_REJECTED = "config_rejected"
+OOM = "oom"
+LOAD_ERROR = "load_error"
+PORT_IN_USE = "port_in_use"
+STALLED = "stalled"
+CRASHED = "crashed"
+SELFTEST_FAILED = "selftest_failed"
+
+
+@dataclass(frozen=True)
+class Signature:
+    failure_class: str
+    pattern: re.Pattern[str]
+    reason: str
+
+
+def sig(failure_class: str, pattern: str, reason: str) -> Signature:
+    return Signature(failure_class, re.compile(pattern), reason)
+
+
+@dataclass(frozen=True)
+class Failure:
+    failure_class: str
+    reason: str
+    exit_code: int | None = None        # Popen convention: <0 is death by signal
+    elapsed_s: float | None = None      # launch to exit
+    evidence: str | None = None         # the log line that decided it
+    hints: tuple[str, ...] = ()         # other telling lines (an autofit abort, say)
+    tail: tuple[str, ...] = field(default=(), repr=False)
+    rung: str | None = None
+
+    def to_dict(self) -> dict[str, object]:
+        return {"class": self.failure_class, "reason": self.reason, "exit_code": self.exit_code,
+                "elapsed_s": None if self.elapsed_s is None else round(self.elapsed_s, 3),
+                "evidence": self.evidence, "hints": list(self.hints), "rung": self.rung,
+                "stderr_tail": list(self.tail)}
+
+
+def classify(*, returncode: int | None, elapsed_s: float | None, tail: Sequence[str],
+             signatures: Sequence[Signature], hint_signatures: Sequence[Signature] = (),
+             stalled: bool = False, rung: str | None = None) -> Failure:
+    """Decide the failure class of a server that exited (or stalled)."""
+    tail_t = tuple(tail)
+    hints = tuple(f"{h.reason}: {line.strip()}" for h in hint_signatures
+                  for line in tail_t if h.pattern.search(line))
+    common = dict(exit_code=returncode, elapsed_s=elapsed_s, tail=tail_t, rung=rung, hints=hints)
+    if stalled:
+        return Failure(STALLED, "no loading progress (output, CPU or disk reads) within the stall deadline",
+                       **common)
+    for s in signatures:
+        for line in tail_t:
+            if s.pattern.search(line):
+                return Failure(s.failure_class, s.reason, evidence=line.strip(), **common)
+    if returncode is not None and returncode < 0:
+        try:
+            name = signal.Signals(-returncode).name
+        except ValueError:
+            name = f"signal {-returncode}"
+        reason = f"killed by {name}"
+        if returncode == -signal.SIGKILL:
+            reason += " (the host's OOM killer does this too: check container memory)"
+        return Failure(CRASHED, reason, **common)
+    return Failure(CRASHED, f"exited with status {returncode} and no known failure signature", **common)

@@ -1,0 +1,340 @@
+"""supervisor.process and supervisor.pid1 against real processes (helpers in tests/support/proc).
+
+No mocks of fork/exec/kill and no fixed sleeps: every wait reads a `ready (pid: N)` line or
+polls a condition against a generous deadline (the test machine is small and busy).
+"""
+
+from __future__ import annotations
+
+import ctypes
+import os
+import re
+import secrets
+import signal
+import socket
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Callable, Iterator
+from pathlib import Path
+
+import psutil
+import pytest
+
+from supervisor.pid1 import become_subreaper, exit_code_for, reap_orphans
+from supervisor.process import REGISTRY, ManagedProcess, ProcessRegistry
+
+REPO = Path(__file__).resolve().parents[2]
+PROC = REPO / "tests" / "support" / "proc"
+PY = sys.executable
+DEADLINE = 20.0  # generous: two busy cores
+SLACK = 5.0  # allowed overshoot of a grace period
+
+
+def helper(name: str, *args: str) -> list[str]:
+    return [PY, str(PROC / name), *args]
+
+
+class Lines:
+    """on_line sink that lets a test wait for a line matching a pattern."""
+
+    def __init__(self) -> None:
+        self.lines: list[str] = []
+        self._cond = threading.Condition()
+
+    def __call__(self, line: str) -> None:
+        with self._cond:
+            self.lines.append(line)
+            self._cond.notify_all()
+
+    def wait_for(self, pattern: str, timeout: float = DEADLINE) -> re.Match[str]:
+        rx = re.compile(pattern)
+        deadline = time.monotonic() + timeout
+        with self._cond:
+            while True:
+                for line in self.lines:
+                    if m := rx.search(line):
+                        return m
+                left = deadline - time.monotonic()
+                if left <= 0:
+                    raise AssertionError(f"no line matching {pattern!r} in {timeout} s: {self.lines[-20:]}")
+                self._cond.wait(left)
+
+
+def wait_until(cond: Callable[[], bool], what: str, timeout: float = DEADLINE) -> None:
+    deadline = time.monotonic() + timeout
+    delay = 0.005
+    while not cond():
+        if time.monotonic() >= deadline:
+            raise AssertionError(f"timed out after {timeout} s waiting for {what}")
+        time.sleep(delay)
+        delay = min(delay * 2, 0.1)
+
+
+def alive(pid: int) -> bool:
+    try:
+        return psutil.Process(pid).status() != psutil.STATUS_ZOMBIE
+    except psutil.NoSuchProcess:
+        return False
+
+
+def our_zombies() -> list[int]:
+    return [c.pid for c in psutil.Process().children() if c.status() == psutil.STATUS_ZOMBIE]
+
+
+@pytest.fixture
+def spawn() -> Iterator[Callable[..., tuple[ManagedProcess, Lines]]]:
+    """Start helpers with a line sink; whatever a test leaves running is stopped afterwards."""
+    started: list[ManagedProcess] = []
+
+    def _spawn(argv: list[str], **kw: object) -> tuple[ManagedProcess, Lines]:
+        lines = Lines()
+        p = ManagedProcess.start(argv, on_line=lines, **kw)  # type: ignore[arg-type]
+        started.append(p)
+        return p, lines
+
+    yield _spawn
+    for p in started:
+        p.stop(grace_s=1.0)
+
+
+@pytest.fixture
+def subreaper() -> Iterator[None]:
+    assert become_subreaper()
+    try:
+        yield
+    finally:
+        # Undo it so later tests' orphans go to init as usual, not to pytest.
+        libc = ctypes.CDLL(None, use_errno=True)
+        zero = ctypes.c_ulong(0)
+        libc.prctl(36, zero, zero, zero, zero)
+
+
+# -- starting -----------------------------------------------------------------------------------
+
+
+def test_argv_string_is_refused() -> None:
+    with pytest.raises(TypeError):
+        ManagedProcess.start("echo hello")  # type: ignore[arg-type]
+
+
+def test_starts_in_own_session_and_group(spawn) -> None:
+    p, lines = spawn(helper("child.py"))
+    assert int(lines.wait_for(r"ready \(pid: (\d+)\)")[1]) == p.pid
+    assert p.pgid == p.pid == os.getpgid(p.pid) == os.getsid(p.pid)
+    assert p.pgid != os.getpgrp()
+    assert p.poll() is None and p.wait(0) is None
+
+
+# -- stopping -----------------------------------------------------------------------------------
+
+
+def test_cooperative_stop_is_prompt_and_term_reaches_whole_group(spawn) -> None:
+    p, lines = spawn(helper("spawner.py"))
+    lines.wait_for(r"^ready")
+    gpid = int(lines.wait_for(r"grandchild ready \(pid: (\d+)")[1])
+    assert os.getpgid(gpid) == p.pgid
+    t0 = time.monotonic()
+    rc = p.stop(grace_s=10.0)
+    assert time.monotonic() - t0 < 5.0, "a cooperative child must not cost the whole grace"
+    assert rc == -signal.SIGTERM and exit_code_for(rc) == 143
+    assert f"grandchild signal: SIGTERM (pid: {gpid})" in p.tail()
+    assert not alive(gpid) and p.survivors() == []
+    assert p.exited().is_set() and p.poll() == rc
+
+
+def test_child_ignoring_term_is_killed_after_grace(spawn) -> None:
+    p, lines = spawn(helper("child.py", "--ignore-term"))
+    lines.wait_for(r"^ready")
+    grace = 1.0
+    t0 = time.monotonic()
+    rc = p.stop(grace_s=grace)
+    elapsed = time.monotonic() - t0
+    assert grace - 0.05 <= elapsed < grace + SLACK
+    assert rc == -signal.SIGKILL and exit_code_for(rc) == 137
+    assert "signal: SIGTERM" in p.tail(), "TERM must come first, KILL only after the grace"
+    assert p.survivors() == []
+
+
+def test_stop_is_idempotent_and_keeps_the_exit_status(spawn) -> None:
+    p, lines = spawn(helper("child.py", "--exit", "3"))
+    assert p.wait(DEADLINE) == 3
+    assert p.stop(grace_s=1.0) == 3
+    assert p.stop(grace_s=1.0) == 3
+    assert exit_code_for(p.poll() or 0) == 3
+
+
+def test_death_by_signal_is_reported_popen_style(spawn) -> None:
+    p, _ = spawn(helper("child.py", "--die", str(int(signal.SIGKILL))))
+    assert p.wait(DEADLINE) == -signal.SIGKILL
+    assert exit_code_for(p.stop()) == 137
+
+
+def test_exit_code_for() -> None:
+    assert exit_code_for(-15) == 143
+    assert exit_code_for(-9) == 137
+    assert exit_code_for(3) == 3
+    assert exit_code_for(0) == 0
+
+
+def test_setsid_grandchild_escaping_the_group_is_still_killed(spawn) -> None:
+    p, lines = spawn(helper("spawner.py", "--setsid", "--ignore-term"))
+    m = lines.wait_for(r"grandchild ready \(pid: (\d+), pgid: (\d+)\)")
+    gpid, gpgid = int(m[1]), int(m[2])
+    assert gpgid != p.pgid, "the grandchild must really have left the group"
+    assert gpid in p.tree_pids()
+    t0 = time.monotonic()
+    p.stop(grace_s=0.5)
+    assert time.monotonic() - t0 < 0.5 + SLACK
+    assert not alive(gpid)
+    assert p.survivors() == []
+
+
+def test_orphaned_grandchild_outliving_its_parent_is_tracked_and_killed(spawn) -> None:
+    p, lines = spawn(helper("spawner.py", "--setsid"))
+    lines.wait_for(r"^ready")
+    gpid = int(lines.wait_for(r"grandchild ready \(pid: (\d+)")[1])
+    assert gpid in p.tree_pids()
+    os.kill(p.pid, signal.SIGUSR1)  # the parent exits 0 and leaves the grandchild behind
+    assert p.wait(DEADLINE) == 0
+    assert p.survivors() == [gpid]
+    assert gpid in REGISTRY.survivors(), "the reclaim barrier must see the orphan"
+    assert p.stop(grace_s=2.0) == 0
+    assert not alive(gpid)
+    assert p.survivors() == [] and gpid not in REGISTRY.survivors()
+
+
+def test_registry_stop_all_stops_in_parallel(spawn) -> None:
+    registry = ProcessRegistry()
+    procs = []
+    for _ in range(2):
+        p, lines = spawn(helper("child.py", "--ignore-term"))
+        lines.wait_for(r"^ready")
+        registry.track(p)
+        procs.append(p)
+    assert sorted(registry.survivors()) == sorted(p.pid for p in procs)
+    assert registry.pids() == {p.pid for p in procs}
+    t0 = time.monotonic()
+    registry.stop_all(grace_s=1.0)
+    assert time.monotonic() - t0 < 1.0 + SLACK, "graces must overlap, not add up"
+    assert registry.survivors() == []
+    assert all(p.poll() == -signal.SIGKILL for p in procs)
+
+
+# -- output -------------------------------------------------------------------------------------
+
+
+def test_redaction_canary_never_leaks(spawn, tmp_path: Path) -> None:
+    canary = "kiln-canary-" + secrets.token_hex(8)
+    log_file = tmp_path / "server.log"
+    p, lines = spawn(
+        helper("child.py", "--say", f"api key={canary} loaded", "--say", canary, "--exit", "0"),
+        redact=[canary],
+        log_file=str(log_file),
+    )
+    assert p.wait(DEADLINE) == 0
+    p.stop()  # after exit: drains the pipe and closes the log
+    written = log_file.read_text(encoding="utf-8")
+    for where, text in (("tail", "\n".join(p.tail())), ("log_file", written), ("on_line", "\n".join(lines.lines))):
+        assert canary not in text, f"canary leaked through {where}"
+    assert "api key=*** loaded" in p.tail()
+    assert "***" in p.tail()
+    assert written.splitlines() == p.tail() == lines.lines
+
+
+def test_tail_is_bounded_decoded_and_marks_progress(spawn) -> None:
+    p, lines = spawn(helper("child.py", "--raw", "ff41", "--lines", "50"), tail_lines=5)
+    lines.wait_for(r"^ready")
+    assert lines.lines[0] == "\ufffdA", "invalid UTF-8 is replaced, not fatal"
+    tail = p.tail()
+    assert tail == ["line 46", "line 47", "line 48", "line 49", f"ready (pid: {p.pid})"]
+    assert p.last_output_at() > p.started_at
+
+
+def test_failing_on_line_callback_does_not_stop_the_reader(spawn) -> None:
+    def boom(line: str) -> None:
+        raise RuntimeError("callback bug")
+
+    p = ManagedProcess.start(helper("child.py", "--lines", "3", "--exit", "0"), on_line=boom)
+    assert p.wait(DEADLINE) == 0
+    assert p.stop() == 0
+    assert p.tail()[:3] == ["line 0", "line 1", "line 2"]
+
+
+# -- PID 1 --------------------------------------------------------------------------------------
+
+
+def test_orphan_is_reaped_and_managed_status_never_stolen(spawn, subreaper) -> None:
+    p, lines = spawn(helper("spawner.py", "--code", "7"))
+    lines.wait_for(r"^ready")
+    gpid = int(lines.wait_for(r"grandchild ready \(pid: (\d+)")[1])
+    os.kill(p.pid, signal.SIGUSR1)
+    assert p.wait(DEADLINE) == 0
+    wait_until(lambda: psutil.Process(gpid).ppid() == os.getpid(), "the orphan to be re-parented to us")
+
+    # A child whose status belongs to someone else (here a bare Popen), left a zombie on purpose.
+    other = subprocess.Popen([PY, "-I", "-S", "-c", "raise SystemExit(5)"])
+    wait_until(lambda: psutil.Process(other.pid).status() == psutil.STATUS_ZOMBIE, "the Popen zombie")
+    os.kill(gpid, signal.SIGUSR1)  # the orphan exits 7 and becomes our zombie
+    wait_until(lambda: psutil.Process(gpid).status() == psutil.STATUS_ZOMBIE, "the orphan zombie")
+
+    # A managed child exiting while reap_orphans runs in a loop: its status stays with Popen.
+    managed, mlines = spawn(helper("child.py", "--exit", "4"))
+    reaped: list[tuple[int, int]] = []
+    deadline = time.monotonic() + DEADLINE
+    while not managed.exited().is_set() or (gpid, 7) not in reaped:
+        assert time.monotonic() < deadline, f"reaped so far: {reaped}"
+        reaped += reap_orphans(REGISTRY.pids() | {other.pid})
+    assert managed.wait(0) == 4
+    assert (gpid, 7) in reaped
+    assert {pid for pid, _ in reaped} == {gpid}
+    assert other.wait(DEADLINE) == 5
+    assert our_zombies() == []
+
+
+def test_signal_relay_records_and_the_main_loop_acts(spawn) -> None:
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join(filter(None, [str(REPO), os.environ.get("PYTHONPATH")])))
+    p, lines = spawn(helper("relay_probe.py"), env=env)
+    lines.wait_for(r"^ready")
+    child = lines.wait_for(r"^spawned: (\d+)")[1]
+    lines.wait_for(rf"^reaped: {child} 0$")  # SIGCHLD woke the loop, which reaped the orphan
+    for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):
+        os.kill(p.pid, sig)
+        lines.wait_for(rf"^got {sig.name}$")
+        assert p.poll() is None, f"the {sig.name} handler must only record, not act"
+    os.kill(p.pid, signal.SIGUSR1)
+    assert p.wait(DEADLINE) == 0
+    assert not any("SIGCHLD" in line for line in p.tail()), "SIGCHLD wakes the loop but is not pending"
+
+
+# -- leaks --------------------------------------------------------------------------------------
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _fd_count() -> int:
+    return len(os.listdir("/proc/self/fd"))
+
+
+@pytest.mark.slow
+def test_hundred_start_stop_cycles_leak_nothing() -> None:
+    port = _free_port()
+    argv = [PY, "-I", "-S", str(PROC / "listener.py"), str(port)]
+    fds, threads = _fd_count(), threading.active_count()
+    for i in range(100):
+        ready = threading.Event()
+        p = ManagedProcess.start(argv, on_line=lambda line: line.startswith("ready") and ready.set())
+        assert ready.wait(DEADLINE), f"cycle {i}: no ready line; tail {p.tail()}"
+        assert p.stop(grace_s=5.0) == -signal.SIGTERM, f"cycle {i}"
+        assert p.survivors() == []
+    assert REGISTRY.survivors() == []
+    assert our_zombies() == []
+    wait_until(lambda: threading.active_count() <= threads, "reader and waiter threads to end", 5.0)
+    assert _fd_count() == fds, "pipe fds leaked"
+    with socket.socket() as s:  # no SO_REUSEADDR: the port really is free again
+        s.bind(("127.0.0.1", port))
