@@ -1,0 +1,149 @@
+"""Talking to a Docker engine: is one there, does a base exist, build with secrets, push.
+
+Builds go through the docker CLI with BuildKit, not docker-py: docker-py's
+build API drives the legacy builder, which has no `RUN --mount=type=secret`,
+and the CA bundle and HF_TOKEN must reach the build as secrets that never
+land in a layer. docker-py is used for what it does well: ping, inspect, run.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Callable, Mapping, Sequence
+
+from supervisor.errors import KilnError
+
+START_HINT = ('start one: `eval "$(bash scripts/dev-docker.sh start)"` (a private dockerd, as CI does), '
+              "or Docker Desktop / your system dockerd; or use --render to write the Dockerfile and "
+              "build context without an engine")
+
+
+class EngineUnavailable(KilnError):
+    pass
+
+
+class BuildFailed(KilnError):
+    pass
+
+
+def docker_cli() -> str:
+    """A docker CLI whose `build` speaks BuildKit (secrets, cache mounts)."""
+    explicit = os.environ.get("KILN_DOCKER")
+    if explicit:
+        return explicit
+    # Debian's client supports BuildKit with DOCKER_BUILDKIT=1; some newer
+    # clients on PATH delegate to a buildx plugin that may not be installed.
+    for candidate in ("/usr/bin/docker", shutil.which("docker")):
+        if candidate and Path(candidate).exists():
+            return candidate
+    raise EngineUnavailable("no docker CLI found; install docker (Debian: apt-get install docker.io), "
+                            "or use --render")
+
+
+def cli_env(extra: Mapping[str, str] | None = None) -> dict[str, str]:
+    env = dict(os.environ)
+    env["DOCKER_BUILDKIT"] = "1"
+    env.update(extra or {})
+    return env
+
+
+def ping() -> None:
+    import docker  # docker-py; imported late so --render and --list never need it
+    from docker.errors import DockerException
+
+    host = os.environ.get("DOCKER_HOST", "the default socket")
+    try:
+        client = docker.from_env(timeout=5)
+        client.ping()
+        client.close()
+    except DockerException as e:
+        first = str(e).splitlines()[0][:200] if str(e) else type(e).__name__
+        raise EngineUnavailable(f"no reachable Docker engine at {host} ({first}); {START_HINT}") from None
+
+
+def image_exists(ref: str) -> bool:
+    r = subprocess.run([docker_cli(), "image", "inspect", "--format", "{{.Id}}", ref],
+                       capture_output=True, text=True, env=cli_env(), check=False)
+    return r.returncode == 0
+
+
+def os_identity_of_image(ref: str) -> str:
+    """`os:<ID>-<VERSION_ID>` of an image, read from its /etc/os-release."""
+    r = subprocess.run([docker_cli(), "run", "--rm", "--network", "host", "--entrypoint", "cat", ref,
+                        "/etc/os-release"], capture_output=True, text=True, env=cli_env(), check=False)
+    if r.returncode != 0:
+        raise BuildFailed(f"cannot read /etc/os-release from {ref}: {r.stderr.strip()[:200]}")
+    fields = dict(line.split("=", 1) for line in r.stdout.splitlines() if "=" in line)
+    ident = fields.get("ID", "unknown").strip('"')
+    ver = fields.get("VERSION_ID", "unknown").strip('"')
+    return f"os:{ident}-{ver}"
+
+
+@dataclass
+class BuildRequest:
+    context: Path
+    tags: Sequence[str]
+    build_args: Mapping[str, str] = field(default_factory=dict)
+    ca_bundle: Path | None = None
+    hf_token: str | None = None
+    target_stage: str | None = None
+    output_dir: Path | None = None     # export a stage's filesystem instead of making an image
+
+
+def build(req: BuildRequest, *, on_line: Callable[[str], None] | None = None) -> None:
+    """Run `docker build` with BuildKit, streaming its progress; secrets only as --secret."""
+    say = on_line or (lambda line: print(line, file=sys.stderr, flush=True))
+    argv = [docker_cli(), "build", "--network", "host", "--progress", "plain"]
+    for t in req.tags:
+        argv += ["-t", t]
+    for k, v in req.build_args.items():
+        argv += ["--build-arg", f"{k}={v}"]
+    if req.target_stage:
+        argv += ["--target", req.target_stage]
+    if req.output_dir:
+        argv += ["--output", f"type=local,dest={req.output_dir}"]
+    with tempfile.TemporaryDirectory(prefix="kiln-secrets-") as tmp:
+        if req.ca_bundle:
+            if not req.ca_bundle.is_file():
+                raise BuildFailed(f"--ca-bundle {req.ca_bundle} is not a file")
+            argv += ["--secret", f"id=ca_bundle,src={req.ca_bundle}"]
+        if req.hf_token:
+            # A 0600 file in a private temp dir, deleted with it: never an env var of the CLI
+            # process that a crash dump could show, never a build arg (those land in history).
+            tok = Path(tmp) / "hf_token"
+            fd = os.open(tok, os.O_WRONLY | os.O_CREAT, 0o600)
+            with os.fdopen(fd, "w") as f:
+                f.write(req.hf_token)
+            argv += ["--secret", f"id=hf_token,src={tok}"]
+        argv.append(str(req.context))
+        proc = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, env=cli_env(),
+                                text=True, errors="replace", bufsize=1)
+        tail: list[str] = []
+        assert proc.stdout is not None
+        for line in proc.stdout:
+            line = line.rstrip("\n")
+            if req.hf_token:
+                line = line.replace(req.hf_token, "***")
+            tail = (tail + [line])[-30:]
+            say(line)
+        rc = proc.wait()
+    if rc != 0:
+        hint = ""
+        joined = "\n".join(tail)
+        if "pull access denied" in joined or "failed to resolve source metadata" in joined or \
+                "failed to do request" in joined:
+            hint = ("\nhint: a base image could not be pulled. Where no registry is reachable, make one "
+                    "locally (`bash scripts/dev-docker.sh base-image`) and pass --base-image NAME.")
+        raise BuildFailed(f"docker build failed (exit {rc}); last lines:\n" + joined + hint)
+
+
+def push(tag: str) -> None:
+    r = subprocess.run([docker_cli(), "push", tag], env=cli_env(), check=False)
+    if r.returncode != 0:
+        raise BuildFailed(f"docker push {tag} failed (exit {r.returncode}); are you logged in to the registry?")

@@ -1,0 +1,89 @@
+"""`python -m supervisor`: PID 1 of every Kiln image.
+
+    python -m supervisor --version
+    python -m supervisor run [--config FILE] [--exit-on-failure]
+    python -m supervisor check-config FILE [--flags HELP.txt] [--gpus N]
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+from pathlib import Path
+
+from . import __version__
+
+DEFAULT_CONFIG = "/etc/kiln/deploy.toml"
+EXIT_INVALID = 2
+
+
+def _parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="python -m supervisor", description="Kiln's in-image supervisor.")
+    p.add_argument("--version", action="version", version=f"kiln-supervisor {__version__}")
+    sub = p.add_subparsers(dest="command")
+    run = sub.add_parser("run", help="bring the server up and keep it honest (the image's entrypoint)")
+    run.add_argument("--config", default=os.environ.get("KILN_CONFIG", DEFAULT_CONFIG),
+                     help=f"deploy config (default: $KILN_CONFIG or {DEFAULT_CONFIG})")
+    run.add_argument("--exit-on-failure", action="store_true",
+                     default=os.environ.get("KILN_EXIT_ON_FAILURE", "") in ("1", "true"),
+                     help="exit when FAILED instead of staying up to explain why on /status")
+    chk = sub.add_parser("check-config", help="validate a deploy config (and lint its rungs); exit 0 or 2")
+    chk.add_argument("file")
+    chk.add_argument("--flags", help="the engine's --help output to lint rungs against "
+                     "(default: the config's server.flag_snapshot when it exists)")
+    chk.add_argument("--gpus", type=int, default=None, help="GPU count to check manual placements for")
+    return p
+
+
+def check_config(path: str, flags: str | None, gpus: int | None) -> int:
+    from .config import load_config
+    from .engines import llamacpp
+    from .engines.flags import load_llama_snapshot
+    from .errors import ConfigError
+
+    try:
+        cfg = load_config(path)
+    except ConfigError as e:
+        print(e, file=sys.stderr)
+        return EXIT_INVALID
+    problems: list[str] = []
+    if cfg.engine == "llamacpp":
+        snap_path = Path(flags or cfg.server.flag_snapshot)
+        snapshot = load_llama_snapshot(snap_path) if snap_path.is_file() else None
+        if snapshot is None:
+            note = f"(no flag snapshot at {snap_path}: flags not checked against the engine)"
+            print(note, file=sys.stderr)
+        for i, rung in enumerate(cfg.ladder.rungs):
+            problems += [str(x) for x in llamacpp.lint_rung(cfg, i, rung, snapshot, gpu_count=gpus)]
+    if problems:
+        print(f"deploy config {path}: {len(problems)} problem(s)", file=sys.stderr)
+        for line in problems:
+            print(f"  - {line}", file=sys.stderr)
+        return EXIT_INVALID
+    print(f"{path}: ok (config hash {cfg.hash[:12]}, {len(cfg.ladder.rungs)} rung(s))")
+    return 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = _parser().parse_args(argv)
+    if args.command == "check-config":
+        return check_config(args.file, args.flags, args.gpus)
+    if args.command in (None, "run"):
+        from .config import load_config
+        from .errors import ConfigError
+        from .lifecycle import Options, run, setup_logging
+
+        setup_logging()
+        config = getattr(args, "config", os.environ.get("KILN_CONFIG", DEFAULT_CONFIG))
+        try:
+            cfg = load_config(config)
+        except ConfigError as e:
+            print(e, file=sys.stderr)
+            return EXIT_INVALID
+        return run(cfg, Options(exit_on_failure=getattr(args, "exit_on_failure", False)))
+    return EXIT_INVALID
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,112 @@
+"""Wait for a launched server to become healthy, racing everything that can end the wait.
+
+Three things race (llama-swap's `doStart` shape): the server answering
+`/health` 200, the server exiting (its stderr tail is how an OOM is
+recognised), and a shutdown request. The deadline is progress-based: it moves
+while the server shows life — new output, CPU time, bytes read from disk — and
+fires on a stall, not after a fixed total. A 181 GiB model takes minutes to
+load and a deadlocked NCCL init takes forever; only progress tells them apart.
+(llama-server prints nothing while loading at its default verbosity, so CPU
+and I/O counters carry most of the signal.)
+"""
+
+from __future__ import annotations
+
+import http.client
+import time
+from dataclasses import dataclass
+from typing import Callable
+
+import psutil
+
+from .process import ManagedProcess
+
+# Poll fast at first (small models are ready in tens of ms), then settle.
+FAST_POLL_S = 0.01
+FAST_PHASE_S = 2.0
+CPU_PROGRESS_S = 0.05      # CPU seconds that count as "doing something"
+IO_PROGRESS_BYTES = 1 << 20
+
+
+@dataclass(frozen=True)
+class HealthOutcome:
+    ready: bool
+    exited: bool = False
+    stalled: bool = False
+    stopped: bool = False
+    elapsed_s: float = 0.0
+    returncode: int | None = None
+
+
+def probe_health(host: str, port: int, timeout: float = 1.0) -> int | None:
+    """HTTP status of GET /health, or None when nothing answers."""
+    conn = http.client.HTTPConnection(host, port, timeout=timeout)
+    try:
+        conn.request("GET", "/health")
+        resp = conn.getresponse()
+        resp.read()
+        return resp.status
+    except (OSError, http.client.HTTPException):
+        return None
+    finally:
+        conn.close()
+
+
+class ProgressMeter:
+    """Notices whether a process tree did anything since the last look."""
+
+    def __init__(self, proc: ManagedProcess):
+        self.proc = proc
+        self._cpu = 0.0
+        self._io = 0
+        self._out = proc.last_output_at()
+
+    def _counters(self) -> tuple[float, int]:
+        cpu, io = 0.0, 0
+        for pid in self.proc.tree_pids():
+            try:
+                p = psutil.Process(pid)
+                t = p.cpu_times()
+                cpu += t.user + t.system
+                c = p.io_counters()
+                io += c.read_chars + c.read_bytes
+            except (psutil.Error, AttributeError):
+                continue
+        return cpu, io
+
+    def moved(self) -> bool:
+        cpu, io = self._counters()
+        out = self.proc.last_output_at()
+        moved = (cpu - self._cpu >= CPU_PROGRESS_S) or (io - self._io >= IO_PROGRESS_BYTES) or out != self._out
+        if moved:
+            self._cpu, self._io, self._out = cpu, io, out
+        return moved
+
+
+def wait_healthy(proc: ManagedProcess, host: str, port: int, *, stall_s: float, max_s: float,
+                 poll_s: float, should_stop: Callable[[], bool],
+                 sleep: Callable[[float], None]) -> HealthOutcome:
+    """Block until healthy, exited, stalled or asked to stop. `sleep` may return early on a signal."""
+    start = time.monotonic()
+    last_progress = start
+    meter = ProgressMeter(proc)
+    next_meter = start
+    # A wildcard bind address is reached on loopback.
+    target = "127.0.0.1" if host in ("0.0.0.0", "::", "") else host
+    while True:
+        now = time.monotonic()
+        elapsed = now - start
+        if should_stop():
+            return HealthOutcome(False, stopped=True, elapsed_s=elapsed)
+        rc = proc.poll()
+        if rc is not None:
+            return HealthOutcome(False, exited=True, elapsed_s=elapsed, returncode=rc)
+        if probe_health(target, port, timeout=max(poll_s, 0.5)) == 200:
+            return HealthOutcome(True, elapsed_s=time.monotonic() - start)
+        if now >= next_meter:
+            if meter.moved():
+                last_progress = now
+            next_meter = now + 0.5
+        if now - last_progress > stall_s or (max_s and elapsed > max_s):
+            return HealthOutcome(False, stalled=True, elapsed_s=elapsed)
+        sleep(FAST_POLL_S if elapsed < FAST_PHASE_S else poll_s)

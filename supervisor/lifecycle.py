@@ -1,0 +1,387 @@
+"""The lifecycle loop: the one place that changes the supervisor's state.
+
+    PREFLIGHT -> FETCH -> LAUNCHING(rung) -> LOADING -> HEALTHY -> [SELFTEST] -> SERVING
+    LAUNCHING/LOADING failure: classify -> next rung (fall_through) or FAILED
+    SERVING, server dies: RESTARTING (backoff) -> same rung; crash loop -> FAILED
+    TERM/INT: STOPPING -> STOPPED, exit with the server's status (or 128+N)
+
+Health waits, the selftest and (later) the config watcher only report; this
+loop decides. Signals are recorded by the relay and acted on here.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import signal
+import sys
+import threading
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Callable, Mapping
+
+from . import __version__, apikey, hardware, model
+from .config import DeployConfig, Rung
+from .engines import llamacpp
+from .engines.flags import FlagSnapshot, load_llama_snapshot
+from .errors import ConfigError, FetchError, KilnError
+from .failure import CONFIG_REJECTED, CRASHED, Failure, classify
+from .health import wait_healthy
+from .ladder import LadderMemory, image_identity, memory_key, reclaim, start_index
+from .pid1 import SignalRelay, become_subreaper, exit_code_for, reap_orphans
+from .process import REGISTRY, ManagedProcess
+from .state import Record, State
+from .status import StatusServer
+
+log = logging.getLogger("kiln")
+ENGINE_LOG = logging.getLogger("kiln.engine")
+EXIT_NOTHING_SERVED = 3   # FAILED before any server ran (config, hardware, fetch)
+
+# Terminal classes are never retried by a restart: the same launch would fail the same way.
+TERMINAL = {CONFIG_REJECTED, "load_error", "port_in_use"}
+
+
+@dataclass
+class Options:
+    exit_on_failure: bool = False
+    hardware_probe: Callable[[], hardware.Hardware] = hardware.probe
+    gpu_used: Callable[[], list[int] | None] = hardware.gpu_memory_used_mib
+    env: Mapping[str, str] | None = None
+    status: bool = True
+
+
+class Stop(Exception):
+    """A stop was requested (TERM/INT) while the loop was busy."""
+
+
+class Supervisor:
+    def __init__(self, cfg: DeployConfig, opts: Options | None = None):
+        self.cfg = cfg
+        self.opts = opts or Options()
+        self.env = dict(os.environ if self.opts.env is None else self.opts.env)
+        self.rec = Record(__version__)
+        self.relay = SignalRelay()
+        self.proc: ManagedProcess | None = None
+        self.secrets: list[str] = []
+        self.stop_requested = False
+        self.failure: Failure | None = None
+        self.last_returncode: int | None = None
+        self.state_dir = Path(cfg.state_dir)
+        self.run_dir = self.state_dir / "run"
+        self.snapshot_flags: FlagSnapshot | None = None
+        self.hw: hardware.Hardware | None = None
+        self.baseline_mib: list[int] | None = None
+        self.model_path: Path | None = None
+        self.key_file: Path | None = None
+        self.status: StatusServer | None = None
+        self.memory = LadderMemory(self.state_dir / "ladder-memory.json")
+        self._wake = self.relay.wakeup
+
+    # -- small plumbing ---------------------------------------------------------------
+    def _sleep(self, seconds: float) -> None:
+        """Sleep, but wake at once on a signal or a child's exit."""
+        self._wake.wait(seconds)
+        self._wake.clear()
+        self._drain_signals()
+
+    def _drain_signals(self) -> None:
+        for sig in self.relay.pending():
+            if sig in (signal.SIGTERM, signal.SIGINT):
+                if not self.stop_requested:
+                    log.info("received %s: stopping", signal.Signals(sig).name)
+                self.stop_requested = True
+            elif sig == signal.SIGHUP and self.proc is not None:
+                # PID 1 forwards what it does not handle itself (as tini does).
+                log.info("received SIGHUP: forwarding to the engine's process group")
+                self.proc.signal_group(signal.SIGHUP)
+        reap_orphans(REGISTRY.pids())
+
+    def _should_stop(self) -> bool:
+        self._drain_signals()
+        return self.stop_requested
+
+    def _transition(self, state: State, detail: str = "") -> None:
+        self.rec.transition(state, detail)
+        log.info("state %s%s", state.value, f": {detail}" if detail else "")
+
+    def _redact(self, text: str) -> str:
+        for s in self.secrets:
+            text = text.replace(s, "***")
+        return text
+
+    # -- entry --------------------------------------------------------------------------
+    def run(self) -> int:
+        self.relay.install()
+        become_subreaper()
+        self.state_dir.mkdir(parents=True, exist_ok=True)
+        self.run_dir.mkdir(parents=True, exist_ok=True)
+        self.rec.update(config={"hash": self.cfg.hash, "source": self.cfg.source, "revision": None})
+        if self.opts.status:
+            self.status = StatusServer(self.cfg.status.host, self.cfg.status.port, self.rec.snapshot,
+                                       secrets=lambda: self.secrets)
+            self.status.start()
+        try:
+            code = self._main()
+        except Stop:
+            code = self._stop()
+        finally:
+            if self.proc is not None and self.proc.poll() is None:
+                self.proc.stop(self.cfg.health.stop_grace_s)
+            REGISTRY.stop_all(1.0)
+            if self.status:
+                self.status.stop()
+        return code
+
+    def _main(self) -> int:
+        if not self._preflight():
+            return self._failed()
+        self._transition(State.FETCH, self.cfg.model.source)
+        try:
+            self.model_path = model.resolve(self.cfg, self.env.get("HF_TOKEN") or None)
+        except FetchError as e:
+            self._record_failure(Failure("load_error", self._redact(str(e))))
+            return self._failed()
+        if self._should_stop():
+            raise Stop
+        if not self._walk_ladder():
+            return self._failed()
+        return self._serve()
+
+    # -- PREFLIGHT ----------------------------------------------------------------------
+    def _preflight(self) -> bool:
+        try:
+            key = apikey.resolve(self.cfg.server.api_key, self.state_dir, self.env)
+        except ConfigError as e:
+            self._record_failure(Failure(CONFIG_REJECTED, str(e)))
+            return False
+        if key.value:
+            self.secrets.append(key.value)
+        for name in ("HF_TOKEN", "RUNPOD_API_KEY"):
+            if self.env.get(name):
+                self.secrets.append(self.env[name])
+        self.key_file = apikey.engine_key_file(key, self.run_dir)
+        self.api_key = key.value
+        log.info("API key: %s", key.origin)
+        if key.value is None:
+            self.rec.warn("the engine runs without an API key (server.api_key = \"none\")")
+
+        self.hw = self.opts.hardware_probe()
+        self.rec.update(hardware=self.hw.to_dict())
+        mismatches = hardware.check(self.cfg.hardware, self.hw)
+        if mismatches:
+            self._record_failure(Failure(CONFIG_REJECTED, "hardware does not match the config: "
+                                         + "; ".join(mismatches)))
+            return False
+        self.baseline_mib = self.opts.gpu_used() if self.hw.gpus else None
+
+        snap_path = Path(self.cfg.server.flag_snapshot)
+        if self.cfg.engine == "llamacpp" and snap_path.is_file():
+            self.snapshot_flags = load_llama_snapshot(snap_path)
+        elif self.cfg.engine == "llamacpp":
+            self.rec.warn(f"no flag snapshot at {snap_path}: rungs are not linted against the engine's flags")
+        return True
+
+    # -- the ladder -----------------------------------------------------------------------
+    def _lint(self, index: int, rung: Rung) -> list[str]:
+        if self.cfg.engine != "llamacpp":
+            return []
+        gpus = len(self.hw.gpus) if self.hw else None
+        return [str(i) for i in llamacpp.lint_rung(self.cfg, index, rung, self.snapshot_flags,
+                                                   gpu_count=self.cfg.hardware.gpu_count or gpus)]
+
+    def _walk_ladder(self) -> bool:
+        rungs = self.cfg.ladder.rungs
+        key = memory_key(self.cfg, self.hw or hardware.Hardware((), None, "none", 0, 0, 0), image_identity())
+        first, why = start_index(self.cfg, self.memory.recall(key))
+        self.rec.event("ladder", f"starting at rung {first} ({why})")
+        failed_at: float | None = None
+        launched_before = False
+        for index in range(first, len(rungs)):
+            rung = rungs[index]
+            self.rec.update(rung={"name": rung.name, "index": index, "count": len(rungs)})
+            issues = self._lint(index, rung)
+            if issues:
+                fail = Failure(CONFIG_REJECTED, "lint: " + " | ".join(issues), rung=rung.name)
+                self._record_failure(fail)
+                if CONFIG_REJECTED in self.cfg.ladder.fall_through and index + 1 < len(rungs):
+                    continue
+                return False
+            if launched_before:
+                self._barrier()
+            if self._should_stop():
+                raise Stop
+            if failed_at is not None:
+                switch = time.monotonic() - failed_at
+                self.rec.update(timings={**self.rec.snapshot()["timings"], "last_rung_switch_s": round(switch, 4)})
+                log.info("rung switch took %.3f s", switch)
+            outcome = self._launch_and_wait(index, rung)
+            launched_before = True
+            if outcome is None:
+                if self.cfg.ladder.remember:
+                    self.memory.remember(key, rung.name)
+                return True
+            failed_at = time.monotonic()
+            if outcome.failure_class in self.cfg.ladder.fall_through and index + 1 < len(rungs):
+                log.info("rung %s failed (%s): falling through to %s", rung.name, outcome.failure_class,
+                         rungs[index + 1].name)
+                continue
+            return False
+        return False
+
+    def _barrier(self) -> None:
+        rep = reclaim(REGISTRY, baseline_mib=self.baseline_mib, gpu_used=self.opts.gpu_used,
+                      timeout_s=self.cfg.ladder.reclaim_timeout_s, slack_mib=self.cfg.ladder.reclaim_slack_mib)
+        self.rec.event("reclaim", rep.describe())
+        if rep.vram_back is False:
+            self.rec.warn(f"GPU memory did not return to its baseline between rungs: {rep.describe()}")
+
+    def _launch(self, rung: Rung) -> ManagedProcess:
+        assert self.model_path is not None
+        self._transition(State.LAUNCHING, rung.name)
+        argv = llamacpp.build_argv(self.cfg, rung, model_path=str(self.model_path),
+                                   api_key_file=str(self.key_file) if self.key_file else None)
+        env = {k: v for k, v in self.env.items() if not k.startswith("KILN_")}
+        env.update(rung.env)
+        proc = ManagedProcess.start(argv, env=env, on_line=self._engine_line, redact=self.secrets,
+                                    log_file=str(self.run_dir / "engine.log"))
+        self.proc = proc
+        self.rec.bump("launches")
+        self.rec.update(engine={"pid": proc.pid, "port": self.cfg.server.port,
+                                "argv": [self._redact(a) for a in argv]})
+        threading.Thread(target=self._wake_on_exit, args=(proc,), daemon=True).start()
+        self._transition(State.LOADING, f"pid {proc.pid}")
+        return proc
+
+    def _wake_on_exit(self, proc: ManagedProcess) -> None:
+        proc.exited().wait()
+        self._wake.set()
+
+    def _engine_line(self, line: str) -> None:
+        ENGINE_LOG.info("%s", line)
+
+    def _launch_and_wait(self, index: int, rung: Rung) -> Failure | None:
+        """Launch a rung; None when it is healthy, else why it failed."""
+        proc = self._launch(rung)
+        out = wait_healthy(proc, self.cfg.server.host, self.cfg.server.port,
+                           stall_s=self.cfg.health.stall_s, max_s=self.cfg.health.max_s,
+                           poll_s=self.cfg.health.poll_s, should_stop=self._should_stop, sleep=self._sleep)
+        if out.stopped:
+            raise Stop
+        if out.ready:
+            self._transition(State.HEALTHY, f"{rung.name} in {out.elapsed_s:.3f} s")
+            timings = self.rec.snapshot()["timings"]
+            timings.setdefault("boot_to_ready_s", round(time.monotonic() - self.rec.boot_monotonic, 4))
+            timings["last_load_s"] = round(out.elapsed_s, 4)
+            self.rec.update(timings=timings)
+            self._transition(State.SERVING, rung.name)
+            return None
+        rc = proc.stop(self.cfg.health.stop_grace_s)   # reaps and drains the rest of the output
+        self.last_returncode = rc if out.exited else None
+        fail = classify(returncode=rc if out.exited else None, elapsed_s=out.elapsed_s, tail=proc.tail(),
+                        signatures=llamacpp.SIGNATURES, hint_signatures=llamacpp.HINTS,
+                        stalled=out.stalled, rung=rung.name)
+        self._record_failure(fail)
+        return fail
+
+    def _record_failure(self, fail: Failure) -> None:
+        self.failure = fail
+        self.rec.bump("failures", fail.failure_class)
+        d = fail.to_dict()
+        d["reason"] = self._redact(str(d["reason"]))
+        d["stderr_tail"] = [self._redact(x) for x in d["stderr_tail"]][-40:]
+        self.rec.update(last_failure=d)
+        self.rec.event("failure", f"{fail.failure_class}: {d['reason'][:300]}")
+        log.error("failure %s%s: %s", fail.failure_class, f" on rung {fail.rung}" if fail.rung else "", d["reason"])
+
+    # -- SERVING and restarts ----------------------------------------------------------------
+    def _serve(self) -> int:
+        restarts: list[float] = []       # monotonic times of recent restarts, for the window
+        backoff = self.cfg.restart.backoff_initial_s
+        rung_index = self.rec.snapshot()["rung"]["index"]
+        rung = self.cfg.ladder.rungs[rung_index]
+        while True:
+            assert self.proc is not None
+            served_since = time.monotonic()
+            while self.proc.poll() is None:
+                self._sleep(1.0)
+                if self.stop_requested:
+                    return self._stop()
+            rc = self.proc.stop(0.0)
+            uptime = time.monotonic() - served_since
+            self.last_returncode = rc
+            fail = classify(returncode=rc, elapsed_s=uptime, tail=self.proc.tail(),
+                            signatures=llamacpp.SIGNATURES, rung=rung.name)
+            self._record_failure(fail)
+            if uptime >= self.cfg.restart.stable_s:
+                backoff = self.cfg.restart.backoff_initial_s   # it ran long enough: start over
+            # Relaunch until healthy, a terminal failure, a crash loop, or a stop.
+            while True:
+                self._transition(State.RESTARTING, f"{self.failure.failure_class if self.failure else '?'}")
+                now = time.monotonic()
+                restarts = [t for t in restarts if now - t <= self.cfg.restart.window_s] + [now]
+                if len(restarts) > self.cfg.restart.max_restarts:
+                    last = self.failure
+                    self._record_failure(Failure(
+                        last.failure_class if last else CRASHED,
+                        f"crash loop: {len(restarts)} failures within {self.cfg.restart.window_s:.0f} s "
+                        f"(restart.max_restarts = {self.cfg.restart.max_restarts}); last: "
+                        f"{last.reason if last else '?'}",
+                        exit_code=self.last_returncode, tail=last.tail if last else (), rung=rung.name))
+                    return self._failed()
+                self.rec.bump("restarts")
+                log.info("restarting rung %s in %.2f s", rung.name, backoff)
+                deadline = time.monotonic() + backoff
+                while time.monotonic() < deadline:
+                    self._sleep(deadline - time.monotonic())
+                    if self.stop_requested:
+                        return self._stop()
+                backoff = min(max(backoff * 2, 0.001), self.cfg.restart.backoff_max_s)
+                self._barrier()
+                outcome = self._launch_and_wait(rung_index, rung)
+                if outcome is None:
+                    break
+                if outcome.failure_class in TERMINAL:
+                    return self._failed()
+
+    # -- endings -------------------------------------------------------------------------------
+    def _failed(self) -> int:
+        self._transition(State.FAILED, self.failure.failure_class if self.failure else "")
+        code = exit_code_for(self.last_returncode) if self.last_returncode else EXIT_NOTHING_SERVED
+        if self.opts.exit_on_failure:
+            self._transition(State.STOPPING, "exit on failure")
+            self._transition(State.STOPPED)
+            return code
+        # Stay up so /status explains the failure on the pod; leave on TERM/INT.
+        while not self.stop_requested:
+            self._sleep(1.0)
+        self._transition(State.STOPPING, "signal")
+        self._transition(State.STOPPED)
+        return code
+
+    def _stop(self) -> int:
+        if self.rec.state not in (State.STOPPING, State.STOPPED):
+            self._transition(State.STOPPING, "signal")
+        rc = 0
+        if self.proc is not None:
+            rc = self.proc.stop(self.cfg.health.stop_grace_s)
+        REGISTRY.stop_all(self.cfg.health.stop_grace_s)
+        self._transition(State.STOPPED)
+        return exit_code_for(rc)
+
+
+def setup_logging() -> None:
+    handler = logging.StreamHandler(sys.stderr)
+    handler.setFormatter(logging.Formatter("%(asctime)s %(name)s %(levelname)s %(message)s"))
+    root = logging.getLogger("kiln")
+    root.handlers[:] = [handler]
+    root.setLevel(logging.INFO)
+    root.propagate = False
+
+
+def run(cfg: DeployConfig, opts: Options | None = None) -> int:
+    try:
+        return Supervisor(cfg, opts).run()
+    except KilnError as e:
+        log.error("%s", e)
+        return EXIT_NOTHING_SERVED

@@ -1,0 +1,334 @@
+"""supervisor.status over real sockets on 127.0.0.1 (port 0), with a snapshot the test mutates.
+
+No sleeps: the socket listens when start() returns, and each request is a plain blocking call.
+"""
+
+from __future__ import annotations
+
+import copy
+import html
+import http.client
+import json
+import logging
+import re
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+
+from supervisor.status import METRICS_CONTENT_TYPE, STATES, StatusServer
+
+CANARY = "hf_CANARYsecretTOKEN123"
+ROUTES = ("/", "/status", "/metrics", "/ready")
+
+SNAPSHOT: dict[str, Any] = {
+    "version": "0.1.0",
+    "state": "SERVING",
+    "ready": True,
+    "since": 1732870000.0,
+    "uptime_s": 12.3,
+    "config": {"hash": "abc123", "source": "/etc/kiln/deploy.toml", "revision": None},
+    "rung": {"name": "autofit-262k", "index": 0, "count": 2},
+    "engine": {"pid": 1234, "port": 8080, "argv": ["llama-server", "-m", "/models/m.gguf"]},
+    "restarts": 2,
+    "launches": 3,
+    "failures": {"oom": 1, "crashed": 1},
+    "last_failure": {
+        "class": "oom",
+        "reason": "CUDA out of memory",
+        "exit_code": 1,
+        "elapsed_s": 14.9,
+        "evidence": "cudaMalloc failed: out of memory",
+        "hints": ["lower -c"],
+        "rung": "full-1m",
+        "stderr_tail": ["<script>alert(1)</script>", "cudaMalloc failed: out of memory"],
+    },
+    "history": [{"t": 1732870000.0, "event": "launch", "detail": "rung autofit-262k"}],
+    "selftest": {"passed": True, "decode_tok_s": 61.2, "summary": "4/4 probes"},
+    "hardware": {
+        "source": "nvml",
+        "driver": "580.1",
+        "gpus": [
+            {"index": 0, "name": "NVIDIA H200", "memory_total_mib": 143771,
+             "memory_used_mib": 1000, "memory_free_mib": 142771, "compute_capability": "9.0"},
+        ],  # fmt: skip
+        "vcpus": 16.0,
+        "ram_total_gib": 125.0,
+    },
+    "timings": {"boot_to_ready_s": 3.2, "last_rung_switch_s": 0.4},
+    "warnings": ["disk nearly full"],
+}
+
+
+class Source:
+    """What the server reads: a snapshot (or an exception to raise) and secrets, set per test."""
+
+    def __init__(self) -> None:
+        self.snap: dict[str, Any] = copy.deepcopy(SNAPSHOT)
+        self.secrets: list[str] = []
+        self.error: Exception | None = None
+
+    def snapshot(self) -> dict[str, Any]:
+        if self.error is not None:
+            raise self.error
+        return copy.deepcopy(self.snap)
+
+
+@pytest.fixture
+def source() -> Source:
+    return Source()
+
+
+@pytest.fixture
+def server(source: Source) -> Iterator[StatusServer]:
+    srv = StatusServer("127.0.0.1", 0, source.snapshot, secrets=lambda: source.secrets)
+    srv.start()
+    try:
+        yield srv
+    finally:
+        srv.stop()
+
+
+def request(
+    srv: StatusServer, path: str, method: str = "GET", headers: dict[str, str] | None = None
+) -> tuple[int, http.client.HTTPMessage, str]:
+    conn = http.client.HTTPConnection("127.0.0.1", srv.port, timeout=10)
+    try:
+        conn.request(method, path, headers=headers or {})
+        resp = conn.getresponse()
+        return resp.status, resp.headers, resp.read().decode("utf-8")
+    finally:
+        conn.close()
+
+
+# name{labels} value, labels as k="v" with \\ \" \n escapes, value a Prometheus float
+SAMPLE = re.compile(
+    r'^(?P<name>[a-zA-Z_:][a-zA-Z0-9_:]*)'
+    r'(?:\{(?P<labels>[a-zA-Z_][a-zA-Z0-9_]*="(?:[^"\\\n]|\\[\\"n])*"'
+    r'(?:,[a-zA-Z_][a-zA-Z0-9_]*="(?:[^"\\\n]|\\[\\"n])*")*)?\})?'
+    r' (?P<value>[-+]?(?:[0-9]+(?:\.[0-9]*)?(?:[eE][-+]?[0-9]+)?|Inf|NaN))$'
+)
+LABEL = re.compile(r'([a-zA-Z_][a-zA-Z0-9_]*)="((?:[^"\\\n]|\\[\\"n])*)"')
+
+
+def unescape(v: str) -> str:
+    return re.sub(r"\\(.)", lambda m: "\n" if m.group(1) == "n" else m.group(1), v)
+
+
+Samples = dict[tuple[str, frozenset[tuple[str, str]]], float]
+
+
+def parse_metrics(text: str) -> Samples:
+    """Every line is HELP, TYPE or a sample; each family's HELP/TYPE comes once, before it."""
+    samples: Samples = {}
+    typed: set[str] = set()
+    for line in text.splitlines():
+        if line.startswith("# HELP "):
+            continue
+        if line.startswith("# TYPE "):
+            name, kind = line.split()[2:4]
+            assert name not in typed and kind in ("gauge", "counter"), line
+            typed.add(name)
+            continue
+        m = SAMPLE.match(line)
+        assert m, f"not a sample line: {line!r}"
+        assert m["name"] in typed, f"sample before its TYPE: {line!r}"
+        labels = frozenset((k, unescape(v)) for k, v in LABEL.findall(m["labels"] or ""))
+        samples[(m["name"], labels)] = float(m["value"])
+    return samples
+
+
+def value(samples: Samples, metric: str, /, **labels: str) -> float:
+    return samples[(metric, frozenset(labels.items()))]
+
+
+def test_live_answers_even_when_the_snapshot_is_broken(
+    server: StatusServer, source: Source
+) -> None:
+    assert request(server, "/live")[::2] == (200, "ok\n")
+    source.error = RuntimeError("lifecycle lock poisoned")
+    assert request(server, "/live")[::2] == (200, "ok\n")
+
+
+def test_ready_flips_from_503_to_200_when_the_snapshot_does(
+    server: StatusServer, source: Source
+) -> None:
+    source.snap.update(state="LOADING", ready=False)
+    status, _, body = request(server, "/ready")
+    assert (status, body) == (503, "not ready: state=LOADING last_failure=oom\n")
+
+    del source.snap["last_failure"]
+    source.snap["state"] = "SELFTEST"
+    assert request(server, "/ready")[::2] == (503, "not ready: state=SELFTEST\n")
+
+    source.snap.update(state="SERVING", ready=True)
+    assert request(server, "/ready")[::2] == (200, "ready\n")
+
+
+def test_status_is_the_snapshot_as_sorted_json(server: StatusServer) -> None:
+    status, headers, body = request(server, "/status")
+    assert status == 200 and headers["Content-Type"] == "application/json"
+    assert json.loads(body) == SNAPSHOT
+    assert body == json.dumps(SNAPSHOT, indent=2, sort_keys=True) + "\n"
+
+
+def test_metrics_exposition(server: StatusServer) -> None:
+    status, headers, body = request(server, "/metrics")
+    assert status == 200 and headers["Content-Type"] == METRICS_CONTENT_TYPE
+    s = parse_metrics(body)
+    assert value(s, "kiln_up") == 1 and value(s, "kiln_ready") == 1
+    assert {st: value(s, "kiln_state", state=st) for st in STATES} == {
+        st: float(st == "SERVING") for st in STATES
+    }
+    assert value(s, "kiln_restarts_total") == 2 and value(s, "kiln_launches_total") == 3
+    assert value(s, "kiln_failures_total", **{"class": "oom"}) == 1
+    assert value(s, "kiln_failures_total", **{"class": "crashed"}) == 1
+    assert value(s, "kiln_rung_index") == 0
+    assert value(s, "kiln_rung_info", rung="autofit-262k") == 1
+    assert value(s, "kiln_boot_to_ready_seconds") == 3.2
+    assert value(s, "kiln_last_rung_switch_seconds") == 0.4
+    assert value(s, "kiln_engine_pid") == 1234
+    assert value(s, "kiln_config_info", hash="abc123") == 1
+    assert value(s, "kiln_gpu_memory_used_mib", gpu="0", name="NVIDIA H200") == 1000
+    assert value(s, "kiln_gpu_memory_total_mib", gpu="0", name="NVIDIA H200") == 143771
+    assert value(s, "kiln_selftest_passed") == 1
+    assert value(s, "kiln_selftest_decode_tokens_per_second") == 61.2
+
+
+def test_missing_and_none_sections_produce_no_series(server: StatusServer, source: Source) -> None:
+    source.snap = {
+        "state": "PREFLIGHT", "ready": False, "rung": None, "engine": {"pid": None},
+        "hardware": {"gpus": None}, "failures": None, "last_failure": None, "history": None,
+        "selftest": {"passed": None}, "config": {"hash": None},
+    }  # fmt: skip
+    s = parse_metrics(request(server, "/metrics")[2])
+    assert {name for name, _ in s} == {"kiln_up", "kiln_ready", "kiln_state"}
+    assert value(s, "kiln_state", state="PREFLIGHT") == 1
+    for path in ROUTES:
+        assert request(server, path)[0] in (200, 503), path
+
+
+def test_unknown_state_still_gets_a_series(server: StatusServer, source: Source) -> None:
+    source.snap["state"] = "WARMING"
+    s = parse_metrics(request(server, "/metrics")[2])
+    assert value(s, "kiln_state", state="WARMING") == 1
+    assert value(s, "kiln_state", state="SERVING") == 0
+
+
+def test_label_values_are_escaped(server: StatusServer, source: Source) -> None:
+    nasty = 'a\\b"c\nd'
+    source.snap["rung"]["name"] = nasty
+    source.snap["hardware"]["gpus"][0]["name"] = nasty
+    body = request(server, "/metrics")[2]
+    assert 'kiln_rung_info{rung="a\\\\b\\"c\\nd"} 1' in body.splitlines()
+    s = parse_metrics(body)  # and it parses back to the original value
+    assert value(s, "kiln_rung_info", rung=nasty) == 1
+    assert value(s, "kiln_gpu_memory_used_mib", gpu="0", name=nasty) == 1000
+
+
+def test_html_page_is_self_contained_and_escaped(server: StatusServer) -> None:
+    status, headers, body = request(server, "/")
+    assert status == 200 and headers["Content-Type"] == "text/html; charset=utf-8"
+    assert '<meta http-equiv="refresh" content="5">' in body
+    assert "<script" not in body and "src=" not in body and "http://" not in body
+    assert "&lt;script&gt;alert(1)&lt;/script&gt;" in body
+    for shown in ("SERVING", "autofit-262k (1 of 2)", "1234", "abc123", "oom", "CUDA out of memory",
+                  "4/4 probes", "NVIDIA H200", "rung autofit-262k", "2024-11-29"):  # fmt: skip
+        assert shown in body, shown
+    pre = re.search(r"<pre>(.*?)</pre>", body, re.S)
+    assert pre and "cudaMalloc failed" in pre.group(1)
+
+
+def test_canary_secret_never_leaves_in_any_body(server: StatusServer, source: Source) -> None:
+    # One secret with characters JSON and HTML escape, so redaction must happen before escaping.
+    tricky = 'p&ss"w<rd\\x'
+    source.secrets = ["", CANARY, tricky]
+    snap = source.snap
+    snap["state"] = f"LOADING-{CANARY}"  # also lands in /ready's reason and a metric label
+    snap["ready"] = False
+    snap["engine"]["argv"] += ["--api-key", CANARY, "--hf-token", tricky]
+    snap["last_failure"]["stderr_tail"].append(f"auth failed for {CANARY}")
+    snap["last_failure"]["class"] = f"oom {tricky}"
+    snap["history"].append({"t": 1.0, "event": "reload", "detail": f"token={CANARY}"})
+    snap["config"]["hash"] = f"{CANARY}"
+    snap["rung"]["name"] = tricky
+    snap["failures"][CANARY] = 1  # a dict key
+    forms = {CANARY, tricky, html.escape(tricky), json.dumps(tricky)[1:-1], "w<rd", "ss\\"}
+    for path in ROUTES:
+        body = request(server, path)[2]
+        assert "***" in body, path
+        for form in forms:
+            assert form not in body, (path, form)
+
+
+def test_longer_secret_is_masked_whole_when_a_shorter_one_is_its_prefix(
+    server: StatusServer, source: Source
+) -> None:
+    source.secrets = ["sk-abc", "sk-abcSUFFIX"]
+    source.snap["warnings"] = ["key sk-abcSUFFIX"]
+    body = request(server, "/status")[2]
+    assert "SUFFIX" not in body and "key ***" in body
+
+
+def test_secrets_are_read_per_request(server: StatusServer, source: Source) -> None:
+    source.snap["warnings"] = [CANARY]
+    assert CANARY in request(server, "/status")[2]
+    source.secrets = [CANARY]
+    assert CANARY not in request(server, "/status")[2]
+
+
+def test_snapshot_raising_is_a_500_without_detail(
+    server: StatusServer, source: Source, caplog: pytest.LogCaptureFixture
+) -> None:
+    source.error = RuntimeError(f"boom {CANARY}")
+    source.secrets = [CANARY]
+    with caplog.at_level(logging.ERROR, logger="supervisor.status"):
+        for path in ROUTES:
+            status, _, body = request(server, path)
+            assert status == 500, path
+            assert "boom" not in body and "Traceback" not in body and CANARY not in body
+    logged = "\n".join(r.getMessage() for r in caplog.records)
+    assert "boom" in logged and CANARY not in logged
+
+
+def test_secrets_raising_is_a_500(server: StatusServer, source: Source) -> None:
+    def broken() -> list[str]:
+        raise OSError("secret file unreadable")
+
+    srv = StatusServer("127.0.0.1", 0, source.snapshot, secrets=broken)
+    srv.start()
+    try:
+        assert request(srv, "/status")[0] == 500
+    finally:
+        srv.stop()
+
+
+def test_unknown_path_404_and_other_methods_405(server: StatusServer) -> None:
+    assert request(server, "/nope")[0] == 404
+    assert request(server, "/status?pretty=1")[0] == 200  # the query string is ignored
+    for method in ("POST", "PUT", "DELETE", "HEAD", "BREW"):
+        status, headers, _ = request(server, "/status", method=method)
+        assert status == 405 and headers["Allow"] == "GET", method
+
+
+def test_requests_log_at_debug_without_headers(
+    server: StatusServer, caplog: pytest.LogCaptureFixture
+) -> None:
+    with caplog.at_level(logging.DEBUG, logger="supervisor.status"):
+        request(server, "/live", headers={"Authorization": f"Bearer {CANARY}"})
+    records = [r for r in caplog.records if r.name == "supervisor.status"]
+    assert any("/live" in r.getMessage() and r.levelno == logging.DEBUG for r in records)
+    assert all(CANARY not in r.getMessage() for r in records)
+
+
+def test_port_zero_binds_a_free_port_and_stop_closes_it(source: Source) -> None:
+    srv = StatusServer("127.0.0.1", 0, source.snapshot)
+    with pytest.raises(RuntimeError):
+        srv.port
+    srv.start()
+    port = srv.port
+    assert port > 0 and request(srv, "/live")[0] == 200
+    srv.stop()
+    srv.stop()  # idempotent
+    with pytest.raises(ConnectionRefusedError):
+        http.client.HTTPConnection("127.0.0.1", port, timeout=5).connect()
