@@ -17,9 +17,9 @@ a failed smoke test leaves nothing behind at ``dest``.
 
 from __future__ import annotations
 
+import contextlib
 import gzip
 import hashlib
-import io
 import json
 import os
 import posixpath
@@ -29,9 +29,10 @@ import stat
 import subprocess
 import tarfile
 import tempfile
+import zlib
 from dataclasses import asdict, dataclass, fields
 from pathlib import Path
-from typing import Any, Mapping, Sequence
+from typing import Any, BinaryIO, Mapping, Sequence
 
 import supervisor
 from supervisor.errors import FetchError
@@ -300,8 +301,8 @@ def pack(prefix: Path, spec: ArtifactSpec, out_dir: Path) -> Packed:
     prefix = Path(prefix)
     out_dir = Path(out_dir)
     binary = prefix / BINARY
-    if not binary.is_file() or not os.access(binary, os.X_OK):
-        raise ArtifactError(f"{binary} is missing or not executable: {prefix} is not a compiled prefix")
+    if binary.is_symlink() or not binary.is_file() or not os.access(binary, os.X_OK):
+        raise ArtifactError(f"{binary} is missing, a link or not executable: {prefix} is not a compiled prefix")
     version = _version_line(prefix / VERSION_FILE)
     entries = _prefix_entries(prefix)
     name = spec.name()
@@ -358,10 +359,10 @@ def pack(prefix: Path, spec: ArtifactSpec, out_dir: Path) -> Packed:
     return Packed(tarball=tarball, manifest=manifest_path, sha256_file=sha_path, sha256=digest)
 
 
-class _HashingReader(io.RawIOBase):
+class _HashingReader:
     """Hashes what tarfile reads, so each file is read once for both the tar and the manifest."""
 
-    def __init__(self, f: io.BufferedReader) -> None:
+    def __init__(self, f: BinaryIO) -> None:
         self._f = f
         self._h = hashlib.sha256()
 
@@ -436,6 +437,8 @@ def verify(tarball: Path, manifest: Path, expected: ArtifactSpec, *, expected_sh
     tarball = Path(tarball)
     data = _load_manifest(Path(manifest))
 
+    if not tarball.is_file():
+        raise ArtifactError(f"tarball {tarball} does not exist")
     actual = sha256_file(tarball)
     if actual != data["tarball_sha256"]:
         raise ArtifactCorrupt(
@@ -459,12 +462,11 @@ def verify(tarball: Path, manifest: Path, expected: ArtifactSpec, *, expected_sh
     if differences:
         raise ArtifactMismatch(f"{tarball.name}", differences)
 
+    # The file's name and the manifest's record of it: a renamed file claims an identity it lacks.
     want_name = expected.name()
-    names = [("tarball name", want_name, tarball.name)]
-    names.append(("tarball name", want_name, str(data["tarball"])))  # the manifest's own record
-    differences = [d for d in names if d[1] != d[2]]
-    if differences:
-        raise ArtifactMismatch(f"{tarball.name}", differences[:1])
+    for found_name in (tarball.name, data["tarball"]):
+        if found_name != want_name:
+            raise ArtifactMismatch(tarball.name, [("tarball name", want_name, found_name)])
     return data
 
 
@@ -517,6 +519,7 @@ def extract_and_smoke(
     tarball, dest = Path(tarball), Path(dest)
     if dest.is_symlink() or (dest.exists() and (not dest.is_dir() or any(dest.iterdir()))):
         raise ArtifactError(f"{dest} already exists and is not an empty directory: refusing to extract over it")
+    given_empty = dest.is_dir()
     dest.parent.mkdir(parents=True, exist_ok=True)
     work = Path(tempfile.mkdtemp(prefix=f".{dest.name}.", suffix=".partial", dir=dest.parent))
     try:
@@ -528,6 +531,9 @@ def extract_and_smoke(
         os.replace(work, dest)
     except BaseException:
         shutil.rmtree(work, ignore_errors=True)
+        if given_empty:  # nothing usable at dest: a caller checking for it must not find it
+            with contextlib.suppress(OSError):
+                dest.rmdir()  # only while still empty: never delete what someone else put there
         raise
     return dest
 
@@ -573,24 +579,22 @@ def _safe_extract(tarball: Path, root: Path) -> dict[str, str]:
                     raise ArtifactUnsafe(f"{tarball.name}: hard link {rel!r} -> {member.linkname!r} is not allowed")
                 else:
                     raise ArtifactUnsafe(f"{tarball.name}: entry {rel!r} is a device file or FIFO: refusing it")
-        except (tarfile.TarError, EOFError, zlib_error()) as err:
+        except (tarfile.TarError, EOFError, zlib.error) as err:
             raise ArtifactCorrupt(f"{tarball.name} is truncated or corrupt: {err}") from None
+        except ArtifactError:
+            raise
+        except OSError as err:  # disk full, a file where a directory should be, ...
+            raise ArtifactError(f"{tarball.name}: could not extract into {root}: {err}") from None
     return hashes
 
 
-def zlib_error() -> type[Exception]:
-    import zlib
-
-    return zlib.error
-
-
 def _member_path(tar_name: str, name: str) -> str:
-    if name.startswith("/") or re.match(r"[A-Za-z]:", name):
+    if name.startswith("/"):
         raise ArtifactUnsafe(f"{tar_name}: entry {name!r} is an absolute path: refusing to extract")
     parts = [p for p in name.split("/") if p not in ("", ".")]
     if ".." in parts:
         raise ArtifactUnsafe(f"{tar_name}: entry {name!r} climbs out with '..': refusing to extract")
-    if not parts or "\0" in name:
+    if not parts:
         raise ArtifactUnsafe(f"{tar_name}: entry {name!r} has no usable path")
     return posixpath.join(*parts)
 

@@ -9,6 +9,7 @@ lifecycle already redacts, this is the second net. Stdlib only: it ships inside 
 from __future__ import annotations
 
 import datetime
+import enum
 import html
 import json
 import logging
@@ -57,16 +58,17 @@ def _mask(text: str, secrets: Sequence[str]) -> str:
 
 
 def redact(value: Any, secrets: Sequence[str]) -> Any:
-    """A copy of `value` with every secret in every string (keys too) replaced by ***.
+    """A plain copy of `value` with every secret in every string (keys too) replaced by ***.
 
     Done on the data, before rendering, because JSON and HTML escaping can change how a secret
     is spelt in the body (a quote becomes \\" or &quot;) and a text-only pass would miss it.
+    Enum members become their values on the way, so a State reads "SERVING", not "State.SERVING".
     """
     ordered = _ordered(secrets)
-    if not ordered:
-        return value
 
     def walk(v: Any) -> Any:
+        if isinstance(v, enum.Enum):
+            v = v.value
         if isinstance(v, str):
             return _mask(v, ordered)
         if isinstance(v, Mapping):

@@ -6,6 +6,7 @@ No sleeps: the socket listens when start() returns, and each request is a plain 
 from __future__ import annotations
 
 import copy
+import enum
 import html
 import http.client
 import json
@@ -206,6 +207,16 @@ def test_missing_and_none_sections_produce_no_series(server: StatusServer, sourc
     assert value(s, "kiln_state", state="PREFLIGHT") == 1
     for path in ROUTES:
         assert request(server, path)[0] in (200, 503), path
+
+
+def test_enum_states_read_as_their_values(server: StatusServer, source: Source) -> None:
+    class State(str, enum.Enum):
+        LOADING = "LOADING"
+
+    source.snap.update(state=State.LOADING, ready=False)
+    assert request(server, "/ready")[2].startswith("not ready: state=LOADING")
+    assert json.loads(request(server, "/status")[2])["state"] == "LOADING"
+    assert value(parse_metrics(request(server, "/metrics")[2]), "kiln_state", state="LOADING") == 1
 
 
 def test_unknown_state_still_gets_a_series(server: StatusServer, source: Source) -> None:

@@ -16,6 +16,9 @@ the environment, so argv stays what the supervisor would give the real binary:
       slow-loading-progress    progress dots for KILN_FAKE_LOAD_S, then serve
       ignore-sigterm           serve; SIGTERM only logs a line; needs SIGKILL
       spawn-orphan             double-fork a sleeper in a new session, print its pid, serve
+      real                     exec the real llama-server named by KILN_FAKE_REAL_BINARY with the
+                               same argv (so one ladder rung can fail like CUDA and the next serve
+                               for real, under one [server] binary)
   KILN_FAKE_DELAY_S        pause before the failure in the log scenarios (default 0.01;
                            the seed's real OOM took 29.9 s, parameter rejection 1.6-2.5 s)
   KILN_FAKE_LOAD_S         time spent "loading" before /health turns 200 (default 0.05;
@@ -286,6 +289,12 @@ def main(argv: list[str]) -> int:
         print("usage: llama-server [options]\n\n(kiln fake llama-server; scenarios: " + ", ".join(SCENARIOS) + ")")
         return 0
     name = os.environ.get("KILN_FAKE_SCENARIO", "")
+    if name == "real":
+        real = os.environ.get("KILN_FAKE_REAL_BINARY", "")
+        if not real:
+            log("kiln fake llama-server: scenario 'real' needs KILN_FAKE_REAL_BINARY")
+            return 2
+        os.execv(real, [real, *argv])
     if name not in SCENARIOS:
         log(f"kiln fake llama-server: set KILN_FAKE_SCENARIO to one of: {', '.join(SCENARIOS)} (got {name!r})")
         return 2

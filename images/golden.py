@@ -1,0 +1,54 @@
+"""The committed rendered Dockerfiles: images/rendered/<target>/Dockerfile.
+
+Reviewers read the real Dockerfile diff, not a template diff (docker-library's
+practice); a test re-renders every target and fails on any drift.
+
+    python -m images.golden          # rewrite them
+    python -m images.golden --check  # exit 1 on drift
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+
+from .lock import load_lock, pins_for
+from .render import RENDERED_DIR, make_context, render_dockerfile
+from .target import load_target, target_names
+
+
+def render_all() -> dict[str, str]:
+    lock = load_lock()
+    out: dict[str, str] = {}
+    for name in target_names():
+        target = load_target(name)
+        # A target with unresolved pins is committed as its floating render, and says so at the top.
+        ctx = make_context(target, pins_for(target, lock), allow_floating=True)
+        out[name] = render_dockerfile(ctx)
+    return out
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(prog="python -m images.golden", description=__doc__,
+                                 formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--check", action="store_true")
+    args = ap.parse_args(argv)
+    drift = []
+    for name, text in render_all().items():
+        path = RENDERED_DIR / name / "Dockerfile"
+        if args.check:
+            if not path.is_file() or path.read_text(encoding="utf-8") != text:
+                drift.append(str(path))
+        else:
+            path.parent.mkdir(parents=True, exist_ok=True)
+            path.write_text(text, encoding="utf-8")
+            print(path)
+    if drift:
+        print("rendered Dockerfiles drifted from their templates/targets/lock; run `python -m images.golden`:\n  "
+              + "\n  ".join(drift), file=sys.stderr)
+        return 1
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
