@@ -205,8 +205,10 @@ def patch_set_hash(patches: Mapping[str, str]) -> str:
     if not patches:
         return "none"
     for name, sha in patches.items():
-        if not _HEX64.fullmatch(sha):
-            raise ValueError(f"patch {name!r}: sha256 must be 64 lowercase hex, got {sha!r}")
+        # "floating": a patch with no pinned sha256 (--allow-floating builds). The hash then says
+        # which patches, not which bytes, like a git:<url>#<branch> source.
+        if sha != "floating" and not _HEX64.fullmatch(sha):
+            raise ValueError(f"patch {name!r}: sha256 must be 64 lowercase hex or 'floating', got {sha!r}")
         if ":" in name or "\n" in name:
             raise ValueError(f"patch name {name!r} may not hold ':' or a newline")
     text = "".join(f"{name}:{patches[name]}\n" for name in sorted(patches))
@@ -258,11 +260,13 @@ def _parse_os_release(text: str) -> dict[str, str]:
 
 
 def manifest_name(tarball_name: str) -> str:
-    return tarball_name + ".manifest.json"
+    """<stem>.manifest.json beside <stem>.tar.gz."""
+    return tarball_name.removesuffix(".tar.gz") + ".manifest.json"
 
 
 def sha256_name(tarball_name: str) -> str:
-    return tarball_name + ".sha256"
+    """<stem>.sha256 beside <stem>.tar.gz; it names the tarball, so `sha256sum --check` works next to it."""
+    return tarball_name.removesuffix(".tar.gz") + ".sha256"
 
 
 def check_tarball_name(name: str) -> str:

@@ -14,9 +14,12 @@ import os
 import re
 import shutil
 from pathlib import Path
-from typing import NoReturn, Protocol, runtime_checkable
+from typing import TYPE_CHECKING, NoReturn, Protocol, runtime_checkable
 
 from .artifacts import ArtifactError, Packed, _tmp_path, check_tarball_name, manifest_name, sha256_name
+
+if TYPE_CHECKING:
+    from huggingface_hub import HfApi
 
 HUB_PREFIX = "binaries"
 _REPO_ID = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]*/[A-Za-z0-9][A-Za-z0-9._-]*")
@@ -49,7 +52,7 @@ def _copy_atomic(src: Path, dest: Path) -> Path:
 
 
 class LocalStore:
-    """A directory holding <name>, <name>.manifest.json and <name>.sha256 side by side."""
+    """A directory holding <stem>.tar.gz, <stem>.manifest.json and <stem>.sha256 side by side."""
 
     def __init__(self, root: Path) -> None:
         self.root = Path(root)
@@ -82,7 +85,7 @@ class LocalStore:
 
 
 class HubStore:
-    """A Hub repo holding binaries/<name>, binaries/<name>.manifest.json and binaries/<name>.sha256.
+    """A Hub repo holding binaries/<stem>.tar.gz, binaries/<stem>.manifest.json and binaries/<stem>.sha256.
 
     ``token`` None means huggingface_hub's own lookup (HF_TOKEN, the stored login). The token is
     never put into a message: errors are rebuilt from what is known (repo, revision, file, status).
@@ -118,7 +121,7 @@ class HubStore:
         at = f" at {self.endpoint}" if self.endpoint else ""
         return f"Hub {kind}repo {self.repo_id}{at}"
 
-    def _api(self):  # -> HfApi; imported late so LocalStore users never import huggingface_hub
+    def _api(self) -> HfApi:  # imported late: LocalStore users never import huggingface_hub
         from huggingface_hub import HfApi
 
         return HfApi(endpoint=self.endpoint, token=self._token)

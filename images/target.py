@@ -23,7 +23,7 @@ DEFAULT_TARGET = "cpu-llamacpp"
 
 SOURCE_KINDS = ("git", "sdist", "pypi-wheel")
 NAME_RE = r"[a-z0-9][a-z0-9-]{0,62}"
-IMAGE_REF_RE = r"[a-z0-9][a-z0-9._/-]*(:[\w][\w.-]{0,127})?"
+IMAGE_REF_RE = r"[a-z0-9][a-z0-9._/-]*(:[\w][\w.-]{0,127})?(@sha256:[0-9a-f]*)?"
 CUDA_ARCH_RE = r"\d{2,3}"
 
 

@@ -24,7 +24,8 @@ from typing import Any
 
 from .config import HardwareSpec
 
-__all__ = ["GPU", "Hardware", "probe", "gpu_memory_used_mib", "check", "host_resident_warning"]
+__all__ = ["GPU", "Hardware", "probe", "gpu_memory_used_mib", "check", "host_resident_warning",
+           "gpu_summary"]
 
 MIB = 1024 * 1024
 GIB = 1024 ** 3

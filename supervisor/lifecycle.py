@@ -105,6 +105,14 @@ class Supervisor:
         self.rec.transition(state, detail)
         log.info("state %s%s", state.value, f": {detail}" if detail else "")
 
+    def _secret_env_names(self) -> set[str]:
+        """Variables holding secrets the engine has no use for (least privilege)."""
+        names = {"HF_TOKEN", "HUGGING_FACE_HUB_TOKEN", "RUNPOD_API_KEY"}
+        kind, _, ref = self.cfg.server.api_key.partition(":")
+        if kind == "env":
+            names.add(ref)
+        return names
+
     def _redact(self, text: str) -> str:
         for s in self.secrets:
             text = text.replace(s, "***")
@@ -240,8 +248,9 @@ class Supervisor:
         assert self.model_path is not None
         self._transition(State.LAUNCHING, rung.name)
         argv = llamacpp.build_argv(self.cfg, rung, model_path=str(self.model_path),
-                                   api_key_file=str(self.key_file) if self.key_file else None)
-        env = {k: v for k, v in self.env.items() if not k.startswith("KILN_")}
+                                   api_key_file=str(self.key_file) if self.key_file else None,
+                                   vcpus=self.hw.vcpus if self.hw else None)
+        env = {k: v for k, v in self.env.items() if k not in self._secret_env_names()}
         env.update(rung.env)
         proc = ManagedProcess.start(argv, env=env, on_line=self._engine_line, redact=self.secrets,
                                     log_file=str(self.run_dir / "engine.log"))

@@ -202,7 +202,7 @@ def _num(v: float | int) -> str:
 
 
 def build_argv(cfg: DeployConfig, rung: Rung, *, model_path: str, api_key_file: str | None,
-               port: int | None = None) -> list[str]:
+               port: int | None = None, vcpus: float | None = None) -> list[str]:
     """The exact argument list for one rung. No shell ever sees it."""
     argv = [cfg.server.binary, "--model", model_path, "--host", cfg.server.host,
             "--port", str(port or cfg.server.port)]
@@ -216,4 +216,7 @@ def build_argv(cfg: DeployConfig, rung: Rung, *, model_path: str, api_key_file: 
         argv.append("--metrics")      # Prometheus counters: the selftest cross-checks them
     if rung.placement == "cpu" and not user_flags & set(NGL_FLAGS):
         argv += ["-ngl", "0"]
+    if vcpus and not user_flags & {"-t", "--threads"}:
+        # llama.cpp counts the host's cores; a pod's cgroup quota may allow far fewer.
+        argv += ["--threads", str(max(1, int(vcpus)))]
     return argv + user

@@ -16,6 +16,8 @@ the environment, so argv stays what the supervisor would give the real binary:
       slow-loading-progress    progress dots for KILN_FAKE_LOAD_S, then serve
       ignore-sigterm           serve; SIGTERM only logs a line; needs SIGKILL
       spawn-orphan             double-fork a sleeper in a new session, print its pid, serve
+      echo-key                 print the content of --api-key-file in a log line, then exit 1
+                               (an engine that leaks its key: the supervisor must redact it)
       real                     exec the real llama-server named by KILN_FAKE_REAL_BINARY with the
                                same argv (so one ladder rung can fail like CUDA and the next serve
                                for real, under one [server] binary)
@@ -101,6 +103,7 @@ class Args:
         self.host = arg(argv, ("--host",), "LLAMA_ARG_HOST", "127.0.0.1")
         self.port = int(arg(argv, ("--port",), "LLAMA_ARG_PORT", "8080"))
         self.model = arg(argv, ("-m", "--model"), "LLAMA_ARG_MODEL", "")  # "" = keep the recorded name
+        self.argv = argv
 
 
 # --- replaying recorded failures -----------------------------------------------------------
@@ -266,6 +269,14 @@ def spawn_orphan(a: Args) -> int:
     return serve_forever()
 
 
+def echo_key(a: Args) -> int:
+    argv = a.argv
+    path = argv[argv.index("--api-key-file") + 1] if "--api-key-file" in argv else ""
+    key = Path(path).read_text().strip() if path else "(none)"
+    log(f"0.00.000.100 E srv  load_model: refusing to start with api key {key}")
+    return 1
+
+
 SCENARIOS: dict[str, Callable[[Args], int]] = {
     "ok": ok,
     "cuda-oom-h200": recorded("llama-server-cuda-oom-h200.log"),
@@ -278,6 +289,7 @@ SCENARIOS: dict[str, Callable[[Args], int]] = {
     "slow-loading-progress": slow_loading_progress,
     "ignore-sigterm": ignore_sigterm,
     "spawn-orphan": spawn_orphan,
+    "echo-key": echo_key,
 }
 
 

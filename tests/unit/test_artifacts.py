@@ -140,6 +140,7 @@ def test_patch_set_and_build_config_hashes_ignore_order() -> None:
     assert build_config_hash(["-DA=1"], SCRIPT_SHA) != build_config_hash(["-DA=1"], "6" * 64)
     with pytest.raises(ValueError):
         patch_set_hash({"a.patch": "not-a-sha"})
+    assert patch_set_hash({"a.patch": "floating"}) != patch_set_hash({"b.patch": "floating"})
 
 
 def test_os_identity_reads_os_release(tmp_path: Path) -> None:
@@ -157,7 +158,8 @@ def test_os_identity_reads_os_release(tmp_path: Path) -> None:
 def test_pack_verify_extract_round_trip(prefix: Path, tmp_path: Path) -> None:
     packed = pack(prefix, CPU, tmp_path / "out")
     assert packed.tarball.name == CPU.name()
-    assert packed.manifest.name == CPU.name() + ".manifest.json"
+    stem = CPU.name().removesuffix(".tar.gz")
+    assert packed.manifest.name == stem + ".manifest.json" and packed.sha256_file.name == stem + ".sha256"
     assert packed.sha256_file.read_text() == f"{packed.sha256}  {CPU.name()}\n"
 
     manifest = verify(packed.tarball, packed.manifest, CPU, expected_sha256=packed.sha256)

@@ -1,0 +1,196 @@
+"""The supervisor with real processes: a real llama-server (CPU build from the pinned sdist), a
+tiny real GGUF, and — only where a CPU cannot produce the condition (a CUDA OOM, a leaking
+engine) — tests/support/fake_llama_server.py, a stand-in that replays recorded engine output.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import time
+from pathlib import Path
+
+import psutil
+import pytest
+
+from tests.support.engine import require_prefix
+from tests.support.models import make_tiny_gguf
+from tests.support.supervised import FAKE, Supervised, config, free_port, http, wait_for
+
+pytestmark = pytest.mark.llama
+
+
+@pytest.fixture(scope="module")
+def prefix() -> Path:
+    return require_prefix()
+
+
+@pytest.fixture(scope="module")
+def tiny(tmp_path_factory) -> Path:
+    return make_tiny_gguf(tmp_path_factory.mktemp("models") / "tiny.gguf")
+
+
+def rung(name: str, args: list[str], placement: str = "cpu", env: dict[str, str] | None = None) -> str:
+    out = f'[[ladder.rungs]]\nname = "{name}"\nplacement = "{placement}"\nargs = {json.dumps(args)}\n'
+    if env:
+        out += "[ladder.rungs.env]\n" + "".join(f'{k} = "{v}"\n' for k, v in env.items())
+    return out
+
+
+def setup(tmp_path: Path, prefix: Path, tiny: Path, rungs: str, *, binary: str | None = None, extra: str = "",
+          snapshot: bool = True, env: dict[str, str] | None = None, args: tuple[str, ...] = ()) -> Supervised:
+    port, sport = free_port(), free_port()
+    text = config(binary=binary or str(prefix / "bin" / "llama-server"), model=str(tiny), port=port,
+                  status_port=sport, state_dir=tmp_path / "state", rungs=rungs, extra=extra,
+                  snapshot=str(prefix / "share/kiln/llama-server.help.txt") if snapshot else "")
+    sup = Supervised(tmp_path, text, env=env, args=args)
+    sup.engine_port = port
+    return sup
+
+
+def test_boots_to_ready_and_serves_with_the_api_key_on(tmp_path, prefix, tiny):
+    with setup(tmp_path, prefix, tiny, rung("cpu", ["-t", "1", "-c", "512"]),
+               env={"KILN_API_KEY": "test-key-123"}) as sup:
+        st = sup.wait_state("SERVING")
+        assert st["ready"] and st["rung"]["name"] == "cpu"
+        assert http(sup.url("/ready"))[0] == 200
+        body = json.dumps({"messages": [{"role": "user", "content": "hi"}], "max_tokens": 8}).encode()
+        url = f"http://127.0.0.1:{sup.engine_port}/v1/chat/completions"
+        assert http(url, data=body, headers={"Content-Type": "application/json"})[0] == 401
+        code, out = http(url, data=body, headers={"Content-Type": "application/json",
+                                                  "Authorization": "Bearer test-key-123"})
+        assert code == 200 and json.loads(out)["choices"][0]["message"]["content"]
+        assert "--api-key" not in st["engine"]["argv"]          # key goes through a 0600 file
+        assert st["timings"]["boot_to_ready_s"] < 30
+        assert sup.stop() == 0
+
+
+def test_ladder_falls_through_a_real_cuda_oom_and_a_lint_rejection_to_a_rung_that_serves(tmp_path, prefix, tiny):
+    # Rung 1 pins a removed flag: caught by the lint, nothing started. Rung 2 is the stand-in
+    # replaying the OOM llama-server printed on an H200 (a CPU cannot run out of GPU memory).
+    # Rung 3 execs the real llama-server.
+    rungs = (rung("removed-flag", ["--draft-max", "4"])
+             + rung("h200-oom", ["-t", "1"], env={"KILN_FAKE_SCENARIO": "cuda-oom-h200"})
+             + rung("seed-oom", ["-t", "1"], env={"KILN_FAKE_SCENARIO": "seed-oom"})
+             + rung("cpu", ["-t", "1", "-c", "512"], env={"KILN_FAKE_SCENARIO": "real"}))
+    with setup(tmp_path, prefix, tiny, rungs, binary=str(FAKE),
+               env={"KILN_FAKE_REAL_BINARY": str(prefix / "bin/llama-server")}) as sup:
+        st = sup.wait_state("SERVING")
+        assert st["rung"]["name"] == "cpu"
+        assert st["failures"] == {"config_rejected": 1, "oom": 2}
+        assert st["launches"] == 3                               # the linted rung never started
+        events = [h["detail"] for h in st["history"] if h["event"] == "failure"]
+        assert events[0].startswith("config_rejected: lint:") and "--spec-draft-n-max" in events[0]
+        assert events[1].startswith("oom: CUDA out of memory") and events[2].startswith("oom:")
+        assert st["timings"]["last_rung_switch_s"] < 2.0
+        assert sup.stop() == 0
+        # the next boot on this hardware starts at the rung that won
+        memory = json.loads((tmp_path / "state" / "ladder-memory.json").read_text())
+        assert [v["rung"] for v in memory.values()] == ["cpu"]
+
+
+def test_the_next_boot_starts_at_the_remembered_rung(tmp_path, prefix, tiny):
+    rungs = (rung("oom", ["-t", "1"], env={"KILN_FAKE_SCENARIO": "cuda-oom-h200"})
+             + rung("cpu", ["-t", "1", "-c", "512"], env={"KILN_FAKE_SCENARIO": "real"}))
+    env = {"KILN_FAKE_REAL_BINARY": str(prefix / "bin/llama-server")}
+    with setup(tmp_path, prefix, tiny, rungs, binary=str(FAKE), env=env) as sup:
+        assert sup.wait_state("SERVING")["launches"] == 2
+        sup.stop()
+        same_config = sup.cfg_path.read_text()
+    second = tmp_path / "second-boot"
+    second.mkdir()
+    with Supervised(second, same_config, env=env) as sup:      # same config, same volume
+        st = sup.wait_state("SERVING")
+        assert st["launches"] == 1 and st["failures"] == {}
+        assert any("remembered winner" in h["detail"] for h in st["history"])
+        sup.stop()
+
+
+def test_terminal_failure_is_failed_with_the_stderr_tail(tmp_path, prefix, tiny):
+    with setup(tmp_path, prefix, tiny, rung("cpu", ["-t", "1"], env={"KILN_FAKE_SCENARIO": "missing-model"}),
+               binary=str(FAKE), args=("--exit-on-failure",)) as sup:
+        assert sup.proc.wait(30) == 1                            # the server's own status
+        assert "failure load_error" in sup.log()
+
+
+def test_sigterm_leaves_nothing_behind_and_propagates_the_status(tmp_path, prefix, tiny):
+    with setup(tmp_path, prefix, tiny, rung("cpu", ["-t", "1", "-c", "512"])) as sup:
+        st = sup.wait_state("SERVING")
+        engine = st["engine"]["pid"]
+        assert sup.stop(signal.SIGTERM) == 0
+        assert not psutil.pid_exists(engine) or psutil.Process(engine).status() == psutil.STATUS_ZOMBIE
+        assert http(f"http://127.0.0.1:{sup.engine_port}/health")[0] == 0   # port released
+
+
+def test_an_engine_that_ignores_sigterm_is_killed_and_the_exit_says_so(tmp_path, prefix, tiny):
+    with setup(tmp_path, prefix, tiny, rung("cpu", ["-t", "1"], env={"KILN_FAKE_SCENARIO": "ignore-sigterm"}),
+               binary=str(FAKE)) as sup:
+        st = sup.wait_state("SERVING")
+        engine = st["engine"]["pid"]
+        t0 = time.monotonic()
+        assert sup.stop(signal.SIGTERM) == 128 + signal.SIGKILL
+        assert time.monotonic() - t0 < 15                       # grace (5 s) then KILL
+        assert not psutil.pid_exists(engine) or psutil.Process(engine).status() == psutil.STATUS_ZOMBIE
+
+
+def test_an_orphaned_grandchild_is_reaped(tmp_path, prefix, tiny):
+    env = {"KILN_FAKE_ORPHAN_S": "1.0"}
+    with setup(tmp_path, prefix, tiny, rung("cpu", ["-t", "1"], env={"KILN_FAKE_SCENARIO": "spawn-orphan"}),
+               binary=str(FAKE), env=env) as sup:
+        sup.wait_state("SERVING")
+        line = wait_for(lambda: next((ln for ln in sup.log().splitlines() if "orphan pid" in ln), None), 10,
+                        "the orphan's pid in the engine log")
+        orphan = int(line.rsplit(" ", 1)[-1].strip(" )"))
+        me = psutil.Process(sup.proc.pid)
+        wait_for(lambda: orphan in [c.pid for c in me.children()], 10, "the orphan re-parented to the supervisor")
+        # it exits after ~1 s; the supervisor must reap it (no zombie left)
+        wait_for(lambda: not psutil.pid_exists(orphan), 15, "the orphan reaped")
+        assert sup.stop() == 0
+
+
+def test_a_killed_server_is_restarted_and_a_crash_loop_ends_failed(tmp_path, prefix, tiny):
+    extra = "[restart]\nmax_restarts = 2\nwindow_s = 60\nbackoff_initial_s = 0.2\nbackoff_max_s = 1\n"
+    with setup(tmp_path, prefix, tiny, rung("cpu", ["-t", "1", "-c", "512"]), extra=extra) as sup:
+        first = sup.wait_state("SERVING")["engine"]["pid"]
+        os.kill(first, signal.SIGKILL)
+        st = wait_for(lambda: (s := sup.status()) and s["state"] == "SERVING" and s["engine"]["pid"] != first and s,
+                      30, "a restarted engine")
+        assert st["restarts"] == 1 and st["last_failure"]["class"] == "crashed"
+        assert "SIGKILL" in st["last_failure"]["reason"]
+        sup.stop()
+    env = {"KILN_FAKE_CRASH_AFTER_S": "0.3"}
+    loop_dir = tmp_path / "loop"
+    loop_dir.mkdir()
+    with setup(loop_dir, prefix, tiny, rung("cpu", ["-t", "1"], env={"KILN_FAKE_SCENARIO": "crash-after-ready"}),
+               binary=str(FAKE), extra=extra, env=env, args=("--exit-on-failure",)) as sup:
+        code = sup.proc.wait(60)
+        assert code == 128 + signal.SIGSEGV
+        log = sup.log()
+        assert "crash loop: 3 failures within 60 s" in log and "state FAILED" in log
+
+
+def test_a_canary_secret_never_shows(tmp_path, prefix, tiny):
+    canary, token = "kiln-canary-4b1d9e", "hf_canary_token_77"
+    env = {"KILN_API_KEY": canary, "HF_TOKEN": token}
+    rungs = (rung("leaky", ["-t", "1"], env={"KILN_FAKE_SCENARIO": "echo-key"})
+             + rung("cpu", ["-t", "1", "-c", "512"], env={"KILN_FAKE_SCENARIO": "real"}))
+    with setup(tmp_path, prefix, tiny, rungs, binary=str(FAKE),
+               env={**env, "KILN_FAKE_REAL_BINARY": str(prefix / "bin/llama-server")}) as sup:
+        # echo-key exits 1 with no known signature: "crashed" is not a fall-through class, so FAILED
+        st = sup.wait_state("FAILED")
+        bodies = [json.dumps(st)] + [http(sup.url(p))[1].decode() for p in ("/status", "/metrics", "/", "/ready")]
+        sup.stop()
+        bodies += [sup.log(), (tmp_path / "state/run/engine.log").read_text()]
+        assert any("refusing to start with api key ***" in b for b in bodies)   # it leaked, and was masked
+        for b in bodies:
+            assert canary not in b and token not in b
+
+
+def test_the_hardware_guard_refuses_a_gpu_config_on_a_cpu_host(tmp_path, prefix, tiny):
+    extra = "[hardware]\ngpu_count = 2\nmin_compute_capability = \"8.6\"\n"
+    with setup(tmp_path, prefix, tiny, rung("cpu", ["-t", "1"]), extra=extra, args=("--exit-on-failure",)) as sup:
+        assert sup.proc.wait(30) == 3
+        log = sup.log()
+        assert "gpu_count: expected exactly 2 GPUs, found none" in log
+        assert "state LAUNCHING" not in log                      # nothing was started

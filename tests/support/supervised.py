@@ -1,0 +1,126 @@
+"""Run the real supervisor (`python -m supervisor run`) as a child process and watch it
+through its own status port. Waits are conditions with deadlines, never fixed sleeps."""
+
+from __future__ import annotations
+
+import json
+import os
+import socket
+import subprocess
+import sys
+import time
+import urllib.error
+import urllib.request
+from pathlib import Path
+from typing import Any, Callable
+
+REPO_ROOT = Path(__file__).resolve().parents[2]
+FAKE = REPO_ROOT / "tests" / "support" / "fake_llama_server.py"
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def wait_for(cond: Callable[[], Any], timeout: float, what: str, interval: float = 0.02) -> Any:
+    deadline = time.monotonic() + timeout
+    while True:
+        value = cond()
+        if value:
+            return value
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out after {timeout} s waiting for {what}")
+        time.sleep(interval)  # polling interval of a condition wait, not a stand-in for one
+
+
+def http(url: str, *, headers: dict[str, str] | None = None, data: bytes | None = None,
+         timeout: float = 10) -> tuple[int, bytes]:
+    req = urllib.request.Request(url, headers=headers or {}, data=data)
+    try:
+        with urllib.request.urlopen(req, timeout=timeout) as r:
+            return r.status, r.read()
+    except urllib.error.HTTPError as e:
+        return e.code, e.read()
+    except OSError:
+        return 0, b""
+
+
+class Supervised:
+    def __init__(self, tmp: Path, config: str, *, env: dict[str, str] | None = None,
+                 args: tuple[str, ...] = ()):
+        self.tmp = tmp
+        self.cfg_path = tmp / "deploy.toml"
+        self.cfg_path.write_text(config)
+        self.log_path = tmp / "supervisor.log"
+        full_env = {k: v for k, v in os.environ.items() if not k.startswith("KILN_")}
+        full_env.update({"PYTHONPATH": str(REPO_ROOT), "PYTHONUNBUFFERED": "1"})
+        full_env.update(env or {})
+        self._log = open(self.log_path, "w")
+        self.proc = subprocess.Popen([sys.executable, "-m", "supervisor", "run", "--config", str(self.cfg_path), *args],
+                                     stdout=self._log, stderr=subprocess.STDOUT, env=full_env, cwd=REPO_ROOT)
+        self.status_port = int(config.split("[status]")[1].split("port =")[1].split()[0])
+
+    def url(self, path: str) -> str:
+        return f"http://127.0.0.1:{self.status_port}{path}"
+
+    def status(self) -> dict[str, Any] | None:
+        code, body = http(self.url("/status"), timeout=2)
+        return json.loads(body) if code == 200 else None
+
+    def wait_state(self, *states: str, timeout: float = 30) -> dict[str, Any]:
+        def hit() -> dict[str, Any] | None:
+            if self.proc.poll() is not None:
+                raise AssertionError(f"supervisor exited {self.proc.returncode} before {states}:\n{self.log()}")
+            s = self.status()
+            return s if s and s["state"] in states else None
+        return wait_for(hit, timeout, f"state in {states}")
+
+    def log(self) -> str:
+        if not self._log.closed:
+            self._log.flush()
+        return self.log_path.read_text(errors="replace")
+
+    def stop(self, sig: int = 15, timeout: float = 30) -> int:
+        if self.proc.poll() is None:
+            self.proc.send_signal(sig)
+        try:
+            return self.proc.wait(timeout)
+        finally:
+            self._log.close()
+
+    def __enter__(self) -> "Supervised":
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        if self.proc.poll() is None:
+            self.proc.kill()
+            self.proc.wait(10)
+        if not self._log.closed:
+            self._log.close()
+
+
+def config(*, binary: str, model: str, port: int, status_port: int, state_dir: Path, rungs: str,
+           snapshot: str = "", extra: str = "") -> str:
+    snap = f'flag_snapshot = "{snapshot}"\n' if snapshot else 'flag_snapshot = "/nonexistent"\n'
+    return f"""
+engine = "llamacpp"
+state_dir = "{state_dir}"
+[model]
+source = "{model}"
+[server]
+host = "127.0.0.1"
+port = {port}
+binary = "{binary}"
+{snap}
+[ladder]
+{rungs}
+[health]
+stall_s = 20
+stop_grace_s = 5
+{extra}
+[status]
+host = "127.0.0.1"
+port = {status_port}
+"""

@@ -1,0 +1,122 @@
+"""Deploy config: parse -> validate (every problem at once) -> frozen; env overrides; check-config."""
+
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from supervisor.config import parse_config
+from supervisor.errors import ConfigError
+
+ROOT = Path(__file__).resolve().parents[2]
+GOOD = """
+engine = "llamacpp"
+[model]
+source = "/models/m.gguf"
+[ladder]
+[[ladder.rungs]]
+name = "a"
+args = ["-c", "512"]
+"""
+
+
+def test_minimal_config_gets_safe_defaults():
+    cfg = parse_config(GOOD, env={})
+    assert cfg.server.api_key == "env:KILN_API_KEY"          # the key is on unless said otherwise
+    assert cfg.ladder.fall_through == ("oom", "config_rejected")
+    assert cfg.rung("a").placement == "autofit"
+    with pytest.raises(Exception):
+        cfg.engine = "vllm"  # frozen
+
+
+def test_every_problem_is_reported_at_once_with_path_value_and_allowed():
+    bad = """
+engine = "llamacp"
+[model]
+source = "models/relative.gguf"
+revison = "x"
+[server]
+port = 99999
+extra_args = ["--port", "1"]
+[ladder]
+fall_through = ["oomm"]
+[[ladder.rungs]]
+name = "a"
+placement = "autofitt"
+[[ladder.rungs]]
+name = "a"
+"""
+    with pytest.raises(ConfigError) as e:
+        parse_config(bad, env={})
+    text = str(e.value)
+    for expected in ("engine: is not a known value; did you mean 'llamacpp'?", "model.source",
+                     "model.revison: is not a known field; did you mean 'revision'?",
+                     "server.port: is out of range (got 99999); allowed: 1 .. 65535",
+                     "server.extra_args[0]: --port is set by the supervisor",
+                     "ladder.fall_through[0]", "ladder.rungs[0].placement", "allowed: autofit, manual, cpu, engine",
+                     "ladder.rungs[1].name: is used by an earlier rung"):
+        assert expected in text, expected
+    assert len(e.value.problems) >= 8
+
+
+def test_env_overrides_named_fields_and_bad_env_values_are_named():
+    cfg = parse_config(GOOD, env={"KILN_SERVER_PORT": "9000", "KILN_MODEL_SOURCE": "/m/other.gguf",
+                                  "KILN_LADDER_START": "a"})
+    assert cfg.server.port == 9000 and cfg.model.source == "/m/other.gguf" and cfg.ladder.start == "a"
+    with pytest.raises(ConfigError) as e:
+        parse_config(GOOD, env={"KILN_SERVER_PORT": "eighty", "KILN_LADDER_START": "nope"})
+    assert "server.port (from env KILN_SERVER_PORT): must be an integer (got 'eighty')" in str(e.value)
+    assert "ladder.start: names no rung (got 'nope'); allowed: a" in str(e.value)
+
+
+def test_hash_is_stable_and_tracks_content():
+    a, b = parse_config(GOOD, env={}), parse_config(GOOD, source="elsewhere", env={})
+    assert a.hash == b.hash
+    assert parse_config(GOOD.replace("512", "1024"), env={}).hash != a.hash
+
+
+def test_hf_source_needs_an_entry_and_a_status_port_distinct_from_the_server():
+    text = GOOD.replace('"/models/m.gguf"', '"hf://org/repo"') + "[status]\nport = 8080\n"
+    with pytest.raises(ConfigError) as e:
+        parse_config(text, env={})
+    assert "model.entry: is required for hf:// sources" in str(e.value)
+    assert "status.port: must differ from server.port" in str(e.value)
+
+
+def test_invalid_toml_is_one_clear_problem():
+    with pytest.raises(ConfigError) as e:
+        parse_config("engine = [", env={})
+    assert "is not valid TOML" in str(e.value)
+
+
+def _check(path: Path, *extra: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([sys.executable, "-m", "supervisor", "check-config", str(path), *extra],
+                          capture_output=True, text=True, cwd=ROOT)
+
+
+def test_check_config_cli_exit_codes(tmp_path):
+    good = tmp_path / "good.toml"
+    good.write_text(GOOD)
+    r = _check(good)
+    assert r.returncode == 0, r.stderr
+    bad = tmp_path / "bad.toml"
+    bad.write_text(GOOD.replace('engine = "llamacpp"', 'engine = "tgi"'))
+    r = _check(bad)
+    assert r.returncode == 2 and "engine: is not a known value" in r.stderr
+
+
+def test_check_config_lints_rungs_against_a_flag_snapshot(tmp_path):
+    cfg = tmp_path / "c.toml"
+    cfg.write_text(GOOD.replace('args = ["-c", "512"]', 'args = ["--draft-max", "4", "-ngl", "99"]'))
+    help_txt = ROOT / "tests/fixtures/engine-logs/llama-server-help-cpu-11434.txt"
+    r = _check(cfg, "--flags", str(help_txt))
+    assert r.returncode == 2
+    assert "--draft-max was removed from this llama-server: use --spec-draft-n-max" in r.stderr
+    assert "-ngl pins n_gpu_layers, which aborts llama.cpp's autofit" in r.stderr
+
+
+def test_every_baked_deploy_config_is_valid():
+    for path in sorted((ROOT / "images/deploy").glob("*.toml")):
+        r = _check(path, "--flags", str(ROOT / "tests/fixtures/engine-logs/llama-server-help-cpu-11434.txt"))
+        assert r.returncode == 0, f"{path}: {r.stderr}"

