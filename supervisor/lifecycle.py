@@ -219,17 +219,14 @@ class Supervisor:
                 self._barrier()
             if self._should_stop():
                 raise Stop
-            if failed_at is not None:
-                switch = time.monotonic() - failed_at
-                self.rec.update(timings={**self.rec.snapshot()["timings"], "last_rung_switch_s": round(switch, 4)})
-                log.info("rung switch took %.3f s", switch)
-            outcome = self._launch_and_wait(index, rung)
+            outcome = self._launch_and_wait(index, rung, failed_at=failed_at)
             launched_before = True
+            exited_at = self.proc.exited_at if self.proc else None
             if outcome is None:
                 if self.cfg.ladder.remember:
                     self.memory.remember(key, rung.name)
                 return True
-            failed_at = time.monotonic()
+            failed_at = exited_at or time.monotonic()
             if outcome.failure_class in self.cfg.ladder.fall_through and index + 1 < len(rungs):
                 log.info("rung %s failed (%s): falling through to %s", rung.name, outcome.failure_class,
                          rungs[index + 1].name)
@@ -269,9 +266,14 @@ class Supervisor:
     def _engine_line(self, line: str) -> None:
         ENGINE_LOG.info("%s", line)
 
-    def _launch_and_wait(self, index: int, rung: Rung) -> Failure | None:
+    def _launch_and_wait(self, index: int, rung: Rung, failed_at: float | None = None) -> Failure | None:
         """Launch a rung; None when it is healthy, else why it failed."""
         proc = self._launch(rung)
+        if failed_at is not None:
+            # From the failed rung's exit to this rung's process start (the ladder's P6).
+            switch = proc.started_at - failed_at
+            self.rec.update(timings={**self.rec.snapshot()["timings"], "last_rung_switch_s": round(switch, 4)})
+            log.info("rung switch took %.3f s", switch)
         out = wait_healthy(proc, self.cfg.server.host, self.cfg.server.port,
                            stall_s=self.cfg.health.stall_s, max_s=self.cfg.health.max_s,
                            poll_s=self.cfg.health.poll_s, should_stop=self._should_stop, sleep=self._sleep)

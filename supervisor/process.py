@@ -76,6 +76,7 @@ class ManagedProcess:
     pid: int
     pgid: int
     started_at: float
+    exited_at: float | None = None   # monotonic time the leader was reaped
 
     def __init__(
         self,
@@ -297,6 +298,7 @@ class ManagedProcess:
     def _wait_exit(self) -> None:
         # The only place that reaps the leader: Popen keeps its exit status.
         self._popen.wait()
+        self.exited_at = time.monotonic()
         self._exited.set()
 
     def _read_loop(self) -> None:

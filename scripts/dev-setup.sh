@@ -1,0 +1,28 @@
+#!/usr/bin/env bash
+# dev-setup.sh: everything Kiln's tests and quickstart need, on a fresh Debian/Ubuntu
+# machine, idempotent and cached (CI runs it on every run; a warm run takes seconds).
+#
+#   1. Python deps (pip install -e '.[dev]')
+#   2. a private Docker engine + a registry-free Debian base image (scripts/dev-docker.sh)
+#   3. a CPU llama-server compiled from the pinned llama.cpp sdist (python build.py compile),
+#      cached under ~/.cache/kiln keyed by every input; first time ~11-16 min on 2 cores
+#
+# Prints `export DOCKER_HOST=...` last; use it as: eval "$(bash scripts/dev-setup.sh)"
+set -Eeuo pipefail
+cd "$(dirname "$0")/.."
+
+log() { printf 'dev-setup: %s\n' "$*" >&2; }
+
+log "python deps"
+python3 -m pip install -q --disable-pip-version-check -e '.[dev]' >&2
+
+log "docker engine"
+bash scripts/dev-docker.sh install >&2
+docker_env="$(bash scripts/dev-docker.sh start)"
+eval "$docker_env"
+bash scripts/dev-docker.sh base-image >&2
+
+log "llama-server (cached by its inputs)"
+python3 build.py compile --target cpu-llamacpp >&2
+
+printf '%s\n' "$docker_env"
