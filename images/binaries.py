@@ -128,9 +128,11 @@ def host_compile(target: Target, pins: Mapping[str, Pin], *, patch_files: Mappin
     prefix = slot / "prefix"
     packed_dir = slot / "packed"
     tarball = packed_dir / spec.name()
-    if not force and (prefix / "bin" / "llama-server").is_file() and tarball.is_file():
+    if not force and (prefix / "bin" / "llama-server").is_file():
         print(f"compile: cached {slot}", file=sys.stderr)
-        return prefix, _packed_from(tarball)
+        if tarball.is_file() and _packed_from(tarball).manifest.is_file():
+            return prefix, _packed_from(tarball)
+        return prefix, artifacts.pack(prefix, spec, packed_dir)   # cached binaries, packed anew
     if slot.exists():
         shutil.rmtree(slot)
     slot.mkdir(parents=True)
@@ -146,9 +148,8 @@ def host_compile(target: Target, pins: Mapping[str, Pin], *, patch_files: Mappin
 
 
 def _packed_from(tarball: Path) -> Packed:
-    name = tarball.name
-    manifest = tarball.with_name(name.removesuffix(".tar.gz") + ".manifest.json")
-    shafile = tarball.with_name(name.removesuffix(".tar.gz") + ".sha256")
+    manifest = tarball.with_name(artifacts.manifest_name(tarball.name))
+    shafile = tarball.with_name(artifacts.sha256_name(tarball.name))
     return Packed(tarball=tarball, manifest=manifest, sha256_file=shafile, sha256=sha256_file(tarball))
 
 
@@ -162,6 +163,6 @@ def fetch_verified(store: Store, spec: ArtifactSpec, dest: Path, *, smoke: bool,
         with tempfile.TemporaryDirectory(prefix="kiln-smoke-") as tmp:
             artifacts.extract_and_smoke(tarball, man, Path(tmp) / "engine")
     sha = sha256_file(tarball)
-    shafile = dest / (spec.name().removesuffix(".tar.gz") + ".sha256")
+    shafile = dest / artifacts.sha256_name(spec.name())
     shafile.write_text(f"{sha}  {tarball.name}\n", encoding="utf-8")
     return tarball, shafile, sha

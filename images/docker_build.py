@@ -94,6 +94,7 @@ class BuildRequest:
     hf_token: str | None = None
     target_stage: str | None = None
     output_dir: Path | None = None     # export a stage's filesystem instead of making an image
+    no_cache: bool = False
 
 
 def build(req: BuildRequest, *, on_line: Callable[[str], None] | None = None) -> None:
@@ -104,6 +105,8 @@ def build(req: BuildRequest, *, on_line: Callable[[str], None] | None = None) ->
         argv += ["-t", t]
     for k, v in req.build_args.items():
         argv += ["--build-arg", f"{k}={v}"]
+    if req.no_cache:
+        argv.append("--no-cache")
     if req.target_stage:
         argv += ["--target", req.target_stage]
     if req.output_dir:

@@ -194,3 +194,30 @@ def test_the_hardware_guard_refuses_a_gpu_config_on_a_cpu_host(tmp_path, prefix,
         log = sup.log()
         assert "gpu_count: expected exactly 2 GPUs, found none" in log
         assert "state LAUNCHING" not in log                      # nothing was started
+
+
+def test_100_start_stop_cycles_of_the_real_server_leave_nothing_behind(tmp_path, prefix, tiny):
+    from supervisor.health import wait_healthy
+    from supervisor.process import ManagedProcess
+
+    me = psutil.Process()
+    fds_before = len(os.listdir("/proc/self/fd"))
+    port = free_port()
+    argv = [str(prefix / "bin/llama-server"), "--model", str(tiny), "--host", "127.0.0.1", "--port", str(port),
+            "-t", "1", "-c", "256", "--no-warmup"]
+    pids = []
+    for _ in range(100):
+        p = ManagedProcess.start(argv)
+        out = wait_healthy(p, "127.0.0.1", port, stall_s=20, max_s=60, poll_s=0.01,
+                           should_stop=lambda: False, sleep=time.sleep)
+        assert out.ready, p.tail()
+        pids.extend(p.tree_pids())
+        assert p.stop(5) == 0
+        assert p.survivors() == []
+    assert [pid for pid in pids if psutil.pid_exists(pid) and psutil.Process(pid).status() != psutil.STATUS_ZOMBIE] == []
+    assert [c for c in me.children(recursive=True) if c.status() == psutil.STATUS_ZOMBIE] == []
+    assert len(os.listdir("/proc/self/fd")) <= fds_before + 2
+    # no one listens on the port any more (TIME_WAIT from closed connections is normal TCP; every
+    # cycle above re-bound the same port, which is what a restarted server needs)
+    assert [c for c in psutil.net_connections("tcp") if c.laddr and c.laddr.port == port
+            and c.status == psutil.CONN_LISTEN] == []

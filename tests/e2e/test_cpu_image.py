@@ -1,0 +1,170 @@
+"""End to end: `python build.py --target cpu-llamacpp` on a real Docker engine (the private one
+.ci/run starts), FROM a base made locally with mmdebstrap because no registry is reachable, taking
+the verified-fetch path for the engine binaries; then the image runs and serves a real GGUF.
+"""
+
+from __future__ import annotations
+
+import io
+import json
+import os
+import shutil
+import subprocess
+import sys
+import tarfile
+import time
+from pathlib import Path
+
+import pytest
+
+from images import artifacts
+from tests.support.dockerenv import docker_cli, local_base_image, require_docker
+from tests.support.engine import require_prefix
+from tests.support.models import make_tiny_gguf
+from tests.support.supervised import free_port, http, wait_for
+
+pytestmark = [pytest.mark.docker, pytest.mark.llama, pytest.mark.slow]
+ROOT = Path(__file__).resolve().parents[2]
+TAG = "kiln-e2e/cpu-llamacpp:test"
+HF_CANARY = "hf_e2e_canary_9f3a1c"
+CA_CANARY = "kiln-ca-canary-51e0b7"
+
+
+def build_py(*args: str, env: dict[str, str] | None = None, timeout: int = 1800) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([sys.executable, "build.py", *args], cwd=ROOT, capture_output=True, text=True,
+                          env={**os.environ, **(env or {})}, timeout=timeout)
+
+
+def docker(*args: str, check: bool = True, timeout: int = 600) -> subprocess.CompletedProcess[str]:
+    prefix, env = docker_cli()
+    r = subprocess.run([*prefix, *args], capture_output=True, text=True, env=env, timeout=timeout)
+    if check and r.returncode != 0:
+        raise AssertionError(f"docker {' '.join(args)} failed: {r.stderr[-2000:]}")
+    return r
+
+
+@pytest.fixture(scope="module")
+def store(tmp_path_factory) -> Path:
+    require_prefix()
+    path = tmp_path_factory.mktemp("store")
+    r = build_py("compile", "--target", "cpu-llamacpp", "--publish", str(path))
+    assert r.returncode == 0, r.stderr
+    return path
+
+
+@pytest.fixture(scope="module")
+def image(store, tmp_path_factory) -> dict:
+    host = require_docker()
+    os.environ["DOCKER_HOST"] = host
+    base = local_base_image()
+    ca = tmp_path_factory.mktemp("ca") / "bundle.pem"
+    # The host's bundle (this machine reaches PyPI through a TLS-intercepting proxy) plus a canary
+    # line outside any certificate, so we can prove the bundle lands in no layer.
+    ca.write_text(Path("/etc/ssl/certs/ca-certificates.crt").read_text() + f"\n# {CA_CANARY}\n")
+    r = build_py("--target", "cpu-llamacpp", "--base-image", base, "--ca-bundle", str(ca),
+                 "--binaries", "fetch", "--binaries-store", str(store), "--tag", TAG,
+                 env={"HF_TOKEN": HF_CANARY, "DOCKER_HOST": host})
+    assert r.returncode == 0, r.stderr[-4000:]
+    assert HF_CANARY not in r.stdout + r.stderr
+    inspect = json.loads(docker("image", "inspect", TAG).stdout)[0]
+    return {"inspect": inspect, "build_log": r.stderr, "base": base}
+
+
+def test_build_took_the_fetch_path_and_labels_say_what_is_inside(image):
+    labels = image["inspect"]["Config"]["Labels"]
+    assert "engine: fetch" in image["build_log"]
+    assert labels["io.kiln.target"] == "cpu-llamacpp"
+    assert labels["io.kiln.engine.source-sha256"] == "b0a2feb64c6fbd09f12af230734f072dd819ecb0ebd259565e1d6e9c34007e45"
+    assert labels["io.kiln.engine.binaries"].startswith("llama-server_src-b0a2feb64c6f_")
+    assert "@sha256:" in labels["io.kiln.engine.binaries"]
+    assert labels["io.kiln.base.override"] == image["base"]
+    assert labels["io.kiln.floating"] == "false"
+    assert labels["org.opencontainers.image.version"] == labels["io.kiln.version"]
+    assert image["inspect"]["Config"]["Entrypoint"] == ["/opt/kiln/venv/bin/python3", "-m", "supervisor"]
+
+
+def test_llama_server_is_on_path_and_the_supervisor_answers_version(image):
+    r = docker("run", "--rm", "--network", "host", "--entrypoint", "llama-server", TAG, "--version")
+    assert "version:" in r.stderr
+    r = docker("run", "--rm", "--network", "host", TAG, "--version")
+    assert r.stdout.strip().startswith("kiln-supervisor ")
+    r = docker("run", "--rm", "--network", "host", "--entrypoint", "ls", TAG, "/opt/kiln/engine/share/kiln")
+    assert "llama-server.help.txt" in r.stdout                  # the flag snapshot travels with the engine
+
+
+def test_the_image_serves_a_local_gguf_and_stops_cleanly_as_pid1(image, tmp_path):
+    model = make_tiny_gguf(tmp_path / "tiny.gguf")
+    port, sport = free_port(), free_port()
+    cid = docker("run", "-d", "--network", "host", "-v", f"{model}:/models/model.gguf:ro",
+                 "-e", "KILN_API_KEY=e2e-key", "-e", f"KILN_SERVER_PORT={port}", "-e", f"KILN_STATUS_PORT={sport}",
+                 "-e", "KILN_STATE_DIR=/tmp/kiln", TAG).stdout.strip()
+    try:
+        wait_for(lambda: http(f"http://127.0.0.1:{sport}/ready")[0] == 200, 60, "the container's /ready")
+        body = json.dumps({"messages": [{"role": "user", "content": "hi"}], "max_tokens": 8}).encode()
+        code, out = http(f"http://127.0.0.1:{port}/v1/chat/completions", data=body,
+                         headers={"Content-Type": "application/json", "Authorization": "Bearer e2e-key"})
+        assert code == 200 and json.loads(out)["choices"][0]["message"]["content"]
+        top = docker("top", cid, "-o", "pid,ppid,comm").stdout
+        assert "llama-server" in top
+        t0 = time.monotonic()
+        docker("stop", "-t", "20", cid)
+        assert time.monotonic() - t0 < 10                       # PID 1 handled TERM; no 20 s kill
+        state = json.loads(docker("inspect", cid).stdout)[0]["State"]
+        assert state["ExitCode"] == 0, docker("logs", cid, check=False).stderr[-3000:]
+        logs = docker("logs", cid).stderr
+        assert "state SERVING" in logs and "e2e-key" not in logs
+    finally:
+        docker("rm", "-f", cid, check=False)
+
+
+def test_build_secrets_land_in_no_layer_and_not_in_history(image):
+    history = docker("history", "--no-trunc", TAG).stdout
+    assert HF_CANARY not in history and CA_CANARY not in history
+    prefix, env = docker_cli()
+    save = subprocess.Popen([*prefix, "save", TAG], stdout=subprocess.PIPE, env=env)
+    assert save.stdout is not None
+    found = []
+    with tarfile.open(fileobj=save.stdout, mode="r|") as outer:
+        for member in outer:
+            data = outer.extractfile(member)
+            if data is None:
+                continue
+            blob = data.read()
+            for canary in (HF_CANARY, CA_CANARY):
+                if canary.encode() in blob:
+                    found.append((member.name, canary))
+            if member.name.endswith("layer.tar"):
+                with tarfile.open(fileobj=io.BytesIO(blob)) as layer:
+                    names = layer.getnames()
+                    assert not any(n.endswith("run/secrets/ca_bundle") or n.endswith("hf_token") for n in names)
+    assert save.wait() == 0
+    assert found == []
+
+
+def _doctored_store(store: Path, tmp: Path, how: str) -> Path:
+    out = tmp / how
+    shutil.copytree(store, out)
+    tarball = next(out.glob("*.tar.gz"))
+    if how == "corrupt":
+        data = bytearray(tarball.read_bytes())
+        data[len(data) // 2] ^= 0xFF
+        tarball.write_bytes(bytes(data))
+    else:  # a tarball built for another arch, published under this target's name
+        man = json.loads(next(out.glob("*.manifest.json")).read_text())
+        spec = artifacts.spec_from_dict({**man["spec"], "cuda": "12.8", "archs": "90"})
+        prefix = require_prefix()
+        packed = artifacts.pack(prefix, spec, tmp / "other-arch-pack")
+        shutil.copy(packed.tarball, tarball)
+        shutil.copy(packed.manifest, next(out.glob("*.manifest.json")))
+    return out
+
+
+@pytest.mark.parametrize("how,message", [("corrupt", "sha256"), ("other-arch", "archs: expected cpu, found 90")])
+def test_a_corrupted_or_foreign_tarball_is_refused_before_anything_runs(store, tmp_path, how, message):
+    host = require_docker()
+    doctored = _doctored_store(store, tmp_path, how)
+    r = build_py("--target", "cpu-llamacpp", "--base-image", local_base_image(), "--binaries", "fetch",
+                 "--binaries-store", str(doctored), "--tag", "kiln-e2e/refused:test", env={"DOCKER_HOST": host})
+    assert r.returncode == 2, r.stderr[-2000:]
+    assert message in r.stderr, r.stderr[-2000:]
+    assert "docker build" not in r.stderr and docker("image", "inspect", "kiln-e2e/refused:test", check=False).returncode != 0
