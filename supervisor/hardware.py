@@ -369,8 +369,31 @@ def _gib(n: float) -> float:
 
 
 # --------------------------------------------------------------------------- probe
-def probe(*, sysroot: str = "/", nvidia_smi: str = "nvidia-smi", use_nvml: bool = True) -> Hardware:
-    """Read this machine. Never raises for a missing GPU or driver: a CPU host is an answer."""
+def visible_gpus(gpus: Sequence[GPU], visible: str) -> list[GPU]:
+    """The GPUs CUDA_VISIBLE_DEVICES lets the engine use (indices or UUID prefixes, in that order).
+
+    NVML and nvidia-smi list every GPU the driver shows the container; the engine sees only
+    these, so the guard must count these. CUDA stops at the first entry it cannot resolve.
+    """
+    kept: list[GPU] = []
+    for token in (t.strip() for t in visible.split(",")):
+        if not token:
+            break
+        match = next((g for g in gpus if (token.isdigit() and g.index == int(token))
+                      or (g.uuid and token.startswith("GPU-") and g.uuid.startswith(token))), None)
+        if match is None or match in kept:
+            break
+        kept.append(match)
+    return kept
+
+
+def probe(*, sysroot: str = "/", nvidia_smi: str = "nvidia-smi", use_nvml: bool = True,
+          visible: str | None = None) -> Hardware:
+    """Read this machine. Never raises for a missing GPU or driver: a CPU host is an answer.
+
+    `visible` defaults to $CUDA_VISIBLE_DEVICES (unset = every GPU)."""
+    if visible is None:
+        visible = os.environ.get("CUDA_VISIBLE_DEVICES")
     notes: list[str] = []
     gpus: list[GPU] | None = None
     driver: str | None = None
@@ -387,6 +410,12 @@ def probe(*, sysroot: str = "/", nvidia_smi: str = "nvidia-smi", use_nvml: bool 
             source = "nvidia-smi"
         if why:
             notes.append(why)
+
+    if gpus and visible is not None:
+        kept = visible_gpus(gpus, visible)
+        if len(kept) != len(gpus):
+            notes.append(f"CUDA_VISIBLE_DEVICES={visible!r}: {len(kept)} of {len(gpus)} GPUs visible to the engine")
+        gpus = kept
 
     root = Path(sysroot)
     quota = _cgroup_cpu_limit(root)

@@ -18,6 +18,12 @@ the environment, so argv stays what the supervisor would give the real binary:
       spawn-orphan             double-fork a sleeper in a new session, print its pid, serve
       echo-key                 print the content of --api-key-file in a log line, then exit 1
                                (an engine that leaks its key: the supervisor must redact it)
+      vram-budget              a multi-GPU CUDA build on cards with KILN_FAKE_VRAM_MIB="free0,free1"
+                               MiB free: from -ngl/-ot and the model's real layer sizes (its GGUF
+                               header) it allocates weights then KV (-c) per device, and prints the
+                               engine's cudaMalloc failure for the first card that overflows (exit
+                               1); when everything fits it prints per-card buffer sizes and execs
+                               the real llama-server (KILN_FAKE_REAL_BINARY) without -ngl/-ot
       real                     exec the real llama-server named by KILN_FAKE_REAL_BINARY with the
                                same argv (so one ladder rung can fail like CUDA and the next serve
                                for real, under one [server] binary)
@@ -41,6 +47,7 @@ that the default action kills it).
 from __future__ import annotations
 
 import json
+import re
 import os
 import resource
 import signal
@@ -277,6 +284,52 @@ def echo_key(a: Args) -> int:
     return 1
 
 
+def vram_budget(a: Args) -> int:
+    sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
+    from supervisor.gguf_layout import read_layout
+    from supervisor.placement import kv_bytes_per_layer
+
+    argv = a.argv
+    free = [float(x) for x in os.environ.get("KILN_FAKE_VRAM_MIB", "0").split(",")]
+    layout = read_layout(a.model)
+    ctx = int(arg(argv, ("-c", "--ctx-size"), "LLAMA_ARG_CTX_SIZE", "4096"))
+    kv = kv_bytes_per_layer(layout, ctx)
+    device_of: dict[int, int] = {}
+    if "-ot" in argv:
+        for part in argv[argv.index("-ot") + 1].split(","):
+            pattern, _, buft = part.rpartition("=")
+            dev = int(buft.replace("CUDA", ""))
+            for layer in layout.layer_bytes:
+                if re.search(pattern, f"blk.{layer}.attn_q.weight"):
+                    device_of[layer] = dev
+    log("0.00.000.100 I srv    load_model: loading model '%s'" % a.model)
+    mib = 1 << 20
+    for dev in range(len(free)):
+        weights = sum(b for layer, b in layout.layer_bytes.items() if device_of.get(layer, 0) == dev) / mib
+        kvs = sum(kv for layer in layout.layer_bytes if device_of.get(layer, 0) == dev) / mib
+        if weights > free[dev]:
+            log(f"0.00.001.000 E ggml_backend_cuda_buffer_type_alloc_buffer: allocating {weights:.2f} MiB on device {dev}: cudaMalloc failed: out of memory")
+            log("0.00.001.100 E srv  llama_server: exiting due to model loading error")
+            return 1
+        if weights + kvs > free[dev]:
+            log(f"0.00.001.000 E ggml_backend_cuda_buffer_type_alloc_buffer: allocating {kvs:.2f} MiB on device {dev}: cudaMalloc failed: out of memory")
+            log("0.00.001.050 E llama_init_from_model: failed to initialize the context: failed to allocate buffer for kv cache")
+            log("0.00.001.100 E srv  llama_server: exiting due to model loading error")
+            return 1
+        log(f"0.00.001.000 I load_tensors:   CUDA{dev} model buffer size = {weights:10.2f} MiB (fake)")
+    real = os.environ["KILN_FAKE_REAL_BINARY"]
+    rest, skip = [], False
+    for i, tok in enumerate(argv):
+        if skip:
+            skip = False
+            continue
+        if tok in ("-ot", "-ngl"):
+            skip = True
+            continue
+        rest.append(tok)
+    os.execv(real, [real, *rest])
+
+
 SCENARIOS: dict[str, Callable[[Args], int]] = {
     "ok": ok,
     "cuda-oom-h200": recorded("llama-server-cuda-oom-h200.log"),
@@ -290,6 +343,7 @@ SCENARIOS: dict[str, Callable[[Args], int]] = {
     "ignore-sigterm": ignore_sigterm,
     "spawn-orphan": spawn_orphan,
     "echo-key": echo_key,
+    "vram-budget": vram_budget,
 }
 
 
