@@ -177,7 +177,7 @@ class ManagedProcess:
             return list(self._tail)
 
     def last_output_at(self) -> float:
-        """Monotonic time of the last output line (started_at before the first)."""
+        """Monotonic time output last arrived, a partial line included (started_at before any)."""
         return self._last_output_at
 
     # -- the tree ------------------------------------------------------------------------------
@@ -314,6 +314,8 @@ class ManagedProcess:
                     chunk = os.read(fd, 65536)
                     if not chunk:
                         break
+                    # Any bytes are progress, even without a newline (loading dots).
+                    self._last_output_at = time.monotonic()
                     buf += chunk
                     *lines, buf = buf.split(b"\n")
                     for raw in lines:

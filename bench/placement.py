@@ -1,0 +1,187 @@
+#!/usr/bin/env python3
+"""Two-GPU placement, measured: the seed's placement findings reproduced or refuted with the
+pinned llama.cpp, through Kiln's supervisor and ladder, per-card memory read from NVML.
+
+    python bench/placement.py --prefix /tmp/kiln-gpu/cuda-prefix --model /tmp/kiln-gpu/model.gguf --out $OUT
+
+The cards are H200s (141 GB each); the seed's were A40s (46 GB). To make a several-GB model
+need both cards, a ballast process (PyTorch, one plain cudaMalloc-backed tensor per card) takes
+all but --keep-gib of each card first; the supervisor measures its GPU baseline after that.
+Experiments (each a deploy config run by the real supervisor, --exit-on-failure):
+  autofit        no placement flags                      seed: autofit filled both cards to 95 %
+  ngl99          -ngl 99 (autofit aborts)                seed: everything on one device -> OOM
+  ngl99-ts       -ngl 99 --tensor-split 1,1              seed: still one device
+  ot-halves      -ngl 99 -ot first half=CUDA0, rest=CUDA1 seed: the only manual balance that worked
+  balanced       placement "balanced": planned -ot ranges, calibrated from shortfalls
+  ladder         one-card rung (OOM) -> balanced rung: the ladder falls through to the split
+  guard-1-on-2   gpu_count = 1 on two visible GPUs       refused
+  guard-2-on-1   gpu_count = 2 with CUDA_VISIBLE_DEVICES=0 refused
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+import tempfile
+import time
+import urllib.request
+from pathlib import Path
+
+from common import REPO, env_without_kiln, free_port, status_code, wait_until
+
+BALLAST = r"""
+import sys, torch
+keep = int(sys.argv[1]) << 20
+bufs = []
+for d in range(torch.cuda.device_count()):
+    free, total = torch.cuda.mem_get_info(d)
+    bufs.append(torch.empty(max(free - keep, 0), dtype=torch.uint8, device=f"cuda:{d}"))
+torch.cuda.synchronize()
+print("ballast ready", [torch.cuda.mem_get_info(d)[0] >> 20 for d in range(torch.cuda.device_count())], flush=True)
+sys.stdin.read()
+"""
+
+
+def log(msg: str) -> None:
+    print(f"[placement.py {time.strftime('%H:%M:%S')}] {msg}", flush=True)
+
+
+def used_mib() -> list[int]:
+    from supervisor.hardware import gpu_memory_used_mib
+
+    return gpu_memory_used_mib() or []
+
+
+def rung(name: str, args: list[str], placement: str) -> str:
+    return f'[[ladder.rungs]]\nname = "{name}"\nplacement = "{placement}"\nargs = {json.dumps(args)}\n'
+
+
+def run(prefix: Path, model: Path, tmp: Path, out: Path, name: str, rungs: str, *, hardware: str = "",
+        env: dict[str, str] | None = None, baseline: list[int]) -> dict:
+    port, sport = free_port(), free_port()
+    cfg = tmp / f"{name}.toml"
+    cfg.write_text(f"""
+engine = "llamacpp"
+state_dir = "{tmp / ('state-' + name)}"
+[model]
+source = "{model}"
+[server]
+host = "127.0.0.1"
+port = {port}
+api_key = "none"
+binary = "{prefix / 'bin/llama-server'}"
+flag_snapshot = "{prefix / 'share/kiln/llama-server.help.txt'}"
+[ladder]
+remember = false
+{rungs}
+{hardware}
+[health]
+stall_s = 120
+[selftest]
+enabled = false
+[status]
+host = "127.0.0.1"
+port = {sport}
+""")
+    e = env_without_kiln()
+    e.update(env or {})
+    logf = open(out / f"placement-{name}.log", "w")
+    p = subprocess.Popen([sys.executable, "-m", "supervisor", "run", "--config", str(cfg), "--exit-on-failure"],
+                         cwd=REPO, env=e, stdout=logf, stderr=subprocess.STDOUT)
+    result: dict = {"name": name}
+    try:
+        def done() -> bool:
+            return p.poll() is not None or status_code(f"http://127.0.0.1:{sport}/ready") == 200
+        wait_until(done, 900, 0.05)
+        if p.poll() is None:
+            with urllib.request.urlopen(f"http://127.0.0.1:{sport}/status", timeout=5) as r:
+                st = json.load(r)
+            now = used_mib()
+            result.update(served=True, rung=st["rung"]["name"], failures=st["failures"],
+                          per_card_mib=[u - b for u, b in zip(now, baseline)],
+                          argv_placement=[a for a in st["engine"]["argv"] if a in ("-ngl", "-ot", "-ts", "--tensor-split")
+                                          or a.startswith("blk")],
+                          placement=st.get("placement"), switch_s=st["timings"].get("last_rung_switch_s"),
+                          hints=(st.get("last_failure") or {}).get("hints"))
+        else:
+            result.update(served=False, exit=p.returncode)
+    finally:
+        if p.poll() is None:
+            p.terminate()
+            p.wait(120)
+        logf.close()
+    text = (out / f"placement-{name}.log").read_text(errors="replace")
+    result["log_failures"] = [ln.split(" ERROR ", 1)[1][:400] for ln in text.splitlines() if " ERROR failure" in ln][:6]
+    result["autofit_abort_seen"] = "already set by user" in text
+    log(f"{name}: {json.dumps({k: result.get(k) for k in ('served', 'rung', 'per_card_mib', 'exit')})}")
+    return result
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--prefix", type=Path, required=True)
+    ap.add_argument("--model", type=Path, required=True)
+    ap.add_argument("--keep-gib", type=float, default=5.0)
+    ap.add_argument("--out", type=Path, default=Path(os.environ.get("OUT", "/tmp/kiln-gpu/out")))
+    ap.add_argument("--only", nargs="*")
+    args = ap.parse_args()
+    from supervisor import hardware
+    from supervisor.gguf_layout import read_layout
+
+    args.out.mkdir(parents=True, exist_ok=True)
+    hw = hardware.probe()
+    results: dict = {"date": time.strftime("%Y-%m-%d"), "probe": hw.to_dict(), "keep_gib": args.keep_gib,
+                     "model_bytes": args.model.stat().st_size, "experiments": []}
+    layout = read_layout(args.model)
+    n = layout.n_layers
+    half = n // 2
+    first = "|".join(str(i) for i in range(half))
+    rest = "|".join(str(i) for i in range(half, n))
+    everything = "|".join(str(i) for i in range(n))
+    ballast = subprocess.Popen([sys.executable, "-c", BALLAST, str(int(args.keep_gib * 1024))],
+                               stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+    try:
+        assert ballast.stdout is not None
+        results["ballast"] = ballast.stdout.readline().strip()
+        baseline = used_mib()
+        results["baseline_used_mib"] = baseline
+        log(f"{results['ballast']}; baseline used {baseline}")
+        tmp = Path(tempfile.mkdtemp(prefix="kiln-placement-"))
+        plan = [
+            ("autofit", rung("autofit", ["-c", "4096"], "autofit"), "", None),
+            ("ngl99", rung("ngl99", ["-ngl", "99", "-c", "4096"], "engine"), "", None),
+            ("ngl99-ts", rung("ngl99-ts", ["-ngl", "99", "--tensor-split", "1,1", "-c", "4096"], "engine"), "", None),
+            ("ot-halves", rung("ot-halves", ["-ngl", "99", "-ot", rf"blk\.({first})\.=CUDA0,blk\.({rest})\.=CUDA1",
+                                             "-c", "4096"], "manual"), "", None),
+            ("balanced", rung("balanced", ["-c", "4096"], "balanced"), "", None),
+            ("ladder", rung("one-card", ["-ngl", "99", "-ot", rf"blk\.({everything})\.=CUDA0", "-c", "4096"], "engine")
+             + rung("balanced", ["-c", "4096"], "balanced"), "", None),
+            ("guard-1-on-2", rung("autofit", ["-c", "4096"], "autofit"), "[hardware]\ngpu_count = 1\n", None),
+            ("guard-2-on-1", rung("autofit", ["-c", "4096"], "autofit"), "[hardware]\ngpu_count = 2\n",
+             {"CUDA_VISIBLE_DEVICES": "0"}),
+        ]
+        for name, rungs, hwtoml, env in plan:
+            if args.only and name not in args.only:
+                continue
+            try:
+                results["experiments"].append(run(args.prefix, args.model, tmp, args.out, name, rungs,
+                                                  hardware=hwtoml, env=env, baseline=baseline))
+            except Exception as e:  # noqa: BLE001 - record and go on: device time is scarce
+                results["experiments"].append({"name": name, "error": f"{type(e).__name__}: {e}"})
+                log(f"{name} failed: {e}")
+    finally:
+        ballast.kill()
+        ballast.wait(30)
+        (args.out / "placement-results.json").write_text(json.dumps(results, indent=2, default=str))
+    print(f"{'experiment':14} {'served':7} {'rung':12} per-card MiB over baseline")
+    for r in results["experiments"]:
+        print(f"{r['name']:14} {str(r.get('served')):7} {str(r.get('rung')):12} {r.get('per_card_mib')} "
+              f"{'(autofit aborted)' if r.get('autofit_abort_seen') else ''} {r.get('log_failures', [''])[:1]}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
