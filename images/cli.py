@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import re
 import shutil
 import sys
 import tempfile
@@ -39,6 +40,8 @@ def _build_parser() -> argparse.ArgumentParser:
     p.add_argument("--out", type=Path, help="with --render: directory to write (default: a temp dir)")
     p.add_argument("--push", action="store_true", help="push the image's tags after building")
     p.add_argument("--tag", action="append", default=[], help="extra tag for the image (repeatable)")
+    p.add_argument("--image", help="repository for the image's tags (default: the target's `image`, "
+                   "e.g. ghcr.io/you/kiln)")
     p.add_argument("--base-image", help="use this image for both build and runtime bases (air-gapped or "
                    "registry-less builds, e.g. kiln-local/debian:bookworm)")
     p.add_argument("--ca-bundle", type=Path, help="extra CA bundle for TLS-intercepting proxies, passed as a "
@@ -145,7 +148,9 @@ def _build(args: argparse.Namespace) -> int:
             print(f"note: base {ref} is not in the local store; the build will pull it "
                   "(no registry here? make one: `bash scripts/dev-docker.sh base-image`, then --base-image)",
                   file=sys.stderr)
-    tag = _default_tag(target, pins, ctx.floating)
+    if args.image and not re.fullmatch(r"[a-z0-9][a-z0-9._:/-]*", args.image):
+        raise KilnError(f"--image {args.image!r}: expected a repository such as ghcr.io/you/kiln (no tag)")
+    tag = _default_tag(target, pins, ctx.floating, args.image)
     with tempfile.TemporaryDirectory(prefix=f"kiln-{target.name}-") as tmp:
         out = Path(tmp)
         render.write_context(ctx, out, patch_files=patch_files)
@@ -163,12 +168,12 @@ def _build(args: argparse.Namespace) -> int:
     return 0
 
 
-def _default_tag(target, pins, floating: bool) -> str:
+def _default_tag(target, pins, floating: bool, image: str | None = None) -> str:
     from supervisor import __version__
 
     pin = pins.get("source.commit") or pins.get("source.sha256")
     engine_id = (pin.value or "floating")[:12] if pin else "na"
-    return f"{target.image}:{target.name}-{__version__}-{engine_id}{'-floating' if floating else ''}"
+    return f"{image or target.image}:{target.name}-{__version__}-{engine_id}{'-floating' if floating else ''}"
 
 
 def _prepare_binaries(args, target, pins, ctx, out: Path) -> tuple[str, str]:

@@ -147,6 +147,7 @@ def build(req: BuildRequest, *, on_line: Callable[[str], None] | None = None) ->
 
 
 def push(tag: str) -> None:
-    r = subprocess.run([docker_cli(), "push", tag], env=cli_env(), check=False)
+    # Progress to stderr: stdout carries only what build.py produced (the tag), for scripts.
+    r = subprocess.run([docker_cli(), "push", tag], env=cli_env(), check=False, stdout=sys.stderr)
     if r.returncode != 0:
         raise BuildFailed(f"docker push {tag} failed (exit {r.returncode}); are you logged in to the registry?")

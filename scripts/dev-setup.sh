@@ -18,6 +18,10 @@ python3 -m pip install -q --disable-pip-version-check -e '.[dev]' >&2
 
 log "docker engine"
 bash scripts/dev-docker.sh install >&2
+# A real OCI registry (distribution 2.x) on loopback for the push and lock tests.
+if ! command -v docker-registry >/dev/null 2>&1; then
+  DEBIAN_FRONTEND=noninteractive apt-get install -y -q docker-registry >&2
+fi
 docker_env="$(bash scripts/dev-docker.sh start)"
 eval "$docker_env"
 bash scripts/dev-docker.sh base-image >&2
