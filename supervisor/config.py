@@ -22,7 +22,10 @@ from .errors import ConfigError
 from .validate import Problem, Reader, raise_if
 
 ENGINES = ("llamacpp", "vllm")
-PLACEMENTS = ("autofit", "manual", "cpu", "engine")
+# autofit: llama.cpp fits placement itself (no pins). manual: the rung's own explicit -ot ranges.
+# balanced: Kiln plans -ot ranges from the model's layout and free VRAM, calibrating from
+# shortfalls. cpu: no offload. engine: no Kiln placement guard (vLLM, and raw experiments).
+PLACEMENTS = ("autofit", "manual", "balanced", "cpu", "engine")
 FAILURE_CLASSES = ("config_rejected", "oom", "load_error", "port_in_use", "stalled", "crashed",
                    "selftest_failed")
 DEFAULT_FALL_THROUGH = ("oom", "config_rejected")
@@ -96,6 +99,11 @@ class Rung:
     placement: str = "autofit"
     args: tuple[str, ...] = ()
     env: Mapping[str, str] = field(default_factory=dict)
+    # balanced placement only: VRAM left free per card, and how many shortfall-guided re-plans
+    # to try before the rung counts as failed (the seed needed three by hand).
+    reserve_mib: int = 1024
+    calibration_rounds: int = 3
+    calibration_slack_mib: int = 256
 
 
 @dataclass(frozen=True)
@@ -303,10 +311,14 @@ def _ladder(r: Reader, engine: str) -> LadderSpec:
         placement = rr.str("placement", default_placement, choices=PLACEMENTS)
         args = rr.str_list("args", item=_owned_flag_problem)
         env = rr.str_map("env")
+        reserve = rr.int("reserve_mib", 1024, min=0)
+        rounds = rr.int("calibration_rounds", 3, min=0, max=10)
+        slack = rr.int("calibration_slack_mib", 256, min=0)
         rr.finish()
         if any(x.name == name for x in rungs):
             rr.problem("name", "is used by an earlier rung; rung names must be unique", name)
-        rungs.append(Rung(name=name, placement=placement, args=args, env=env))
+        rungs.append(Rung(name=name, placement=placement, args=args, env=env, reserve_mib=reserve,
+                          calibration_rounds=rounds, calibration_slack_mib=slack))
     if not rungs and lr.has("rungs"):
         lr.problem("rungs", "needs at least one [[ladder.rungs]] entry")
     start = lr.str("start", None)

@@ -11,6 +11,7 @@ loop decides. Signals are recorded by the relay and acted on here.
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import os
 import signal
@@ -21,12 +22,13 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable, Mapping
 
-from . import __version__, apikey, hardware, model
+from . import __version__, apikey, hardware, model, placement
 from .config import DeployConfig, Rung
 from .engines import llamacpp
 from .engines.flags import FlagSnapshot, load_llama_snapshot
 from .errors import ConfigError, FetchError, KilnError
-from .failure import CONFIG_REJECTED, CRASHED, Failure, classify
+from .failure import CONFIG_REJECTED, CRASHED, OOM, Failure, classify
+from .gguf_layout import GGUFError, read_layout
 from .health import wait_healthy
 from .ladder import LadderMemory, image_identity, memory_key, reclaim, start_index
 from .pid1 import SignalRelay, become_subreaper, exit_code_for, reap_orphans
@@ -76,6 +78,7 @@ class Supervisor:
         self.key_file: Path | None = None
         self.status: StatusServer | None = None
         self.memory = LadderMemory(self.state_dir / "ladder-memory.json")
+        self.balancers: dict[str, placement.Balancer] = {}
         self._wake = self.relay.wakeup
 
     # -- small plumbing ---------------------------------------------------------------
@@ -241,9 +244,27 @@ class Supervisor:
         if rep.vram_back is False:
             self.rec.warn(f"GPU memory did not return to its baseline between rungs: {rep.describe()}")
 
+    def _balancer(self, rung: Rung) -> placement.Balancer:
+        """The rung's split planner, made on first use from the model's header and free VRAM."""
+        if rung.name not in self.balancers:
+            assert self.model_path is not None
+            hw = self.opts.hardware_probe()       # fresh: free memory now, visible GPUs only
+            layout = read_layout(self.model_path)
+            self.balancers[rung.name] = placement.Balancer(
+                layout, [g.memory_free_mib for g in hw.gpus], reserve_mib=rung.reserve_mib,
+                n_ctx=placement.context_from_args(list(self.cfg.server.extra_args) + list(rung.args), layout),
+                rounds=rung.calibration_rounds, slack_mib=rung.calibration_slack_mib)
+        return self.balancers[rung.name]
+
     def _launch(self, rung: Rung) -> ManagedProcess:
         assert self.model_path is not None
         self._transition(State.LAUNCHING, rung.name)
+        if rung.placement == "balanced":
+            bal = self._balancer(rung)
+            split = bal.plan()
+            self.rec.update(placement={"rung": rung.name, "rounds": bal.history})
+            self.rec.event("placement", f"{rung.name}: {split.describe()}")
+            rung = dataclasses.replace(rung, args=tuple(split.args()) + tuple(rung.args))
         argv = llamacpp.build_argv(self.cfg, rung, model_path=str(self.model_path),
                                    api_key_file=str(self.key_file) if self.key_file else None,
                                    vcpus=self.hw.vcpus if self.hw else None)
@@ -267,7 +288,27 @@ class Supervisor:
         ENGINE_LOG.info("%s", line)
 
     def _launch_and_wait(self, index: int, rung: Rung, failed_at: float | None = None) -> Failure | None:
-        """Launch a rung; None when it is healthy, else why it failed."""
+        """Launch a rung; None when it is healthy, else why it failed.
+
+        A balanced rung that runs out of memory is re-planned from the engine's shortfall lines
+        and relaunched, up to its calibration_rounds, before it counts as failed."""
+        while True:
+            try:
+                outcome = self._launch_once(index, rung, failed_at)
+            except (placement.DoesNotFit, GGUFError) as e:
+                fail = Failure(CONFIG_REJECTED, f"balanced placement: {e}", rung=rung.name)
+                self._record_failure(fail)
+                return fail
+            if (outcome is None or rung.placement != "balanced" or outcome.failure_class != OOM
+                    or self.balancers[rung.name].calibrate(outcome.tail) is None):
+                return outcome
+            bal = self.balancers[rung.name]
+            self.rec.update(placement={"rung": rung.name, "rounds": bal.history})
+            self.rec.event("calibrate", f"{rung.name}: new budgets {bal.budgets} MiB after {bal.history[-1]['shortfall_mib']}")
+            self._barrier()
+            failed_at = self.proc.exited_at if self.proc else None
+
+    def _launch_once(self, index: int, rung: Rung, failed_at: float | None) -> Failure | None:
         proc = self._launch(rung)
         if failed_at is not None:
             # From the failed rung's exit to this rung's process start (the ladder's P6).

@@ -104,16 +104,59 @@ def recalibrate(split: Split, short: dict[int, int], free_mib: Sequence[int], *,
                 slack_mib: int = 256) -> list[int]:
     """New per-card budgets after an OOM: what the seed did by hand, from the engine's own words.
 
-    `short` maps a device to the allocation that failed on it (MiB). If that allocation alone
-    exceeded the card's free memory, it was the weights buffer and the card is over by the
-    difference; if it was smaller, the weights we planned there were already in, and the card is
-    over by planned + failed - free. Either way the card's budget drops by that much plus slack.
+    `short` maps a device to the allocation that failed on it (MiB). If that allocation alone was
+    larger than the card's free memory, it was the weights and the card is over by the
+    difference. Otherwise the weights we planned there were in and a later buffer (KV cache,
+    compute) failed: the card is over by planned + failed - free, or at least by the failed
+    allocation when that arithmetic does not explain the failure (our plan under-counted). The
+    card's budget drops by that much plus slack; erring large costs a little fill, erring small
+    costs another round.
     """
     budgets = list(split.budgets_mib)
     for dev, failed in short.items():
         if dev >= len(budgets):
             continue
         free = free_mib[dev]
-        over = failed - free if failed > free else split.planned_mib[dev] + failed - free
-        budgets[dev] -= max(over, 0) + slack_mib
+        over = failed - free if failed > free else max(split.planned_mib[dev] + failed - free, failed)
+        budgets[dev] -= over + slack_mib
     return budgets
+
+
+class Balancer:
+    """One balanced rung's state across launches: the budgets it plans with, its rounds so far."""
+
+    def __init__(self, layout: Layout, free_mib: Sequence[int], *, reserve_mib: int, n_ctx: int,
+                 rounds: int, slack_mib: int):
+        self.layout = layout
+        self.free = [int(f) for f in free_mib]
+        self.budgets = [max(f - reserve_mib, 0) for f in self.free]
+        self.kv = kv_bytes_per_layer(layout, n_ctx)
+        self.rounds_left = rounds
+        self.slack = slack_mib
+        self.history: list[dict[str, object]] = []
+        self.split: Split | None = None
+
+    def plan(self) -> Split:
+        self.split = plan(self.layout, self.budgets, kv_per_layer=self.kv)
+        self.history.append({"budgets_mib": list(self.budgets), "split": self.split.describe()})
+        return self.split
+
+    def calibrate(self, tail: Sequence[str]) -> dict[int, int] | None:
+        """New budgets from an OOM's shortfall lines; None when there is nothing to go on."""
+        short = shortfalls(tail)
+        if not short or self.split is None or self.rounds_left <= 0:
+            return None
+        self.rounds_left -= 1
+        self.history[-1]["shortfall_mib"] = {f"CUDA{d}": mib for d, mib in short.items()}
+        self.budgets = recalibrate(self.split, short, self.free, slack_mib=self.slack)
+        return short
+
+
+def context_from_args(args: Sequence[str], layout: Layout) -> int:
+    """The context the engine will allocate KV for: -c / --ctx-size, else the model's own."""
+    for i, a in enumerate(args):
+        if a in ("-c", "--ctx-size") and i + 1 < len(args) and args[i + 1].isdigit() and int(args[i + 1]) > 0:
+            return int(args[i + 1])
+        if a.startswith("--ctx-size=") and a.split("=", 1)[1].isdigit():
+            return int(a.split("=", 1)[1])
+    return int(layout.meta("context_length") or 4096)

@@ -179,6 +179,11 @@ def _lint_placement(where: str, rung: Rung, flags: list[tuple[int, str, str | No
             if missing:
                 issues.append(LintIssue(where, f"manual placement for {gpu_count} GPUs names no layers for "
                                         f"{', '.join(missing)}: that card would sit idle"))
+    elif rung.placement == "balanced":
+        for i, name, _ in flags:
+            if name in AUTOFIT_ABORTERS:
+                issues.append(LintIssue(f"{where}.args[{i}]", f"{name}: a balanced rung's placement (-ngl, -ot) is "
+                                        "planned by Kiln from the model's layout and free VRAM; remove it"))
     elif rung.placement == "cpu":
         for i, name, value in flags:
             if name in NGL_FLAGS and value not in ("0",):

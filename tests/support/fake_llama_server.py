@@ -19,11 +19,13 @@ the environment, so argv stays what the supervisor would give the real binary:
       echo-key                 print the content of --api-key-file in a log line, then exit 1
                                (an engine that leaks its key: the supervisor must redact it)
       vram-budget              a multi-GPU CUDA build on cards with KILN_FAKE_VRAM_MIB="free0,free1"
-                               MiB free: from -ngl/-ot and the model's real layer sizes (its GGUF
-                               header) it allocates weights then KV (-c) per device, and prints the
-                               engine's cudaMalloc failure for the first card that overflows (exit
-                               1); when everything fits it prints per-card buffer sizes and execs
-                               the real llama-server (KILN_FAKE_REAL_BINARY) without -ngl/-ot
+                               MiB free: from -ot and the model's real layer sizes (its GGUF header)
+                               it allocates, per device, weights, then KV (-c), then the compute and
+                               output buffers the planner cannot see (KILN_FAKE_OVERHEAD_MIB, per
+                               device, default 0), and prints the engine's cudaMalloc failure for the
+                               first card that overflows (exit 1); when all fit it prints per-card
+                               buffer sizes and execs the real llama-server (KILN_FAKE_REAL_BINARY)
+                               without -ngl/-ot
       real                     exec the real llama-server named by KILN_FAKE_REAL_BINARY with the
                                same argv (so one ladder rung can fail like CUDA and the next serve
                                for real, under one [server] binary)
@@ -291,6 +293,7 @@ def vram_budget(a: Args) -> int:
 
     argv = a.argv
     free = [float(x) for x in os.environ.get("KILN_FAKE_VRAM_MIB", "0").split(",")]
+    overhead = [float(x) for x in os.environ.get("KILN_FAKE_OVERHEAD_MIB", ",".join("0" for _ in free)).split(",")]
     layout = read_layout(a.model)
     ctx = int(arg(argv, ("-c", "--ctx-size"), "LLAMA_ARG_CTX_SIZE", "4096"))
     kv = kv_bytes_per_layer(layout, ctx)
@@ -314,6 +317,10 @@ def vram_budget(a: Args) -> int:
         if weights + kvs > free[dev]:
             log(f"0.00.001.000 E ggml_backend_cuda_buffer_type_alloc_buffer: allocating {kvs:.2f} MiB on device {dev}: cudaMalloc failed: out of memory")
             log("0.00.001.050 E llama_init_from_model: failed to initialize the context: failed to allocate buffer for kv cache")
+            log("0.00.001.100 E srv  llama_server: exiting due to model loading error")
+            return 1
+        if weights + kvs + overhead[dev] > free[dev]:
+            log(f"0.00.001.000 E ggml_backend_cuda_buffer_type_alloc_buffer: allocating {overhead[dev]:.2f} MiB on device {dev}: cudaMalloc failed: out of memory")
             log("0.00.001.100 E srv  llama_server: exiting due to model loading error")
             return 1
         log(f"0.00.001.000 I load_tensors:   CUDA{dev} model buffer size = {weights:10.2f} MiB (fake)")

@@ -54,7 +54,7 @@ name = "a"
                      "model.revison: is not a known field; did you mean 'revision'?",
                      "server.port: is out of range (got 99999); allowed: 1 .. 65535",
                      "server.extra_args[0]: --port is set by the supervisor",
-                     "ladder.fall_through[0]", "ladder.rungs[0].placement", "allowed: autofit, manual, cpu, engine",
+                     "ladder.fall_through[0]", "ladder.rungs[0].placement", "allowed: autofit, manual, balanced, cpu, engine",
                      "ladder.rungs[1].name: is used by an earlier rung"):
         assert expected in text, expected
     assert len(e.value.problems) >= 8
