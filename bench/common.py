@@ -21,6 +21,11 @@ if str(REPO) not in sys.path:
     sys.path.insert(0, str(REPO))
 
 
+# The interpreter the supervisor runs under: the image's lean venv is what a pod has; on a machine
+# whose python3 carries a large site-packages (a GPU box with PyTorch), point this at a lean venv.
+SUPERVISOR_PYTHON = os.environ.get("KILN_BENCH_PYTHON", sys.executable)
+
+
 def llama_prefix() -> Path:
     from tests.support.engine import cpu_prefix
 
@@ -65,3 +70,40 @@ def env_without_kiln() -> dict[str, str]:
     env = {k: v for k, v in os.environ.items() if not k.startswith("KILN_")}
     env["PYTHONPATH"] = str(REPO)
     return env
+
+
+def deploy_toml(*, model: Path, binary: Path, port: int, status_port: int, state_dir: Path, rungs: str,
+                api_key: str = "none", snapshot: Path | None = None, extra: str = "") -> str:
+    """A deploy config for a bench run: loopback ports, no remembered rung, selftest off unless
+    `extra` says otherwise (benches measure the boot, not the model's answers)."""
+    snap = snapshot or binary.parent.parent / "share/kiln/llama-server.help.txt"
+    selftest = "" if "[selftest]" in extra else "[selftest]\nenabled = false\n"
+    return f"""
+engine = "llamacpp"
+state_dir = "{state_dir}"
+[model]
+source = "{model}"
+[server]
+host = "127.0.0.1"
+port = {port}
+api_key = "{api_key}"
+binary = "{binary}"
+flag_snapshot = "{snap}"
+[ladder]
+remember = false
+{rungs}
+{extra}
+{selftest}
+[status]
+host = "127.0.0.1"
+port = {status_port}
+"""
+
+
+def rung_toml(name: str, args: list[str], placement: str = "cpu", env: dict[str, str] | None = None) -> str:
+    import json
+
+    out = f'[[ladder.rungs]]\nname = "{name}"\nplacement = "{placement}"\nargs = {json.dumps(args)}\n'
+    if env:
+        out += "[ladder.rungs.env]\n" + "".join(f'{k} = "{v}"\n' for k, v in env.items())
+    return out

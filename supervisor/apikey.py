@@ -11,7 +11,6 @@ never what it is. The engine receives it through a 0600 file
 from __future__ import annotations
 
 import os
-import secrets
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Mapping
@@ -48,6 +47,8 @@ def resolve(spec: str, state_dir: Path, env: Mapping[str, str]) -> ApiKey:
         stored = state_dir / "api-key"
         if stored.is_file():
             return ApiKey(stored.read_text(encoding="utf-8").strip(), f"stored: {stored} ({ref} unset)")
+        import secrets   # only a first boot without a key pays for this import
+
         value = secrets.token_urlsafe(32)
         _write_private(stored, value + "\n")
         return ApiKey(value, f"generated: {stored} ({ref} unset)")

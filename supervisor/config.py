@@ -44,7 +44,9 @@ ENV_OVERRIDES: dict[str, tuple[str, type]] = {
     "KILN_LADDER_START": ("ladder.start", str),
     "KILN_GPU_COUNT": ("hardware.gpu_count", int),
     "KILN_STATE_DIR": ("state_dir", str),
+    "KILN_SELFTEST_ENABLED": ("selftest.enabled", bool),
 }
+_TRUE, _FALSE = ("1", "true", "yes", "on"), ("0", "false", "no", "off")
 
 # The supervisor sets these itself from [model] and [server]; a rung must not.
 SUPERVISOR_OWNED_FLAGS = {
@@ -91,6 +93,21 @@ class SamplerSpec:
     top_p: float | None = None
     top_k: int | None = None
     repeat_penalty: float | None = None
+
+
+@dataclass(frozen=True)
+class SelftestSpec:
+    """After /health 200, before /ready: probes at temperature 0, decode and prefill measured."""
+    enabled: bool = True
+    probes: str | None = None           # probe set; None = model.family (unknown -> "generic")
+    tools: bool = False                 # the target serves tool calls: probe them (fatal)
+    decode_tokens: int = 256            # decode measured on at least this many non-degenerate tokens
+    min_decode_tok_s: float = 0.0       # floor; 0 = report only
+    prefill_tokens: int = 3000          # long-prompt prefill, cold and warm; 0 = skip
+    min_prefill_tok_s: float = 0.0      # floor on cold prefill; 0 = report only
+    request_wall_s: float = 100.0       # no request longer than this (RunPod's proxy cuts at ~125 s)
+    min_probe_pass: float = 0.75        # share of the scored probes that must pass
+    timeout_s: float = 1800.0           # the whole selftest
 
 
 @dataclass(frozen=True)
@@ -157,6 +174,7 @@ class DeployConfig:
     ladder: LadderSpec
     server: ServerSpec = ServerSpec()
     sampler: SamplerSpec = SamplerSpec()
+    selftest: SelftestSpec = SelftestSpec()
     hardware: HardwareSpec = HardwareSpec()
     health: HealthSpec = HealthSpec()
     restart: RestartSpec = RestartSpec()
@@ -217,6 +235,12 @@ def _apply_env(data: dict[str, Any], env: Mapping[str, str], problems: list[Prob
             except ValueError:
                 problems.append(Problem(f"{path} (from env {name})", "must be an integer", raw))
                 continue
+        elif kind is bool:
+            if raw.strip().lower() not in _TRUE + _FALSE:
+                problems.append(Problem(f"{path} (from env {name})", "must be true or false", raw,
+                                        ", ".join(_TRUE + _FALSE)))
+                continue
+            value = raw.strip().lower() in _TRUE
         *parents, leaf = path.split(".")
         node = data
         for part in parents:
@@ -229,6 +253,7 @@ def _build(r: Reader, source: str) -> DeployConfig | None:
     model = _model(r.table("model", required=True))
     server = _server(r.table("server"), engine)
     sampler = _sampler(r.table("sampler"))
+    selftest = _selftest(r.table("selftest"))
     ladder = _ladder(r, engine)
     hardware = _hardware(r.table("hardware"))
     health = _health(r.table("health"))
@@ -240,7 +265,7 @@ def _build(r: Reader, source: str) -> DeployConfig | None:
         r.problem("status.port", "must differ from server.port (the supervisor and the engine both listen)",
                   status.port)
     return DeployConfig(engine=engine, model=model, ladder=ladder, server=server, sampler=sampler,
-                        hardware=hardware, health=health, restart=restart, status=status,
+                        selftest=selftest, hardware=hardware, health=health, restart=restart, status=status,
                         state_dir=state_dir, source=source)
 
 
@@ -298,6 +323,37 @@ def _sampler(r: Reader) -> SamplerSpec:
         repeat_penalty=r.float("repeat_penalty", None, min=0.0, max=5.0),
     )
     r.finish()
+    return s
+
+
+def _selftest(r: Reader) -> SelftestSpec:
+    from .selftest.probes import SETS     # the probe sets live with the selftest
+
+    d = SelftestSpec()
+    s = SelftestSpec(
+        enabled=r.bool("enabled", d.enabled),
+        probes=r.str("probes", None, choices=sorted(SETS)),
+        tools=r.bool("tools", d.tools),
+        decode_tokens=r.int("decode_tokens", d.decode_tokens, min=0, max=100_000),
+        min_decode_tok_s=r.float("min_decode_tok_s", d.min_decode_tok_s, min=0.0),
+        prefill_tokens=r.int("prefill_tokens", d.prefill_tokens, min=0, max=10_000_000),
+        min_prefill_tok_s=r.float("min_prefill_tok_s", d.min_prefill_tok_s, min=0.0),
+        request_wall_s=r.float("request_wall_s", d.request_wall_s, min=0.1, max=3600.0),
+        min_probe_pass=r.float("min_probe_pass", d.min_probe_pass, min=0.0, max=1.0),
+        timeout_s=r.float("timeout_s", d.timeout_s, min=1.0),
+    )
+    r.finish()
+    if 0 < s.decode_tokens < 16:
+        r.problem("decode_tokens", "is too few to time (16 or more, or 0 to skip)", s.decode_tokens)
+    if 0 < s.prefill_tokens < 64:
+        r.problem("prefill_tokens", "is too short to say anything about prefill (64 or more, or 0 to skip)",
+                  s.prefill_tokens)
+    if s.min_decode_tok_s > 0 and s.decode_tokens == 0:
+        r.problem("min_decode_tok_s", "needs decode_tokens > 0 (nothing would be measured)", s.min_decode_tok_s)
+    if s.min_prefill_tok_s > 0 and s.prefill_tokens == 0:
+        r.problem("min_prefill_tok_s", "needs prefill_tokens > 0 (nothing would be measured)", s.min_prefill_tok_s)
+    if s.timeout_s < s.request_wall_s:
+        r.problem("timeout_s", "must be >= request_wall_s (one request may take that long)", s.timeout_s)
     return s
 
 

@@ -17,6 +17,7 @@ import dataclasses
 import math
 import os
 import subprocess
+import sys
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -119,6 +120,12 @@ def _nvml_gpus(memory_only: bool = False) -> tuple[list[GPU], str | None]:
             pynvml.nvmlShutdown()
         except pynvml.NVMLError:
             pass
+
+
+def _nvidia_device_nodes() -> bool:
+    """Worth trying NVML: a driver's device nodes exist, or pynvml is already loaded (no import cost)."""
+    return ("pynvml" in sys.modules or os.path.exists("/dev/nvidiactl")
+            or os.path.exists("/proc/driver/nvidia/version"))
 
 
 def _nvml_error(e: BaseException) -> str:
@@ -398,7 +405,10 @@ def probe(*, sysroot: str = "/", nvidia_smi: str = "nvidia-smi", use_nvml: bool 
     gpus: list[GPU] | None = None
     driver: str | None = None
     source = "none"
-    if use_nvml:
+    if use_nvml and not _nvidia_device_nodes():
+        # No driver device nodes: NVML cannot work, and importing it costs ~30 ms of every boot.
+        notes.append("NVML: no NVIDIA device nodes (/dev/nvidiactl, /proc/driver/nvidia)")
+    elif use_nvml:
         try:
             gpus, driver = _nvml_gpus()
             source = "nvml"
@@ -441,7 +451,7 @@ def gpu_memory_used_mib(use_nvml: bool = True, nvidia_smi: str = "nvidia-smi") -
 
     Only memory is asked for, so a poll costs one NVML round trip (or one short nvidia-smi run).
     """
-    if use_nvml:
+    if use_nvml and _nvidia_device_nodes():
         try:
             gpus, _ = _nvml_gpus(memory_only=True)
             return [g.memory_used_mib for g in gpus] or None

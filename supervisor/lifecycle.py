@@ -20,15 +20,14 @@ import threading
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Callable, Mapping
+from typing import Any, Callable, Mapping
 
-from . import __version__, apikey, hardware, model, placement
+from . import __version__, apikey, hardware, model
 from .config import DeployConfig, Rung
 from .engines import llamacpp
 from .engines.flags import FlagSnapshot, load_llama_snapshot
 from .errors import ConfigError, FetchError, KilnError
-from .failure import CONFIG_REJECTED, CRASHED, OOM, Failure, classify
-from .gguf_layout import GGUFError, read_layout
+from .failure import CONFIG_REJECTED, CRASHED, OOM, SELFTEST_FAILED, Failure, classify
 from .health import wait_healthy
 from .ladder import LadderMemory, image_identity, memory_key, reclaim, start_index
 from .pid1 import SignalRelay, become_subreaper, exit_code_for, reap_orphans
@@ -40,8 +39,9 @@ log = logging.getLogger("kiln")
 ENGINE_LOG = logging.getLogger("kiln.engine")
 EXIT_NOTHING_SERVED = 3   # FAILED before any server ran (config, hardware, fetch)
 
-# Terminal classes are never retried by a restart: the same launch would fail the same way.
-TERMINAL = {CONFIG_REJECTED, "load_error", "port_in_use"}
+# Terminal classes are never retried by a restart: the same launch would fail the same way
+# (a selftest runs at temperature 0: the same engine gives the same answers).
+TERMINAL = {CONFIG_REJECTED, "load_error", "port_in_use", SELFTEST_FAILED}
 
 
 @dataclass
@@ -78,7 +78,7 @@ class Supervisor:
         self.key_file: Path | None = None
         self.status: StatusServer | None = None
         self.memory = LadderMemory(self.state_dir / "ladder-memory.json")
-        self.balancers: dict[str, placement.Balancer] = {}
+        self.balancers: dict[str, Any] = {}      # rung name -> placement.Balancer
         self._wake = self.relay.wakeup
 
     # -- small plumbing ---------------------------------------------------------------
@@ -184,7 +184,8 @@ class Supervisor:
             self._record_failure(Failure(CONFIG_REJECTED, "hardware does not match the config: "
                                          + "; ".join(mismatches)))
             return False
-        self.baseline_mib = self.opts.gpu_used() if self.hw.gpus else None
+        # The probe just read each visible card's memory: that is the baseline (no second NVML session).
+        self.baseline_mib = [g.memory_used_mib for g in self.hw.gpus] or None
 
         snap_path = Path(self.cfg.server.flag_snapshot)
         if self.cfg.engine == "llamacpp" and snap_path.is_file():
@@ -238,14 +239,17 @@ class Supervisor:
         return False
 
     def _barrier(self) -> None:
-        rep = reclaim(REGISTRY, baseline_mib=self.baseline_mib, gpu_used=self.opts.gpu_used,
+        rep = reclaim(REGISTRY, baseline_mib=self.baseline_mib, gpu_used=self._gpu_used_visible,
                       timeout_s=self.cfg.ladder.reclaim_timeout_s, slack_mib=self.cfg.ladder.reclaim_slack_mib)
         self.rec.event("reclaim", rep.describe())
         if rep.vram_back is False:
             self.rec.warn(f"GPU memory did not return to its baseline between rungs: {rep.describe()}")
 
-    def _balancer(self, rung: Rung) -> placement.Balancer:
+    def _balancer(self, rung: Rung) -> Any:
         """The rung's split planner, made on first use from the model's header and free VRAM."""
+        from . import placement                      # only balanced rungs pay for these imports
+        from .gguf_layout import read_layout
+
         if rung.name not in self.balancers:
             assert self.model_path is not None
             hw = self.opts.hardware_probe()       # fresh: free memory now, visible GPUs only
@@ -280,6 +284,16 @@ class Supervisor:
         self._transition(State.LOADING, f"pid {proc.pid}")
         return proc
 
+    def _gpu_used_visible(self) -> list[int] | None:
+        """Used MiB on the GPUs the engine can see, in the probe's order (the baseline's order)."""
+        used = self.opts.gpu_used()
+        if used is None or self.hw is None:
+            return None
+        try:
+            return [used[g.index] for g in self.hw.gpus]
+        except IndexError:
+            return None
+
     def _wake_on_exit(self, proc: ManagedProcess) -> None:
         proc.exited().wait()
         self._wake.set()
@@ -292,10 +306,13 @@ class Supervisor:
 
         A balanced rung that runs out of memory is re-planned from the engine's shortfall lines
         and relaunched, up to its calibration_rounds, before it counts as failed."""
+        from .gguf_layout import GGUFError
+        from .placement import DoesNotFit
+
         while True:
             try:
                 outcome = self._launch_once(index, rung, failed_at)
-            except (placement.DoesNotFit, GGUFError) as e:
+            except (DoesNotFit, GGUFError) as e:
                 fail = Failure(CONFIG_REJECTED, f"balanced placement: {e}", rung=rung.name)
                 self._record_failure(fail)
                 return fail
@@ -322,9 +339,13 @@ class Supervisor:
             raise Stop
         if out.ready:
             self._transition(State.HEALTHY, f"{rung.name} in {out.elapsed_s:.3f} s")
+            self.rec.update(timings={**self.rec.snapshot()["timings"], "last_load_s": round(out.elapsed_s, 4)})
+            if self.cfg.selftest.enabled:
+                fail = self._selftest(rung, proc)
+                if fail is not None:
+                    return fail
             timings = self.rec.snapshot()["timings"]
             timings.setdefault("boot_to_ready_s", round(time.monotonic() - self.rec.boot_monotonic, 4))
-            timings["last_load_s"] = round(out.elapsed_s, 4)
             self.rec.update(timings=timings)
             self._transition(State.SERVING, rung.name)
             return None
@@ -333,6 +354,78 @@ class Supervisor:
         fail = classify(returncode=rc if out.exited else None, elapsed_s=out.elapsed_s, tail=proc.tail(),
                         signatures=llamacpp.SIGNATURES, hint_signatures=llamacpp.HINTS,
                         stalled=out.stalled, rung=rung.name)
+        self._record_failure(fail)
+        return fail
+
+    def _selftest(self, rung: Rung, proc: ManagedProcess) -> Failure | None:
+        """SELFTEST: probes and measurements against the healthy engine, in a worker thread that
+        only reports; this loop waits on it, stays responsive to a stop or the engine's exit,
+        and decides. None when it passed, else the failure (the engine is stopped)."""
+        from .selftest.client import Cancelled, Client
+        from .selftest.runner import run_selftest, sampler_from_argv
+
+        spec = self.cfg.selftest
+        self._transition(State.SELFTEST, rung.name)
+        self.rec.update(selftest={"passed": None, "decode_tok_s": None, "summary": "running", "rung": rung.name})
+        host = "127.0.0.1" if self.cfg.server.host in ("0.0.0.0", "::", "") else self.cfg.server.host
+        client = Client(f"http://{host}:{self.cfg.server.port}", self.api_key, timeout_s=spec.request_wall_s,
+                        engine=self.cfg.engine)
+        result: dict[str, Any] = {}
+        # What the engine was told ([sampler], or a rung's own flags): the server must report it.
+        argv = (self.rec.snapshot().get("engine") or {}).get("argv") or []
+        expected = sampler_from_argv(argv) if self.cfg.engine == "llamacpp" else None
+
+        def work() -> None:
+            try:
+                result["report"] = run_selftest(client, spec, family=self.cfg.model.family,
+                                                expected_sampler=expected,
+                                                log=lambda m: log.info("selftest: %s", self._redact(m)))
+            except Cancelled:
+                result["cancelled"] = True
+            except Exception as e:      # a selftest bug must not hang the loop: it fails, explained
+                log.exception("selftest crashed")
+                result["error"] = f"{type(e).__name__}: {e}"
+
+        worker = threading.Thread(target=work, name="kiln-selftest", daemon=True)
+        started = time.monotonic()
+        worker.start()
+        hard_deadline = started + spec.timeout_s + 30.0     # the runner keeps timeout_s itself
+        while worker.is_alive():
+            self._sleep(0.2)
+            if self.stop_requested or proc.poll() is not None or time.monotonic() > hard_deadline:
+                client.abort()            # ends the in-flight request now
+                worker.join(5.0)
+                break
+        if self.stop_requested:
+            raise Stop
+        elapsed = time.monotonic() - started
+        self.rec.update(timings={**self.rec.snapshot()["timings"], "last_selftest_s": round(elapsed, 4)})
+        if proc.poll() is not None:       # the engine died under the selftest: a crash like any other
+            rc = proc.stop(0.0)
+            self.last_returncode = rc
+            self.rec.update(selftest={"passed": False, "decode_tok_s": None, "rung": rung.name,
+                                      "summary": f"the engine exited (status {rc}) during the selftest"})
+            fail = classify(returncode=rc, elapsed_s=elapsed, tail=proc.tail(), signatures=llamacpp.SIGNATURES,
+                            hint_signatures=llamacpp.HINTS, rung=rung.name)
+            self._record_failure(fail)
+            return fail
+        report = result.get("report")
+        if report is not None:
+            record = report.to_dict()
+            record["rung"] = rung.name
+            self.rec.update(selftest=record)
+            for line in report.table().splitlines():
+                log.info("selftest | %s", self._redact(line))
+            if report.passed:
+                return None
+            reason = "selftest: " + "; ".join(report.failures)
+        else:
+            why = result.get("error") or f"did not finish within {spec.timeout_s:g} s (timeout_s)"
+            reason = f"selftest: {why}"
+            self.rec.update(selftest={"passed": False, "decode_tok_s": None, "summary": reason, "rung": rung.name})
+        proc.stop(self.cfg.health.stop_grace_s)    # not ready means not serving: free the port and the GPU
+        self.last_returncode = None
+        fail = Failure(SELFTEST_FAILED, self._redact(reason), elapsed_s=elapsed, tail=proc.tail(), rung=rung.name)
         self._record_failure(fail)
         return fail
 

@@ -212,7 +212,9 @@ def test_100_start_stop_cycles_of_the_real_server_leave_nothing_behind(tmp_path,
                            should_stop=lambda: False, sleep=time.sleep)
         assert out.ready, p.tail()
         pids.extend(p.tree_pids())
-        assert p.stop(5) == 0
+        # 0, or -15 when TERM lands in the instant between /health turning 200 and llama-server
+        # installing its own handler (seen here about once in a hundred starts)
+        assert p.stop(5) in (0, -signal.SIGTERM)
         assert p.survivors() == []
     assert [pid for pid in pids if psutil.pid_exists(pid) and psutil.Process(pid).status() != psutil.STATUS_ZOMBIE] == []
     assert [c for c in me.children(recursive=True) if c.status() == psutil.STATUS_ZOMBIE] == []

@@ -101,9 +101,18 @@ class Supervised:
             self._log.close()
 
 
+# The selftest is on by default in a deploy config; the tiny random models most tests boot
+# answer nothing right (their replies are loops), so tests that are about something else say so.
+SELFTEST_OFF = "[selftest]\nenabled = false\n"
+
+
 def config(*, binary: str, model: str, port: int, status_port: int, state_dir: Path, rungs: str,
-           snapshot: str = "", extra: str = "") -> str:
+           snapshot: str = "", extra: str = "", selftest: str = SELFTEST_OFF) -> str:
+    """A deploy config for tests. `selftest` is the [selftest] table ("" for the defaults);
+    a [selftest] table in `extra` replaces it."""
     snap = f'flag_snapshot = "{snapshot}"\n' if snapshot else 'flag_snapshot = "/nonexistent"\n'
+    if "[selftest]" in extra:
+        selftest = ""
     return f"""
 engine = "llamacpp"
 state_dir = "{state_dir}"
@@ -120,6 +129,7 @@ binary = "{binary}"
 stall_s = 20
 stop_grace_s = 5
 {extra}
+{selftest}
 [status]
 host = "127.0.0.1"
 port = {status_port}

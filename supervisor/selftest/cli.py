@@ -1,0 +1,84 @@
+"""`python -m supervisor selftest --url URL`: the selftest against any OpenAI-compatible server.
+
+Exit 0 when it passed, 1 when it failed (or the server could not be reached), 2 on bad usage.
+The table goes to stdout, progress to stderr, the full report to --json. The API key is read
+from an environment variable (--api-key-env), never from the command line, where `ps` shows it.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+from pathlib import Path
+
+from ..config import SelftestSpec
+
+EXIT_PASS, EXIT_FAIL, EXIT_USAGE = 0, 1, 2
+
+
+def add_parser(sub: argparse._SubParsersAction) -> argparse.ArgumentParser:  # type: ignore[type-arg]
+    d = SelftestSpec()
+    p = sub.add_parser("selftest", help="probe an OpenAI-compatible server and measure it; exit 0 pass, 1 fail",
+                       description=__doc__.split("\n")[0])
+    p.add_argument("--url", required=True, help="the server, e.g. http://127.0.0.1:8080 (a /v1 suffix is fine)")
+    p.add_argument("--api-key-env", metavar="NAME", help="environment variable holding the API key")
+    p.add_argument("--family", default="generic", help="probe set (model family), default generic")
+    p.add_argument("--engine", choices=("auto", "llamacpp", "vllm", "openai"), default="auto",
+                   help="auto: llama.cpp when GET /props answers like llama-server, else plain OpenAI")
+    p.add_argument("--json", metavar="OUT", help="write the full report here")
+    p.add_argument("--tools", action="store_true", help="the server serves tool calls: probe them (fatal)")
+    p.add_argument("--decode-tokens", type=int, default=d.decode_tokens, help=f"default {d.decode_tokens}; 0 skips")
+    p.add_argument("--min-decode-tok-s", type=float, default=d.min_decode_tok_s, help="floor; 0 = report only")
+    p.add_argument("--prefill-tokens", type=int, default=d.prefill_tokens, help=f"default {d.prefill_tokens}; 0 skips")
+    p.add_argument("--min-prefill-tok-s", type=float, default=d.min_prefill_tok_s, help="floor; 0 = report only")
+    p.add_argument("--request-wall-s", type=float, default=d.request_wall_s,
+                   help=f"no request longer than this, default {d.request_wall_s:g} (RunPod's proxy cuts at ~125)")
+    p.add_argument("--min-probe-pass", type=float, default=d.min_probe_pass,
+                   help=f"share of scored probes that must pass, default {d.min_probe_pass:g}")
+    p.add_argument("--timeout-s", type=float, default=d.timeout_s, help=f"the whole selftest, default {d.timeout_s:g}")
+    return p
+
+
+def main(args: argparse.Namespace) -> int:
+    from ..config import parse_config
+    from ..errors import ConfigError
+    from .client import Cancelled, Client
+    from .runner import run_selftest
+
+    key = None
+    if args.api_key_env:
+        key = os.environ.get(args.api_key_env)
+        if not key:
+            print(f"--api-key-env {args.api_key_env}: the variable is unset or empty", file=sys.stderr)
+            return EXIT_USAGE
+    # Validate the numbers with the deploy config's own rules: one language for every problem.
+    table = {"probes": args.family, "tools": args.tools, "decode_tokens": args.decode_tokens,
+             "min_decode_tok_s": args.min_decode_tok_s, "prefill_tokens": args.prefill_tokens,
+             "min_prefill_tok_s": args.min_prefill_tok_s, "request_wall_s": args.request_wall_s,
+             "min_probe_pass": args.min_probe_pass, "timeout_s": args.timeout_s}
+    toml = "[model]\nsource = \"/x\"\n[ladder]\n[[ladder.rungs]]\nname = \"x\"\n[selftest]\n" + "".join(
+        f"{k} = {json.dumps(v)}\n" for k, v in table.items())
+    try:
+        spec = parse_config(toml, source="command line", env={}).selftest
+    except ConfigError as e:
+        print(str(e).replace("selftest.", "--").replace("_", "-"), file=sys.stderr)
+        return EXIT_USAGE
+    try:
+        client = Client(args.url, key, timeout_s=spec.request_wall_s,
+                        engine=None if args.engine == "auto" else args.engine)
+    except ValueError as e:
+        print(e, file=sys.stderr)
+        return EXIT_USAGE
+    try:
+        report = run_selftest(client, spec, family=args.family, log=lambda m: print(m, file=sys.stderr))
+    except Cancelled:
+        return EXIT_FAIL
+    except KeyboardInterrupt:
+        client.abort()
+        return 130
+    print(report.table())
+    if args.json:
+        Path(args.json).write_text(json.dumps(report.to_dict(), indent=2, ensure_ascii=False) + "\n")
+    return EXIT_PASS if report.passed else EXIT_FAIL
