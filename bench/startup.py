@@ -78,13 +78,14 @@ def main() -> int:
     with tempfile.TemporaryDirectory(prefix="kiln-bench-") as t:
         tmp = Path(t)
         model = model_path(args.model, tmp)
+        size_mb = model.stat().st_size / 1e6
         bare(binary, model, args.threads)          # warm the page cache for both sides alike
         b, s = [], []
         for _ in range(args.runs):
             b.append(bare(binary, model, args.threads))
             s.append(supervised(binary, model, args.threads, tmp))
     mb, ms = median(b), median(s)
-    print(f"model {args.model} ({model.stat().st_size / 1e6:.0f} MB), {args.runs} runs each, medians:")
+    print(f"model {args.model} ({size_mb:.0f} MB), {args.runs} runs each, medians:")
     print(f"  bare llama-server ready      {mb:.3f} s   (runs: {', '.join(f'{x:.3f}' for x in b)})")
     print(f"  supervised /ready            {ms:.3f} s   (runs: {', '.join(f'{x:.3f}' for x in s)})")
     print(f"  added by the supervisor      {ms - mb:+.3f} s")

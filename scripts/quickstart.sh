@@ -32,22 +32,24 @@ model="$(python3 -m tests.support.models smollm2)"
 key="$(python3 -c 'import secrets; print(secrets.token_urlsafe(24))')"
 docker=/usr/bin/docker; [ -x "$docker" ] || docker=docker
 cid="$("$docker" run -d --rm --network host -v "$model:/models/model.gguf:ro" \
-  -e KILN_API_KEY="$key" -e KILN_SERVER_PORT="$PORT" -e KILN_STATUS_PORT="$STATUS_PORT" \
+  -e KILN_API_KEY="$key" -e KILN_SERVER_PORT="$PORT" -e KILN_STATUS_PORT="$STATUS_PORT" -e KILN_MODEL_FAMILY=smollm2 \
   -e KILN_STATE_DIR=/tmp/kiln "$IMAGE")"
 trap '"$docker" stop -t 10 "$cid" >/dev/null 2>&1 || true' EXIT
 
-deadline=$((SECONDS + 120))
+# /ready waits for the selftest: probes SmolLM2 answers at temperature 0, decode and prefill measured
+deadline=$((SECONDS + 300))
 until curl -fsS "http://127.0.0.1:$STATUS_PORT/ready" >/dev/null 2>&1; do
   if [ "$SECONDS" -ge "$deadline" ]; then
     "$docker" logs "$cid" >&2 || true
-    echo "quickstart: the supervisor did not report ready within 120 s" >&2
+    curl -fsS "http://127.0.0.1:$STATUS_PORT/status" >&2 || true
+    echo "quickstart: the supervisor did not report ready within 300 s" >&2
     exit 1
   fi
   sleep 0.2
 done
 say "ready: http://127.0.0.1:$STATUS_PORT/status"
 curl -fsS "http://127.0.0.1:$STATUS_PORT/status" | python3 -c \
-  'import json,sys; s=json.load(sys.stdin); print("state", s["state"], "| rung", s["rung"]["name"], "| boot to ready", s["timings"]["boot_to_ready_s"], "s")'
+  'import json,sys; s=json.load(sys.stdin); t=s.get("selftest") or {}; print("state", s["state"], "| rung", s["rung"]["name"], "| boot to ready", s["timings"]["boot_to_ready_s"], "s | selftest", t.get("summary"))'
 
 say "asking: What is 2+2?"
 curl -fsS "http://127.0.0.1:$PORT/v1/chat/completions" -H "Authorization: Bearer $key" \

@@ -38,6 +38,7 @@ ENV_OVERRIDES: dict[str, tuple[str, type]] = {
     "KILN_MODEL_SOURCE": ("model.source", str),
     "KILN_MODEL_REVISION": ("model.revision", str),
     "KILN_MODEL_ENTRY": ("model.entry", str),
+    "KILN_MODEL_FAMILY": ("model.family", str),
     "KILN_SERVER_PORT": ("server.port", int),
     "KILN_API_KEY_SOURCE": ("server.api_key", str),
     "KILN_STATUS_PORT": ("status.port", int),
