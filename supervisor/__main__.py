@@ -40,9 +40,8 @@ def _parser() -> argparse.ArgumentParser:
 
 
 def check_config(path: str, flags: str | None, gpus: int | None) -> int:
+    from . import engines
     from .config import load_config
-    from .engines import llamacpp
-    from .engines.flags import load_llama_snapshot
     from .errors import ConfigError
 
     try:
@@ -51,14 +50,18 @@ def check_config(path: str, flags: str | None, gpus: int | None) -> int:
         print(e, file=sys.stderr)
         return EXIT_INVALID
     problems: list[str] = []
-    if cfg.engine == "llamacpp":
+    try:
+        engine = engines.get(cfg.engine)
+    except KeyError as e:
+        print(f"({e.args[0]}: rungs not linted)", file=sys.stderr)
+        engine = None
+    if engine is not None:
         snap_path = Path(flags or cfg.server.flag_snapshot)
-        snapshot = load_llama_snapshot(snap_path) if snap_path.is_file() else None
+        snapshot = engine.load_snapshot(snap_path) if snap_path.is_file() else None
         if snapshot is None:
-            note = f"(no flag snapshot at {snap_path}: flags not checked against the engine)"
-            print(note, file=sys.stderr)
+            print(f"(no flag snapshot at {snap_path}: flags not checked against the engine)", file=sys.stderr)
         for i, rung in enumerate(cfg.ladder.rungs):
-            problems += [str(x) for x in llamacpp.lint_rung(cfg, i, rung, snapshot, gpu_count=gpus)]
+            problems += [str(x) for x in engine.lint_rung(cfg, i, rung, snapshot, gpu_count=gpus)]
     if problems:
         print(f"deploy config {path}: {len(problems)} problem(s)", file=sys.stderr)
         for line in problems:

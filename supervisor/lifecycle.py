@@ -24,8 +24,8 @@ from typing import Any, Callable, Mapping
 
 from . import __version__, apikey, hardware, model
 from .config import DeployConfig, Rung
-from .engines import llamacpp
-from .engines.flags import FlagSnapshot, load_llama_snapshot
+from . import engines
+from .engines.flags import FlagSnapshot
 from .errors import ConfigError, FetchError, KilnError
 from .failure import CONFIG_REJECTED, CRASHED, OOM, SELFTEST_FAILED, Failure, classify
 from .health import wait_healthy
@@ -79,6 +79,7 @@ class Supervisor:
         self.status: StatusServer | None = None
         self.memory = LadderMemory(self.state_dir / "ladder-memory.json")
         self.balancers: dict[str, Any] = {}      # rung name -> placement.Balancer
+        self.engine: Any = None                  # the engine module (supervisor/engines), set in PREFLIGHT
         self._wake = self.relay.wakeup
 
     # -- small plumbing ---------------------------------------------------------------
@@ -162,6 +163,11 @@ class Supervisor:
     # -- PREFLIGHT ----------------------------------------------------------------------
     def _preflight(self) -> bool:
         try:
+            self.engine = engines.get(self.cfg.engine)
+        except KeyError as e:
+            self._record_failure(Failure(CONFIG_REJECTED, str(e.args[0])))
+            return False
+        try:
             key = apikey.resolve(self.cfg.server.api_key, self.state_dir, self.env)
         except ConfigError as e:
             self._record_failure(Failure(CONFIG_REJECTED, str(e)))
@@ -188,18 +194,16 @@ class Supervisor:
         self.baseline_mib = [g.memory_used_mib for g in self.hw.gpus] or None
 
         snap_path = Path(self.cfg.server.flag_snapshot)
-        if self.cfg.engine == "llamacpp" and snap_path.is_file():
-            self.snapshot_flags = load_llama_snapshot(snap_path)
-        elif self.cfg.engine == "llamacpp":
+        if snap_path.is_file():
+            self.snapshot_flags = self.engine.load_snapshot(snap_path)
+        else:
             self.rec.warn(f"no flag snapshot at {snap_path}: rungs are not linted against the engine's flags")
         return True
 
     # -- the ladder -----------------------------------------------------------------------
     def _lint(self, index: int, rung: Rung) -> list[str]:
-        if self.cfg.engine != "llamacpp":
-            return []
         gpus = len(self.hw.gpus) if self.hw else None
-        return [str(i) for i in llamacpp.lint_rung(self.cfg, index, rung, self.snapshot_flags,
+        return [str(i) for i in self.engine.lint_rung(self.cfg, index, rung, self.snapshot_flags,
                                                    gpu_count=self.cfg.hardware.gpu_count or gpus)]
 
     def _walk_ladder(self) -> bool:
@@ -269,7 +273,7 @@ class Supervisor:
             self.rec.update(placement={"rung": rung.name, "rounds": bal.history})
             self.rec.event("placement", f"{rung.name}: {split.describe()}")
             rung = dataclasses.replace(rung, args=tuple(split.args()) + tuple(rung.args))
-        argv = llamacpp.build_argv(self.cfg, rung, model_path=str(self.model_path),
+        argv = self.engine.build_argv(self.cfg, rung, model_path=str(self.model_path),
                                    api_key_file=str(self.key_file) if self.key_file else None,
                                    vcpus=self.hw.vcpus if self.hw else None)
         env = {k: v for k, v in self.env.items() if k not in self._secret_env_names()}
@@ -352,7 +356,7 @@ class Supervisor:
         rc = proc.stop(self.cfg.health.stop_grace_s)   # reaps and drains the rest of the output
         self.last_returncode = rc if out.exited else None
         fail = classify(returncode=rc if out.exited else None, elapsed_s=out.elapsed_s, tail=proc.tail(),
-                        signatures=llamacpp.SIGNATURES, hint_signatures=llamacpp.HINTS,
+                        signatures=self.engine.SIGNATURES, hint_signatures=self.engine.HINTS,
                         stalled=out.stalled, rung=rung.name)
         self._record_failure(fail)
         return fail
@@ -405,8 +409,8 @@ class Supervisor:
             self.last_returncode = rc
             self.rec.update(selftest={"passed": False, "decode_tok_s": None, "rung": rung.name,
                                       "summary": f"the engine exited (status {rc}) during the selftest"})
-            fail = classify(returncode=rc, elapsed_s=elapsed, tail=proc.tail(), signatures=llamacpp.SIGNATURES,
-                            hint_signatures=llamacpp.HINTS, rung=rung.name)
+            fail = classify(returncode=rc, elapsed_s=elapsed, tail=proc.tail(), signatures=self.engine.SIGNATURES,
+                            hint_signatures=self.engine.HINTS, rung=rung.name)
             self._record_failure(fail)
             return fail
         report = result.get("report")
@@ -456,7 +460,7 @@ class Supervisor:
             uptime = time.monotonic() - served_since
             self.last_returncode = rc
             fail = classify(returncode=rc, elapsed_s=uptime, tail=self.proc.tail(),
-                            signatures=llamacpp.SIGNATURES, rung=rung.name)
+                            signatures=self.engine.SIGNATURES, rung=rung.name)
             self._record_failure(fail)
             if uptime >= self.cfg.restart.stable_s:
                 backoff = self.cfg.restart.backoff_initial_s   # it ran long enough: start over

@@ -17,7 +17,9 @@ from typing import Sequence
 
 from ..config import DeployConfig, Rung
 from ..failure import CONFIG_REJECTED, LOAD_ERROR, OOM, PORT_IN_USE, Signature, sig
-from .flags import FlagSnapshot
+from .flags import FlagSnapshot, load_llama_snapshot
+
+load_snapshot = load_llama_snapshot
 
 # Renames the seed paid for; the snapshot's own "removed" text is preferred when present.
 KNOWN_RENAMES = {

@@ -1,0 +1,21 @@
+"""The engines the supervisor can run. Each is a module with the same surface, so the lifecycle
+never asks which engine it is:
+
+    load_snapshot(path) -> FlagSnapshot           the engine's own --help, parsed
+    lint_rung(cfg, index, rung, snapshot, gpu_count=None) -> list[LintIssue]
+    build_argv(cfg, rung, *, model_path, api_key_file, vcpus=None) -> list[str]
+    SIGNATURES, HINTS                             stderr lines that decide a failure's class
+"""
+
+from __future__ import annotations
+
+from types import ModuleType
+
+from . import llamacpp
+
+
+def get(name: str) -> ModuleType:
+    engines = {"llamacpp": llamacpp}
+    if name not in engines:
+        raise KeyError(f"engine {name!r} is not supported by this supervisor yet")
+    return engines[name]
