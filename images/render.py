@@ -169,6 +169,9 @@ def write_context(ctx: RenderContext, out: Path, *, patch_files: dict[str, Path]
     shutil.copy2(COMPILE_SCRIPT, kiln / "compile-llama-server.sh")
     shutil.copy2(SUPERVISOR_DIR / "requirements.txt", kiln / "requirements.txt")
     shutil.copy2(ctx.target.deploy_config_path, kiln / "deploy.toml")
+    (kiln / "profiles").mkdir()
+    for name, path in ctx.target.profiles.items():
+        shutil.copy2(path, kiln / "profiles" / f"{name}.toml")
     shutil.copytree(SUPERVISOR_DIR, kiln / "supervisor",
                     ignore=shutil.ignore_patterns("__pycache__", "*.pyc", "requirements.txt"))
     (kiln / "patches").mkdir()

@@ -77,6 +77,7 @@ class Target:
     patches: tuple[Patch, ...]
     binaries_repo: str | None     # Hub repo of prebuilt tarballs: hf://owner/name
     deploy_config_path: Path
+    profiles: dict[str, Path]      # other deploy configs baked beside the default (opt-in, by name)
     runpod: RunPodSpec
     path: Path = field(default=Path("."), compare=False)
 
@@ -180,10 +181,17 @@ def parse_target(text: str, path: Path) -> Target:
 
     d = r.table("deploy", required=True)
     deploy_rel = d.str("config", "", required=True)
+    profile_rels = d.str_map("profiles", key_pattern=NAME_RE, key_hint="lowercase-with-dashes")
     d.finish()
     deploy_path = (IMAGES_DIR / deploy_rel).resolve() if deploy_rel else IMAGES_DIR
     if deploy_rel and not deploy_path.is_file():
         d.problem("config", "does not exist (paths are relative to images/)", deploy_rel)
+    profiles: dict[str, Path] = {}
+    for pname, rel in profile_rels.items():
+        ppath = (IMAGES_DIR / rel).resolve()
+        if not ppath.is_file():
+            d.problem(f"profiles.{pname}", "does not exist (paths are relative to images/)", rel)
+        profiles[pname] = ppath
 
     rp = r.table("runpod")
     runpod = RunPodSpec(
@@ -202,12 +210,14 @@ def parse_target(text: str, path: Path) -> Target:
     target = Target(name=name, engine=engine, description=description, image=image, bases=bases,
                     source=source, cuda_version=cuda_version, cuda_archs=archs,
                     cmake_flags=cmake_flags, runtime_packages=runtime_packages, patches=tuple(patches),
-                    binaries_repo=binaries_repo, deploy_config_path=deploy_path, runpod=runpod, path=path)
-    # The baked deploy config must itself be valid: a broken default is a broken image.
-    try:
-        target.deploy_config()
-    except ConfigError as e:
-        raise ConfigError(f"target {path}: its deploy config", e.problems) from None
+                    binaries_repo=binaries_repo, deploy_config_path=deploy_path, profiles=profiles,
+                    runpod=runpod, path=path)
+    # The baked deploy configs must themselves be valid: a broken default is a broken image.
+    for label, cfg_path in [("its deploy config", deploy_path)] + [(f"its profile {n}", p) for n, p in profiles.items()]:
+        try:
+            load_config(cfg_path, env={})
+        except ConfigError as e:
+            raise ConfigError(f"target {path}: {label}", e.problems) from None
     return target
 
 

@@ -57,15 +57,15 @@ class Failure:
 
 def classify(*, returncode: int | None, elapsed_s: float | None, tail: Sequence[str],
              signatures: Sequence[Signature], hint_signatures: Sequence[Signature] = (),
-             stalled: bool = False, rung: str | None = None) -> Failure:
+             stalled: bool = False, stall_reason: str | None = None, rung: str | None = None) -> Failure:
     """Decide the failure class of a server that exited (or stalled)."""
     tail_t = tuple(tail)
     hints = tuple(f"{h.reason}: {line.strip()}" for h in hint_signatures
                   for line in tail_t if h.pattern.search(line))
     common = dict(exit_code=returncode, elapsed_s=elapsed_s, tail=tail_t, rung=rung, hints=hints)
     if stalled:
-        return Failure(STALLED, "no loading progress (output, CPU or disk reads) within the stall deadline",
-                       **common)
+        return Failure(STALLED, stall_reason or "no loading progress (output, CPU or disk reads) within the "
+                       "stall deadline", **common)
     for s in signatures:
         for line in tail_t:
             if s.pattern.search(line):

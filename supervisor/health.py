@@ -13,6 +13,7 @@ and I/O counters carry most of the signal.)
 from __future__ import annotations
 
 import http.client
+import re
 import time
 from dataclasses import dataclass
 from typing import Callable
@@ -36,6 +37,7 @@ class HealthOutcome:
     stopped: bool = False
     elapsed_s: float = 0.0
     returncode: int | None = None
+    reason: str | None = None         # why a stall was declared, when it was not plain silence
 
 
 def probe_health(host: str, port: int, timeout: float = 1.0) -> int | None:
@@ -85,8 +87,13 @@ class ProgressMeter:
 
 def wait_healthy(proc: ManagedProcess, host: str, port: int, *, stall_s: float, max_s: float,
                  poll_s: float, should_stop: Callable[[], bool],
-                 sleep: Callable[[float], None]) -> HealthOutcome:
-    """Block until healthy, exited, stalled or asked to stop. `sleep` may return early on a signal."""
+                 sleep: Callable[[float], None],
+                 stall_lines: tuple[re.Pattern[str], int] | None = None) -> HealthOutcome:
+    """Block until healthy, exited, stalled or asked to stop. `sleep` may return early on a signal.
+
+    `stall_lines` is (pattern, n): output the engine repeats while stuck (vLLM's "No available
+    shared memory broadcast block"); n such lines end the wait as a stall even though they are output.
+    """
     start = time.monotonic()
     last_progress = start
     meter = ProgressMeter(proc)
@@ -107,6 +114,11 @@ def wait_healthy(proc: ManagedProcess, host: str, port: int, *, stall_s: float, 
             if meter.moved():
                 last_progress = now
             next_meter = now + 0.5
+            repeats = [line for line in proc.tail() if stall_lines and stall_lines[0].search(line)]
+            if stall_lines and len(repeats) >= stall_lines[1]:
+                return HealthOutcome(False, stalled=True, elapsed_s=elapsed,
+                                     reason=f"the engine repeated {len(repeats)}x without getting ready: "
+                                            f"{repeats[-1].strip()[:200]}")
         if now - last_progress > stall_s or (max_s and elapsed > max_s):
             return HealthOutcome(False, stalled=True, elapsed_s=elapsed)
         sleep(FAST_POLL_S if elapsed < FAST_PHASE_S else poll_s)

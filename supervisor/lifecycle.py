@@ -278,6 +278,7 @@ class Supervisor:
                                    vcpus=self.hw.vcpus if self.hw else None)
         env = {k: v for k, v in self.env.items() if k not in self._secret_env_names()}
         env.update(rung.env)
+        env.update(self.engine.engine_env(self.cfg, rung, self.api_key))
         proc = ManagedProcess.start(argv, env=env, on_line=self._engine_line, redact=self.secrets,
                                     log_file=str(self.run_dir / "engine.log"))
         self.proc = proc
@@ -338,7 +339,8 @@ class Supervisor:
             log.info("rung switch took %.3f s", switch)
         out = wait_healthy(proc, self.cfg.server.host, self.cfg.server.port,
                            stall_s=self.cfg.health.stall_s, max_s=self.cfg.health.max_s,
-                           poll_s=self.cfg.health.poll_s, should_stop=self._should_stop, sleep=self._sleep)
+                           poll_s=self.cfg.health.poll_s, should_stop=self._should_stop, sleep=self._sleep,
+                           stall_lines=self.engine.STALL_LINES)
         if out.stopped:
             raise Stop
         if out.ready:
@@ -357,7 +359,7 @@ class Supervisor:
         self.last_returncode = rc if out.exited else None
         fail = classify(returncode=rc if out.exited else None, elapsed_s=out.elapsed_s, tail=proc.tail(),
                         signatures=self.engine.SIGNATURES, hint_signatures=self.engine.HINTS,
-                        stalled=out.stalled, rung=rung.name)
+                        stalled=out.stalled, stall_reason=out.reason, rung=rung.name)
         self._record_failure(fail)
         return fail
 
@@ -442,6 +444,8 @@ class Supervisor:
         self.rec.update(last_failure=d)
         self.rec.event("failure", f"{fail.failure_class}: {d['reason'][:300]}")
         log.error("failure %s%s: %s", fail.failure_class, f" on rung {fail.rung}" if fail.rung else "", d["reason"])
+        for hint in fail.hints:
+            log.error("  hint: %s", self._redact(hint))
 
     # -- SERVING and restarts ----------------------------------------------------------------
     def _serve(self) -> int:

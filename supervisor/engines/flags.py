@@ -20,6 +20,7 @@ class Flag:
     takes_value: bool
     env: str | None = None          # LLAMA_ARG_* where the engine reads it from the environment
     removed: str | None = None      # the engine's own "removed, use X" text
+    choices: tuple[str, ...] | None = None   # argparse {a,b,c} choices, when the engine lists them
 
 
 @dataclass(frozen=True)
@@ -96,3 +97,39 @@ def parse_llama_help(text: str, source: str = "<memory>") -> FlagSnapshot:
 def load_llama_snapshot(path: str | Path) -> FlagSnapshot:
     p = Path(path)
     return parse_llama_help(p.read_text(encoding="utf-8", errors="replace"), str(p))
+
+
+# vLLM's argparse help: "  --max-model-len MAX_MODEL_LEN", "  --enforce-eager, --no-enforce-eager",
+# "  --tool-call-parser {a,b,...} or name registered in --tool-parser-plugin", descriptions after
+# two or more spaces or on the following, deeper-indented lines.
+_ARGPARSE_OPT = re.compile(r"^  (-\S.*?)(?:\s{2,}(.*))?$")
+_CHOICES = re.compile(r"\{([^}]*)\}")
+
+
+def parse_argparse_help(text: str, source: str = "<memory>") -> FlagSnapshot:
+    flags: list[Flag] = []
+    for line in text.splitlines():
+        m = _ARGPARSE_OPT.match(line.rstrip())
+        if not m:
+            continue
+        names: list[str] = []
+        takes_value = False
+        choices: tuple[str, ...] | None = None
+        for part in m.group(1).split(", "):
+            tokens = part.strip().split(" ", 1)
+            if not tokens[0].startswith("-"):
+                continue
+            names.append(tokens[0])
+            if len(tokens) > 1:
+                takes_value = True
+                c = _CHOICES.search(tokens[1])
+                if c:
+                    choices = tuple(x for x in c.group(1).split(",") if x)
+        if names:
+            flags.append(Flag(tuple(names), takes_value, choices=choices))
+    return FlagSnapshot(tuple(flags), source)
+
+
+def load_argparse_snapshot(path: str | Path) -> FlagSnapshot:
+    p = Path(path)
+    return parse_argparse_help(p.read_text(encoding="utf-8", errors="replace"), str(p))

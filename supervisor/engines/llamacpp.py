@@ -227,3 +227,11 @@ def build_argv(cfg: DeployConfig, rung: Rung, *, model_path: str, api_key_file: 
         # llama.cpp counts the host's cores; a pod's cgroup quota may allow far fewer.
         argv += ["--threads", str(max(1, int(vcpus)))]
     return argv + user
+
+
+def engine_env(cfg: DeployConfig, rung: Rung, api_key: str | None) -> dict[str, str]:
+    """Nothing: llama-server reads its key from the 0600 file build_argv names."""
+    return {}
+
+
+STALL_LINES = None     # llama.cpp has no known "busy but stuck" message

@@ -1,0 +1,156 @@
+"""vLLM (`vllm serve`): argv, lint against its own `--help=all`, failure signatures.
+
+What the seed paid for (shared/seed/FINDINGS.md, sessions 3-5) and this module enforces:
+- `--disable-log-requests` was removed in vLLM 0.27 and crash-loops the server; a pod's args
+  cannot be edited after creation, so a bad flag costs a full recreate: the lint names it first.
+- n-gram speculation on Kimi-Linear corrupts code (`return a -b):` for `return a - b`) and runs
+  3-4x slower (CUDA graphs off on TritonMLABackend): refused for the kimi-linear family.
+- Tensor parallelism on RunPod A40 pairs hung in NCCL peer-to-peer init until
+  `NCCL_P2P_DISABLE=1`: a rung with more than one GPU must set it.
+- "No available shared memory broadcast block found in 60 seconds" looped for ~10 minutes:
+  repeated, it is a stall, not progress (the seed's hypothesis: torch.compile; try --enforce-eager).
+The parser accepts what vLLM's does: unique prefixes, underscores for dashes, `--flag=value`,
+dotted sub-keys of JSON options (`--speculative-config.num_speculative_tokens 3`), `-O3`, and
+`--config FILE`. `--tool-call-parser` values are checked against the parsers this version ships
+(vLLM itself accepts an unknown one at parse time).
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from pathlib import Path
+from typing import Sequence
+
+from ..config import DeployConfig, Rung
+from ..failure import CONFIG_REJECTED, LOAD_ERROR, OOM, PORT_IN_USE, Signature, sig
+from .flags import FlagSnapshot, load_argparse_snapshot
+from .llamacpp import LintIssue
+
+load_snapshot = load_argparse_snapshot
+
+# Removed flags and what to do instead (vLLM's parser then says only "unrecognized arguments").
+REMOVED = {
+    "--disable-log-requests": "removed in vLLM 0.27 (the seed's server crash-looped on it): request "
+                              "logging is off by default; remove it (--enable-log-requests turns it on)",
+}
+SPECULATION = ("--speculative-config", "-sc")
+TENSOR_PARALLEL = ("--tensor-parallel-size", "-tp")
+_OPT_LEVEL = re.compile(r"-O\d?")
+
+SIGNATURES: tuple[Signature, ...] = (
+    sig(OOM, r"torch\.OutOfMemoryError|CUDA out of memory", "CUDA out of memory (torch)"),
+    sig(OOM, r"No available memory for the cache blocks", "no GPU memory left for the KV cache"),
+    sig(OOM, r"larger than the available KV cache memory|larger than the maximum number of tokens that can be stored in KV cache",
+        "max_model_len does not fit in the KV cache memory"),
+    sig(PORT_IN_USE, r"Address already in use", "the server port is already in use"),
+    sig(CONFIG_REJECTED, r"unrecognized arguments|error: argument|invalid choice|ambiguous option",
+        "vLLM's parser rejected an argument"),
+    sig(LOAD_ERROR, r"Failed to infer device type", "vLLM found no usable GPU"),
+    sig(LOAD_ERROR, r"does not appear to have a file named|RepositoryNotFoundError|No such file or directory",
+        "the model could not be loaded"),
+)
+HINTS: tuple[Signature, ...] = (
+    sig("hint", r"No available shared memory broadcast block found",
+        "a tensor-parallel shared-memory broadcast hang (seed: try a rung with --enforce-eager)"),
+    sig("hint", r"NCCL.*(P2P|peer)", "NCCL peer-to-peer trouble (seed: NCCL_P2P_DISABLE=1 on RunPod A40 pairs)"),
+)
+# Output that repeats without the server getting anywhere: seen this often, the load has stalled.
+STALL_LINES = (re.compile(r"No available shared memory broadcast block found"), 3)
+
+
+def _canonical(name: str, snapshot: FlagSnapshot | None) -> tuple[str, str | None]:
+    """(flag as vLLM resolves it, problem) for one spelling from a config."""
+    if _OPT_LEVEL.fullmatch(name):
+        return "--optimization-level", None
+    base = name.split(".", 1)[0] if name.startswith("--") else name     # --speculative-config.x
+    if base.startswith("--"):
+        base = "--" + base[2:].replace("_", "-")
+    if snapshot is None or snapshot.get(base):
+        return base, None
+    if base in REMOVED:
+        return base, f"{base} was {REMOVED[base]}"
+    if base.startswith("--"):
+        hits = sorted({snapshot.by_name[n].names[0] for n in snapshot.by_name if n.startswith(base)})
+        if len(hits) == 1:
+            return hits[0], None                       # argparse accepts a unique prefix
+        if len(hits) > 1:
+            return base, f"{base} is ambiguous in vLLM's parser (could be {', '.join(hits[:4])})"
+    near = snapshot.nearest(base)
+    return base, f"{base} is not a flag of this vLLM{f'; did you mean {near}?' if near else ''} (flag snapshot {snapshot.source})"
+
+
+def _flags(args: Sequence[str], snapshot: FlagSnapshot | None) -> list[tuple[int, str, str | None, str | None]]:
+    """(index, canonical flag, value, problem) for each flag in args."""
+    out = []
+    i = 0
+    while i < len(args):
+        tok = args[i]
+        if tok.startswith("-") and not re.fullmatch(r"-\d+(\.\d+)?", tok):
+            name, eq, inline = tok.partition("=")
+            canon, problem = _canonical(name, snapshot)
+            flag = snapshot.get(canon) if snapshot else None
+            value: str | None = inline if eq else None
+            takes = flag.takes_value if flag else (i + 1 < len(args) and not args[i + 1].startswith("-"))
+            if not eq and takes and i + 1 < len(args) and not _OPT_LEVEL.fullmatch(name):
+                value = args[i + 1]
+                i += 1
+            out.append((i, canon, value, problem))
+        i += 1
+    return out
+
+
+def lint_rung(cfg: DeployConfig, index: int, rung: Rung, snapshot: FlagSnapshot | None,
+              gpu_count: int | None = None) -> list[LintIssue]:
+    where = f"ladder.rungs[{index}] ({rung.name})"
+    args = list(cfg.server.extra_args) + list(rung.args)
+    flags = _flags(args, snapshot)
+    issues = [LintIssue(f"{where}.args[{i}]", p) for i, _, _, p in flags if p]
+    names = {canon: value for _, canon, value, _ in flags}
+    if rung.placement not in ("engine",):
+        issues.append(LintIssue(where, f"placement {rung.placement!r} is a llama.cpp placement; a vLLM rung "
+                                "places with its own flags (placement = \"engine\")"))
+    parser = names.get("--tool-call-parser")
+    flag = snapshot.get("--tool-call-parser") if snapshot else None
+    if parser and flag and flag.choices and parser not in flag.choices and "--tool-parser-plugin" not in names:
+        issues.append(LintIssue(where, f"--tool-call-parser {parser} is not a parser this vLLM ships "
+                                f"(vLLM accepts it and then yields no tool calls); choose one of: "
+                                f"{', '.join(flag.choices)}"))
+    if cfg.model.family == "kimi-linear" and any(s in names for s in SPECULATION):
+        issues.append(LintIssue(where, "speculative decoding on Kimi-Linear corrupts code (the seed: "
+                                "`return a -b):` for `return a - b`) and is 3-4x slower under vLLM "
+                                "(CUDA graphs off on TritonMLABackend): remove --speculative-config"))
+    tp = next((names[t] for t in TENSOR_PARALLEL if t in names), None)
+    if tp and tp.isdigit() and int(tp) > 1 and rung.env.get("NCCL_P2P_DISABLE") != "1":
+        issues.append(LintIssue(f"{where}.env", f"tensor parallelism over {tp} GPUs needs NCCL_P2P_DISABLE = \"1\" "
+                                "in the rung's env: without it the seed's A40 pair hung 22 minutes in NCCL "
+                                "peer-to-peer init"))
+    return issues
+
+
+def model_dir(model_path: str) -> str:
+    """vLLM serves a directory; the deploy config's entry names a file in it (config.json)."""
+    p = Path(model_path)
+    return str(p.parent) if p.is_file() or p.suffix == ".json" else str(p)
+
+
+def build_argv(cfg: DeployConfig, rung: Rung, *, model_path: str, api_key_file: str | None = None,
+               port: int | None = None, vcpus: float | None = None) -> list[str]:
+    argv = [cfg.server.binary or "vllm", "serve", model_dir(model_path), "--host", cfg.server.host,
+            "--port", str(port or cfg.server.port)]
+    user = list(cfg.server.extra_args) + list(rung.args)
+    user_flags = {canon for _, canon, _, _ in _flags(user, None)}
+    if "--served-model-name" not in user_flags:
+        # Clients name the model; a path in the volume would leak into every request they write.
+        argv += ["--served-model-name", cfg.model.hf_repo or Path(cfg.model.source).name]
+    s = cfg.sampler
+    overrides = {k: v for k, v in (("temperature", s.temperature), ("min_p", s.min_p), ("top_p", s.top_p),
+                                   ("top_k", s.top_k), ("repetition_penalty", s.repeat_penalty)) if v is not None}
+    if overrides and "--override-generation-config" not in user_flags:
+        argv += ["--override-generation-config", json.dumps(overrides, sort_keys=True)]
+    return argv + user
+
+
+def engine_env(cfg: DeployConfig, rung: Rung, api_key: str | None) -> dict[str, str]:
+    """vLLM reads its key from VLLM_API_KEY: the environment is readable by its owner only, argv by all."""
+    return {"VLLM_API_KEY": api_key} if api_key else {}

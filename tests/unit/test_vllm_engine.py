@@ -1,0 +1,118 @@
+"""vLLM engine: flag snapshot from the real `vllm serve --help=all` of vLLM 0.27.1
+(tests/fixtures/engine-logs, provenance beside it), lint with vLLM's parser semantics, argv."""
+
+import json
+from pathlib import Path
+
+import pytest
+
+from supervisor.config import parse_config
+from supervisor.engines import vllm
+from supervisor.failure import classify
+
+HELP = Path(__file__).resolve().parents[1] / "fixtures" / "engine-logs" / "vllm-0.27.1-serve-help-all.txt"
+
+
+@pytest.fixture(scope="module")
+def snap():
+    return vllm.load_snapshot(HELP)
+
+
+def cfg(args, family="qwen3-coder", env=None, placement="engine", sampler=""):
+    env_toml = "".join(f'\n[ladder.rungs.env]\n{k} = "{v}"' for k, v in (env or {}).items())
+    text = f"""
+engine = "vllm"
+[model]
+source = "hf://cyankiwi/Kimi-Linear-48B-A3B-Instruct-AWQ-4bit"
+entry = "config.json"
+family = "{family}"
+{sampler}
+[ladder]
+[[ladder.rungs]]
+name = "r"
+placement = "{placement}"
+args = {json.dumps(args)}{env_toml}
+"""
+    return parse_config(text, env={})
+
+
+def lint(c, snap):
+    return [str(i) for i in vllm.lint_rung(c, 0, c.ladder.rungs[0], snap)]
+
+
+def test_snapshot_has_every_flag_of_the_real_parser(snap):
+    assert len(snap.by_name) == 383                    # what vLLM 0.27.1's parser lists, -h included
+    assert snap.get("-tp") is snap.get("--tensor-parallel-size")
+    assert "kimi_k2" in snap.get("--tool-call-parser").choices
+    assert snap.get("--disable-log-requests") is None
+
+
+def test_the_removed_flag_that_crash_looped_the_seed_is_named(snap):
+    issues = lint(cfg(["--disable-log-requests"]), snap)
+    assert len(issues) == 1 and "--disable-log-requests was removed in vLLM 0.27" in issues[0]
+    assert "--enable-log-requests" in issues[0]
+
+
+@pytest.mark.parametrize("args", [
+    ["--max-model", "4096"],                                   # a unique prefix
+    ["--max_model_len", "4096"],                               # underscores for dashes
+    ["--max-model-len=4096"],
+    ["--speculative-config.num_speculative_tokens", "3"],      # dotted sub-key of a JSON option
+    ["-O3"], ["--config", "/etc/vllm.yaml"], ["--enforce-eager"], ["--no-enforce-eager"],
+])
+def test_what_vllms_parser_accepts_the_lint_accepts(snap, args):
+    assert lint(cfg(args), snap) == []
+
+
+def test_unknown_and_ambiguous_flags(snap):
+    assert "did you mean --max-model-len?" in lint(cfg(["--max-modell-len", "1"]), snap)[0]
+    assert "is ambiguous" in lint(cfg(["--enable", "x"]), snap)[0]
+
+
+def test_tool_call_parser_is_checked_against_what_this_version_ships(snap):
+    issues = lint(cfg(["--enable-auto-tool-choice", "--tool-call-parser", "kimi_k4"]), snap)
+    assert issues and "is not a parser this vLLM ships" in issues[0]
+    assert lint(cfg(["--tool-call-parser", "kimi_k4", "--tool-parser-plugin", "/p.py"]), snap) == []
+    assert lint(cfg(["--tool-call-parser", "kimi_k2"]), snap) == []
+
+
+def test_speculation_is_refused_for_kimi_linear_only(snap):
+    spec = ["--speculative-config", '{"method": "ngram", "num_speculative_tokens": 5}']
+    issues = lint(cfg(spec, family="kimi-linear"), snap)
+    assert len(issues) == 1 and "corrupts code" in issues[0]
+    assert lint(cfg(["-sc", "{}"], family="kimi-linear"), snap)
+    assert lint(cfg(spec, family="qwen3-coder"), snap) == []
+
+
+def test_tensor_parallel_rungs_need_nccl_p2p_disabled(snap):
+    assert "NCCL_P2P_DISABLE" in lint(cfg(["-tp", "2"]), snap)[0]
+    assert lint(cfg(["-tp", "2"], env={"NCCL_P2P_DISABLE": "1"}), snap) == []
+    assert lint(cfg(["--tensor-parallel-size", "1"]), snap) == []
+
+
+def test_llama_cpp_placements_do_not_apply(snap):
+    assert "is a llama.cpp placement" in lint(cfg([], placement="autofit"), snap)[0]
+
+
+def test_argv_serves_the_snapshot_dir_keeps_the_key_out_and_sets_sampler_defaults(tmp_path):
+    c = cfg(["--max-model-len", "4096"], sampler="[sampler]\ntemperature = 0.3\nrepeat_penalty = 1.05\n")
+    (tmp_path / "config.json").write_text("{}")
+    argv = vllm.build_argv(c, c.ladder.rungs[0], model_path=str(tmp_path / "config.json"), api_key_file="/run/k")
+    assert argv[:3] == ["vllm", "serve", str(tmp_path)]
+    assert argv[argv.index("--served-model-name") + 1] == "cyankiwi/Kimi-Linear-48B-A3B-Instruct-AWQ-4bit"
+    assert argv[argv.index("--override-generation-config") + 1] == '{"repetition_penalty": 1.05, "temperature": 0.3}'
+    assert "--api-key" not in argv and argv[-2:] == ["--max-model-len", "4096"]
+    assert vllm.engine_env(c, c.ladder.rungs[0], "k3y") == {"VLLM_API_KEY": "k3y"}
+
+
+@pytest.mark.parametrize("line,expected", [
+    ("vllm serve: error: unrecognized arguments: --disable-log-requests", "config_rejected"),
+    ("ValueError: No available memory for the cache blocks. Try increasing `gpu_memory_utilization` when "
+     "initializing the engine.", "oom"),
+    ("OSError: [Errno 98] Address already in use", "port_in_use"),
+    ("RuntimeError: Failed to infer device type", "load_error"),
+])
+def test_failure_signatures(line, expected):
+    f = classify(returncode=1, elapsed_s=3, tail=["INFO starting", line], signatures=vllm.SIGNATURES,
+                 hint_signatures=vllm.HINTS)
+    assert f.failure_class == expected
