@@ -12,7 +12,7 @@ from pathlib import Path
 
 from supervisor.errors import KilnError
 
-from . import binaries, docker_build, render
+from . import binaries, docker_build, render, tags
 from .lock import LOCK_PATH, load_lock, missing, pins_for, refresh, save_lock
 from .target import DEFAULT_TARGET, load_target, target_names
 
@@ -55,7 +55,28 @@ def _build_parser() -> argparse.ArgumentParser:
     p.add_argument("--fallback-compile", action="store_true",
                    help="with --binaries fetch: compile when the fetched tarball is refused")
     p.add_argument("--patch-file", action="append", metavar="NAME=PATH", help="a patch the target names")
-    p.add_argument("--runpod-template", action="store_true", help="print the RunPod template JSON (see docs)")
+    p.add_argument("--cache-from", action="append", default=[], metavar="SPEC",
+                   help="BuildKit cache source, passed to docker build (e.g. type=registry,ref=ghcr.io/you/kiln-cache:T)")
+    p.add_argument("--cache-to", action="append", default=[], metavar="SPEC",
+                   help="BuildKit cache export (e.g. type=registry,ref=...,mode=max); needs a buildx builder that "
+                   "can export cache (docker-container driver); the image is then --load-ed for the push")
+    p.add_argument("--build-network", default="host", help="network for RUN steps: host (default; needed by the "
+                   "private dockerd with --bridge=none) or default (a buildx docker-container builder)")
+    p.add_argument("--print-tag", action="store_true",
+                   help="print the image's immutable tag (<target>-<kiln version>-<engine id>) and exit")
+    rp = p.add_argument_group("RunPod templates (README: From zero to a serving pod)")
+    rp.add_argument("--runpod-template", action="store_true",
+                    help="print the target's RunPod template (TemplateCreateInput JSON) and exit")
+    rp.add_argument("--runpod-upsert", action="store_true",
+                    help="create or update the template by name through RunPod's REST API ($RUNPOD_API_KEY); "
+                    "prints the template id")
+    rp.add_argument("--runpod-image", metavar="REF", help="image reference for the template (default: the "
+                    "target's immutable tag in --image or the target's repository)")
+    rp.add_argument("--runpod-template-name", metavar="NAME", help="template name (default: [runpod] "
+                    "template_name, kiln-<target>)")
+    rp.add_argument("--runpod-registry-auth", metavar="ID", help="containerRegistryAuthId for a private image")
+    rp.add_argument("--runpod-api", metavar="URL", help="REST API base URL (default: $RUNPOD_API_URL or "
+                    "https://rest.runpod.io/v1)")
     return p
 
 
@@ -77,6 +98,11 @@ def _cmd_parser(cmd: str) -> argparse.ArgumentParser:
         p.add_argument("--store", required=True, help="a directory or hf://owner/name[@rev]")
         p.add_argument("--patch-file", action="append", metavar="NAME=PATH")
         p.add_argument("--allow-floating", action="store_true")
+        p.add_argument("--in-build", action="store_true",
+                       help="compile in the Dockerfile's engine-compile stage on the target's pinned build base "
+                       "(needs a Docker engine; no CUDA toolkit on the host), so the tarball is keyed by that "
+                       "base and an image build of the target fetches it; default: compile on this host")
+        p.add_argument("--build-network", default="host")
     return p
 
 
@@ -119,8 +145,12 @@ def _build(args: argparse.Namespace) -> int:
             print(f"{name:24} {t.engine:9} {t.description}{default}")
         return 0
     target, pins = _target_and_pins(args.target)
-    if args.runpod_template:
-        raise KilnError("--runpod-template is not available yet (tracked in the publishing issue)")
+    if args.print_tag:
+        keys = [k for k in tags.floating_keys(target, pins) if not (args.base_image and k.startswith("base."))]
+        print(tags.release_tag(target, pins, args.image, floating=bool(keys)))
+        return 0
+    if args.runpod_template or args.runpod_upsert:
+        return _runpod(args, target, pins)
     patch_files = _patch_files(args.patch_file)
     ctx = render.make_context(target, pins, allow_floating=args.allow_floating, base_image=args.base_image)
     if args.render:
@@ -148,9 +178,9 @@ def _build(args: argparse.Namespace) -> int:
             print(f"note: base {ref} is not in the local store; the build will pull it "
                   "(no registry here? make one: `bash scripts/dev-docker.sh base-image`, then --base-image)",
                   file=sys.stderr)
-    if args.image and not re.fullmatch(r"[a-z0-9][a-z0-9._:/-]*", args.image):
+    if args.image and not re.fullmatch(tags.REPOSITORY_RE, args.image):
         raise KilnError(f"--image {args.image!r}: expected a repository such as ghcr.io/you/kiln (no tag)")
-    tag = _default_tag(target, pins, ctx.floating, args.image)
+    tag = tags.release_tag(target, pins, args.image, floating=ctx.floating)
     with tempfile.TemporaryDirectory(prefix=f"kiln-{target.name}-") as tmp:
         out = Path(tmp)
         render.write_context(ctx, out, patch_files=patch_files)
@@ -158,7 +188,8 @@ def _build(args: argparse.Namespace) -> int:
         req = docker_build.BuildRequest(
             context=out, tags=[tag, *args.tag],
             build_args={"ENGINE_FROM": mode, "KILN_BINARIES": binaries_ref},
-            ca_bundle=args.ca_bundle, hf_token=os.environ.get("HF_TOKEN") or None)
+            ca_bundle=args.ca_bundle, hf_token=os.environ.get("HF_TOKEN") or None,
+            cache_from=args.cache_from, cache_to=args.cache_to, network=args.build_network)
         print(f"building {tag} (engine: {mode}{', ' + binaries_ref if mode == 'fetch' else ''})", file=sys.stderr)
         docker_build.build(req)
     print(tag)
@@ -168,12 +199,31 @@ def _build(args: argparse.Namespace) -> int:
     return 0
 
 
-def _default_tag(target, pins, floating: bool, image: str | None = None) -> str:
-    from supervisor import __version__
+def _runpod(args: argparse.Namespace, target, pins) -> int:
+    """--runpod-template: print the template. --runpod-upsert: create or update it by name."""
+    from . import runpod, runpod_api
 
-    pin = pins.get("source.commit") or pins.get("source.sha256")
-    engine_id = (pin.value or "floating")[:12] if pin else "na"
-    return f"{image or target.image}:{target.name}-{__version__}-{engine_id}{'-floating' if floating else ''}"
+    tpl = runpod.build_template(target, pins, repository=args.image, image=args.runpod_image,
+                                name=args.runpod_template_name, registry_auth_id=args.runpod_registry_auth)
+    if tpl.floating and not args.runpod_image:
+        print(f"note: FLOATING: {', '.join(tpl.floating)} unresolved; imageName is the tag "
+              f"`build.py --target {target.name} --allow-floating` gives ({tpl.body['imageName']}), "
+              "an image labelled io.kiln.floating=true", file=sys.stderr)
+    if not args.runpod_upsert:
+        sys.stdout.write(tpl.to_json())
+        return 0
+    if tpl.floating and not args.allow_floating:
+        raise render.FloatingRefused(target, [f for f in missing(target, pins)])
+    key = os.environ.get("RUNPOD_API_KEY", "")
+    if not key:
+        raise KilnError("--runpod-upsert needs RUNPOD_API_KEY (RunPod console: Settings > API Keys); "
+                        "--runpod-template alone prints the template without it")
+    api = runpod_api.RunPodAPI(key, args.runpod_api)
+    result = runpod_api.upsert_template(api, tpl.body)
+    print(f"template {result.name}: {result.action} (id {result.template_id}); deploy a Pod with "
+          f"templateId {result.template_id}", file=sys.stderr)
+    print(result.template_id)
+    return 0
 
 
 def _prepare_binaries(args, target, pins, ctx, out: Path) -> tuple[str, str]:
@@ -241,6 +291,12 @@ def _publish(args: argparse.Namespace) -> int:
     gaps = [m for m in missing(target, pins) if not m.startswith("base.")]
     if gaps and not args.allow_floating:
         raise render.FloatingRefused(target, gaps)
-    _, packed = binaries.host_compile(target, pins, patch_files=_patch_files(args.patch_file))
+    if target.engine != "llamacpp":
+        raise KilnError(f"{target.name} is a {target.engine} target: no compiled binaries to publish")
+    if args.in_build:
+        packed = binaries.compile_in_build(target, pins, patch_files=_patch_files(args.patch_file),
+                                           allow_floating=args.allow_floating, network=args.build_network)
+    else:
+        _, packed = binaries.host_compile(target, pins, patch_files=_patch_files(args.patch_file))
     print(_store(args.store, target).put(packed))
     return 0

@@ -95,22 +95,41 @@ class BuildRequest:
     target_stage: str | None = None
     output_dir: Path | None = None     # export a stage's filesystem instead of making an image
     no_cache: bool = False
+    cache_from: Sequence[str] = ()     # BuildKit cache specs, e.g. type=registry,ref=R:T
+    cache_to: Sequence[str] = ()       # needs a builder that exports cache (buildx docker-container)
+    network: str = "host"              # host: the private dockerd has no bridge; default: buildx builders
 
 
-def build(req: BuildRequest, *, on_line: Callable[[str], None] | None = None) -> None:
-    """Run `docker build` with BuildKit, streaming its progress; secrets only as --secret."""
-    say = on_line or (lambda line: print(line, file=sys.stderr, flush=True))
-    argv = [docker_cli(), "build", "--network", "host", "--progress", "plain"]
+def build_argv(req: BuildRequest) -> list[str]:
+    """`docker build` up to (not including) secrets and the context."""
+    argv = [docker_cli(), "build", "--progress", "plain"]
+    if req.network != "default":
+        argv += ["--network", req.network]
     for t in req.tags:
         argv += ["-t", t]
     for k, v in req.build_args.items():
         argv += ["--build-arg", f"{k}={v}"]
+    for spec in req.cache_from:
+        argv += ["--cache-from", spec]
+    for spec in req.cache_to:
+        argv += ["--cache-to", spec]
+    if req.cache_to and not req.output_dir:
+        # A builder that can export cache keeps the image in its own store: load it into the
+        # engine's, where `docker push` (build.py --push) finds it.
+        argv.append("--load")
     if req.no_cache:
         argv.append("--no-cache")
     if req.target_stage:
         argv += ["--target", req.target_stage]
     if req.output_dir:
         argv += ["--output", f"type=local,dest={req.output_dir}"]
+    return argv
+
+
+def build(req: BuildRequest, *, on_line: Callable[[str], None] | None = None) -> None:
+    """Run `docker build` with BuildKit, streaming its progress; secrets only as --secret."""
+    say = on_line or (lambda line: print(line, file=sys.stderr, flush=True))
+    argv = build_argv(req)
     with tempfile.TemporaryDirectory(prefix="kiln-secrets-") as tmp:
         if req.ca_bundle:
             if not req.ca_bundle.is_file():

@@ -24,6 +24,7 @@ REPO_ROOT = IMAGES_DIR.parent
 TEMPLATES_DIR = IMAGES_DIR / "templates"
 RENDERED_DIR = IMAGES_DIR / "rendered"
 COMPILE_SCRIPT = IMAGES_DIR / "scripts" / "compile-llama-server.sh"
+VLLM_SNAPSHOT_SCRIPT = IMAGES_DIR / "scripts" / "vllm-flag-snapshot.py"
 SUPERVISOR_DIR = REPO_ROOT / "supervisor"
 KILN_VERSION = supervisor.__version__
 SOURCE_URL = "https://github.com/kiln-llm/kiln"
@@ -167,6 +168,7 @@ def write_context(ctx: RenderContext, out: Path, *, patch_files: dict[str, Path]
         shutil.rmtree(kiln)
     kiln.mkdir()
     shutil.copy2(COMPILE_SCRIPT, kiln / "compile-llama-server.sh")
+    shutil.copy2(VLLM_SNAPSHOT_SCRIPT, kiln / "vllm-flag-snapshot.py")
     shutil.copy2(SUPERVISOR_DIR / "requirements.txt", kiln / "requirements.txt")
     shutil.copy2(ctx.target.deploy_config_path, kiln / "deploy.toml")
     (kiln / "profiles").mkdir()

@@ -9,13 +9,15 @@ the allowed values, and reports them at once.
 
 from __future__ import annotations
 
+import dataclasses
+import re
 import tomllib
 from dataclasses import dataclass, field
 from pathlib import Path
 
 from supervisor.config import ENGINES, DeployConfig, load_config
 from supervisor.errors import ConfigError
-from supervisor.validate import Problem, Reader, raise_if
+from supervisor.validate import Problem, Reader, nearest, raise_if
 
 IMAGES_DIR = Path(__file__).resolve().parent
 TARGETS_DIR = IMAGES_DIR / "targets"
@@ -54,12 +56,22 @@ class Patch:
 
 @dataclass(frozen=True)
 class RunPodSpec:
+    """The [runpod] table: what `build.py --runpod-template` turns into a RunPod template."""
     gpu_type: str | None = None
     gpu_count: int = 0
     container_disk_gb: int = 20
     volume_gb: int = 0
     volume_mount: str = "/workspace"
-    ports: tuple[str, ...] = ("8080/http", "8081/http")
+    ports: tuple[str, ...] = ("8080/http", "8081/http", "8082/tcp")
+    template_name: str = ""                       # default kiln-<target>
+    # env var -> RunPod secret name, sent as {{ RUNPOD_SECRET_<name> }}, never a value. The
+    # effective map: the deploy config's API key env and, for a Hub model, HF_TOKEN, then
+    # whatever [runpod.secrets] adds or renames.
+    secrets: tuple[tuple[str, str], ...] = ()
+    env: tuple[tuple[str, str], ...] = ()         # [runpod.env]: plain supervisor overrides
+
+    def port_numbers(self, proto: str) -> tuple[int, ...]:
+        return tuple(int(p.split("/")[0]) for p in self.ports if p.endswith(f"/{proto}"))
 
 
 @dataclass(frozen=True)
@@ -193,17 +205,7 @@ def parse_target(text: str, path: Path) -> Target:
             d.problem(f"profiles.{pname}", "does not exist (paths are relative to images/)", rel)
         profiles[pname] = ppath
 
-    rp = r.table("runpod")
-    runpod = RunPodSpec(
-        gpu_type=rp.str("gpu_type", None),
-        gpu_count=rp.int("gpu_count", 0, min=0, max=16),
-        container_disk_gb=rp.int("container_disk_gb", 20, min=1),
-        volume_gb=rp.int("volume_gb", 0, min=0),
-        volume_mount=rp.str("volume_mount", "/workspace", pattern=r"/\S*", pattern_hint="an absolute path"),
-        ports=rp.str_list("ports", ("8080/http", "8081/http"),
-                          item=lambda p: None if _port_ok(p) else "must look like 8080/http or 22/tcp"),
-    )
-    rp.finish()
+    runpod = _read_runpod(r.table("runpod"), name)
     r.finish()
     raise_if(problems, f"target {path}")
 
@@ -218,9 +220,126 @@ def parse_target(text: str, path: Path) -> Target:
             load_config(cfg_path, env={})
         except ConfigError as e:
             raise ConfigError(f"target {path}: {label}", e.problems) from None
-    return target
+    # [runpod] against the deploy config the pod will run (ports, GPUs, volume, secrets).
+    rp_problems: list[Problem] = []
+    runpod = _check_runpod(target, target.deploy_config(), rp_problems)
+    raise_if(rp_problems, f"target {path}")
+    return dataclasses.replace(target, runpod=runpod)
 
 
 def _port_ok(p: str) -> bool:
     num, _, proto = p.partition("/")
     return num.isdigit() and 0 < int(num) < 65536 and proto in ("http", "tcp")
+
+
+# -- [runpod] ------------------------------------------------------------------------------
+# Env vars Kiln's template sets itself from the deploy config; [runpod.env] must not.
+TEMPLATE_OWNED_ENV = ("KILN_SERVER_PORT", "KILN_STATUS_PORT")
+# What the supervisor reads besides its ENV_OVERRIDES (supervisor/__main__.py).
+SUPERVISOR_RUN_ENV = ("KILN_CONFIG", "KILN_EXIT_ON_FAILURE")
+SECRET_NAME_RE = r"[A-Za-z0-9_]{1,64}"
+MAX_HTTP_PORTS = 10      # RunPod's console: "Expose HTTP Ports (Max 10)"
+
+
+def _read_runpod(rp: Reader, target_name: str) -> RunPodSpec:
+    spec = RunPodSpec(
+        gpu_type=rp.str("gpu_type", None),
+        gpu_count=rp.int("gpu_count", 0, min=0, max=16),
+        container_disk_gb=rp.int("container_disk_gb", 20, min=1),
+        volume_gb=rp.int("volume_gb", 0, min=0),
+        volume_mount=rp.str("volume_mount", "/workspace", pattern=r"/\S*", pattern_hint="an absolute path"),
+        ports=rp.str_list("ports", RunPodSpec.ports,
+                          item=lambda p: None if _port_ok(p) else "must look like 8080/http or 22/tcp"),
+        template_name=rp.str("template_name", f"kiln-{target_name}", pattern=r"[a-z0-9][a-z0-9._-]{0,62}",
+                             pattern_hint="lowercase letters, digits, . _ -, at most 63"),
+        secrets=tuple(sorted(rp.str_map("secrets").items())),
+        env=tuple(sorted(rp.str_map("env").items())),
+    )
+    rp.finish()
+    return spec
+
+
+def _check_runpod(target: Target, cfg: DeployConfig, problems: list[Problem]) -> RunPodSpec:
+    """Cross-field checks of [runpod] against the deploy config, every problem collected;
+    returns the spec with its effective secrets."""
+    from supervisor.config import ENV_OVERRIDES
+
+    from .runpod_schema import gpu_types
+
+    rp = target.runpod
+    r = Reader({}, "runpod", problems)     # for its problem() helper: paths read runpod.<key>
+
+    # Ports: one protocol per number (a third-party client measured that RunPod maps a port one
+    # way only), the API and the status page over the HTTP proxy, and a TCP port for what the
+    # proxy cuts (Cloudflare closes a request after ~100-125 s with error 524).
+    numbers = [int(p.split("/")[0]) for p in rp.ports]
+    for n in sorted({n for n in numbers if numbers.count(n) > 1}):
+        r.problem("ports", f"port {n} is listed more than once: expose each port one way only "
+                  "(RunPod maps a port either to its HTTP proxy or to a TCP port)",
+                  [p for p in rp.ports if int(p.split("/")[0]) == n])
+    http, tcp = rp.port_numbers("http"), rp.port_numbers("tcp")
+    for what, port in (("the API (deploy config server.port)", cfg.server.port),
+                       ("the status page (deploy config status.port)", cfg.status.port)):
+        if port not in http:
+            r.problem("ports", f"{what} listens on {port}: expose it as \"{port}/http\"", list(rp.ports))
+    if not [p for p in tcp if p not in (cfg.server.port, cfg.status.port)]:
+        r.problem("ports", "needs a TCP port for requests longer than RunPod's HTTP proxy allows "
+                  "(~100-125 s, then error 524)", list(rp.ports), "e.g. \"8082/tcp\"")
+    if len(http) > MAX_HTTP_PORTS:
+        r.problem("ports", f"RunPod exposes at most {MAX_HTTP_PORTS} HTTP ports", len(http))
+
+    # GPUs: what RunPod rents must be what the deploy config's hardware guard expects.
+    if target.is_gpu:
+        if not rp.gpu_type:
+            r.problem("gpu_type", "is required for a GPU target ([cuda] is set)", allowed="e.g. \"NVIDIA A40\"")
+        if rp.gpu_count < 1:
+            r.problem("gpu_count", "must be at least 1 for a GPU target", rp.gpu_count)
+    elif rp.gpu_type or rp.gpu_count:
+        r.problem("gpu_type", "a CPU target ([cuda] unset) rents no GPU", rp.gpu_type or rp.gpu_count)
+    if rp.gpu_type and rp.gpu_type not in gpu_types():
+        hint = nearest(rp.gpu_type, gpu_types())
+        r.problem("gpu_type", "is not a RunPod GPU type id" + (f"; did you mean {hint!r}?" if hint else ""),
+                  rp.gpu_type, "the gpuTypeIds enum in images/schemas/runpod-rest-v1.json")
+    if target.is_gpu and cfg.hardware.gpu_count is not None and rp.gpu_count != cfg.hardware.gpu_count:
+        r.problem("gpu_count", f"the deploy config's [hardware] expects exactly {cfg.hardware.gpu_count} GPU(s): "
+                  "the supervisor would refuse the pod", rp.gpu_count)
+
+    # Storage: a Hub model is cached under state_dir, which must be on the volume (the container
+    # disk is wiped on restart and sized for the image, not the weights).
+    mount = rp.volume_mount.rstrip("/") or "/"
+    on_volume = rp.volume_gb > 0 and (cfg.state_dir == mount or cfg.state_dir.startswith(mount.rstrip("/") + "/"))
+    if cfg.model.hf_repo and not on_volume:
+        r.problem("volume_gb", f"the model is downloaded from the Hub into state_dir {cfg.state_dir}, which must be "
+                  "on the volume (volume_gb > 0 and volume_mount a parent of state_dir)",
+                  {"volume_gb": rp.volume_gb, "volume_mount": rp.volume_mount})
+
+    # Env: what the supervisor reads, and never a secret value.
+    known_env = (*ENV_OVERRIDES, *SUPERVISOR_RUN_ENV)
+    env = dict(rp.env)
+    for key, value in rp.env:
+        if key in TEMPLATE_OWNED_ENV:
+            r.problem(f"env.{key}", "is set by Kiln from the deploy config; change the deploy config instead")
+        elif key not in known_env:
+            hint = nearest(key, known_env)
+            r.problem(f"env.{key}", "is not an environment variable the supervisor reads"
+                      + (f"; did you mean {hint!r}?" if hint else ""), allowed=", ".join(known_env))
+        if re.search(r"(KEY|TOKEN|SECRET|PASSWORD)$", key):
+            r.problem(f"env.{key}", "looks like a secret: name a RunPod secret in [runpod.secrets] instead")
+        if key == "KILN_CONFIG":
+            configs = ["/etc/kiln/deploy.toml"] + [f"/etc/kiln/profiles/{n}.toml" for n in target.profiles]
+            if value not in configs:
+                r.problem(f"env.{key}", "is not a config baked into the image", value, ", ".join(configs))
+    secrets: dict[str, str] = {}
+    if cfg.server.api_key.startswith("env:"):
+        secrets[cfg.server.api_key[4:]] = "kiln_api_key"
+    if cfg.model.hf_repo:
+        secrets["HF_TOKEN"] = "hf_token"
+    for key, secret in rp.secrets:
+        if not re.fullmatch(r"[A-Za-z_][A-Za-z0-9_]*", key):
+            r.problem(f"secrets.{key}", "is not an environment variable name")
+        if not re.fullmatch(SECRET_NAME_RE, secret):
+            r.problem(f"secrets.{key}", "is not a RunPod secret name", secret, "letters, digits and _")
+        if key in env:
+            r.problem(f"secrets.{key}", "is also in [runpod.env]: a variable is either a secret or a value")
+        secrets[key] = secret
+    return dataclasses.replace(rp, secrets=tuple(sorted(secrets.items())))

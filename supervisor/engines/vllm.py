@@ -41,8 +41,8 @@ _OPT_LEVEL = re.compile(r"-O\d?")
 SIGNATURES: tuple[Signature, ...] = (
     sig(OOM, r"torch\.OutOfMemoryError|CUDA out of memory", "CUDA out of memory (torch)"),
     sig(OOM, r"No available memory for the cache blocks", "no GPU memory left for the KV cache"),
-    sig(OOM, r"larger than the available KV cache memory|larger than the maximum number of tokens that can be stored in KV cache",
-        "max_model_len does not fit in the KV cache memory"),
+    # vllm/v1/core/kv_cache_utils.py (0.27.1): max_model_len needs more KV cache than is left
+    sig(OOM, r"larger than the available KV cache memory", "max_model_len does not fit in the KV cache memory"),
     sig(PORT_IN_USE, r"Address already in use", "the server port is already in use"),
     sig(CONFIG_REJECTED, r"unrecognized arguments|error: argument|invalid choice|ambiguous option",
         "vLLM's parser rejected an argument"),
@@ -66,10 +66,10 @@ def _canonical(name: str, snapshot: FlagSnapshot | None) -> tuple[str, str | Non
     base = name.split(".", 1)[0] if name.startswith("--") else name     # --speculative-config.x
     if base.startswith("--"):
         base = "--" + base[2:].replace("_", "-")
+    if base in REMOVED and (snapshot is None or not snapshot.get(base)):
+        return base, f"{base} was {REMOVED[base]}"      # known without a snapshot too
     if snapshot is None or snapshot.get(base):
         return base, None
-    if base in REMOVED:
-        return base, f"{base} was {REMOVED[base]}"
     if base.startswith("--"):
         hits = sorted({snapshot.by_name[n].names[0] for n in snapshot.by_name if n.startswith(base)})
         if len(hits) == 1:

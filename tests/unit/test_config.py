@@ -117,6 +117,22 @@ def test_check_config_lints_rungs_against_a_flag_snapshot(tmp_path):
 
 
 def test_every_baked_deploy_config_is_valid():
+    logs = ROOT / "tests/fixtures/engine-logs"
     for path in sorted((ROOT / "images/deploy").glob("*.toml")):
-        r = _check(path, "--flags", str(ROOT / "tests/fixtures/engine-logs/llama-server-help-cpu-11434.txt"))
+        engine = "vllm" if 'engine = "vllm"' in path.read_text() else "llamacpp"
+        flags = logs / ("vllm-0.27.1-serve-help-all.txt" if engine == "vllm" else "llama-server-help-cpu-11434.txt")
+        r = _check(path, "--flags", str(flags))
         assert r.returncode == 0, f"{path}: {r.stderr}"
+
+
+def test_check_config_rejects_speculation_on_kimi_linear_and_the_removed_vllm_flag(tmp_path):
+    base = (ROOT / "images/deploy/kimi-linear-a40.toml").read_text()
+    spec = tmp_path / "spec.toml"
+    spec.write_text(base.replace('"--enforce-eager",', '"--enforce-eager", "--speculative-config", "{}",'))
+    r = _check(spec, "--flags", str(ROOT / "tests/fixtures/engine-logs/vllm-0.27.1-serve-help-all.txt"))
+    assert r.returncode == 2 and "speculative decoding on Kimi-Linear corrupts code" in r.stderr
+    old = tmp_path / "old.toml"
+    old.write_text((ROOT / "images/deploy/qwen3-coder-a40.toml").read_text()
+                   .replace('"--kv-cache-dtype", "fp8",', '"--kv-cache-dtype", "fp8", "--disable-log-requests",', 1))
+    r = _check(old)                                    # no snapshot at hand: still named
+    assert r.returncode == 2 and "--disable-log-requests was removed in vLLM 0.27" in r.stderr

@@ -116,3 +116,19 @@ def test_failure_signatures(line, expected):
     f = classify(returncode=1, elapsed_s=3, tail=["INFO starting", line], signatures=vllm.SIGNATURES,
                  hint_signatures=vllm.HINTS)
     assert f.failure_class == expected
+
+
+def test_the_real_parsers_errors_are_config_rejected():
+    lines = (HELP.parent / "vllm-0.27.1-parser-errors.txt").read_text().splitlines()
+    removed = [ln for ln in lines if "unrecognized arguments" in ln]
+    ambiguous = [ln for ln in lines if "ambiguous option" in ln]
+    assert removed and ambiguous
+    for tail in (removed, ambiguous):
+        assert classify(returncode=2, elapsed_s=1, tail=tail, signatures=vllm.SIGNATURES).failure_class == "config_rejected"
+
+
+def test_kv_cache_message_from_the_vllm_source_is_oom():
+    line = ("ValueError: To serve at least one request with the model's max seq len (1048576), (31.50 GiB KV cache is "
+            "needed, which is larger than the available KV cache memory (7.88 GiB). Try increasing "
+            "`gpu_memory_utilization` ...")
+    assert classify(returncode=1, elapsed_s=60, tail=[line], signatures=vllm.SIGNATURES).failure_class == "oom"
