@@ -6,7 +6,10 @@
     python build.py --target T --render --out D   Dockerfile + context only, no engine
     python build.py lock --target T               resolve pins into images/lock.toml
     python build.py compile --target T            compile llama-server on this host (cached)
-    python build.py publish-binaries --target T --store S   pack + publish the compiled binaries
+    python build.py publish-binaries --target T --store S [--in-build]   pack + publish the compiled binaries
+    python build.py --target T --print-tag        the image's immutable tag
+    python build.py --target T --runpod-template  the RunPod template (JSON); --runpod-upsert creates or
+                                                  updates it by name ($RUNPOD_API_KEY)
 
 `python build.py <command> --help` says more.
 """

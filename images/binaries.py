@@ -166,3 +166,31 @@ def fetch_verified(store: Store, spec: ArtifactSpec, dest: Path, *, smoke: bool,
     shafile = dest / artifacts.sha256_name(spec.name())
     shafile.write_text(f"{sha}  {tarball.name}\n", encoding="utf-8")
     return tarball, shafile, sha
+
+
+EXPORT_STAGE = "engine-prefix"   # images/templates/llamacpp.Dockerfile.j2: the compiled prefix alone
+
+
+def compile_in_build(target: Target, pins: Mapping[str, Pin], *, patch_files: Mapping[str, Path] | None = None,
+                     allow_floating: bool = False, network: str = "host") -> Packed:
+    """Compile in the Dockerfile's engine-compile stage, on the target's pinned build base, and pack
+    the exported prefix under the spec an image build of the target expects (base = that pin).
+
+    A host compile is keyed by the host's OS and fits builds with --base-image; this one is what a
+    plain `build.py --target T --binaries auto` fetches, and it needs no CUDA toolkit on the host."""
+    from . import docker_build, render
+
+    base = pins["base.build"].value
+    if not base:
+        raise BinariesError(f"{target.name}: base.build is unresolved; run `python build.py lock --target "
+                            f"{target.name}` first (the tarball is keyed by the pinned base)")
+    spec = expected_spec(target, pins, str(base))
+    ctx = render.make_context(target, dict(pins), allow_floating=allow_floating)
+    docker_build.ping()
+    with tempfile.TemporaryDirectory(prefix="kiln-in-build-") as tmp:
+        context, prefix = Path(tmp) / "context", Path(tmp) / "prefix"
+        render.write_context(ctx, context, patch_files=dict(patch_files or {}))
+        docker_build.build(docker_build.BuildRequest(
+            context=context, tags=[], target_stage=EXPORT_STAGE, output_dir=prefix, network=network))
+        out = cache_dir() / "binaries" / spec.name().removesuffix(".tar.gz") / "packed"
+        return artifacts.pack(prefix, spec, out)

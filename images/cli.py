@@ -40,6 +40,9 @@ def _build_parser() -> argparse.ArgumentParser:
     p.add_argument("--out", type=Path, help="with --render: directory to write (default: a temp dir)")
     p.add_argument("--push", action="store_true", help="push the image's tags after building")
     p.add_argument("--tag", action="append", default=[], help="extra tag for the image (repeatable)")
+    p.add_argument("--staging", metavar="REF", help="tag the image only as REF (and push only REF with --push), "
+                   "not with its release tag: CI's promote-on-pass copies REF to the release tags after the "
+                   "selftest (python -m images.ci promote)")
     p.add_argument("--image", help="repository for the image's tags (default: the target's `image`, "
                    "e.g. ghcr.io/you/kiln)")
     p.add_argument("--base-image", help="use this image for both build and runtime bases (air-gapped or "
@@ -180,7 +183,9 @@ def _build(args: argparse.Namespace) -> int:
                   file=sys.stderr)
     if args.image and not re.fullmatch(tags.REPOSITORY_RE, args.image):
         raise KilnError(f"--image {args.image!r}: expected a repository such as ghcr.io/you/kiln (no tag)")
-    tag = tags.release_tag(target, pins, args.image, floating=ctx.floating)
+    if args.staging and not re.fullmatch(r"[a-z0-9][a-z0-9._/:-]*:[A-Za-z0-9_][A-Za-z0-9_.-]{0,127}", args.staging):
+        raise KilnError(f"--staging {args.staging!r}: expected repository:tag, e.g. ghcr.io/you/kiln:staging-x")
+    tag = args.staging or tags.release_tag(target, pins, args.image, floating=ctx.floating)
     with tempfile.TemporaryDirectory(prefix=f"kiln-{target.name}-") as tmp:
         out = Path(tmp)
         render.write_context(ctx, out, patch_files=patch_files)

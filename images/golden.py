@@ -1,7 +1,8 @@
-"""The committed rendered Dockerfiles: images/rendered/<target>/Dockerfile.
+"""The committed generated files: images/rendered/<target>/Dockerfile and
+images/rendered/<target>/runpod-template.json (the RunPod template, images/runpod.py).
 
-Reviewers read the real Dockerfile diff, not a template diff (docker-library's
-practice); a test re-renders every target and fails on any drift.
+Reviewers read the real Dockerfile and template diffs, not a template-code diff
+(docker-library's practice); tests re-render every target and fail on any drift.
 
     python -m images.golden          # rewrite them
     python -m images.golden --check  # exit 1 on drift
@@ -11,6 +12,7 @@ from __future__ import annotations
 
 import argparse
 import sys
+from pathlib import Path
 
 from .lock import load_lock, pins_for
 from .render import RENDERED_DIR, make_context, render_dockerfile
@@ -28,14 +30,31 @@ def render_all() -> dict[str, str]:
     return out
 
 
+TEMPLATE_FILE = "runpod-template.json"
+
+
+def render_templates() -> dict[str, str]:
+    """Each target's RunPod template as `build.py --target T --runpod-template` prints it."""
+    from .runpod import build_template
+
+    lock = load_lock()
+    return {name: build_template(load_target(name), pins_for(load_target(name), lock)).to_json()
+            for name in target_names()}
+
+
+def generated() -> dict[Path, str]:
+    out = {RENDERED_DIR / name / "Dockerfile": text for name, text in render_all().items()}
+    out.update({RENDERED_DIR / name / TEMPLATE_FILE: text for name, text in render_templates().items()})
+    return out
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(prog="python -m images.golden", description=__doc__,
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--check", action="store_true")
     args = ap.parse_args(argv)
     drift = []
-    for name, text in render_all().items():
-        path = RENDERED_DIR / name / "Dockerfile"
+    for path, text in generated().items():
         if args.check:
             if not path.is_file() or path.read_text(encoding="utf-8") != text:
                 drift.append(str(path))
@@ -44,7 +63,7 @@ def main(argv: list[str] | None = None) -> int:
             path.write_text(text, encoding="utf-8")
             print(path)
     if drift:
-        print("rendered Dockerfiles drifted from their templates/targets/lock; run `python -m images.golden`:\n  "
+        print("generated files drifted from their templates/targets/lock; run `python -m images.golden`:\n  "
               + "\n  ".join(drift), file=sys.stderr)
         return 1
     return 0

@@ -1,0 +1,122 @@
+"""Promote-on-pass against a real OCI registry on loopback (tests/support/registry.py, the CNCF
+distribution server; stands for ghcr.io): staging tags are copied to release tags all or nothing,
+an immutable tag never moves, and nothing is tagged before every check passed."""
+
+import hashlib
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import requests
+
+from images import promote, tags
+from images.lock import load_lock, pins_for
+from images.promote import Promotion, PromoteError, RegistryClient
+from images.target import load_target
+from tests.support.registry import Registry
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+@pytest.fixture(scope="module")
+def registry(tmp_path_factory):
+    reg = Registry(tmp_path_factory.mktemp("registry"))
+    yield reg
+    reg.close()
+
+
+def _blob(host, repo, data: bytes) -> str:
+    digest = "sha256:" + hashlib.sha256(data).hexdigest()
+    r = requests.post(f"http://{host}/v2/{repo}/blobs/uploads/", timeout=10)
+    assert r.status_code == 202, r.text
+    loc = r.headers["Location"]
+    loc = loc if loc.startswith("http") else f"http://{host}{loc}"
+    r = requests.put(loc, params={"digest": digest}, data=data, timeout=10,
+                     headers={"Content-Type": "application/octet-stream"})
+    assert r.status_code == 201, r.text
+    return digest
+
+
+def push_image(host, ref_repo, tag, marker: str) -> str:
+    """A minimal OCI image (config + one layer) under repo:tag; returns the manifest digest."""
+    config = json.dumps({"architecture": "amd64", "os": "linux", "rootfs": {"type": "layers", "diff_ids": []},
+                         "config": {"Labels": {"marker": marker}}}).encode()
+    layer = f"layer {marker}".encode()
+    manifest = json.dumps({
+        "schemaVersion": 2, "mediaType": "application/vnd.oci.image.manifest.v1+json",
+        "config": {"mediaType": "application/vnd.oci.image.config.v1+json",
+                   "digest": _blob(host, ref_repo, config), "size": len(config)},
+        "layers": [{"mediaType": "application/vnd.oci.image.layer.v1.tar+gzip",
+                    "digest": _blob(host, ref_repo, layer), "size": len(layer)}],
+    }).encode()
+    r = requests.put(f"http://{host}/v2/{ref_repo}/manifests/{tag}", data=manifest, timeout=10,
+                     headers={"Content-Type": "application/vnd.oci.image.manifest.v1+json"})
+    assert r.status_code == 201, r.text
+    return "sha256:" + hashlib.sha256(manifest).hexdigest()
+
+
+def digest_of(client, ref):
+    m = client.get(ref)
+    return m.digest if m else None
+
+
+def test_promotes_all_or_nothing_and_never_moves_an_immutable_tag(registry):
+    h = registry.host
+    client = RegistryClient(scheme="http")
+    a = push_image(h, "kiln", "staging-a-1", "a")
+    b = push_image(h, "kiln", "staging-b-1", "b")
+    runs = [Promotion(f"{h}/kiln:staging-a-1", (f"{h}/kiln:a-0.1.0-aaaa",), (f"{h}/kiln:a",)),
+            Promotion(f"{h}/kiln:staging-b-1", (f"{h}/kiln:b-0.1.0-bbbb",), (f"{h}/kiln:b",))]
+    lines = promote.promote(runs, client)
+    assert digest_of(client, f"{h}/kiln:a-0.1.0-aaaa") == a == digest_of(client, f"{h}/kiln:a")
+    assert digest_of(client, f"{h}/kiln:b-0.1.0-bbbb") == b == digest_of(client, f"{h}/kiln:b")
+    assert len(lines) == 4
+
+    # The same run again: nothing moves, nothing fails.
+    assert all("already" in line or "->" in line for line in promote.promote(runs, client))
+
+    # A rebuilt image under the same immutable tag is refused, and the whole promotion with it:
+    # b's moving tag does not move even though b itself would have been fine.
+    a2 = push_image(h, "kiln", "staging-a-2", "a-rebuilt")
+    b2 = push_image(h, "kiln", "staging-b-2", "b-rebuilt")
+    bad = [Promotion(f"{h}/kiln:staging-b-2", (f"{h}/kiln:b-0.1.1-bbbb",), (f"{h}/kiln:b",)),
+           Promotion(f"{h}/kiln:staging-a-2", (f"{h}/kiln:a-0.1.0-aaaa",), (f"{h}/kiln:a",))]
+    with pytest.raises(PromoteError, match="an immutable tag never moves") as e:
+        promote.promote(bad, client)
+    assert "nothing promoted" in str(e.value)
+    assert digest_of(client, f"{h}/kiln:a-0.1.0-aaaa") == a and digest_of(client, f"{h}/kiln:a") == a
+    assert digest_of(client, f"{h}/kiln:b") == b and digest_of(client, f"{h}/kiln:b-0.1.1-bbbb") is None
+    assert a2 != a and b2 != b
+
+
+def test_missing_staging_and_foreign_repository_are_refused_before_any_write(registry):
+    h = registry.host
+    client = RegistryClient(scheme="http")
+    push_image(h, "kiln", "staging-c-1", "c")
+    with pytest.raises(PromoteError) as e:
+        promote.promote([Promotion(f"{h}/kiln:staging-c-1", (f"{h}/other:c-1",)),
+                         Promotion(f"{h}/kiln:staging-none", (f"{h}/kiln:none-1",))], client)
+    assert "not in the staging image's repository" in str(e.value) and "no such staging image" in str(e.value)
+    assert digest_of(client, f"{h}/other:c-1") is None and digest_of(client, f"{h}/kiln:none-1") is None
+
+
+def test_ci_promote_command_uses_the_matrix_tags(registry):
+    """`python -m images.ci promote`, as the workflow runs it, on the tags `matrix` computed."""
+    h = registry.host
+    target = load_target("cpu-llamacpp")
+    release = tags.release_tag(target, pins_for(target, load_lock()), f"{h}/kiln")
+    staging = tags.staging_tag(release, "777-1")
+    _, repo_tag = staging.split("/", 1)
+    digest = push_image(h, repo_tag.split(":")[0], repo_tag.split(":")[1], "cpu")
+    r = subprocess.run([sys.executable, "-m", "images.ci", "promote", "--run-id", "777-1", "--targets",
+                        "cpu-llamacpp", "--image", f"{h}/kiln", "--scheme", "http"],
+                       capture_output=True, text=True, cwd=ROOT)
+    assert r.returncode == 0, r.stderr
+    client = RegistryClient(scheme="http")
+    assert digest_of(client, release) == digest == digest_of(client, f"{h}/kiln:cpu-llamacpp")
+    r = subprocess.run([sys.executable, "-m", "images.ci", "promote", "--run-id", "777-1", "--targets",
+                        "a40-llamacpp", "--image", f"{h}/kiln", "--scheme", "http"],
+                       capture_output=True, text=True, cwd=ROOT)
+    assert r.returncode == 2 and "not releasable" in r.stderr
