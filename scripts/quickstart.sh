@@ -5,7 +5,8 @@
 #   2. publish those binaries to the local artifact store, so the build takes the verified
 #      fetch path instead of compiling again
 #   3. python build.py --target cpu-llamacpp (the real image build)
-#   4. run the image with a small real model and ask it a question through the supervisor
+#   4. run the image with a small real model, ask it a question, and end with the image booted
+#      under its supervisor (PID 1), serving, and the selftest report it passed printed
 set -Eeuo pipefail
 cd "$(dirname "$0")/.."
 
@@ -47,13 +48,24 @@ until curl -fsS "http://127.0.0.1:$STATUS_PORT/ready" >/dev/null 2>&1; do
   fi
   sleep 0.2
 done
-say "ready: http://127.0.0.1:$STATUS_PORT/status"
-curl -fsS "http://127.0.0.1:$STATUS_PORT/status" | python3 -c \
-  'import json,sys; s=json.load(sys.stdin); t=s.get("selftest") or {}; print("state", s["state"], "| rung", s["rung"]["name"], "| boot to ready", s["timings"]["boot_to_ready_s"], "s | selftest", t.get("summary"))'
-
 say "asking: What is 2+2?"
 curl -fsS "http://127.0.0.1:$PORT/v1/chat/completions" -H "Authorization: Bearer $key" \
   -H 'Content-Type: application/json' \
   -d '{"messages":[{"role":"user","content":"What is 2+2?"}],"max_tokens":48,"temperature":0}' \
   | python3 -c 'import json,sys; print(json.load(sys.stdin)["choices"][0]["message"]["content"])'
-say "done (the container stops on exit)"
+
+# The end state: the image booted under its supervisor (PID 1), serving, and the selftest report the
+# supervisor wrote before it turned ready (its own table, from its log).
+say "selftest report (what the supervisor checked before /ready turned 200)"
+"$docker" logs "$cid" 2>&1 | sed -n 's/^.* kiln INFO selftest | //p'
+say "serving: http://127.0.0.1:$PORT (engine), http://127.0.0.1:$STATUS_PORT/status (supervisor)"
+curl -fsS "http://127.0.0.1:$STATUS_PORT/status" | python3 -c \
+  'import json,sys; s=json.load(sys.stdin); t=s.get("selftest") or {}; print("state", s["state"], "| ready", s["ready"], "| rung", s["rung"]["name"], "| config", s["config"]["hash"][:12], "| boot to ready", s["timings"]["boot_to_ready_s"], "s | selftest", t.get("summary"))'
+pid1="$("$docker" exec "$cid" cat /proc/1/cmdline | tr '\0' ' ')"
+echo "PID 1 in the container: $pid1"
+if [ "${KILN_QUICKSTART_KEEP:-0}" = 1 ]; then
+  trap - EXIT
+  say "left running (KILN_QUICKSTART_KEEP=1): stop it with: $docker stop $cid"
+else
+  say "done (the container stops on exit; KILN_QUICKSTART_KEEP=1 leaves it serving)"
+fi

@@ -4,6 +4,7 @@
     python -m supervisor run [--config FILE] [--exit-on-failure]
     python -m supervisor check-config FILE [--flags HELP.txt] [--gpus N]
     python -m supervisor selftest --url http://host:port [--api-key-env NAME] [--family F] [--json OUT]
+    python -m supervisor publish-config FILE --repo OWNER/NAME [--branch B] [--path deploy.toml]
 """
 
 from __future__ import annotations
@@ -36,6 +37,8 @@ def _parser() -> argparse.ArgumentParser:
     chk.add_argument("--gpus", type=int, default=None, help="GPU count to check manual placements for")
     from .selftest import cli as selftest_cli
     selftest_cli.add_parser(sub)
+    from . import publish
+    publish.add_parser(sub)
     return p
 
 
@@ -78,6 +81,9 @@ def main(argv: list[str] | None = None) -> int:
     if args.command == "selftest":
         from .selftest import cli as selftest_cli
         return selftest_cli.main(args)
+    if args.command == "publish-config":
+        from . import publish
+        return publish.main(args)
     if args.command in (None, "run"):
         from .config import load_config
         from .errors import ConfigError

@@ -3,7 +3,9 @@
 TOML → validated (every problem at once) → frozen dataclasses. The image bakes
 the target's default at /etc/kiln/deploy.toml; a few named fields can be
 overridden from the environment (ENV_OVERRIDES), which RunPod templates use;
-a published config replaces the whole file through the watcher.
+a published config replaces the whole file through the watcher ([watch],
+supervisor/watch.py), except what says where updates come from ([watch],
+state_dir, [status]): those stay as the boot config set them.
 """
 
 from __future__ import annotations
@@ -46,6 +48,11 @@ ENV_OVERRIDES: dict[str, tuple[str, type]] = {
     "KILN_GPU_COUNT": ("hardware.gpu_count", int),
     "KILN_STATE_DIR": ("state_dir", str),
     "KILN_SELFTEST_ENABLED": ("selftest.enabled", bool),
+    "KILN_WATCH_REPO": ("watch.repo", str),
+    "KILN_WATCH_BRANCH": ("watch.branch", str),
+    "KILN_WATCH_PATH": ("watch.path", str),
+    "KILN_WATCH_POLL_S": ("watch.poll_s", float),
+    "KILN_WATCH_DIR": ("watch.dir", str),
 }
 _TRUE, _FALSE = ("1", "true", "yes", "on"), ("0", "false", "no", "off")
 
@@ -54,8 +61,15 @@ SUPERVISOR_OWNED_FLAGS = {
     "-m", "--model", "--host", "--port", "--api-key", "--api-key-file", "-hf", "--hf-repo",
     "-mu", "--model-url",
 }
-HF_SOURCE = re.compile(r"hf://(?P<repo>[A-Za-z0-9][\w.-]*/[\w.-]+)")
+HF_REPO = r"[A-Za-z0-9][\w.-]*/[\w.-]+"
+HF_SOURCE = re.compile(rf"hf://(?P<repo>{HF_REPO})")
 COMMIT = re.compile(r"[0-9a-f]{40}")
+# Kiln never hands a value to a shell (argv lists only), but a value holding these was pasted from
+# a shell command line ("--ctx-size 4096; --jinja", "$(cat key)") and would reach the engine
+# verbatim. `|` and `( )` alone stay allowed: -ot regexes use them ("blk\.(1|2)\.ffn=CPU").
+SHELL_META = re.compile(r"[`;&<>]|\$[A-Za-z_({]|\|\|")
+# Names of files Kiln reads from or publishes to a repo or directory: relative, plain segments.
+SAFE_PATH = r"[A-Za-z0-9_][A-Za-z0-9_.-]*(/[A-Za-z0-9_][A-Za-z0-9_.-]*)*"
 
 
 @dataclass(frozen=True)
@@ -65,6 +79,7 @@ class ModelSpec:
     allow_patterns: tuple[str, ...] = ()
     entry: str | None = None         # file given to the engine, relative to the snapshot
     family: str = "generic"          # selects the selftest's probe set
+    fetch_stall_s: float = 120.0     # hf only: a download that moves no byte for this long is stopped
 
     @property
     def hf_repo(self) -> str | None:
@@ -169,6 +184,23 @@ class StatusSpec:
 
 
 @dataclass(frozen=True)
+class WatchSpec:
+    """Where published configs come from (supervisor/watch.py). Boot-only: a published config
+    cannot move it (it would change where the next update comes from)."""
+    repo: str | None = None          # Hub repo "owner/name" whose `branch` is polled for `path`
+    branch: str = "main"
+    path: str = "deploy.toml"        # the config's path in the repo, and its name inside `dir`
+    poll_s: float = 30.0             # one small request per interval
+    max_backoff_s: float = 300.0     # errors double the interval up to this
+    dir: str | None = None           # a local directory watched (watchdog) for `path`
+    debounce_s: float = 0.2          # quiet time after the last event before the file is read
+
+    @property
+    def enabled(self) -> bool:
+        return bool(self.repo or self.dir)
+
+
+@dataclass(frozen=True)
 class DeployConfig:
     engine: str
     model: ModelSpec
@@ -180,6 +212,7 @@ class DeployConfig:
     health: HealthSpec = HealthSpec()
     restart: RestartSpec = RestartSpec()
     status: StatusSpec = StatusSpec()
+    watch: WatchSpec = WatchSpec()
     state_dir: str = "/workspace/kiln"
     source: str = "<memory>"        # where it was read from (not hashed)
 
@@ -190,8 +223,11 @@ class DeployConfig:
 
     @property
     def hash(self) -> str:
-        """Stable identity of what would run: same config, same hash, wherever it came from."""
-        blob = json.dumps(self.to_dict(), sort_keys=True, separators=(",", ":"), default=list)
+        """Stable identity of what would run: same config, same hash, wherever it came from.
+        [watch] says where updates come from, not what runs: it is left out."""
+        d = self.to_dict()
+        d.pop("watch")
+        blob = json.dumps(d, sort_keys=True, separators=(",", ":"), default=list)
         return hashlib.sha256(blob.encode()).hexdigest()
 
     def rung(self, name: str) -> Rung:
@@ -230,11 +266,12 @@ def _apply_env(data: dict[str, Any], env: Mapping[str, str], problems: list[Prob
             continue
         raw = env[name]
         value: Any = raw
-        if kind is int:
+        if kind is int or kind is float:
             try:
-                value = int(raw)
+                value = kind(raw)
             except ValueError:
-                problems.append(Problem(f"{path} (from env {name})", "must be an integer", raw))
+                problems.append(Problem(f"{path} (from env {name})",
+                                        "must be an integer" if kind is int else "must be a number", raw))
                 continue
         elif kind is bool:
             if raw.strip().lower() not in _TRUE + _FALSE:
@@ -260,6 +297,7 @@ def _build(r: Reader, source: str) -> DeployConfig | None:
     health = _health(r.table("health"))
     restart = _restart(r.table("restart"))
     status = _status(r.table("status"))
+    watch = _watch(r.table("watch"))
     state_dir = r.str("state_dir", "/workspace/kiln", pattern=r"/.*", pattern_hint="an absolute path")
     r.finish()
     if status.port == server.port:
@@ -267,7 +305,7 @@ def _build(r: Reader, source: str) -> DeployConfig | None:
                   status.port)
     return DeployConfig(engine=engine, model=model, ladder=ladder, server=server, sampler=sampler,
                         selftest=selftest, hardware=hardware, health=health, restart=restart, status=status,
-                        state_dir=state_dir, source=source)
+                        watch=watch, state_dir=state_dir, source=source)
 
 
 def _model(r: Reader) -> ModelSpec:
@@ -275,6 +313,8 @@ def _model(r: Reader) -> ModelSpec:
     if source and not (HF_SOURCE.fullmatch(source) or source.startswith("/")):
         r.problem("source", "must be hf://owner/name or an absolute local path", source,
                   "hf://owner/name, /models/file.gguf")
+    elif source and ".." in Path(source).parts:
+        r.problem("source", "must not step out of its directory with '..'", source)
     is_hf = bool(HF_SOURCE.fullmatch(source or ""))
     revision = r.str("revision", None, pattern=r"[\w./-]{1,200}", pattern_hint="a branch, tag or commit")
     if revision and not is_hf:
@@ -287,8 +327,10 @@ def _model(r: Reader) -> ModelSpec:
         r.problem("entry", "is required for hf:// sources: the file the engine loads",
                   allowed="e.g. 'UD-IQ1_S/model-00001-of-00004.gguf'")
     family = r.str("family", "generic", pattern=r"[a-z0-9][a-z0-9.-]*", pattern_hint="lowercase name")
+    stall = r.float("fetch_stall_s", 120.0, min=1.0, max=86400.0)
     r.finish()
-    return ModelSpec(source=source, revision=revision, allow_patterns=allow, entry=entry, family=family)
+    return ModelSpec(source=source, revision=revision, allow_patterns=allow, entry=entry, family=family,
+                     fetch_stall_s=stall)
 
 
 def _glob_problem(pattern: str) -> str | None:
@@ -301,8 +343,10 @@ def _server(r: Reader, engine: str) -> ServerSpec:
     api_key = r.str("api_key", "env:KILN_API_KEY", pattern=r"none|env:[A-Za-z_][A-Za-z0-9_]*|file:/.+",
                     pattern_hint='"env:NAME", "file:/path" or "none" (no authentication, said out loud)')
     binary = r.str("binary", DEFAULT_BINARIES.get(engine, ""))
+    if binary and SHELL_META.search(binary):
+        r.problem("binary", _SHELL_META_MESSAGE, binary)
     snapshot = r.str("flag_snapshot", DEFAULT_SNAPSHOTS.get(engine, ""))
-    extra = r.str_list("extra_args", item=_owned_flag_problem)
+    extra = r.str_list("extra_args", item=_arg_problem)
     r.finish()
     return ServerSpec(host=host, port=port, api_key=api_key, binary=binary, flag_snapshot=snapshot,
                       extra_args=extra)
@@ -313,6 +357,14 @@ def _owned_flag_problem(arg: str) -> str | None:
     if flag in SUPERVISOR_OWNED_FLAGS:
         return f"{flag} is set by the supervisor from [model]/[server]; remove it here"
     return None
+
+
+_SHELL_META_MESSAGE = ("holds shell syntax (` ; & < > $( ${ $NAME ||): no shell ever reads it, so it would reach "
+                       "the engine verbatim; give each argument as its own list item")
+
+
+def _arg_problem(arg: str) -> str | None:
+    return _owned_flag_problem(arg) or (_SHELL_META_MESSAGE if SHELL_META.search(arg) else None)
 
 
 def _sampler(r: Reader) -> SamplerSpec:
@@ -366,8 +418,11 @@ def _ladder(r: Reader, engine: str) -> LadderSpec:
                       pattern=r"[A-Za-z0-9][\w.-]{0,63}", pattern_hint="letters, digits, . _ -")
         default_placement = "engine" if engine == "vllm" else "autofit"
         placement = rr.str("placement", default_placement, choices=PLACEMENTS)
-        args = rr.str_list("args", item=_owned_flag_problem)
+        args = rr.str_list("args", item=_arg_problem)
         env = rr.str_map("env")
+        for var, value in env.items():
+            if SHELL_META.search(value):
+                rr.problem(f"env.{var}", _SHELL_META_MESSAGE, value)
         reserve = rr.int("reserve_mib", 1024, min=0)
         rounds = rr.int("calibration_rounds", 3, min=0, max=10)
         slack = rr.int("calibration_slack_mib", 256, min=0)
@@ -439,3 +494,30 @@ def _status(r: Reader) -> StatusSpec:
     )
     r.finish()
     return s
+
+
+def _watch(r: Reader) -> WatchSpec:
+    d = WatchSpec()
+    repo = r.str("repo", None, pattern=HF_REPO, pattern_hint="owner/name")
+    branch = r.str("branch", d.branch, pattern=r"[\w][\w./-]{0,199}", pattern_hint="a branch name")
+    if branch and ".." in branch:
+        r.problem("branch", "must not contain '..'", branch)
+        branch = d.branch
+    path = r.str("path", d.path, pattern=SAFE_PATH, pattern_hint="a relative path such as deploy.toml or "
+                 "pods/a40.toml (no '..', no leading '/')")
+    if path and ".." in path.split("/"):
+        r.problem("path", "must not step out of the repo or directory with '..'", path)
+        path = d.path
+    w = WatchSpec(
+        repo=repo, branch=branch, path=path,
+        poll_s=r.float("poll_s", d.poll_s, min=0.1, max=86400.0),
+        max_backoff_s=r.float("max_backoff_s", d.max_backoff_s, min=0.1, max=86400.0),
+        dir=r.str("dir", None, pattern=r"/.*", pattern_hint="an absolute path"),
+        debounce_s=r.float("debounce_s", d.debounce_s, min=0.0, max=60.0),
+    )
+    r.finish()
+    if w.dir and ".." in Path(w.dir).parts:
+        r.problem("dir", "must not contain '..'", w.dir)
+    if w.max_backoff_s < w.poll_s:
+        r.problem("max_backoff_s", "must be >= poll_s", w.max_backoff_s)
+    return w

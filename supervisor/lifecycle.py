@@ -3,10 +3,13 @@
     PREFLIGHT -> FETCH -> LAUNCHING(rung) -> LOADING -> HEALTHY -> [SELFTEST] -> SERVING
     LAUNCHING/LOADING failure: classify -> next rung (fall_through) or FAILED
     SERVING, server dies: RESTARTING (backoff) -> same rung; crash loop -> FAILED
+    SERVING or FAILED, a published config: validate (invalid -> rejected, server untouched)
+      -> RELOADING -> stop -> ladder with it -> [SELFTEST] -> SERVING
+      -> any step fails: ROLLBACK -> ladder with the last good config -> SERVING (or FAILED)
     TERM/INT: STOPPING -> STOPPED, exit with the server's status (or 128+N)
 
-Health waits, the selftest and (later) the config watcher only report; this
-loop decides. Signals are recorded by the relay and acted on here.
+Health waits, the selftest, the model fetch and the config watcher only report;
+this loop decides. Signals are recorded by the relay and acted on here.
 """
 
 from __future__ import annotations
@@ -22,7 +25,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable, Mapping
 
-from . import __version__, apikey, hardware, model
+from . import __version__, apikey, fetch, hardware, hubclient, model
+from . import candidate as candidates
 from .config import DeployConfig, Rung
 from . import engines
 from .engines.flags import FlagSnapshot
@@ -32,8 +36,10 @@ from .health import wait_healthy
 from .ladder import LadderMemory, image_identity, memory_key, reclaim, start_index
 from .pid1 import SignalRelay, become_subreaper, exit_code_for, reap_orphans
 from .process import REGISTRY, ManagedProcess
+from .reload import HISTORY_KEEP, ReloadBook, adopt_last_good, record_decision, status_record
 from .state import Record, State
 from .status import StatusServer
+from .watch import Watcher
 
 log = logging.getLogger("kiln")
 ENGINE_LOG = logging.getLogger("kiln.engine")
@@ -42,6 +48,7 @@ EXIT_NOTHING_SERVED = 3   # FAILED before any server ran (config, hardware, fetc
 # Terminal classes are never retried by a restart: the same launch would fail the same way
 # (a selftest runs at temperature 0: the same engine gives the same answers).
 TERMINAL = {CONFIG_REJECTED, "load_error", "port_in_use", SELFTEST_FAILED}
+_FAILED, _RECOVERED = "failed", "recovered"     # how _serve and _failed hand over to each other
 
 
 @dataclass
@@ -81,6 +88,13 @@ class Supervisor:
         self.balancers: dict[str, Any] = {}      # rung name -> placement.Balancer
         self.engine: Any = None                  # the engine module (supervisor/engines), set in PREFLIGHT
         self._wake = self.relay.wakeup
+        self.book = ReloadBook(self.state_dir / "reload")
+        self.watcher: Watcher | None = None
+        self.hub_token: str | None = None
+        self.api_key: str | None = None
+        self.config_text: str | None = None      # the live config's text, when it came from a watcher
+        self.origin: dict[str, Any] = {"source": "boot", "origin": cfg.source, "revision": None}
+        self.good: tuple[DeployConfig, Path | None, str | None, dict[str, Any]] | None = None
 
     # -- small plumbing ---------------------------------------------------------------
     def _sleep(self, seconds: float) -> None:
@@ -128,16 +142,27 @@ class Supervisor:
         become_subreaper()
         self.state_dir.mkdir(parents=True, exist_ok=True)
         self.run_dir.mkdir(parents=True, exist_ok=True)
-        self.rec.update(config={"hash": self.cfg.hash, "source": self.cfg.source, "revision": None})
+        self.hub_token = hubclient.token(self.env)
+        if self.hub_token:
+            self.secrets.append(self.hub_token)
+        self._adopt_last_good()
+        self._show_config()
+        self.rec.update(reload=status_record(self.book.history(HISTORY_KEEP)))
         if self.opts.status:
-            self.status = StatusServer(self.cfg.status.host, self.cfg.status.port, self.rec.snapshot,
+            self.status = StatusServer(self.cfg.status.host, self.cfg.status.port, self._snapshot,
                                        secrets=lambda: self.secrets)
             self.status.start()
+        if self.cfg.watch.enabled:
+            self.watcher = Watcher(self.cfg.watch, cache=fetch.cache_dir(self.cfg), token=self.hub_token,
+                                   seen=self.book.seen(), wake=self._wake.set, secrets=lambda: self.secrets)
+            self.watcher.start()
         try:
             code = self._main()
         except Stop:
             code = self._stop()
         finally:
+            if self.watcher:
+                self.watcher.stop()
             if self.proc is not None and self.proc.poll() is None:
                 self.proc.stop(self.cfg.health.stop_grace_s)
             REGISTRY.stop_all(1.0)
@@ -145,55 +170,97 @@ class Supervisor:
                 self.status.stop()
         return code
 
+    def _snapshot(self) -> dict[str, Any]:
+        snap = self.rec.snapshot()
+        if self.watcher is not None:
+            snap["watch"] = self.watcher.status()
+        return snap
+
     def _main(self) -> int:
-        if not self._preflight():
-            return self._failed()
+        ok = self._preflight() and self._fetch_model() and self._walk_ladder()
+        result: int | str = self._serve() if ok else _FAILED
+        while result == _FAILED:
+            result = self._failed()
+            if result == _RECOVERED:
+                result = self._serve()
+        assert isinstance(result, int)
+        return result
+
+    def _fetch_model(self) -> bool:
         self._transition(State.FETCH, self.cfg.model.source)
         try:
-            self.model_path = model.resolve(self.cfg, self.env.get("HF_TOKEN") or None)
+            self.model_path = self._resolve_model(self.cfg)
         except FetchError as e:
             self._record_failure(Failure("load_error", self._redact(str(e))))
-            return self._failed()
+            return False
         if self._should_stop():
             raise Stop
-        if not self._walk_ladder():
-            return self._failed()
-        return self._serve()
+        return True
+
+    def _resolve_model(self, cfg: DeployConfig) -> Path:
+        """The model file for cfg: local, or fetched from the Hub (stop-responsive; FetchError)."""
+        local = model.resolve(cfg)
+        if local is not None:
+            self.rec.update(model={"source": cfg.model.source, "path": str(local)})
+            return local
+        logged = [0.0]
+
+        def progress(ev: dict[str, Any]) -> None:
+            self.rec.update(model={"source": cfg.model.source, "fetch": ev})
+            if ev.get("event") != "progress" or time.monotonic() - logged[0] >= 10.0:
+                logged[0] = time.monotonic()
+                log.info("model fetch: %s", " ".join(f"{k}={v}" for k, v in ev.items()))
+        try:
+            res = fetch.fetch(cfg, self.env, token=self.hub_token, should_stop=self._should_stop, sleep=self._sleep,
+                              report=progress, secrets=self.secrets)
+        except fetch.Cancelled:
+            raise Stop from None
+        self.rec.update(model={"source": cfg.model.source, "revision": cfg.model.revision, **res.to_dict()})
+        if res.from_cache:
+            self.rec.warn(f"model: {res.note}")
+            log.warning("model: %s", res.note)
+        else:
+            log.info("model: %s at commit %s -> %s", cfg.model.source, (res.commit or "?")[:12], res.path)
+        return res.path
 
     # -- PREFLIGHT ----------------------------------------------------------------------
     def _preflight(self) -> bool:
+        for name in ("HF_TOKEN", "RUNPOD_API_KEY"):
+            if self.env.get(name):
+                self.secrets.append(self.env[name])
+        self.hw = self.opts.hardware_probe()
+        self.rec.update(hardware=self.hw.to_dict())
+        # The probe just read each visible card's memory: that is the baseline (no second NVML session).
+        self.baseline_mib = [g.memory_used_mib for g in self.hw.gpus] or None
+        return self._prepare(self.cfg)
+
+    def _prepare(self, cfg: DeployConfig) -> bool:
+        """Engine module, API key, hardware guard and flag snapshot for cfg (at boot and on reload)."""
         try:
-            self.engine = engines.get(self.cfg.engine)
+            self.engine = engines.get(cfg.engine)
         except KeyError as e:
             self._record_failure(Failure(CONFIG_REJECTED, str(e.args[0])))
             return False
         try:
-            key = apikey.resolve(self.cfg.server.api_key, self.state_dir, self.env)
+            key = apikey.resolve(cfg.server.api_key, self.state_dir, self.env)
         except ConfigError as e:
             self._record_failure(Failure(CONFIG_REJECTED, str(e)))
             return False
-        if key.value:
+        if key.value and key.value not in self.secrets:
             self.secrets.append(key.value)
-        for name in ("HF_TOKEN", "RUNPOD_API_KEY"):
-            if self.env.get(name):
-                self.secrets.append(self.env[name])
         self.key_file = apikey.engine_key_file(key, self.run_dir)
         self.api_key = key.value
         log.info("API key: %s", key.origin)
         if key.value is None:
             self.rec.warn("the engine runs without an API key (server.api_key = \"none\")")
-
-        self.hw = self.opts.hardware_probe()
-        self.rec.update(hardware=self.hw.to_dict())
-        mismatches = hardware.check(self.cfg.hardware, self.hw)
+        assert self.hw is not None
+        mismatches = hardware.check(cfg.hardware, self.hw)
         if mismatches:
             self._record_failure(Failure(CONFIG_REJECTED, "hardware does not match the config: "
                                          + "; ".join(mismatches)))
             return False
-        # The probe just read each visible card's memory: that is the baseline (no second NVML session).
-        self.baseline_mib = [g.memory_used_mib for g in self.hw.gpus] or None
-
-        snap_path = Path(self.cfg.server.flag_snapshot)
+        snap_path = Path(cfg.server.flag_snapshot)
+        self.snapshot_flags = None
         if snap_path.is_file():
             self.snapshot_flags = self.engine.load_snapshot(snap_path)
         else:
@@ -448,11 +515,11 @@ class Supervisor:
             log.error("  hint: %s", self._redact(hint))
 
     # -- SERVING and restarts ----------------------------------------------------------------
-    def _serve(self) -> int:
+    def _serve(self) -> int | str:
+        """Serve until a stop (exit code), or _FAILED. Restarts crashes; applies published configs."""
+        self._mark_good()
         restarts: list[float] = []       # monotonic times of recent restarts, for the window
         backoff = self.cfg.restart.backoff_initial_s
-        rung_index = self.rec.snapshot()["rung"]["index"]
-        rung = self.cfg.ladder.rungs[rung_index]
         while True:
             assert self.proc is not None
             served_since = time.monotonic()
@@ -460,6 +527,15 @@ class Supervisor:
                 self._sleep(1.0)
                 if self.stop_requested:
                     return self._stop()
+                cand = self.watcher.take() if self.watcher else None
+                if cand is not None:
+                    if not self._reload(cand):
+                        return _FAILED
+                    if self.rec.state == State.SERVING and self.proc.started_at > served_since:
+                        restarts, backoff = [], self.cfg.restart.backoff_initial_s   # a new config starts afresh
+                        served_since = time.monotonic()
+            rung_index = self.rec.snapshot()["rung"]["index"]
+            rung = self.cfg.ladder.rungs[rung_index]
             rc = self.proc.stop(0.0)
             uptime = time.monotonic() - served_since
             self.last_returncode = rc
@@ -481,7 +557,7 @@ class Supervisor:
                         f"(restart.max_restarts = {self.cfg.restart.max_restarts}); last: "
                         f"{last.reason if last else '?'}",
                         exit_code=self.last_returncode, tail=last.tail if last else (), rung=rung.name))
-                    return self._failed()
+                    return _FAILED
                 self.rec.bump("restarts")
                 log.info("restarting rung %s in %.2f s", rung.name, backoff)
                 deadline = time.monotonic() + backoff
@@ -495,19 +571,131 @@ class Supervisor:
                 if outcome is None:
                     break
                 if outcome.failure_class in TERMINAL:
-                    return self._failed()
+                    return _FAILED
+
+    # -- published configs: validate, apply, roll back -------------------------------------------
+    def _reload(self, cand: candidates.Candidate) -> bool:
+        """Decide on one candidate. False only when nothing serves afterwards (FAILED)."""
+        started = time.monotonic()
+        was_failed = self.rec.state == State.FAILED
+        hw = self.hw or self.opts.hardware_probe()
+        verdict = candidates.validate(cand, running=self.cfg, env=self.env, hw=hw)
+        if not verdict.ok:
+            self.book.keep_rejected(cand.data)
+            return self._decided(cand, "rejected", None, [self._redact(p) for p in verdict.problems], started,
+                                 serving=not was_failed)
+        new = verdict.cfg
+        assert new is not None and verdict.text is not None
+        origin = {"source": cand.source, "origin": cand.origin, "revision": cand.revision}
+        if new.hash == self.cfg.hash and not was_failed:
+            self.origin, self.config_text = origin, verdict.text
+            self._show_config()
+            self._mark_good()
+            return self._decided(cand, "unchanged", new.hash, [], started)
+        serving_model = self.rec.snapshot().get("model")
+        try:
+            if new.model == self.cfg.model and self.model_path is not None and not was_failed:
+                path = self.model_path             # same [model]: a model update is a new revision there
+            else:
+                path = self._resolve_model(new)    # while the old server still serves
+        except FetchError as e:
+            self.rec.update(model=serving_model)
+            return self._decided(cand, "rejected", new.hash, [self._redact(f"model: {e}")], started,
+                                 serving=not was_failed)
+        self._transition(State.RELOADING, f"{cand.describe()} (config {new.hash[:12]})")
+        if self.proc is not None:
+            self.proc.stop(self.cfg.health.stop_grace_s)
+        self._barrier()
+        ok = self._switch_to(new, path, verdict.text, origin)
+        if ok:
+            return self._decided(cand, "applied", new.hash, [], started)
+        cause = self.failure.reason if self.failure else "unknown"
+        cause = f"{self.failure.failure_class}: {cause}" if self.failure else cause
+        if self.good is None:
+            self._decided(cand, "failed", new.hash, [cause], started, serving=False)
+            return False
+        good_cfg, good_path, good_text, good_origin = self.good
+        self._transition(State.ROLLBACK, cause[:200])
+        log.error("reload of %s failed (%s): rolling back to config %s", cand.describe(), cause, good_cfg.hash[:12])
+        if self.proc is not None:
+            self.proc.stop(self.cfg.health.stop_grace_s)
+        self._barrier()
+        if self._switch_to(good_cfg, good_path, good_text, good_origin):
+            return self._decided(cand, "rolled_back", new.hash, [cause], started)
+        self._decided(cand, "failed", new.hash, [cause, "the rollback failed too: "
+                                                 + (self.failure.reason if self.failure else "?")], started,
+                      serving=False)
+        return False
+
+    def _switch_to(self, cfg: DeployConfig, path: Path | None, text: str | None, origin: dict[str, Any]) -> bool:
+        """Make cfg the live config and walk its ladder; True when it reached SERVING."""
+        self.cfg, self.model_path, self.config_text, self.origin = cfg, path, text, origin
+        self.balancers = {}
+        self._show_config()
+        if not self._prepare(cfg):
+            return False
+        if path is None:
+            try:
+                self.model_path = self._resolve_model(cfg)
+            except FetchError as e:
+                self._record_failure(Failure("load_error", self._redact(str(e))))
+                return False
+        return self._walk_ladder()
+
+    def _decided(self, cand: candidates.Candidate, outcome: str, cfg_hash: str | None, causes: list[str],
+                 started: float, serving: bool = True) -> bool:
+        self.rec.update(reload=record_decision(self.book, cand, outcome, cfg_hash, causes,
+                                               took_s=time.monotonic() - started, live_hash=self.cfg.hash))
+        if outcome in ("applied", "rolled_back"):
+            self._mark_good()
+        self.rec.event(f"reload_{outcome}", f"{cand.describe()}" + (f": {causes[0][:300]}" if causes else ""))
+        level = logging.INFO if outcome in ("applied", "unchanged") else logging.ERROR
+        log.log(level, "reload %s: %s%s", outcome, cand.describe(),
+                "".join(f"\n  - {c}" for c in causes))
+        return serving
+
+    def _mark_good(self) -> None:
+        """The live config serves: it is what a later failure rolls back to, and what a restart boots."""
+        self.good = (self.cfg, self.model_path, self.config_text, dict(self.origin))
+        if self.config_text is not None:
+            self.book.save_good(self.config_text, {"hash": self.cfg.hash, "base_hash": self.base_hash, **self.origin})
+        else:
+            self.book.forget_good()
+
+    def _show_config(self) -> None:
+        self.rec.update(config={"hash": self.cfg.hash, "source": self.cfg.source, "from": self.origin["source"],
+                                "origin": self.origin["origin"], "revision": self.origin["revision"],
+                                "since": round(time.time(), 3)})
+        log.info("config live: hash %s from %s%s", self.cfg.hash[:12], self.origin["origin"],
+                 f" at revision {self.origin['revision']}" if self.origin["revision"] else "")
+
+    def _adopt_last_good(self) -> None:
+        """Boot the last published config that served, unless the image's own config changed since."""
+        self.base_hash = self.cfg.hash
+        found = adopt_last_good(self.book, self.cfg, self.env) if self.cfg.watch.enabled else None
+        if found is not None:
+            self.cfg, self.config_text, self.origin = found
+            self.rec.event("config", f"booting the last good published config {self.cfg.hash[:12]} "
+                                     f"({self.origin['origin']})")
 
     # -- endings -------------------------------------------------------------------------------
-    def _failed(self) -> int:
-        self._transition(State.FAILED, self.failure.failure_class if self.failure else "")
+    def _failed(self) -> int | str:
+        if self.rec.state != State.FAILED:
+            self._transition(State.FAILED, self.failure.failure_class if self.failure else "")
         code = exit_code_for(self.last_returncode) if self.last_returncode else EXIT_NOTHING_SERVED
         if self.opts.exit_on_failure:
             self._transition(State.STOPPING, "exit on failure")
             self._transition(State.STOPPED)
             return code
-        # Stay up so /status explains the failure on the pod; leave on TERM/INT.
+        # Stay up so /status explains the failure on the pod; leave on TERM/INT; a published
+        # config that serves brings it back.
         while not self.stop_requested:
             self._sleep(1.0)
+            cand = self.watcher.take() if self.watcher else None
+            if cand is not None and self._reload(cand) and self.rec.state == State.SERVING:
+                return _RECOVERED
+            if self.rec.state != State.FAILED and not self.stop_requested:
+                self._transition(State.FAILED, self.failure.failure_class if self.failure else "")
         self._transition(State.STOPPING, "signal")
         self._transition(State.STOPPED)
         return code

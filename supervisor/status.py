@@ -183,6 +183,12 @@ def render_metrics(snap: Snapshot) -> str:
     config_hash = _section(snap, "config").get("hash")
     if config_hash is not None:
         m.one("config_info", "gauge", "Hash of the live deploy config.", 1, hash=config_hash)
+    decided = _section(_section(snap, "reload"), "counts")
+    m.family("reload_decisions", "gauge", "Published configs decided, by outcome (the history kept in the volume).",
+             [({"outcome": o}, decided[o]) for o in sorted(decided, key=str)])  # fmt: skip
+    hub = _section(_section(snap, "watch"), "hub")
+    m.one("watch_hub_consecutive_errors", "gauge", "Failed Hub polls in a row (0 = the Hub answers).",
+          hub.get("consecutive_errors"))  # fmt: skip
 
     gpus = [g for g in _list(_section(snap, "hardware").get("gpus")) if isinstance(g, Mapping)]
 
@@ -287,6 +293,18 @@ def render_html(snap: Snapshot) -> str:
         tail = _list(failure.get("stderr_tail"))
         if tail:
             parts.append("<pre>" + _e("\n".join(str(x) for x in tail)) + "</pre>")
+
+    reload = _section(snap, "reload")
+    shown = [(label, _section(reload, key)) for label, key in
+             (("last rejection", "last_rejection"), ("last rollback", "last_rollback"))]
+    if any(entry for _, entry in shown):
+        parts.append("<h2>Published configs</h2><table>")
+        for label, entry in shown:
+            if entry:
+                what = f"{entry.get('outcome')} {entry.get('origin')}" + (
+                    f" @ {str(entry.get('revision'))[:12]}" if entry.get("revision") else "")
+                parts.append(_rows([(label, f"{_when(entry.get('t'))}: {what}: {entry.get('cause')}")]))
+        parts.append("</table>")
 
     selftest = _section(snap, "selftest")
     if selftest:

@@ -170,3 +170,68 @@ def test_a_corrupted_or_foreign_tarball_is_refused_before_anything_runs(store, t
     assert r.returncode == 2, r.stderr[-2000:]
     assert message in r.stderr, r.stderr[-2000:]
     assert "docker build" not in r.stderr and docker("image", "inspect", "kiln-e2e/refused:test", check=False).returncode != 0
+
+
+def test_the_image_fetches_its_model_from_the_hub_serves_and_applies_a_published_config(image, tmp_path):
+    """The whole chain in the real image: `docker run` boots the supervisor as PID 1, which fetches
+    SmolLM2 from the Hub, serves it, passes its selftest, then applies a config published to the Hub
+    with `publish-config` and shows the new revision on /status; `docker stop` ends it cleanly.
+    The Hub is tests/support/hubserver.py, a local stand-in for huggingface.co speaking the routes
+    huggingface_hub 2.4 uses, on the host's loopback (the container shares it: --network host)."""
+    from tests.support.hubserver import HubServer, client_env
+    from tests.support.models import smollm2_gguf
+
+    port, sport = free_port(), free_port()
+    with HubServer(tmp_path / "hub") as hub, client_env(hub, tmp_path / "home") as ce:
+        model_commit = hub.seed("kiln-test/smollm2", {"q4_1/SmolLM2-135M-Instruct.Q4_1.gguf": smollm2_gguf().read_bytes(),
+                                                      "README.md": b"SmolLM2-135M-Instruct, Apache-2.0\n"})
+        hub.seed("kiln-test/deploy", {"README.md": b"pod configs\n"})
+        env = {"KILN_API_KEY": "e2e-hub-key", "KILN_SERVER_PORT": str(port), "KILN_STATUS_PORT": str(sport),
+               "KILN_STATE_DIR": "/tmp/kiln", "KILN_MODEL_SOURCE": "hf://kiln-test/smollm2",
+               "KILN_MODEL_ENTRY": "q4_1/*.gguf", "KILN_MODEL_FAMILY": "smollm2",
+               "KILN_WATCH_REPO": "kiln-test/deploy", "KILN_WATCH_POLL_S": "0.5",
+               "HF_ENDPOINT": hub.url, "HF_TOKEN": hub.token, "HF_HUB_DISABLE_TELEMETRY": "1"}
+        cid = docker("run", "-d", "--network", "host", *[a for k, v in env.items() for a in ("-e", f"{k}={v}")],
+                     TAG).stdout.strip()
+        try:
+            status = lambda: json.loads(http(f"http://127.0.0.1:{sport}/status")[1] or b"{}")  # noqa: E731
+            wait_for(lambda: http(f"http://127.0.0.1:{sport}/ready")[0] == 200, 300, "ready after the selftest",
+                     interval=0.5)
+            st = status()
+            assert st["model"]["commit"] == model_commit and st["model"]["from_cache"] is False
+            assert st["selftest"]["passed"] is True and st["selftest"]["probe_set"] == "smollm2"
+            assert st["config"]["from"] == "boot"
+            pid1 = docker("exec", cid, "cat", "/proc/1/cmdline").stdout.split("\0")
+            assert pid1[1:4] == ["-m", "supervisor", "run"], pid1                   # the supervisor is PID 1
+
+            published = tmp_path / "deploy.toml"
+            published.write_text((ROOT / "images/deploy/cpu-small.toml").read_text()
+                                 .replace('"--ctx-size", "4096"', '"--ctx-size", "2048"'))
+            r = subprocess.run([sys.executable, "-m", "supervisor", "publish-config", str(published),
+                                "--repo", "kiln-test/deploy"], cwd=ROOT, capture_output=True, text=True,
+                               env={**os.environ, **ce.env}, timeout=120)
+            assert r.returncode == 0, r.stderr
+            revision = hub.resolve("kiln-test/deploy")
+            assert revision in r.stdout
+
+            def applied() -> dict | None:
+                s = status()
+                done = (s.get("reload") or {}).get("last") or {}
+                return s if (s.get("state") == "SERVING" and (s.get("config") or {}).get("revision") == revision
+                             and done.get("revision") == revision) else None
+            st = wait_for(applied, 300, "the published config serving", interval=0.5)
+            assert st["config"]["from"] == "hub" and "2048" in st["engine"]["argv"]
+            assert st["reload"]["last"]["outcome"] == "applied" and st["selftest"]["passed"] is True
+            assert st["watch"]["hub"]["revision"] == revision
+
+            t0 = time.monotonic()
+            docker("stop", "-t", "20", cid)
+            assert time.monotonic() - t0 < 10
+            state = json.loads(docker("inspect", cid).stdout)[0]["State"]
+            assert state["ExitCode"] == 0 and not state["Running"], docker("logs", cid, check=False).stderr[-3000:]
+            logs = docker("logs", cid).stderr
+            assert f"at revision {revision}" in logs and "state STOPPED" in logs
+            assert hub.token not in logs and "e2e-hub-key" not in logs
+            assert docker("top", cid, check=False).returncode != 0          # nothing left running in it
+        finally:
+            docker("rm", "-f", cid, check=False)

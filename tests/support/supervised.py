@@ -95,8 +95,22 @@ class Supervised:
 
     def __exit__(self, *exc: object) -> None:
         if self.proc.poll() is None:
+            # A test that failed leaves the supervisor running: kill its engines too. They run in
+            # their own sessions, so killing the supervisor alone would orphan them.
+            import psutil
+
+            try:
+                tree = psutil.Process(self.proc.pid).children(recursive=True)
+            except psutil.Error:
+                tree = []
             self.proc.kill()
             self.proc.wait(10)
+            for p in tree:
+                try:
+                    p.kill()
+                except psutil.Error:
+                    pass
+            psutil.wait_procs(tree, timeout=10)
         if not self._log.closed:
             self._log.close()
 

@@ -1,0 +1,74 @@
+"""What every Hub caller in the supervisor shares: the token, and what an error means.
+
+All Hub traffic goes through huggingface_hub (model fetch, config polls, publish); this module
+never talks to the Hub itself. The token comes from the environment (HF_TOKEN, or the older
+HUGGING_FACE_HUB_TOKEN) or from a secret file ($KILN_HF_TOKEN_FILE, else /run/secrets/hf_token
+when it exists); it is never printed: callers add it to the secrets every log line and /status
+are masked with, and `describe()` keeps only an error's first line, which huggingface_hub builds
+from the URL and the server's message, never from the request headers.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+from typing import Mapping
+
+DEFAULT_TOKEN_FILE = "/run/secrets/hf_token"
+
+# What an error means for the caller:
+OFFLINE = "offline"          # no connection, DNS, timeout: use what is cached, try again later
+UNAVAILABLE = "unavailable"  # 429 rate limit, 5xx: the same
+NOT_FOUND = "not_found"      # repo, revision or file does not exist (or is hidden from this token)
+AUTH = "auth"                # 401/403: the token is missing or wrong
+OTHER = "other"
+
+TRANSIENT = (OFFLINE, UNAVAILABLE)
+
+
+def token(env: Mapping[str, str] | None = None) -> str | None:
+    """The Hub token, or None (public repos need none)."""
+    env = os.environ if env is None else env
+    for name in ("HF_TOKEN", "HUGGING_FACE_HUB_TOKEN"):
+        value = (env.get(name) or "").strip()
+        if value:
+            return value
+    path = env.get("KILN_HF_TOKEN_FILE") or DEFAULT_TOKEN_FILE
+    try:
+        value = Path(path).read_text(encoding="utf-8").strip()
+    except (OSError, UnicodeDecodeError):
+        return None
+    return value or None
+
+
+def classify(exc: BaseException) -> str:
+    """OFFLINE, UNAVAILABLE, NOT_FOUND, AUTH or OTHER for an exception huggingface_hub raised."""
+    from huggingface_hub import errors
+
+    if isinstance(exc, errors.OfflineModeIsEnabled):
+        return OFFLINE
+    if isinstance(exc, (errors.RepositoryNotFoundError, errors.RevisionNotFoundError, errors.EntryNotFoundError)):
+        return NOT_FOUND
+    if isinstance(exc, errors.HfHubHTTPError):
+        status = getattr(getattr(exc, "response", None), "status_code", None)
+        if status in (401, 403):
+            return AUTH
+        if status == 404:
+            return NOT_FOUND
+        if status == 429 or (isinstance(status, int) and status >= 500) or status == 408:
+            return UNAVAILABLE
+        return OTHER
+    # httpx2's transport errors (connect, read, timeout, a cut stream) and the OS's own.
+    name = type(exc).__name__
+    if name.endswith(("ConnectError", "TimeoutException", "ReadTimeout", "ConnectTimeout", "RemoteProtocolError",
+                      "NetworkError", "ReadError", "WriteError", "PoolTimeout", "TransportError")):
+        return OFFLINE
+    if isinstance(exc, (ConnectionError, TimeoutError)):
+        return OFFLINE
+    return OTHER
+
+
+def describe(exc: BaseException) -> str:
+    """One line: the error's type and the first line of its message."""
+    text = str(exc).strip().splitlines()
+    return f"{type(exc).__name__}: {text[0][:300]}" if text else type(exc).__name__

@@ -1,0 +1,124 @@
+"""`python -m supervisor publish-config FILE --repo OWNER/NAME [--branch B] [--path deploy.toml]`
+
+Uploads a deploy config to a Hub repo and branch, where every pod whose `[watch]` names that repo
+picks it up. It refuses before anything is uploaded: a name that could step out of the repo, a
+file over the size cap, not UTF-8 or holding a NUL byte, a config that does not validate, or a
+rung the engine's flag snapshot says it would reject (--flags, or the config's own
+server.flag_snapshot when this machine has it). A pod validates again on arrival (its own engine,
+hardware and model); this only stops the obvious before it travels.
+
+The token comes from $HF_TOKEN (or a secret file: --token-file, $KILN_HF_TOKEN_FILE,
+/run/secrets/hf_token) and is never printed: every message is masked with it.
+Exit: 0 published, 1 the Hub refused or could not be reached, 2 refused here (nothing uploaded).
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import re
+import sys
+from pathlib import Path
+
+from . import hubclient
+from .candidate import decode
+from .config import HF_REPO, SAFE_PATH, parse_config
+from .errors import ConfigError
+
+EXIT_OK, EXIT_HUB, EXIT_REFUSED = 0, 1, 2
+
+
+def add_parser(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser("publish-config", help="validate a deploy config and upload it to a Hub repo branch "
+                       "that pods watch")
+    p.add_argument("file")
+    p.add_argument("--repo", required=True, help="OWNER/NAME of the Hub repo the pods' [watch] names")
+    p.add_argument("--branch", default="main")
+    p.add_argument("--path", default="deploy.toml", help="path of the config in the repo (default deploy.toml)")
+    p.add_argument("--flags", help="the engine's --help output to lint rungs against "
+                   "(default: the config's server.flag_snapshot when it exists here)")
+    p.add_argument("--message", help="commit message")
+    p.add_argument("--token-file", help="read the token from this file instead of $HF_TOKEN")
+    p.add_argument("--create", action="store_true", help="create the repo (private) when it does not exist")
+
+
+def problems_with(data: bytes, *, repo: str, branch: str, path: str, flags: str | None) -> list[str]:
+    """Everything wrong with publishing data as repo@branch:path, before anything travels."""
+    out: list[str] = []
+    if not re.fullmatch(HF_REPO, repo):
+        out.append(f"--repo: {repo!r} is not OWNER/NAME")
+    if not re.fullmatch(r"[\w][\w./-]{0,199}", branch) or ".." in branch:
+        out.append(f"--branch: {branch!r} is not a branch name")
+    if not re.fullmatch(SAFE_PATH, path) or ".." in path.split("/"):
+        out.append(f"--path: {path!r} must be a relative path inside the repo (no '..', no leading '/', "
+                   "letters, digits, . _ - and /)")
+    text, bad = decode(data)
+    out += bad
+    if text is None:
+        return out
+    try:
+        cfg = parse_config(text, source=path, env={})
+    except ConfigError as e:
+        return out + [str(p) for p in e.problems]
+    from . import engines
+
+    try:
+        engine = engines.get(cfg.engine)
+    except KeyError as e:
+        return out + [f"engine: {e.args[0]}"]
+    snap_path = Path(flags or cfg.server.flag_snapshot)
+    snapshot = engine.load_snapshot(snap_path) if snap_path.is_file() else None
+    if flags and snapshot is None:
+        out.append(f"--flags: {flags} cannot be read")
+    for i, rung in enumerate(cfg.ladder.rungs):
+        out += [str(x) for x in engine.lint_rung(cfg, i, rung, snapshot)]
+    return out
+
+
+def main(args: argparse.Namespace) -> int:
+    token = None
+    if args.token_file:
+        try:
+            token = Path(args.token_file).read_text(encoding="utf-8").strip() or None
+        except OSError as e:
+            print(f"publish-config: cannot read --token-file: {e.strerror}", file=sys.stderr)
+            return EXIT_REFUSED
+    token = token or hubclient.token(os.environ)
+
+    def mask(text: str) -> str:
+        return text.replace(token, "***") if token else text
+
+    try:
+        data = Path(args.file).read_bytes()
+    except OSError as e:
+        print(f"publish-config: cannot read {args.file}: {e.strerror}", file=sys.stderr)
+        return EXIT_REFUSED
+    problems = problems_with(data, repo=args.repo, branch=args.branch, path=args.path, flags=args.flags)
+    if problems:
+        print(f"publish-config: {args.file}: {len(problems)} problem(s); nothing was uploaded", file=sys.stderr)
+        for line in problems:
+            print(f"  - {mask(line)}", file=sys.stderr)
+        return EXIT_REFUSED
+    if not token:
+        print("publish-config: no Hub token: set HF_TOKEN, or pass --token-file (a secret file)", file=sys.stderr)
+        return EXIT_REFUSED
+    cfg_hash = parse_config(data.decode("utf-8"), env={}).hash
+    from huggingface_hub import HfApi
+
+    api = HfApi(token=token)
+    try:
+        if args.create:
+            api.create_repo(args.repo, private=True, exist_ok=True)
+        if args.branch != "main":
+            api.create_branch(args.repo, branch=args.branch, exist_ok=True)
+        info = api.upload_file(path_or_fileobj=data, path_in_repo=args.path, repo_id=args.repo,
+                               revision=args.branch,
+                               commit_message=args.message or f"kiln: publish {args.path} (config {cfg_hash[:12]})")
+    except Exception as e:  # noqa: BLE001 - one masked line, never a traceback with headers in it
+        kind = hubclient.classify(e)
+        print(f"publish-config: the Hub refused or could not be reached ({kind}): {mask(hubclient.describe(e))}",
+              file=sys.stderr)
+        return EXIT_HUB
+    commit = getattr(info, "oid", None) or "?"
+    print(f"published {args.path} to hf://{args.repo}@{args.branch}: commit {commit} (config hash {cfg_hash[:12]})")
+    return EXIT_OK

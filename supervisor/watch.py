@@ -1,0 +1,267 @@
+"""The config watcher: it finds published configs and reports them; it never changes anything.
+
+Two sources, each in its own daemon thread, both feeding one small queue the lifecycle loop reads
+(`take()`), with a wake-up call so the loop acts at once:
+
+* **The Hub** (`[watch] repo/branch/path`): one small request per `poll_s` (the branch's commit,
+  `repo_info`); only when the commit moves is the file read, at that exact commit (its size first:
+  nothing over the cap is downloaded). Errors (no network, 429, 5xx, a missing branch) double the
+  interval up to `max_backoff_s`, and the first success after them resets it: an outage is
+  survived, never fatal, and shows on /status (`watch.hub`).
+* **A local directory** (`[watch] dir`, the file named by `path` inside it), watched with
+  watchdog (inotify). Publishers replace files atomically (write a temp file, rename it over), and
+  Kubernetes-style mounts swap a symlink, so every event in the directory counts; after
+  `debounce_s` without events the file is read and compared by content. A stat check every
+  FALLBACK_S seconds also catches changes inotify cannot see (a network volume written from
+  another host).
+
+A candidate is reported once per new commit or content; which ones were already decided comes
+from the reload book (supervisor/reload.py), so a restart does not report them again. Newer
+candidates from the same source replace an older one not yet taken: only the latest matters.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import logging
+import os
+import threading
+import time
+from pathlib import Path
+from typing import Any, Callable, Sequence
+
+from . import hubclient
+from .candidate import MAX_BYTES, Candidate
+from .config import WatchSpec
+
+log = logging.getLogger("kiln.watch")
+FALLBACK_S = 2.0
+
+
+def _read_capped(path: Path) -> bytes:
+    with open(path, "rb") as f:
+        return f.read(MAX_BYTES + 1)
+
+
+class Watcher:
+    def __init__(self, spec: WatchSpec, *, cache: Path, token: str | None, seen: dict[str, dict[str, str]],
+                 wake: Callable[[], None] = lambda: None, secrets: Callable[[], Sequence[str]] = lambda: ()):
+        self.spec = spec
+        self.cache = cache
+        self.token = token
+        self.wake = wake
+        self.secrets = secrets
+        self.hub_origin = f"hf://{spec.repo}@{spec.branch}:{spec.path}" if spec.repo else None
+        self.local_path = Path(spec.dir) / spec.path if spec.dir else None
+        # Only a key recorded for the same origin counts: a changed [watch] starts afresh.
+        self._seen = {src: v.get("key") for src, v in seen.items()
+                      if v.get("origin") in (self.hub_origin, str(self.local_path))}
+        self._lock = threading.Lock()
+        self._pending: dict[str, Candidate] = {}
+        self._stop = threading.Event()
+        self._dirty = threading.Event()
+        self._last_event = 0.0            # monotonic time of the last directory event
+        self._threads: list[threading.Thread] = []
+        self._observer: Any = None
+        self._status: dict[str, Any] = {}
+        if spec.repo:
+            self._status["hub"] = {"repo": spec.repo, "branch": spec.branch, "path": spec.path, "poll_s": spec.poll_s,
+                                   "polls": 0, "errors": 0, "consecutive_errors": 0, "revision": None,
+                                   "last_ok_at": None, "last_error": None, "unreachable_since": None,
+                                   "interval_s": spec.poll_s}
+        if self.local_path:
+            self._status["local"] = {"file": str(self.local_path), "events": 0, "checks": 0, "present": None,
+                                     "content_sha256": None, "last_error": None}
+
+    # -- the lifecycle's side ------------------------------------------------------------
+    def start(self) -> None:
+        if self.spec.repo:
+            self._spawn(self._hub_loop, "kiln-watch-hub")
+        if self.local_path:
+            self._spawn(self._local_loop, "kiln-watch-local")
+
+    def stop(self) -> None:
+        self._stop.set()
+        self._dirty.set()
+        if self._observer is not None:
+            try:
+                self._observer.stop()
+            except Exception:  # noqa: BLE001 - best effort on the way out
+                pass
+
+    def take(self) -> Candidate | None:
+        """The oldest pending candidate (one per source at most), or None."""
+        with self._lock:
+            if not self._pending:
+                return None
+            source = min(self._pending, key=lambda s: self._pending[s].detected_at)
+            return self._pending.pop(source)
+
+    def status(self) -> dict[str, Any]:
+        with self._lock:
+            out = {k: dict(v) for k, v in self._status.items()}
+        if "hub" in out and out["hub"].get("unreachable_since"):
+            out["hub"]["unreachable_for_s"] = round(time.time() - out["hub"]["unreachable_since"], 1)
+        return out
+
+    # -- plumbing ------------------------------------------------------------------------
+    def _spawn(self, target: Callable[[], None], name: str) -> None:
+        def guarded() -> None:
+            try:
+                target()
+            except Exception:  # noqa: BLE001 - a watcher bug must show, and must not take PID 1 down
+                log.exception("%s stopped", name)
+        t = threading.Thread(target=guarded, name=name, daemon=True)
+        t.start()
+        self._threads.append(t)
+
+    def _set(self, source: str, **kv: Any) -> None:
+        with self._lock:
+            self._status[source].update(kv)
+
+    def _redact(self, text: str) -> str:
+        for s in sorted((s for s in self.secrets() if s), key=len, reverse=True):
+            text = text.replace(s, "***")
+        return text
+
+    def _report(self, c: Candidate) -> None:
+        with self._lock:
+            if c.source in self._pending:
+                log.info("watch: %s superseded by %s before it was looked at",
+                         self._pending[c.source].describe(), c.describe())
+            self._pending[c.source] = c
+        self._seen[c.source] = c.seen_key
+        log.info("watch: new config %s (%d bytes)", c.describe(), len(c.data))
+        self.wake()
+
+    # -- the Hub -------------------------------------------------------------------------
+    def _hub_loop(self) -> None:
+        from huggingface_hub import HfApi
+
+        spec = self.spec
+        assert spec.repo
+        api = HfApi(token=self.token or False)
+        interval = spec.poll_s
+        timeout = min(30.0, max(5.0, spec.poll_s))
+        while not self._stop.is_set():
+            try:
+                sha = api.repo_info(spec.repo, revision=spec.branch, timeout=timeout).sha
+                detected = time.time()
+                self._hub_up(sha)
+                if sha and sha != self._seen.get("hub"):
+                    self._report(self._read_hub(api, sha, detected))
+                interval = spec.poll_s
+            except Exception as e:  # noqa: BLE001 - every failure is an outage to ride out
+                interval = min(max(interval * 2, spec.poll_s), spec.max_backoff_s)
+                self._hub_down(e, interval)
+            self._stop.wait(interval)
+
+    def _hub_up(self, sha: str | None) -> None:
+        with self._lock:
+            st = self._status["hub"]
+            st["polls"] += 1
+            if st["unreachable_since"]:
+                log.info("watch: the Hub answers again after %.1f s", time.time() - st["unreachable_since"])
+            st.update(revision=sha, last_ok_at=round(time.time(), 3), consecutive_errors=0,
+                      unreachable_since=None, interval_s=self.spec.poll_s)
+
+    def _hub_down(self, e: BaseException, interval: float) -> None:
+        kind = hubclient.classify(e)
+        why = self._redact(hubclient.describe(e))
+        with self._lock:
+            st = self._status["hub"]
+            st["polls"] += 1
+            st["errors"] += 1
+            st["consecutive_errors"] += 1
+            first = st["unreachable_since"] is None
+            if first:
+                st["unreachable_since"] = round(time.time(), 3)
+            st.update(last_error=f"{kind}: {why}", interval_s=interval)
+        if first:
+            log.warning("watch: cannot poll %s (%s: %s); the server keeps serving, retrying with backoff up to %g s",
+                        self.hub_origin, kind, why, self.spec.max_backoff_s)
+
+    def _read_hub(self, api: Any, sha: str, detected: float) -> Candidate:
+        """The file at exactly that commit (size checked before any byte of it is downloaded)."""
+        from huggingface_hub import hf_hub_download
+        from huggingface_hub.hf_api import RepoFile
+
+        spec = self.spec
+        assert spec.repo and self.hub_origin
+        base = dict(source="hub", origin=self.hub_origin, revision=sha, detected_at=detected)
+        infos = [i for i in api.get_paths_info(spec.repo, [spec.path], revision=sha) if isinstance(i, RepoFile)]
+        if not infos:
+            return Candidate(**base, error=f"(file): {spec.path} is not in {spec.repo} at {sha[:12]}")
+        if (infos[0].size or 0) > MAX_BYTES:
+            return Candidate(**base, error=f"(file): is {infos[0].size} bytes; a deploy config is at most "
+                                           f"{MAX_BYTES} bytes (not downloaded)")
+        local = hf_hub_download(spec.repo, spec.path, revision=sha, cache_dir=str(self.cache),
+                                token=self.token or False)
+        return Candidate(**base, data=_read_capped(Path(local)))
+
+    # -- the local directory ---------------------------------------------------------------
+    def _local_loop(self) -> None:
+        from watchdog.events import FileSystemEventHandler
+        from watchdog.observers import Observer
+
+        target = self.local_path
+        assert target is not None
+        target.parent.mkdir(parents=True, exist_ok=True)
+        watcher = self
+
+        class Handler(FileSystemEventHandler):
+            def on_any_event(self, event: Any) -> None:
+                if event.event_type in ("opened", "closed_no_write"):
+                    return      # reads (ours included) are not changes
+                with watcher._lock:
+                    watcher._status["local"]["events"] += 1
+                watcher._last_event = time.monotonic()
+                watcher._dirty.set()
+
+        self._observer = Observer()
+        self._observer.schedule(Handler(), str(target.parent), recursive=False)
+        self._observer.daemon = True
+        self._observer.start()
+        last_stat: tuple[int, int, int] | None = None
+        self._dirty.set()                       # look once at start
+        while not self._stop.is_set():
+            fired = self._dirty.wait(FALLBACK_S)
+            if self._stop.is_set():
+                return
+            while fired:                         # quiet for debounce_s since the last event
+                self._dirty.clear()
+                left = self.spec.debounce_s - (time.monotonic() - self._last_event)
+                if left <= 0:
+                    break
+                if self._stop.wait(left):
+                    return
+            try:
+                st = os.stat(target)
+                now_stat: tuple[int, int, int] | None = (st.st_ino, st.st_size, st.st_mtime_ns)
+            except OSError:
+                now_stat = None
+            if fired or now_stat != last_stat:
+                last_stat = now_stat
+                self._check_local(target, present=now_stat is not None)
+
+    def _check_local(self, target: Path, present: bool) -> None:
+        detected = time.time()
+        with self._lock:
+            self._status["local"]["checks"] += 1
+            self._status["local"]["present"] = present
+        if not present:
+            return
+        try:
+            data = _read_capped(target)
+        except OSError as e:
+            self._set("local", last_error=f"{type(e).__name__}: {e.strerror}")
+            return
+        digest = hashlib.sha256(data).hexdigest()
+        self._set("local", content_sha256=digest, last_error=None)
+        if digest == self._seen.get("local"):
+            return
+        c = Candidate(source="local", origin=str(target), data=data, detected_at=detected)
+        if len(data) > MAX_BYTES:
+            c = Candidate(source="local", origin=str(target), data=data, detected_at=detected,
+                          error=f"(file): is over {MAX_BYTES} bytes; a deploy config is at most {MAX_BYTES} bytes")
+        self._report(c)

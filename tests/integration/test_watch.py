@@ -1,0 +1,194 @@
+"""The config watcher (supervisor/watch.py) on its own: it reports candidates, it decides nothing.
+
+The Hub side runs the real huggingface_hub client against tests/support/hubserver.py, a local
+stand-in for huggingface.co speaking the routes huggingface_hub 2.4 uses (repo info, paths-info,
+resolve). The local side is a real directory watched with watchdog (inotify).
+"""
+
+from __future__ import annotations
+
+import os
+import threading
+import time
+from pathlib import Path
+
+import pytest
+
+from supervisor.candidate import MAX_BYTES
+from supervisor.config import WatchSpec
+from supervisor.watch import Watcher
+from tests.support.hubserver import HubServer, client_env
+from tests.support.supervised import wait_for
+
+REPO = "kiln-test/deploy"
+
+
+class Inbox:
+    """Takes what the watcher reports, as the lifecycle loop does, and counts wake-ups."""
+
+    def __init__(self) -> None:
+        self.woken = threading.Event()
+        self.got: list = []
+        self.watcher: Watcher | None = None
+
+    def wake(self) -> None:
+        self.woken.set()
+
+    def drain(self) -> list:
+        assert self.watcher is not None
+        while (c := self.watcher.take()) is not None:
+            self.got.append(c)
+        return self.got
+
+
+@pytest.fixture
+def hub(tmp_path):
+    with HubServer(tmp_path / "hub") as server, client_env(server, tmp_path / "home"):
+        yield server
+
+
+def start(spec: WatchSpec, tmp_path: Path, seen: dict | None = None, token: str | None = None) -> tuple[Watcher, Inbox]:
+    inbox = Inbox()
+    w = Watcher(spec, cache=tmp_path / "cache", token=token, seen=seen or {}, wake=inbox.wake)
+    inbox.watcher = w
+    w.start()
+    return w, inbox
+
+
+def test_one_small_request_per_interval_and_a_change_is_read_at_its_commit(hub, tmp_path):
+    first = hub.seed(REPO, {"deploy.toml": b"# v1\n"})
+    w, inbox = start(WatchSpec(repo=REPO, poll_s=0.2), tmp_path, token=hub.token)
+    try:
+        wait_for(lambda: inbox.drain(), 10, "the first candidate")
+        assert inbox.got[0].revision == first and inbox.got[0].data == b"# v1\n"
+        hub.reset_counts()
+        wait_for(lambda: hub.counts["repo_info"] >= 6, 10, "six polls")
+        assert set(hub.counts) == {"repo_info"}               # nothing else while nothing changes
+        second = hub.seed(REPO, {"deploy.toml": b"# v2\n"})
+        wait_for(lambda: len(inbox.drain()) == 2, 10, "the change")
+        c = inbox.got[1]
+        assert (c.revision, c.data, c.source, c.origin) == (second, b"# v2\n", "hub", f"hf://{REPO}@main:deploy.toml")
+        assert inbox.woken.is_set()
+        st = w.status()["hub"]
+        assert st["revision"] == second and st["consecutive_errors"] == 0
+    finally:
+        w.stop()
+
+
+def test_errors_back_off_and_the_first_success_resets_the_interval(hub, tmp_path):
+    hub.seed(REPO, {"deploy.toml": b"# v1\n"})
+    hub.fail_next(4, 503, path_prefix="/api/")
+    w, inbox = start(WatchSpec(repo=REPO, poll_s=0.1, max_backoff_s=0.4), tmp_path)
+    try:
+        wait_for(lambda: w.status()["hub"]["interval_s"] == 0.4, 10, "backoff up to max_backoff_s")
+        assert w.status()["hub"]["last_error"].startswith("unavailable: HfHubHTTPError") and "503" in w.status()["hub"]["last_error"]
+        wait_for(lambda: inbox.drain(), 10, "the candidate once the Hub answers")
+        st = w.status()["hub"]
+        assert st["interval_s"] == 0.1 and st["consecutive_errors"] == 0 and st["errors"] == 4
+    finally:
+        w.stop()
+
+
+def test_an_outage_is_ridden_out_and_a_change_made_during_it_arrives_after(hub, tmp_path):
+    hub.seed(REPO, {"deploy.toml": b"# v1\n"})
+    w, inbox = start(WatchSpec(repo=REPO, poll_s=0.1, max_backoff_s=0.3), tmp_path)
+    try:
+        wait_for(lambda: inbox.drain(), 10, "the first candidate")
+        hub.set_offline(True)
+        wait_for(lambda: w.status()["hub"]["consecutive_errors"] >= 3, 10, "failed polls")
+        st = w.status()["hub"]
+        assert st["unreachable_since"] and st["last_error"].startswith("offline:")
+        later = hub.seed(REPO, {"deploy.toml": b"# during the outage\n"})
+        hub.set_offline(False)
+        wait_for(lambda: len(inbox.drain()) == 2, 10, "the change after the outage")
+        assert inbox.got[1].revision == later and w.status()["hub"]["unreachable_since"] is None
+    finally:
+        w.stop()
+
+
+def test_an_oversized_or_missing_file_is_reported_as_an_error_without_downloading_it(hub, tmp_path):
+    hub.seed(REPO, {"deploy.toml": b"#" * (MAX_BYTES + 10)})
+    w, inbox = start(WatchSpec(repo=REPO, poll_s=0.1), tmp_path)
+    try:
+        wait_for(lambda: inbox.drain(), 10, "a report")
+        assert "at most" in inbox.got[0].error and hub.counts["resolve_get"] == 0
+        hub.seed(REPO, {"other.toml": b"x = 1\n"}, branch="empty")
+        w2, inbox2 = start(WatchSpec(repo=REPO, branch="empty", path="nope.toml", poll_s=0.1), tmp_path / "2")
+        wait_for(lambda: inbox2.drain(), 10, "a report")
+        assert "nope.toml is not in" in inbox2.got[0].error
+        w2.stop()
+    finally:
+        w.stop()
+
+
+def test_a_revision_already_decided_before_a_restart_is_not_reported_again(hub, tmp_path):
+    sha = hub.seed(REPO, {"deploy.toml": b"# v1\n"})
+    seen = {"hub": {"origin": f"hf://{REPO}@main:deploy.toml", "key": sha}}
+    w, inbox = start(WatchSpec(repo=REPO, poll_s=0.1), tmp_path, seen=seen)
+    try:
+        wait_for(lambda: w.status()["hub"]["polls"] >= 3, 10, "three polls")
+        assert inbox.drain() == []
+    finally:
+        w.stop()
+
+
+# -- the local directory -------------------------------------------------------------------
+
+
+def test_a_burst_of_writes_is_debounced_into_one_candidate_with_the_final_content(tmp_path):
+    d = tmp_path / "cfg"
+    d.mkdir()
+    w, inbox = start(WatchSpec(dir=str(d), debounce_s=0.3), tmp_path)
+    try:
+        wait_for(lambda: w.status()["local"]["checks"] >= 1, 5, "the first look")
+        target = d / "deploy.toml"
+        with open(target, "w") as f:              # an editor saving in pieces
+            for i in range(5):
+                f.write(f"# part {i}\n")
+                f.flush()
+                time.sleep(0.02)                  # the writer's pace, not a wait for the watcher
+        wait_for(lambda: inbox.drain(), 5, "the burst's candidate")
+        target.write_text("# sentinel\n")      # a later, separate change: anything the burst still
+        wait_for(lambda: any(c.data == b"# sentinel\n" for c in inbox.drain()), 5, "the sentinel")
+        # ...reported would have come before the sentinel. Exactly one did: the burst's final content.
+        assert [c.data for c in inbox.got] == [b"".join(f"# part {i}\n".encode() for i in range(5)),
+                                               b"# sentinel\n"]
+    finally:
+        w.stop()
+
+
+def test_atomic_replacements_and_symlink_swaps_are_seen_and_same_content_is_not(tmp_path):
+    d = tmp_path / "cfg"
+    d.mkdir()
+    w, inbox = start(WatchSpec(dir=str(d), path="deploy.toml", debounce_s=0.05), tmp_path)
+    try:
+        target = d / "deploy.toml"
+        (d / ".deploy.toml.tmp").write_text("# one\n")
+        os.replace(d / ".deploy.toml.tmp", target)                    # publisher's atomic rename
+        wait_for(lambda: len(inbox.drain()) == 1, 5, "the renamed file")
+        (d / ".deploy.toml.tmp").write_text("# one\n")
+        os.replace(d / ".deploy.toml.tmp", target)                    # same bytes again: not a change
+        # Kubernetes-style: the file is a symlink into a data dir that is swapped atomically.
+        (d / "v2").mkdir()
+        (d / "v2" / "deploy.toml").write_text("# two\n")
+        os.symlink("v2", d / "..data_tmp")
+        os.replace(d / "..data_tmp", d / "..data")
+        target.unlink()
+        os.symlink("..data/deploy.toml", target)
+        wait_for(lambda: len(inbox.drain()) == 2, 5, "the swapped symlink")
+        assert [c.data for c in inbox.got] == [b"# one\n", b"# two\n"]
+        assert all(c.source == "local" and c.origin == str(target) for c in inbox.got)
+    finally:
+        w.stop()
+
+
+def test_a_missing_directory_is_created_and_watched(tmp_path):
+    d = tmp_path / "not-yet" / "cfg"
+    w, inbox = start(WatchSpec(dir=str(d), debounce_s=0.05), tmp_path)
+    try:
+        wait_for(lambda: d.is_dir() and w.status()["local"]["checks"] >= 1, 5, "the directory")
+        (d / "deploy.toml").write_text("# hello\n")
+        wait_for(lambda: inbox.drain(), 5, "the file")
+        assert w.status()["local"]["present"] is True
+    finally:
+        w.stop()

@@ -1,0 +1,96 @@
+"""The [watch] table: where published configs come from; validated with every problem at once;
+environment overrides; left out of the config hash (it says where updates come from, not what runs)."""
+
+from __future__ import annotations
+
+import pytest
+
+from supervisor.config import WatchSpec, parse_config
+from supervisor.errors import ConfigError
+
+BASE = """
+engine = "llamacpp"
+[model]
+source = "/models/m.gguf"
+[ladder]
+[[ladder.rungs]]
+name = "a"
+"""
+
+
+def test_no_watch_table_means_no_watching_and_existing_configs_keep_their_meaning():
+    cfg = parse_config(BASE, env={})
+    assert cfg.watch == WatchSpec() and not cfg.watch.enabled
+
+
+def test_a_full_watch_table():
+    cfg = parse_config(BASE + """
+[watch]
+repo = "kiln-test/deploy"
+branch = "pods/a40"
+path = "pods/a40.toml"
+poll_s = 5
+max_backoff_s = 60
+dir = "/workspace/kiln/config"
+debounce_s = 0.1
+""", env={})
+    w = cfg.watch
+    assert (w.repo, w.branch, w.path, w.poll_s, w.max_backoff_s, w.dir, w.debounce_s) == (
+        "kiln-test/deploy", "pods/a40", "pods/a40.toml", 5.0, 60.0, "/workspace/kiln/config", 0.1)
+    assert w.enabled
+
+
+def test_every_watch_problem_at_once():
+    with pytest.raises(ConfigError) as e:
+        parse_config(BASE + """
+[watch]
+repo = "not a repo"
+branch = "../main"
+path = "../../etc/passwd"
+poll_s = 0
+dir = "relative/dir"
+debounce_s = -1
+pol_s = 3
+""", env={})
+    text = str(e.value)
+    for expected in ("watch.repo: has the wrong form", "watch.branch", "watch.path", "watch.poll_s: is out of range",
+                     "watch.dir: has the wrong form", "watch.debounce_s: is out of range",
+                     "watch.pol_s: is not a known field; did you mean 'poll_s'?"):
+        assert expected in text, expected
+    assert len(e.value.problems) >= 7
+
+
+@pytest.mark.parametrize("path", ["/abs.toml", "a/../b.toml", "..", "a//b", "a b.toml", "a\\b.toml"])
+def test_path_must_stay_inside_the_repo_or_directory(path):
+    with pytest.raises(ConfigError, match="watch.path"):
+        parse_config(BASE + f'[watch]\nrepo = "a/b"\npath = "{path}"\n'.replace("\\", "\\\\"), env={})
+
+
+def test_env_overrides_watch_fields_including_a_float():
+    cfg = parse_config(BASE, env={"KILN_WATCH_REPO": "kiln-test/deploy", "KILN_WATCH_POLL_S": "0.5",
+                                  "KILN_WATCH_BRANCH": "canary", "KILN_WATCH_DIR": "/cfg", "KILN_WATCH_PATH": "x.toml"})
+    assert (cfg.watch.repo, cfg.watch.poll_s, cfg.watch.branch, cfg.watch.dir, cfg.watch.path) == (
+        "kiln-test/deploy", 0.5, "canary", "/cfg", "x.toml")
+    with pytest.raises(ConfigError, match=r"watch.poll_s \(from env KILN_WATCH_POLL_S\): must be a number"):
+        parse_config(BASE, env={"KILN_WATCH_POLL_S": "often"})
+
+
+def test_watch_is_not_part_of_the_config_hash():
+    a = parse_config(BASE, env={})
+    b = parse_config(BASE + '[watch]\nrepo = "a/b"\n', env={})
+    assert a.hash == b.hash
+    assert parse_config(BASE.replace('name = "a"', 'name = "b"'), env={}).hash != a.hash
+
+
+@pytest.mark.parametrize("arg", ["4096; --jinja", "`id`", "$(cat /etc/passwd)", "${HOME}", "$HOME", "a && b",
+                                 "a > /tmp/x", "a || b"])
+def test_shell_syntax_in_args_is_refused(arg):
+    with pytest.raises(ConfigError, match="holds shell syntax"):
+        parse_config(BASE.replace('name = "a"', f'name = "a"\nargs = ["-c", {arg!r}]'.replace("'", '"')), env={})
+
+
+@pytest.mark.parametrize("arg", [r"blk\.(1|2)\.ffn_.*_exps=CPU", '{"method": "ngram"}', "price$", "a|b"])
+def test_regexes_and_json_in_args_stay_allowed(arg):
+    toml_arg = arg.replace("\\", "\\\\").replace('"', '\\"')
+    cfg = parse_config(BASE.replace('name = "a"', f'name = "a"\nargs = ["-x", "{toml_arg}"]'), env={})
+    assert cfg.ladder.rungs[0].args[1] == arg
