@@ -136,9 +136,13 @@ def readme(target: Target, image_ref: str, floating: tuple[str, ...]) -> str:
         "selftest passed.",
     ]
     for port in tcp:
-        lines.append(f"- `{port}/tcp`: direct TCP at the Pod's public IP and mapped port, for requests longer than "
-                     "the proxy allows (reserved for the supervisor's API relay; until it ships, build long prompts "
-                     "in chunks as the selftest does).")
+        if port == cfg.server.tcp_port:
+            lines.append(f"- `{port}/tcp`: the same API over plain TCP at the Pod's public IP and mapped port (the "
+                         "supervisor relays it to the engine), for requests longer than the proxy allows, such as "
+                         "a long cold prefill.")
+        else:
+            lines.append(f"- `{port}/tcp`: exposed, but the deploy config relays nothing there "
+                         "(set [server] tcp_port to use it for the API).")
     lines += ["", "## Secrets", "", "Create these RunPod secrets first (Settings > Secrets); the template holds "
               "only references:", ""]
     lines += [f"- `{secret}` -> `{key}`" for key, secret in rp.secrets]

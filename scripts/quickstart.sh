@@ -14,6 +14,7 @@ say() { printf '\n==> %s\n' "$*" >&2; }
 IMAGE="${KILN_QUICKSTART_IMAGE:-kiln-local/kiln:cpu-llamacpp}"
 PORT="${KILN_QUICKSTART_PORT:-18080}"
 STATUS_PORT="${KILN_QUICKSTART_STATUS_PORT:-18081}"
+TCP_PORT="${KILN_QUICKSTART_TCP_PORT:-18082}"
 CA_BUNDLE="${KILN_CA_BUNDLE:-/etc/ssl/certs/ca-certificates.crt}"
 
 say "setting up (first run compiles llama-server: ~11-16 min on 2 cores; later runs: seconds)"
@@ -33,7 +34,7 @@ model="$(python3 -m tests.support.models smollm2)"
 key="$(python3 -c 'import secrets; print(secrets.token_urlsafe(24))')"
 docker=/usr/bin/docker; [ -x "$docker" ] || docker=docker
 cid="$("$docker" run -d --rm --network host -v "$model:/models/model.gguf:ro" \
-  -e KILN_API_KEY="$key" -e KILN_SERVER_PORT="$PORT" -e KILN_STATUS_PORT="$STATUS_PORT" -e KILN_MODEL_FAMILY=smollm2 \
+  -e KILN_API_KEY="$key" -e KILN_SERVER_PORT="$PORT" -e KILN_STATUS_PORT="$STATUS_PORT" -e KILN_TCP_PORT="$TCP_PORT" -e KILN_MODEL_FAMILY=smollm2 \
   -e KILN_STATE_DIR=/tmp/kiln "$IMAGE")"
 trap '"$docker" stop -t 10 "$cid" >/dev/null 2>&1 || true' EXIT
 

@@ -42,6 +42,7 @@ ENV_OVERRIDES: dict[str, tuple[str, type]] = {
     "KILN_MODEL_ENTRY": ("model.entry", str),
     "KILN_MODEL_FAMILY": ("model.family", str),
     "KILN_SERVER_PORT": ("server.port", int),
+    "KILN_TCP_PORT": ("server.tcp_port", int),
     "KILN_API_KEY_SOURCE": ("server.api_key", str),
     "KILN_STATUS_PORT": ("status.port", int),
     "KILN_LADDER_START": ("ladder.start", str),
@@ -100,6 +101,9 @@ class ServerSpec:
     binary: str = ""
     flag_snapshot: str = ""
     extra_args: tuple[str, ...] = ()
+    # A second port relayed to the engine as plain TCP: RunPod's TCP ports skip its HTTP proxy,
+    # which cuts requests at ~125 s (a long cold prefill). None = no relay.
+    tcp_port: int | None = None
 
 
 @dataclass(frozen=True)
@@ -300,6 +304,8 @@ def _build(r: Reader, source: str) -> DeployConfig | None:
     watch = _watch(r.table("watch"))
     state_dir = r.str("state_dir", "/workspace/kiln", pattern=r"/.*", pattern_hint="an absolute path")
     r.finish()
+    if server.tcp_port is not None and server.tcp_port == status.port:
+        r.problem("server.tcp_port", "must differ from status.port", server.tcp_port)
     if status.port == server.port:
         r.problem("status.port", "must differ from server.port (the supervisor and the engine both listen)",
                   status.port)
@@ -347,9 +353,12 @@ def _server(r: Reader, engine: str) -> ServerSpec:
         r.problem("binary", _SHELL_META_MESSAGE, binary)
     snapshot = r.str("flag_snapshot", DEFAULT_SNAPSHOTS.get(engine, ""))
     extra = r.str_list("extra_args", item=_arg_problem)
+    tcp_port = r.int("tcp_port", None, min=1, max=65535)
     r.finish()
+    if tcp_port is not None and tcp_port == port:
+        r.problem("tcp_port", "must differ from server.port (it relays to it)", tcp_port)
     return ServerSpec(host=host, port=port, api_key=api_key, binary=binary, flag_snapshot=snapshot,
-                      extra_args=extra)
+                      extra_args=extra, tcp_port=tcp_port)
 
 
 def _owned_flag_problem(arg: str) -> str | None:

@@ -36,6 +36,7 @@ from .health import wait_healthy
 from .ladder import LadderMemory, image_identity, memory_key, reclaim, start_index
 from .pid1 import SignalRelay, become_subreaper, exit_code_for, reap_orphans
 from .process import REGISTRY, ManagedProcess
+from .relay import TcpRelay
 from .reload import HISTORY_KEEP, ReloadBook, adopt_last_good, record_decision, status_record
 from .state import Record, State
 from .status import StatusServer
@@ -87,6 +88,7 @@ class Supervisor:
         self.memory = LadderMemory(self.state_dir / "ladder-memory.json")
         self.balancers: dict[str, Any] = {}      # rung name -> placement.Balancer
         self.engine: Any = None                  # the engine module (supervisor/engines), set in PREFLIGHT
+        self.tcp_relay: TcpRelay | None = None
         self._wake = self.relay.wakeup
         self.book = ReloadBook(self.state_dir / "reload")
         self.watcher: Watcher | None = None
@@ -152,6 +154,8 @@ class Supervisor:
             self.status = StatusServer(self.cfg.status.host, self.cfg.status.port, self._snapshot,
                                        secrets=lambda: self.secrets)
             self.status.start()
+        if self.cfg.server.tcp_port:
+            self._start_tcp_relay(self.cfg.server.tcp_port)
         if self.cfg.watch.enabled:
             self.watcher = Watcher(self.cfg.watch, cache=fetch.cache_dir(self.cfg), token=self.hub_token,
                                    seen=self.book.seen(), wake=self._wake.set, secrets=lambda: self.secrets)
@@ -166,6 +170,8 @@ class Supervisor:
             if self.proc is not None and self.proc.poll() is None:
                 self.proc.stop(self.cfg.health.stop_grace_s)
             REGISTRY.stop_all(1.0)
+            if self.tcp_relay:
+                self.tcp_relay.stop()
             if self.status:
                 self.status.stop()
         return code
@@ -356,6 +362,39 @@ class Supervisor:
         self._transition(State.LOADING, f"pid {proc.pid}")
         return proc
 
+    def _start_tcp_relay(self, port: int) -> None:
+        """The TCP port is a convenience beside the HTTP one: a busy port is a warning, not a failure."""
+        relay = TcpRelay(self.cfg.server.host, port, self.cfg.server.host, lambda: self.cfg.server.port)
+        try:
+            relay.start()
+        except OSError as e:
+            self.rec.warn(f"TCP relay not started: port {port}: {e.strerror or e}")
+            log.warning("TCP relay not started on port %d: %s", port, e.strerror or e)
+            return
+        self.tcp_relay = relay
+        log.info("TCP relay: port %d -> the engine's port", port)
+
+    def _check_host_resident(self) -> None:
+        """The seed's wall: weights left in host RAM run at the speed of the host's vCPUs (16 vCPU ran
+        the identical placement 1.9x slower than 41). Warn when vCPU per host-resident GiB is low."""
+        if self.cfg.engine != "llamacpp" or self.hw is None or self.model_path is None:
+            return
+        from .gguf_layout import shards
+
+        try:
+            model_gib = sum(p.stat().st_size for p in shards(self.model_path)) / 2**30
+        except OSError:
+            return
+        used = self._gpu_used_visible() or []
+        in_vram_gib = sum(max(u - b, 0) for u, b in zip(used, self.baseline_mib or [])) / 1024
+        host_gib = max(model_gib - in_vram_gib, 0.0)
+        self.rec.update(placement_estimate={"model_gib": round(model_gib, 4), "vram_gib": round(in_vram_gib, 4),
+                                            "host_resident_gib": round(host_gib, 4)})
+        warning = hardware.host_resident_warning(self.cfg.hardware, self.hw, host_gib)
+        if warning:
+            self.rec.warn(warning)
+            log.warning("%s", warning)
+
     def _gpu_used_visible(self) -> list[int] | None:
         """Used MiB on the GPUs the engine can see, in the probe's order (the baseline's order)."""
         used = self.opts.gpu_used()
@@ -421,6 +460,7 @@ class Supervisor:
             timings.setdefault("boot_to_ready_s", round(time.monotonic() - self.rec.boot_monotonic, 4))
             self.rec.update(timings=timings)
             self._transition(State.SERVING, rung.name)
+            self._check_host_resident()
             return None
         rc = proc.stop(self.cfg.health.stop_grace_s)   # reaps and drains the rest of the output
         self.last_returncode = rc if out.exited else None

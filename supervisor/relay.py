@@ -13,16 +13,20 @@ from __future__ import annotations
 import logging
 import socket
 import threading
+from typing import Callable
 
 log = logging.getLogger("kiln.relay")
 _CHUNK = 1 << 16
 
 
 class TcpRelay:
-    def __init__(self, listen_host: str, listen_port: int, target_host: str, target_port: int):
+    def __init__(self, listen_host: str, listen_port: int, target_host: str,
+                 target_port: int | Callable[[], int]):
         self.listen = (listen_host, listen_port)
         # A wildcard listen address still reaches the engine on loopback.
-        self.target = ("127.0.0.1" if target_host in ("0.0.0.0", "::", "") else target_host, target_port)
+        self.target_host = "127.0.0.1" if target_host in ("0.0.0.0", "::", "") else target_host
+        # A callable follows the engine's port across config reloads.
+        self.target_port = target_port
         self._server: socket.socket | None = None
         self._conns: set[socket.socket] = set()
         self._lock = threading.Lock()
@@ -60,10 +64,11 @@ class TcpRelay:
             threading.Thread(target=self._serve, args=(client,), daemon=True).start()
 
     def _serve(self, client: socket.socket) -> None:
+        port = self.target_port() if callable(self.target_port) else self.target_port
         try:
-            upstream = socket.create_connection(self.target, timeout=10)
+            upstream = socket.create_connection((self.target_host, port), timeout=10)
         except OSError as e:
-            log.debug("relay: engine not reachable at %s:%d (%s)", *self.target, e)
+            log.debug("relay: engine not reachable at %s:%d (%s)", self.target_host, port, e)
             _close(client)
             return
         upstream.settimeout(None)

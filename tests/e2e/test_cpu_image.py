@@ -94,9 +94,10 @@ def test_llama_server_is_on_path_and_the_supervisor_answers_version(image):
 
 def test_the_image_serves_a_local_gguf_and_stops_cleanly_as_pid1(image, tmp_path):
     model = make_tiny_gguf(tmp_path / "tiny.gguf")
-    port, sport = free_port(), free_port()
+    port, sport, tport = free_port(), free_port(), free_port()
     cid = docker("run", "-d", "--network", "host", "-v", f"{model}:/models/model.gguf:ro",
                  "-e", "KILN_API_KEY=e2e-key", "-e", f"KILN_SERVER_PORT={port}", "-e", f"KILN_STATUS_PORT={sport}",
+                 "-e", f"KILN_TCP_PORT={tport}",
                  "-e", "KILN_STATE_DIR=/tmp/kiln",
                  "-e", "KILN_SELFTEST_ENABLED=false",     # a random model answers nothing right
                  TAG).stdout.strip()
@@ -187,6 +188,7 @@ def test_the_image_fetches_its_model_from_the_hub_serves_and_applies_a_published
                                                       "README.md": b"SmolLM2-135M-Instruct, Apache-2.0\n"})
         hub.seed("kiln-test/deploy", {"README.md": b"pod configs\n"})
         env = {"KILN_API_KEY": "e2e-hub-key", "KILN_SERVER_PORT": str(port), "KILN_STATUS_PORT": str(sport),
+               "KILN_TCP_PORT": str(free_port()),
                "KILN_STATE_DIR": "/tmp/kiln", "KILN_MODEL_SOURCE": "hf://kiln-test/smollm2",
                "KILN_MODEL_ENTRY": "q4_1/*.gguf", "KILN_MODEL_FAMILY": "smollm2",
                "KILN_WATCH_REPO": "kiln-test/deploy", "KILN_WATCH_POLL_S": "0.5",
