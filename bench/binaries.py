@@ -21,7 +21,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from common import REPO
+from common import REPO  # noqa: F401 - importing common puts the repo on sys.path
 
 
 def main() -> int:

@@ -13,14 +13,12 @@ far smaller still; the fetch path is the honest baseline for a pod image.)
 from __future__ import annotations
 
 import argparse
-import os
-import subprocess
 import sys
 import tempfile
 import time
 from pathlib import Path
 
-from common import REPO
+from common import REPO  # noqa: F401 - importing common puts the repo on sys.path
 
 
 def main() -> int:
@@ -67,7 +65,6 @@ def main() -> int:
         init.write_text(init.read_text() + f"\n# bench/rebuild.py change {time.time()}\n")
         rebuild = build(no_cache=False)
         cached = sum(1 for ln in lines if ln.endswith("CACHED"))
-        rebuilt = [ln for ln in lines if " DONE " in ln and "exporting" not in ln]
     print(f"cold build (--no-cache, fetch path)   {cold:8.2f} s  ({cold_steps} steps ran)")
     print(f"supervisor-only rebuild               {rebuild:8.2f} s  ({cached} steps cached)")
     print(f"P5 rebuild_over_cold={rebuild / cold:.4f}")

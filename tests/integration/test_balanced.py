@@ -7,7 +7,6 @@ llama.cpp's own cudaMalloc failure line; when everything fits it execs the real 
 
 from __future__ import annotations
 
-import json
 import os
 from pathlib import Path
 

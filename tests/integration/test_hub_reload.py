@@ -17,7 +17,6 @@ from pathlib import Path
 import psutil
 import pytest
 
-from tests.support.engine import require_prefix
 from tests.support.hubserver import HubServer, client_env
 from tests.support.models import make_tiny_gguf
 from tests.support.supervised import Supervised, config, free_port, http, wait_for
@@ -27,15 +26,6 @@ pytestmark = pytest.mark.llama
 ROOT = Path(__file__).resolve().parents[2]
 MODEL_REPO, DEPLOY_REPO = "kiln-test/tiny", "kiln-test/deploy"
 
-
-@pytest.fixture(scope="module")
-def prefix() -> Path:
-    return require_prefix()
-
-
-@pytest.fixture(scope="module")
-def tiny(tmp_path_factory) -> Path:
-    return make_tiny_gguf(tmp_path_factory.mktemp("models") / "tiny.gguf")
 
 
 @pytest.fixture

@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pytest
 
-from images.lock import Pin, load_lock, missing, pins_for, refresh
+from images.lock import missing, pins_for, refresh
 from images.resolve import default_resolvers, registry_digest
 from images.target import load_target
 from tests.support.dockerenv import docker_cli, local_base_image, require_docker

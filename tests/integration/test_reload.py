@@ -17,22 +17,11 @@ import psutil
 import pytest
 
 from supervisor.candidate import MAX_BYTES
-from tests.support.engine import require_prefix
 from tests.support.llama_server import LlamaServer
-from tests.support.models import make_tiny_gguf
 from tests.support.supervised import FAKE, Supervised, config, free_port, http, wait_for
 
 pytestmark = pytest.mark.llama
 
-
-@pytest.fixture(scope="module")
-def prefix() -> Path:
-    return require_prefix()
-
-
-@pytest.fixture(scope="module")
-def tiny(tmp_path_factory) -> Path:
-    return make_tiny_gguf(tmp_path_factory.mktemp("models") / "tiny.gguf")
 
 
 class Pod:

@@ -14,21 +14,10 @@ from pathlib import Path
 import psutil
 import pytest
 
-from tests.support.engine import require_prefix
-from tests.support.models import make_tiny_gguf
 from tests.support.supervised import FAKE, Supervised, config, free_port, http, wait_for
 
 pytestmark = pytest.mark.llama
 
-
-@pytest.fixture(scope="module")
-def prefix() -> Path:
-    return require_prefix()
-
-
-@pytest.fixture(scope="module")
-def tiny(tmp_path_factory) -> Path:
-    return make_tiny_gguf(tmp_path_factory.mktemp("models") / "tiny.gguf")
 
 
 def rung(name: str, args: list[str], placement: str = "cpu", env: dict[str, str] | None = None) -> str:

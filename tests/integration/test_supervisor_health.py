@@ -4,28 +4,15 @@ while loading, or loads slowly but visibly: conditions a healthy CPU build will 
 
 from __future__ import annotations
 
-import json
 import signal
 import socket
-from pathlib import Path
 
 import pytest
 
-from tests.support.engine import require_prefix
-from tests.support.models import make_tiny_gguf
 from tests.support.supervised import FAKE, Supervised, config, free_port, wait_for
 
 pytestmark = pytest.mark.llama
 
-
-@pytest.fixture(scope="module")
-def prefix() -> Path:
-    return require_prefix()
-
-
-@pytest.fixture(scope="module")
-def tiny(tmp_path_factory) -> Path:
-    return make_tiny_gguf(tmp_path_factory.mktemp("models") / "tiny.gguf")
 
 
 def start(tmp_path, prefix, tiny, env, *, stall_s, binary=None, port=None, args=("--exit-on-failure",)):

@@ -8,7 +8,6 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-import psutil
 import pytest
 
 from tests.support.supervised import FAKE, SELFTEST_OFF, Supervised, free_port
