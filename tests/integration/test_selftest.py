@@ -20,6 +20,7 @@ from supervisor.selftest.chunked import prefill_in_chunks
 from supervisor.selftest.client import Cancelled, Client
 from supervisor.selftest.measure import measure_decode
 from supervisor.selftest.runner import run_selftest
+from tests.support.supervised import wait_for
 from tests.support.engine import require_prefix
 from tests.support.llama_server import LlamaServer
 from tests.support.models import make_tiny_gguf, smollm2_gguf
@@ -122,13 +123,9 @@ def test_cancel_ends_a_selftest_promptly(smol):
 
     t = threading.Thread(target=go, daemon=True)
     t.start()
-    deadline = time.monotonic() + 120
-    while not (isinstance(box.get("decode"), float)) and time.monotonic() < deadline and t.is_alive():
-        time.sleep(0.05)
+    wait_for(lambda: isinstance(box.get("decode"), float) or not t.is_alive(), 120, "the decode measurement")
     assert box.get("decode"), "the decode measurement never started"
-    while not client.in_flight and time.monotonic() < deadline:      # a decode stream is on the wire
-        time.sleep(0.01)
-    assert client.in_flight
+    wait_for(lambda: client.in_flight, 120, "a decode stream on the wire")
     t0 = time.monotonic()
     client.abort()
     t.join(5)

@@ -10,6 +10,8 @@ from pathlib import Path
 
 import pytest
 
+from tests.support.supervised import wait_for
+
 from supervisor.config import SelftestSpec, parse_config
 from supervisor.errors import ConfigError
 from supervisor.selftest.client import Cancelled, Client, ClientError
@@ -150,9 +152,7 @@ def test_abort_ends_a_blocked_request_at_once(silent_server):
         done.set()
 
     threading.Thread(target=go, daemon=True).start()
-    deadline = time.monotonic() + 5
-    while not c.in_flight and time.monotonic() < deadline:     # the request is on the wire
-        time.sleep(0.01)
+    wait_for(lambda: c.in_flight, 5, "the request on the wire")
     t0 = time.monotonic()
     c.abort()
     assert done.wait(2.0) and time.monotonic() - t0 < 1.0
