@@ -47,6 +47,10 @@ def hub(tmp_path):
         yield server
 
 
+# An editor that saves a file in pieces, this far apart: the burst the debounce must absorb.
+WRITER_PACE_S = 0.02
+
+
 def start(spec: WatchSpec, tmp_path: Path, seen: dict | None = None, token: str | None = None) -> tuple[Watcher, Inbox]:
     inbox = Inbox()
     w = Watcher(spec, cache=tmp_path / "cache", token=token, seen=seen or {}, wake=inbox.wake)
@@ -146,7 +150,7 @@ def test_a_burst_of_writes_is_debounced_into_one_candidate_with_the_final_conten
             for i in range(5):
                 f.write(f"# part {i}\n")
                 f.flush()
-                time.sleep(0.02)                  # the writer's pace, not a wait for the watcher
+                time.sleep(WRITER_PACE_S)         # the writer's pace, not a wait for the watcher
         wait_for(lambda: inbox.drain(), 5, "the burst's candidate")
         target.write_text("# sentinel\n")      # a later, separate change: anything the burst still
         wait_for(lambda: any(c.data == b"# sentinel\n" for c in inbox.drain()), 5, "the sentinel")

@@ -200,8 +200,8 @@ def clean_exit(signum: int, frame: object) -> None:
 
 
 def serve_forever() -> int:
-    while True:
-        time.sleep(3600)
+    threading.Event().wait()     # the HTTP thread serves; signals end the process
+    return 0
 
 
 def ok(a: Args) -> int:
