@@ -74,30 +74,14 @@ def env_without_kiln() -> dict[str, str]:
 
 def deploy_toml(*, model: Path, binary: Path, port: int, status_port: int, state_dir: Path, rungs: str,
                 api_key: str = "none", snapshot: Path | None = None, extra: str = "") -> str:
-    """A deploy config for a bench run: loopback ports, no remembered rung, selftest off unless
-    `extra` says otherwise (benches measure the boot, not the model's answers)."""
-    snap = snapshot or binary.parent.parent / "share/kiln/llama-server.help.txt"
-    selftest = "" if "[selftest]" in extra else "[selftest]\nenabled = false\n"
-    return f"""
-engine = "llamacpp"
-state_dir = "{state_dir}"
-[model]
-source = "{model}"
-[server]
-host = "127.0.0.1"
-port = {port}
-api_key = "{api_key}"
-binary = "{binary}"
-flag_snapshot = "{snap}"
-[ladder]
-remember = false
-{rungs}
-{extra}
-{selftest}
-[status]
-host = "127.0.0.1"
-port = {status_port}
-"""
+    """A deploy config for a bench run: the tests' builder, with no remembered rung, no key unless
+    asked, and the engine's own flag snapshot; selftest off unless `extra` has a [selftest] table
+    (benches measure the boot, not the model's answers) and no [health] table unless `extra` has one."""
+    from tests.support.supervised import config
+
+    return config(binary=binary, model=model, port=port, status_port=status_port, state_dir=state_dir,
+                  rungs=rungs, snapshot=snapshot or binary.parent.parent / "share/kiln/llama-server.help.txt",
+                  extra=extra, health="", api_key=api_key, ladder_options="remember = false\n")
 
 
 def rung_toml(name: str, args: list[str], placement: str = "cpu", env: dict[str, str] | None = None) -> str:

@@ -120,11 +120,17 @@ class Supervised:
 SELFTEST_OFF = "[selftest]\nenabled = false\n"
 
 
-def config(*, binary: str, model: str, port: int, status_port: int, state_dir: Path, rungs: str,
-           snapshot: str = "", extra: str = "", selftest: str = SELFTEST_OFF) -> str:
-    """A deploy config for tests. `selftest` is the [selftest] table ("" for the defaults);
-    a [selftest] table in `extra` replaces it."""
+HEALTH = "[health]\nstall_s = 20\nstop_grace_s = 5\n"
+
+
+def config(*, binary: str | Path, model: str | Path, port: int, status_port: int, state_dir: Path, rungs: str,
+           snapshot: str | Path = "", extra: str = "", selftest: str = SELFTEST_OFF, health: str = HEALTH,
+           api_key: str | None = None, ladder_options: str = "") -> str:
+    """A deploy config on loopback for tests and benches. `selftest` is the [selftest] table ("" for
+    the defaults; a [selftest] table in `extra` replaces it), `health` the [health] table, `api_key`
+    server.api_key (None: the default, env:KILN_API_KEY), `ladder_options` lines of [ladder]."""
     snap = f'flag_snapshot = "{snapshot}"\n' if snapshot else 'flag_snapshot = "/nonexistent"\n'
+    key = f'api_key = "{api_key}"\n' if api_key is not None else ""
     if "[selftest]" in extra:
         selftest = ""
     return f"""
@@ -136,12 +142,10 @@ source = "{model}"
 host = "127.0.0.1"
 port = {port}
 binary = "{binary}"
-{snap}
+{key}{snap}
 [ladder]
-{rungs}
-[health]
-stall_s = 20
-stop_grace_s = 5
+{ladder_options}{rungs}
+{health}
 {extra}
 {selftest}
 [status]
