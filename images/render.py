@@ -16,6 +16,7 @@ from pathlib import Path
 import jinja2
 
 import supervisor
+from supervisor.errors import KilnError
 
 from .lock import Pin, missing
 from .target import IMAGES_DIR, Target
@@ -30,7 +31,7 @@ KILN_VERSION = supervisor.__version__
 SOURCE_URL = "https://github.com/kiln-llm/kiln"
 
 
-class FloatingRefused(Exception):
+class FloatingRefused(KilnError):
     """A target has unresolved pins and floating was not allowed."""
 
     def __init__(self, target: Target, lines: list[str]):

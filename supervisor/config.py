@@ -21,6 +21,7 @@ from pathlib import Path
 from typing import Any, Mapping
 
 from .errors import ConfigError
+from .failure import FailureClass
 from .validate import Problem, Reader, raise_if
 
 ENGINES = ("llamacpp", "vllm")
@@ -28,9 +29,8 @@ ENGINES = ("llamacpp", "vllm")
 # balanced: Kiln plans -ot ranges from the model's layout and free VRAM, calibrating from
 # shortfalls. cpu: no offload. engine: no Kiln placement guard (vLLM, and raw experiments).
 PLACEMENTS = ("autofit", "manual", "balanced", "cpu", "engine")
-FAILURE_CLASSES = ("config_rejected", "oom", "load_error", "port_in_use", "stalled", "crashed",
-                   "selftest_failed")
-DEFAULT_FALL_THROUGH = ("oom", "config_rejected")
+FAILURE_CLASSES = FailureClass.names()
+DEFAULT_FALL_THROUGH = (FailureClass.OOM.value, FailureClass.CONFIG_REJECTED.value)
 DEFAULT_BINARIES = {"llamacpp": "/opt/kiln/engine/bin/llama-server", "vllm": "vllm"}
 DEFAULT_SNAPSHOTS = {"llamacpp": "/opt/kiln/engine/share/kiln/llama-server.help.txt",
                      "vllm": "/opt/kiln/engine/share/kiln/vllm-serve.help.txt"}

@@ -1,10 +1,30 @@
-"""Kiln's exception tree. Each carries what a person needs to fix it.
+"""Kiln's exception tree. Every error Kiln raises on purpose is a KilnError, and each carries
+what a person needs to fix it; `str()` is one readable message (the CLIs print it and exit 2).
+tests/unit/test_errors.py checks that every exception class in supervisor/ and images/ is in
+this tree and listed here.
 
     KilnError
-    ├── ConfigError          a config, target or published change is invalid (all problems at once)
-    ├── HardwareMismatch     the machine is not what the config expects
-    ├── FetchError           a download failed or did not verify
-    └── EngineFailure        the server failed; carries its failure class and stderr tail
+    ├── ConfigError              a config, target or published change is invalid (all problems at once)
+    │   └── RunPodSchemaError    (images.runpod_schema) a RunPod request body breaks the vendored schema
+    ├── FetchError               a download failed or did not verify
+    │   └── ArtifactError        (images.artifacts) a binaries tarball could not be fetched or trusted
+    │       ├── ArtifactCorrupt  its bytes are not the published bytes
+    │       ├── ArtifactUnsafe   it would write outside its destination
+    │       ├── ArtifactMismatch it is intact but not the one the target names
+    │       └── SmokeTestFailed  the extracted llama-server did not start
+    ├── Cancelled                a stop was requested while a task ran (the task is gone)
+    ├── ClientError              (supervisor.selftest.client) a request to the engine failed
+    │   └── RequestCancelled     the selftest was told to stop (also a Cancelled)
+    ├── GGUFError                (supervisor.gguf_layout) a model file's header cannot be read
+    ├── DoesNotFit               (supervisor.placement) no split of the model fits the free VRAM
+    ├── IllegalTransition        (supervisor.state) a lifecycle transition the state machine forbids (a bug)
+    ├── FloatingRefused          (images.render) a target has unresolved pins and floating was not allowed
+    ├── BinariesError            (images.binaries) engine binaries could not be compiled or published
+    ├── EngineUnavailable        (images.docker_build) no Docker engine answers
+    ├── BuildFailed              (images.docker_build) the image build failed
+    ├── GateFailed               (images.gate) the GPU selftest gate did not pass
+    ├── PromoteError             (images.promote) staging tags could not be promoted
+    └── RunPodAPIError           (images.runpod_api) RunPod's API refused or failed a request
 """
 
 from __future__ import annotations
@@ -28,19 +48,9 @@ class ConfigError(KilnError):
         super().__init__("\n".join(lines))
 
 
-class HardwareMismatch(KilnError):
-    def __init__(self, mismatches: Sequence[str]):
-        self.mismatches = list(mismatches)
-        super().__init__("this machine does not match the config's [hardware] expectations:\n"
-                         + "\n".join(f"  - {m}" for m in self.mismatches))
-
-
 class FetchError(KilnError):
-    pass
+    """A download failed or did not verify; the message says which file and why."""
 
 
-class EngineFailure(KilnError):
-    def __init__(self, failure_class: str, message: str, tail: Sequence[str] = ()):
-        self.failure_class = failure_class
-        self.tail = list(tail)
-        super().__init__(f"{failure_class}: {message}")
+class Cancelled(KilnError):
+    """A stop was requested while a task ran (a fetch, a selftest); the task is gone."""

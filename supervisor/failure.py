@@ -11,35 +11,50 @@ context" that follows it in the same log).
 
 from __future__ import annotations
 
+import enum
 import re
 import signal
 from dataclasses import dataclass, field
 from typing import Sequence
 
-# The failure classes, in the words /status and the ladder use.
-CONFIG_REJECTED = "config_rejected"
-OOM = "oom"
-LOAD_ERROR = "load_error"
-PORT_IN_USE = "port_in_use"
-STALLED = "stalled"
-CRASHED = "crashed"
-SELFTEST_FAILED = "selftest_failed"
+
+class FailureClass(str, enum.Enum):
+    """Why a server failed, in the words /status, the deploy config's `fall_through` and the
+    policies use. A str enum: it compares equal to (and serialises as) its value."""
+    CONFIG_REJECTED = "config_rejected"        # lint, or a fast exit with no allocator line (seed: q8_0 KV)
+    OOM = "oom"                                # cudaMalloc / CUDA out of memory
+    LOAD_ERROR = "load_error"                  # the model could not be read or fetched
+    PORT_IN_USE = "port_in_use"                # something else holds the engine's port
+    STALLED = "stalled"                        # no progress within the deadline
+    CRASHED = "crashed"                        # a signal, or an exit with no known signature
+    SELFTEST_FAILED = "selftest_failed"        # healthy, but the answers or throughput were not honest
+    DRIVER_INCOMPATIBLE = "driver_incompatible"  # the host's driver cannot run this image's CUDA
+    MODEL_INCOMPATIBLE = "model_incompatible"  # the model file is not one this engine build can load
+    ENGINE_MISSING = "engine_missing"          # the engine binary is not in this image
+
+    def __str__(self) -> str:
+        return self.value
+
+    @classmethod
+    def names(cls) -> tuple[str, ...]:
+        return tuple(c.value for c in cls)
+
 
 
 @dataclass(frozen=True)
 class Signature:
-    failure_class: str
+    failure_class: FailureClass
     pattern: re.Pattern[str]
     reason: str
 
 
-def sig(failure_class: str, pattern: str, reason: str) -> Signature:
+def sig(failure_class: FailureClass, pattern: str, reason: str) -> Signature:
     return Signature(failure_class, re.compile(pattern), reason)
 
 
 @dataclass(frozen=True)
 class Failure:
-    failure_class: str
+    failure_class: FailureClass
     reason: str
     exit_code: int | None = None        # Popen convention: <0 is death by signal
     elapsed_s: float | None = None      # launch to exit
@@ -49,7 +64,7 @@ class Failure:
     rung: str | None = None
 
     def to_dict(self) -> dict[str, object]:
-        return {"class": self.failure_class, "reason": self.reason, "exit_code": self.exit_code,
+        return {"class": self.failure_class.value, "reason": self.reason, "exit_code": self.exit_code,
                 "elapsed_s": None if self.elapsed_s is None else round(self.elapsed_s, 3),
                 "evidence": self.evidence, "hints": list(self.hints), "rung": self.rung,
                 "stderr_tail": list(self.tail)}
@@ -64,7 +79,7 @@ def classify(*, returncode: int | None, elapsed_s: float | None, tail: Sequence[
                   for line in tail_t if h.pattern.search(line))
     common = dict(exit_code=returncode, elapsed_s=elapsed_s, tail=tail_t, rung=rung, hints=hints)
     if stalled:
-        return Failure(STALLED, stall_reason or "no loading progress (output, CPU or disk reads) within the "
+        return Failure(FailureClass.STALLED, stall_reason or "no loading progress (output, CPU or disk reads) within the "
                        "stall deadline", **common)
     for s in signatures:
         for line in tail_t:
@@ -78,5 +93,5 @@ def classify(*, returncode: int | None, elapsed_s: float | None, tail: Sequence[
         reason = f"killed by {name}"
         if returncode == -signal.SIGKILL:
             reason += " (the host's OOM killer does this too: check container memory)"
-        return Failure(CRASHED, reason, **common)
-    return Failure(CRASHED, f"exited with status {returncode} and no known failure signature", **common)
+        return Failure(FailureClass.CRASHED, reason, **common)
+    return Failure(FailureClass.CRASHED, f"exited with status {returncode} and no known failure signature", **common)

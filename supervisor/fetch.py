@@ -41,7 +41,7 @@ from typing import Any, Callable, Mapping, Sequence
 
 from . import hubclient
 from .config import COMMIT, DeployConfig
-from .errors import FetchError, KilnError
+from .errors import Cancelled, FetchError
 
 DISK_MARGIN = 1 << 20        # refs, manifests and tree caches need a little room too
 PROGRESS_EVERY_S = 0.5
@@ -301,10 +301,6 @@ def main(argv: list[str] | None = None) -> int:
 
 
 # ---------------------------------------------------------------------------- parent side
-
-
-class Cancelled(KilnError):
-    """A stop was requested while the fetch ran; the child is gone."""
 
 
 @dataclass

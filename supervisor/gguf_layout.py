@@ -18,14 +18,16 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, BinaryIO
 
+from .errors import KilnError
+
 _SCALARS = {0: "<B", 1: "<b", 2: "<H", 3: "<h", 4: "<I", 5: "<i", 6: "<f", 7: "<?", 10: "<Q", 11: "<q", 12: "<d"}
 STRING, ARRAY = 8, 9
 _LAYER = re.compile(r"blk\.(\d+)\.")
 _SHARD = re.compile(r"^(?P<stem>.*)-(?P<i>\d{5})-of-(?P<n>\d{5})\.gguf$")
 
 
-class GGUFError(ValueError):
-    pass
+class GGUFError(KilnError):
+    """A model file's GGUF header cannot be read (truncated, not GGUF, a missing split)."""
 
 
 @dataclass

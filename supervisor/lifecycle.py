@@ -31,7 +31,10 @@ from .config import DeployConfig, Rung
 from . import engines
 from .engines.flags import FlagSnapshot
 from .errors import ConfigError, FetchError, KilnError
-from .failure import CONFIG_REJECTED, CRASHED, OOM, SELFTEST_FAILED, Failure, classify
+from .failure import Failure, FailureClass, classify
+
+CONFIG_REJECTED, CRASHED, OOM, SELFTEST_FAILED = (FailureClass.CONFIG_REJECTED, FailureClass.CRASHED,
+                                                 FailureClass.OOM, FailureClass.SELFTEST_FAILED)
 from .health import wait_healthy
 from .ladder import LadderMemory, image_identity, memory_key, reclaim, start_index
 from .pid1 import SignalRelay, become_subreaper, exit_code_for, reap_orphans
@@ -197,7 +200,7 @@ class Supervisor:
         try:
             self.model_path = self._resolve_model(self.cfg)
         except FetchError as e:
-            self._record_failure(Failure("load_error", self._redact(str(e))))
+            self._record_failure(Failure(FailureClass.LOAD_ERROR, self._redact(str(e))))
             return False
         if self._should_stop():
             raise Stop
@@ -678,7 +681,7 @@ class Supervisor:
             try:
                 self.model_path = self._resolve_model(cfg)
             except FetchError as e:
-                self._record_failure(Failure("load_error", self._redact(str(e))))
+                self._record_failure(Failure(FailureClass.LOAD_ERROR, self._redact(str(e))))
                 return False
         return self._walk_ladder()
 

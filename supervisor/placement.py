@@ -15,14 +15,15 @@ import re
 from dataclasses import dataclass
 from typing import Sequence
 
+from .errors import KilnError
 from .gguf_layout import Layout
 
 MIB = 1 << 20
 _SHORTFALL = re.compile(r"allocating ([\d.]+) MiB on device (\d+): cudaMalloc failed")
 
 
-class DoesNotFit(Exception):
-    pass
+class DoesNotFit(KilnError):
+    """No split of the model over the visible GPUs fits their free memory."""
 
 
 @dataclass(frozen=True)

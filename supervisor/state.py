@@ -11,6 +11,8 @@ import threading
 import time
 from typing import Any
 
+from .errors import KilnError
+
 
 class State(str, enum.Enum):
     PREFLIGHT = "PREFLIGHT"
@@ -47,8 +49,8 @@ ALLOWED: dict[State, set[State]] = {
 }
 
 
-class IllegalTransition(RuntimeError):
-    pass
+class IllegalTransition(KilnError):
+    """A transition the state machine forbids: a bug in the loop, never a user error."""
 
 
 class Record:

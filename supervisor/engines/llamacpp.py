@@ -16,7 +16,7 @@ from dataclasses import dataclass
 from typing import Sequence
 
 from ..config import DeployConfig, Rung
-from ..failure import CONFIG_REJECTED, LOAD_ERROR, OOM, PORT_IN_USE, Signature, sig
+from ..failure import FailureClass as F, Signature, sig
 from .flags import FlagSnapshot, load_llama_snapshot
 
 load_snapshot = load_llama_snapshot
@@ -43,21 +43,21 @@ NGL_FLAGS = ("-ngl", "--gpu-layers", "--n-gpu-layers")
 
 SIGNATURES: tuple[Signature, ...] = (
     # OOM first: its log goes on to say "failed to create context" like a rejection does.
-    sig(OOM, r"cudaMalloc failed: out of memory", "CUDA out of memory (cudaMalloc)"),
-    sig(OOM, r"CUDA error: out of memory|CUDA out of memory", "CUDA out of memory"),
-    sig(OOM, r"failed to allocate CUDA\d* buffer", "could not allocate a CUDA buffer"),
-    sig(OOM, r"ggml_backend_cpu_buffer_type_alloc_buffer: failed to allocate",
+    sig(F.OOM, r"cudaMalloc failed: out of memory", "CUDA out of memory (cudaMalloc)"),
+    sig(F.OOM, r"CUDA error: out of memory|CUDA out of memory", "CUDA out of memory"),
+    sig(F.OOM, r"failed to allocate CUDA\d* buffer", "could not allocate a CUDA buffer"),
+    sig(F.OOM, r"ggml_backend_cpu_buffer_type_alloc_buffer: failed to allocate",
         "host memory exhausted allocating a CPU buffer"),
-    sig(PORT_IN_USE, r"couldn't bind HTTP server socket|Address already in use",
+    sig(F.PORT_IN_USE, r"couldn't bind HTTP server socket|Address already in use",
         "the server port is already in use"),
-    sig(CONFIG_REJECTED, r"error while handling argument|invalid argument|unknown argument",
+    sig(F.CONFIG_REJECTED, r"error while handling argument|invalid argument|unknown argument",
         "the engine rejected an argument"),
     # The seed's fast parameter rejection: no allocator line, context refused.
-    sig(CONFIG_REJECTED, r"failed to create llama_context", "the engine refused the context parameters"),
-    sig(CONFIG_REJECTED, r"requires flash_attn", "the engine refused the context parameters"),
-    sig(LOAD_ERROR, r"failed to open GGUF file|error loading model|failed to load model",
+    sig(F.CONFIG_REJECTED, r"failed to create llama_context", "the engine refused the context parameters"),
+    sig(F.CONFIG_REJECTED, r"requires flash_attn", "the engine refused the context parameters"),
+    sig(F.LOAD_ERROR, r"failed to open GGUF file|error loading model|failed to load model",
         "the model could not be loaded"),
-    sig(LOAD_ERROR, r"exiting due to model loading error", "the model could not be loaded"),
+    sig(F.LOAD_ERROR, r"exiting due to model loading error", "the model could not be loaded"),
 )
 HINTS: tuple[Signature, ...] = (
     sig("hint", r"already set by user.*abort", "autofit aborted because a placement parameter was pinned"),

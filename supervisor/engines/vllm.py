@@ -23,7 +23,7 @@ from pathlib import Path
 from typing import Sequence
 
 from ..config import DeployConfig, Rung
-from ..failure import CONFIG_REJECTED, LOAD_ERROR, OOM, PORT_IN_USE, Signature, sig
+from ..failure import FailureClass as F, Signature, sig
 from .flags import FlagSnapshot, load_argparse_snapshot
 from .llamacpp import LintIssue
 
@@ -39,15 +39,15 @@ TENSOR_PARALLEL = ("--tensor-parallel-size", "-tp")
 _OPT_LEVEL = re.compile(r"-O\d?")
 
 SIGNATURES: tuple[Signature, ...] = (
-    sig(OOM, r"torch\.OutOfMemoryError|CUDA out of memory", "CUDA out of memory (torch)"),
-    sig(OOM, r"No available memory for the cache blocks", "no GPU memory left for the KV cache"),
+    sig(F.OOM, r"torch\.OutOfMemoryError|CUDA out of memory", "CUDA out of memory (torch)"),
+    sig(F.OOM, r"No available memory for the cache blocks", "no GPU memory left for the KV cache"),
     # vllm/v1/core/kv_cache_utils.py (0.27.1): max_model_len needs more KV cache than is left
-    sig(OOM, r"larger than the available KV cache memory", "max_model_len does not fit in the KV cache memory"),
-    sig(PORT_IN_USE, r"Address already in use", "the server port is already in use"),
-    sig(CONFIG_REJECTED, r"unrecognized arguments|error: argument|invalid choice|ambiguous option",
+    sig(F.OOM, r"larger than the available KV cache memory", "max_model_len does not fit in the KV cache memory"),
+    sig(F.PORT_IN_USE, r"Address already in use", "the server port is already in use"),
+    sig(F.CONFIG_REJECTED, r"unrecognized arguments|error: argument|invalid choice|ambiguous option",
         "vLLM's parser rejected an argument"),
-    sig(LOAD_ERROR, r"Failed to infer device type", "vLLM found no usable GPU"),
-    sig(LOAD_ERROR, r"does not appear to have a file named|RepositoryNotFoundError|No such file or directory",
+    sig(F.LOAD_ERROR, r"Failed to infer device type", "vLLM found no usable GPU"),
+    sig(F.LOAD_ERROR, r"does not appear to have a file named|RepositoryNotFoundError|No such file or directory",
         "the model could not be loaded"),
 )
 HINTS: tuple[Signature, ...] = (

@@ -44,7 +44,7 @@ def add_parser(sub: argparse._SubParsersAction) -> argparse.ArgumentParser:  # t
 def main(args: argparse.Namespace) -> int:
     from ..config import parse_config
     from ..errors import ConfigError
-    from .client import Cancelled, Client
+    from .client import Client, RequestCancelled
     from .runner import run_selftest
 
     key = None
@@ -73,7 +73,7 @@ def main(args: argparse.Namespace) -> int:
         return EXIT_USAGE
     try:
         report = run_selftest(client, spec, family=args.family, log=lambda m: print(m, file=sys.stderr))
-    except Cancelled:
+    except RequestCancelled:
         return EXIT_FAIL
     except KeyboardInterrupt:
         client.abort()

@@ -21,10 +21,13 @@ from dataclasses import dataclass, field
 from typing import Any, Callable, Iterator
 from urllib.parse import urlsplit
 
+from .. import errors
+from ..errors import KilnError
+
 _WATCH_S = 0.05
 
 
-class ClientError(Exception):
+class ClientError(KilnError):
     """A request failed: `kind` is http | connect | timeout | cancelled | protocol."""
 
     def __init__(self, kind: str, message: str, status: int | None = None, body: str = ""):
@@ -41,7 +44,9 @@ class ClientError(Exception):
                                        or "maximum context" in text)
 
 
-class Cancelled(ClientError):
+class RequestCancelled(ClientError, errors.Cancelled):
+    """The selftest was told to stop; the in-flight request was aborted."""
+
     def __init__(self) -> None:
         super().__init__("cancelled", "cancelled")
 
@@ -131,7 +136,7 @@ class Client:
         return self._aborted or self._cancelled()
 
     def abort(self) -> None:
-        """Cancel: every in-flight request ends now with Cancelled, and so does every later one."""
+        """Cancel: every in-flight request ends now with RequestCancelled, and so does every later one."""
         self._aborted = True
         with self._lock:
             for sock, _, why in self._inflight.values():
@@ -184,7 +189,7 @@ class Client:
     def _open(self, method: str, path: str, payload: dict[str, Any] | None,
               timeout_s: float | None) -> tuple[http.client.HTTPConnection, http.client.HTTPResponse, list[str], float]:
         if self.is_cancelled():
-            raise Cancelled()
+            raise RequestCancelled()
         wall = self.timeout_s if timeout_s is None else timeout_s
         deadline = time.monotonic() + wall
         conn = self._connect(timeout=wall + 5.0)      # the watcher ends it at the deadline
@@ -204,7 +209,7 @@ class Client:
 
     def _failure(self, why: list[str], e: BaseException, path: str) -> ClientError:
         if "cancelled" in why or self.is_cancelled():
-            return Cancelled()
+            return RequestCancelled()
         if "timeout" in why or isinstance(e, TimeoutError):
             return ClientError("timeout", f"{path}: no complete reply within the wall limit")
         if isinstance(e, ConnectionRefusedError):
@@ -281,11 +286,11 @@ class Client:
                     if choice.get("finish_reason"):
                         reply.finish_reason = choice["finish_reason"]
                 if self.is_cancelled():
-                    raise Cancelled()
+                    raise RequestCancelled()
             reply.t_done = time.monotonic()
         except ValueError as e:
             if self.is_cancelled():
-                raise Cancelled() from None
+                raise RequestCancelled() from None
             raise ClientError("protocol", f"{path}: bad event in the stream: {e}") from None
         except (OSError, http.client.HTTPException) as e:
             raise self._failure(why, e, path) from None
@@ -363,7 +368,7 @@ class Client:
         try:
             status, text = self.get("/metrics")
         except ClientError as e:
-            if isinstance(e, Cancelled):
+            if isinstance(e, RequestCancelled):
                 raise
             return None
         return text if status == 200 else None

@@ -12,7 +12,7 @@ import time
 from typing import Any, Callable
 
 from ..config import SamplerSpec, SelftestSpec
-from .client import Cancelled, Client, ClientError
+from .client import Client, ClientError, RequestCancelled
 from .measure import measure_decode, measure_prefill
 from .probes import COMPLETION, FATAL, SCORED, Outcome, Probe, probe_set
 from .report import ProbeResult, Report
@@ -58,7 +58,7 @@ class Deadline:
 def run_selftest(client: Client, spec: SelftestSpec, *, family: str = "generic",
                  expected_sampler: SamplerSpec | None = None,
                  log: Callable[[str], None] | None = None) -> Report:
-    """The whole selftest. Raises Cancelled when the client is cancelled (a stop request)."""
+    """The whole selftest. Raises RequestCancelled when the client is cancelled (a stop request)."""
     say = log or (lambda _msg: None)
     t0 = time.monotonic()
     deadline = Deadline(spec.timeout_s)
@@ -112,7 +112,7 @@ def run_probe(client: Client, probe: Probe, greedy: dict[str, Any], timeout_s: f
             r = client.complete(req.pop("prompt"), timeout_s=timeout_s, **req, **greedy)
         else:
             r = client.chat(req.pop("messages"), timeout_s=timeout_s, **req, **greedy)
-    except Cancelled:
+    except RequestCancelled:
         raise
     except ClientError as e:
         return ProbeResult(probe, Outcome(False, f"request failed: {e}"), elapsed_s=time.monotonic() - t,

@@ -17,7 +17,7 @@ import pytest
 
 from supervisor.config import SelftestSpec
 from supervisor.selftest.chunked import prefill_in_chunks
-from supervisor.selftest.client import Cancelled, Client
+from supervisor.selftest.client import Client, RequestCancelled as Cancelled
 from supervisor.selftest.measure import measure_decode
 from supervisor.selftest.runner import run_selftest
 from tests.support.supervised import wait_for

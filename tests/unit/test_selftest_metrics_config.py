@@ -14,7 +14,7 @@ from tests.support.supervised import wait_for
 
 from supervisor.config import SelftestSpec, parse_config
 from supervisor.errors import ConfigError
-from supervisor.selftest.client import Cancelled, Client, ClientError
+from supervisor.selftest.client import Client, ClientError, RequestCancelled as Cancelled
 from supervisor.selftest.metrics import Counters, parse
 
 ROOT = Path(__file__).resolve().parents[1]
