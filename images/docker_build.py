@@ -18,6 +18,7 @@ from pathlib import Path
 from typing import Callable, Mapping, Sequence
 
 from supervisor.errors import KilnError
+from supervisor.redact import redact
 
 START_HINT = ('start one: `eval "$(bash scripts/dev-docker.sh start)"` (a private dockerd, as CI does), '
               "or Docker Desktop / your system dockerd; or use --render to write the Dockerfile and "
@@ -150,8 +151,7 @@ def build(req: BuildRequest, *, on_line: Callable[[str], None] | None = None) ->
         assert proc.stdout is not None
         for line in proc.stdout:
             line = line.rstrip("\n")
-            if req.hf_token:
-                line = line.replace(req.hf_token, "***")
+            line = redact(line, [req.hf_token])
             tail = (tail + [line])[-30:]
             say(line)
         rc = proc.wait()

@@ -23,6 +23,7 @@ import requests
 from supervisor.errors import KilnError
 
 from . import runpod_schema
+from supervisor.redact import redact
 
 DEFAULT_BASE_URL = "https://rest.runpod.io/v1"
 # TemplateCreateInput fields TemplateUpdateInput lacks: fixed at creation.
@@ -56,7 +57,7 @@ class RunPodAPI:
         self._s = session or requests.Session()
 
     def _scrub(self, text: str) -> str:
-        text = text.replace(self._key, "***")
+        text = redact(text, [self._key])
         return " ".join(text.split())[:300]
 
     def _call(self, method: str, path: str, operation: str, *, json_body: Any = None,

@@ -17,6 +17,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, NoReturn, Protocol, runtime_checkable
 
 from .artifacts import ArtifactError, Packed, _tmp_path, check_tarball_name, manifest_name, sha256_name
+from supervisor.redact import redact
 
 if TYPE_CHECKING:
     from huggingface_hub import HfApi
@@ -227,9 +228,7 @@ class HubStore:
         raise ArtifactError(msg) from None
 
     def _scrub(self, text: str) -> str:
-        for secret in (self._token, os.environ.get("HF_TOKEN"), os.environ.get("HUGGING_FACE_HUB_TOKEN")):
-            if secret:
-                text = text.replace(secret, "***")
+        text = redact(text, [self._token, os.environ.get("HF_TOKEN"), os.environ.get("HUGGING_FACE_HUB_TOKEN")])
         return text[:500]
 
 

@@ -42,6 +42,7 @@ from typing import Any, Callable, Mapping, Sequence
 from . import hubclient
 from .config import COMMIT, DeployConfig
 from .errors import Cancelled, FetchError
+from .redact import redact
 
 DISK_MARGIN = 1 << 20        # refs, manifests and tree caches need a little room too
 PROGRESS_EVERY_S = 0.5
@@ -399,8 +400,8 @@ def fetch(cfg: DeployConfig, env: Mapping[str, str], *, token: str | None, shoul
             report(final)
             snap = Path(final["snapshot"])
             return FetchResult(pick_entry(snap, spec.entry), snap, final.get("commit"), bool(final.get("from_cache")),
-                               _mask(final.get("note") or "", secrets), final.get("total"), attempts)
-        kind, message = final.get("kind"), _mask(str(final.get("message")), secrets)
+                               redact(final.get("note") or "", secrets), final.get("total"), attempts)
+        kind, message = final.get("kind"), redact(str(final.get("message")), secrets)
         if kind not in hubclient.TRANSIENT:
             raise FetchError(f"could not fetch {spec.source}@{revision}: {message}")
         # No complete copy in the cache, and the Hub is away: retry (resuming) until the stall deadline.
@@ -416,12 +417,6 @@ def fetch(cfg: DeployConfig, env: Mapping[str, str], *, token: str | None, shoul
                 raise Cancelled("stop requested during the model fetch")
             sleep(min(0.2, max(0.0, deadline - time.monotonic())))
         backoff = min(backoff * 2, 30.0)
-
-
-def _mask(text: str, secrets: Sequence[str]) -> str:
-    for s in sorted((s for s in secrets if s), key=len, reverse=True):
-        text = text.replace(s, "***")
-    return text
 
 
 if __name__ == "__main__":

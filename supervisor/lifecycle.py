@@ -44,6 +44,7 @@ from .reload import HISTORY_KEEP, ReloadBook, adopt_last_good, record_decision, 
 from .state import Record, State
 from .status import StatusServer
 from .watch import Watcher
+from .redact import redact
 
 log = logging.getLogger("kiln")
 ENGINE_LOG = logging.getLogger("kiln.engine")
@@ -137,9 +138,7 @@ class Supervisor:
         return names
 
     def _redact(self, text: str) -> str:
-        for s in self.secrets:
-            text = text.replace(s, "***")
-        return text
+        return redact(text, self.secrets)
 
     # -- entry --------------------------------------------------------------------------
     def run(self) -> int:

@@ -20,6 +20,9 @@ from typing import TextIO
 
 import psutil
 
+from .redact import ordered
+from .redact import redact as redact_text
+
 __all__ = ["ManagedProcess", "ProcessRegistry", "REGISTRY"]
 
 log = logging.getLogger(__name__)
@@ -96,8 +99,7 @@ class ManagedProcess:
             self.pgid = popen.pid
         self.started_at = time.monotonic()
         self._on_line = on_line
-        # Longest first, so a secret that contains another is masked whole.
-        self._redact = tuple(sorted({s for s in redact if s}, key=len, reverse=True))
+        self._redact = ordered(redact)
         self._log = log
         self._tail: collections.deque[str] = collections.deque(maxlen=max(tail_lines, 0))
         self._tail_lock = threading.Lock()
@@ -338,8 +340,7 @@ class ManagedProcess:
 
     def _emit(self, raw: bytes) -> None:
         line = raw.decode("utf-8", errors="replace").rstrip("\r")
-        for secret in self._redact:
-            line = line.replace(secret, "***")
+        line = redact_text(line, self._redact)
         with self._tail_lock:
             self._tail.append(line)
         self._last_output_at = time.monotonic()

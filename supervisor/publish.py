@@ -24,6 +24,7 @@ from . import hubclient
 from .candidate import decode
 from .config import HF_REPO, SAFE_PATH, parse_config
 from .errors import ConfigError
+from .redact import redact
 
 EXIT_OK, EXIT_HUB, EXIT_REFUSED = 0, 1, 2
 
@@ -86,7 +87,7 @@ def main(args: argparse.Namespace) -> int:
     token = token or hubclient.token(os.environ)
 
     def mask(text: str) -> str:
-        return text.replace(token, "***") if token else text
+        return redact(text, [token])
 
     try:
         data = Path(args.file).read_bytes()

@@ -9,7 +9,6 @@ lifecycle already redacts, this is the second net. Stdlib only: it ships inside 
 from __future__ import annotations
 
 import datetime
-import enum
 import html
 import json
 import logging
@@ -22,19 +21,19 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
 from urllib.parse import urlsplit
 
-__all__ = ["StatusServer", "STATES", "render_metrics", "render_html", "ready_text", "redact"]
+from .redact import ordered, redact_data
+from .state import State
+from .redact import redact as _mask_text
+
+__all__ = ["StatusServer", "STATES", "render_metrics", "render_html", "ready_text"]
 
 log = logging.getLogger(__name__)
 
 # Every lifecycle state, so /metrics has one kiln_state series per state (0 for all but one):
 # PromQL can then alert on `kiln_state{state="FAILED"} == 1` without absent() tricks.
-STATES = (
-    "PREFLIGHT", "FETCH", "LAUNCHING", "LOADING", "HEALTHY", "SELFTEST", "SERVING",
-    "RESTARTING", "RELOADING", "ROLLBACK", "FAILED", "STOPPING", "STOPPED",
-)  # fmt: skip
+STATES = tuple(s.value for s in State)
 
 METRICS_CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
-MASK = "***"
 _HISTORY_SHOWN = 30  # the HTML page shows the newest history entries, newest first
 _REQUEST_TIMEOUT_S = 10.0  # a client that connects and says nothing must not pin a thread forever
 _POLL_S = 0.05  # serve_forever checks for shutdown this often: stop() waits up to this long
@@ -42,42 +41,7 @@ _POLL_S = 0.05  # serve_forever checks for shutdown this often: stop() waits up 
 Snapshot = Mapping[str, Any]
 
 
-# --- redaction ---------------------------------------------------------------------------------
-
-
-def _ordered(secrets: Sequence[str]) -> list[str]:
-    # Longest first: with "sk-ab" and "sk-abcd" both secret, masking the short one first would
-    # leave "cd" of the long one in the clear.
-    return sorted({s for s in secrets if isinstance(s, str) and s}, key=len, reverse=True)
-
-
-def _mask(text: str, secrets: Sequence[str]) -> str:
-    for s in secrets:
-        text = text.replace(s, MASK)
-    return text
-
-
-def redact(value: Any, secrets: Sequence[str]) -> Any:
-    """A plain copy of `value` with every secret in every string (keys too) replaced by ***.
-
-    Done on the data, before rendering, because JSON and HTML escaping can change how a secret
-    is spelt in the body (a quote becomes \\" or &quot;) and a text-only pass would miss it.
-    Enum members become their values on the way, so a State reads "SERVING", not "State.SERVING".
-    """
-    ordered = _ordered(secrets)
-
-    def walk(v: Any) -> Any:
-        if isinstance(v, enum.Enum):
-            v = v.value
-        if isinstance(v, str):
-            return _mask(v, ordered)
-        if isinstance(v, Mapping):
-            return {walk(k): walk(x) for k, x in v.items()}
-        if isinstance(v, (list, tuple)):
-            return [walk(x) for x in v]
-        return v
-
-    return walk(value)
+# --- redaction: supervisor/redact.py --------------------------------------------------------
 
 
 # --- snapshot helpers: tolerant of missing keys, None and wrong types ---------------------------
@@ -370,13 +334,13 @@ class _Handler(BaseHTTPRequestHandler):
             return
         secrets: list[str] = []
         try:
-            secrets = _ordered(list(self.server.kiln_secrets()))
-            snap = redact(dict(self.server.kiln_snapshot()), secrets)
+            secrets = list(ordered(self.server.kiln_secrets()))
+            snap = redact_data(dict(self.server.kiln_snapshot()), secrets)
             status, content_type, body = render(snap)
         except Exception:
             # The client gets no detail (it could leak state); the log gets the traceback,
             # masked as well as we can (if secrets() itself failed there is nothing to mask).
-            log.error("status %s failed:\n%s", path, _mask(traceback.format_exc(), secrets))
+            log.error("status %s failed:\n%s", path, _mask_text(traceback.format_exc(), secrets))
             self._send(500, "text/plain; charset=utf-8", "internal error\n", ())
             return
         self._send(status, content_type, body, secrets)
@@ -394,7 +358,7 @@ class _Handler(BaseHTTPRequestHandler):
     def _send(
         self, status: int, content_type: str, body: str, secrets: Sequence[str], allow: str = ""
     ) -> None:
-        data = _mask(body, secrets).encode("utf-8")  # second pass, on the bytes that leave
+        data = _mask_text(body, secrets).encode("utf-8")  # second pass, on the bytes that leave
         self.send_response(status)
         self.send_header("Content-Type", content_type)
         self.send_header("Content-Length", str(len(data)))

@@ -33,6 +33,7 @@ from typing import Any, Callable, Sequence
 from . import hubclient
 from .candidate import MAX_BYTES, Candidate
 from .config import WatchSpec
+from .redact import redact
 
 log = logging.getLogger("kiln.watch")
 FALLBACK_S = 2.0
@@ -120,9 +121,7 @@ class Watcher:
             self._status[source].update(kv)
 
     def _redact(self, text: str) -> str:
-        for s in sorted((s for s in self.secrets() if s), key=len, reverse=True):
-            text = text.replace(s, "***")
-        return text
+        return redact(text, self.secrets())
 
     def _report(self, c: Candidate) -> None:
         with self._lock:
