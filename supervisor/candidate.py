@@ -8,7 +8,8 @@ one fails to *parse*; Kiln refuses everything it can know before stopping anythi
     size (<= MAX_BYTES), UTF-8, no NUL byte
     TOML and the deploy-config schema (unknown keys, wrong types, ranges, shell syntax in values,
         path-traversing names), with the same environment overrides as the boot config
-    boot-only tables ([watch], state_dir, [status]) left as they are
+    boot-only tables ([watch], state_dir, [status]) left as they are, then the cross-table checks
+        (ports) on the config as it will run
     the engine is in this image (its module and its binary)
     every rung linted against the engine's flag snapshot (removed and unknown flags)
     the [hardware] expectations against this host
@@ -20,14 +21,13 @@ from __future__ import annotations
 import dataclasses
 import hashlib
 import os
-import shutil
 import tomllib
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable, Mapping
 
 from . import engines, hardware
-from .config import DeployConfig, parse_config
+from .config import DeployConfig, cross_problems, parse_config
 from .errors import ConfigError, FetchError
 
 MAX_BYTES = 256 * 1024
@@ -81,17 +81,9 @@ def decode(data: bytes) -> tuple[str | None, list[str]]:
         return None, [f"(file): is not UTF-8 (byte {e.start}: {data[e.start:e.start + 1]!r})"]
 
 
-def _binary_present(binary: str) -> bool:
-    if not binary:
-        return False
-    if "/" in binary:
-        return os.path.isfile(binary) and os.access(binary, os.X_OK)
-    return shutil.which(binary) is not None
-
-
 def validate(c: Candidate, *, running: DeployConfig, env: Mapping[str, str], hw: hardware.Hardware | None,
              engine_get: Callable[[str], Any] = engines.get,
-             binary_present: Callable[[str], bool] = _binary_present) -> Verdict:
+             binary_present: Callable[[str], bool] = engines.binary_present) -> Verdict:
     if c.error:
         return Verdict(None, [c.error])
     text, problems = decode(c.data)
@@ -112,6 +104,9 @@ def validate(c: Candidate, *, running: DeployConfig, env: Mapping[str, str], hw:
                             f"{_show(theirs)}")
         keep[name] = mine
     cfg = dataclasses.replace(cfg, **keep)
+    # The cross-table checks again, on the config as it will run: a published config that moves
+    # server.port onto the running status port passed them against the default [status].
+    problems += [str(x) for x in cross_problems(cfg)]
 
     engine = None
     try:
@@ -119,7 +114,7 @@ def validate(c: Candidate, *, running: DeployConfig, env: Mapping[str, str], hw:
     except KeyError as e:
         problems.append(f"engine: {e.args[0]}")
     if not binary_present(cfg.server.binary):
-        problems.append(f"server.binary: {cfg.server.binary!r} is not in this image (engine {cfg.engine})")
+        problems.append(engines.missing_binary_message(cfg.server.binary, cfg.engine))
     if engine is not None:
         snap_path = Path(cfg.server.flag_snapshot)
         snapshot = engine.load_snapshot(snap_path) if snap_path.is_file() else None

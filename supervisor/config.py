@@ -304,14 +304,24 @@ def _build(r: Reader, source: str) -> DeployConfig | None:
     watch = _watch(r.table("watch"))
     state_dir = r.str("state_dir", "/workspace/kiln", pattern=r"/.*", pattern_hint="an absolute path")
     r.finish()
-    if server.tcp_port is not None and server.tcp_port == status.port:
-        r.problem("server.tcp_port", "must differ from status.port", server.tcp_port)
-    if status.port == server.port:
-        r.problem("status.port", "must differ from server.port (the supervisor and the engine both listen)",
-                  status.port)
-    return DeployConfig(engine=engine, model=model, ladder=ladder, server=server, sampler=sampler,
+    cfg = DeployConfig(engine=engine, model=model, ladder=ladder, server=server, sampler=sampler,
                         selftest=selftest, hardware=hardware, health=health, restart=restart, status=status,
                         watch=watch, state_dir=state_dir, source=source)
+    for prob in cross_problems(cfg):
+        r.problems.append(prob)
+    return cfg
+
+
+def cross_problems(cfg: DeployConfig) -> list[Problem]:
+    """Checks across tables, on the config as it will run (a published config is checked again
+    after the boot-only tables it cannot change were put back: supervisor/candidate.py)."""
+    out = []
+    if cfg.server.tcp_port is not None and cfg.server.tcp_port == cfg.status.port:
+        out.append(Problem("server.tcp_port", "must differ from status.port", cfg.server.tcp_port))
+    if cfg.status.port == cfg.server.port:
+        out.append(Problem("status.port", "must differ from server.port (the supervisor and the engine both "
+                           "listen)", cfg.status.port))
+    return out
 
 
 def _model(r: Reader) -> ModelSpec:

@@ -1,7 +1,8 @@
 """Wait for a launched server to become healthy, racing everything that can end the wait.
 
 Three things race (llama-swap's `doStart` shape): the server answering
-`/health` 200, the server exiting (its stderr tail is how an OOM is
+`/health` 200 — from a socket our engine's process tree owns, so a foreign listener on the port
+is never taken for our engine —, the server exiting (its stderr tail is how an OOM is
 recognised), and a shutdown request. The deadline is progress-based: it moves
 while the server shows life — new output, CPU time, bytes read from disk — and
 fires on a stall, not after a fixed total. A 181 GiB model takes minutes to
@@ -52,6 +53,18 @@ def probe_health(host: str, port: int, timeout: float = 1.0) -> int | None:
         return None
     finally:
         conn.close()
+
+
+def owns_port(proc: ManagedProcess, port: int) -> bool:
+    """A process of the engine's tree listens on `port` (psutil): the answer came from our engine."""
+    for pid in proc.tree_pids():
+        try:
+            conns = psutil.Process(pid).net_connections(kind="inet")
+        except (psutil.Error, OSError):
+            continue
+        if any(c.status == psutil.CONN_LISTEN and c.laddr and c.laddr.port == port for c in conns):
+            return True
+    return False
 
 
 class ProgressMeter:
@@ -108,7 +121,7 @@ def wait_healthy(proc: ManagedProcess, host: str, port: int, *, stall_s: float, 
         rc = proc.poll()
         if rc is not None:
             return HealthOutcome(False, exited=True, elapsed_s=elapsed, returncode=rc)
-        if probe_health(target, port, timeout=max(poll_s, 0.5)) == 200:
+        if probe_health(target, port, timeout=max(poll_s, 0.5)) == 200 and owns_port(proc, port):
             return HealthOutcome(True, elapsed_s=time.monotonic() - start)
         if now >= next_meter:
             if meter.moved():

@@ -103,7 +103,7 @@ def reclaim(registry: ProcessRegistry, *, baseline_mib: Sequence[int] | None,
             sleep: Callable[[float], None] = time.sleep) -> ReclaimReport:
     start = time.monotonic()
     killed: list[int] = []
-    for pid in registry.survivors():
+    for pid in registry.survivors(role="engine"):
         try:
             psutil.Process(pid).kill()
             killed.append(pid)

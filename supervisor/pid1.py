@@ -18,7 +18,7 @@ import os
 import signal
 import sys
 import threading
-from collections.abc import Collection, Iterable
+from collections.abc import Callable, Collection, Iterable
 from types import FrameType
 
 import psutil
@@ -36,8 +36,9 @@ class SignalRelay:
     any two bytecodes, possibly inside Event.wait() holding that very lock (deadlock).
     """
 
-    def __init__(self) -> None:
+    def __init__(self, notify: Callable[[], None] | None = None) -> None:
         self.wakeup = threading.Event()
+        self._notify = notify          # also called from the pump thread (a loop's inbox, say)
         self._pending: collections.deque[int] = collections.deque()
         self._installed = False
 
@@ -76,6 +77,8 @@ class SignalRelay:
     def _pump(self, rfd: int) -> None:
         while os.read(rfd, 512):
             self.wakeup.set()
+            if self._notify is not None:
+                self._notify()
 
 
 def become_subreaper() -> bool:

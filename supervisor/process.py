@@ -11,15 +11,18 @@ import collections
 import logging
 import os
 import select
+import shutil
 import signal
 import subprocess
 import threading
 import time
 from collections.abc import Callable, Iterable, Mapping, Sequence
+from pathlib import Path
 from typing import TextIO
 
 import psutil
 
+from .leftovers import Journal
 from .redact import ordered
 from .redact import redact as redact_text
 
@@ -31,6 +34,8 @@ _REFRESH_S = 0.5  # how often the reader thread re-scans the tree while it runs
 _KILL_WAIT_S = 10.0  # after SIGKILL only an uninterruptible (D state) process takes this long
 _READER_JOIN_S = 2.0  # after the tree is dead its pipe reaches EOF at once; this is a backstop
 _MAX_LINE = 64 * 1024  # a line without newline (progress dots) is cut here, not buffered forever
+# util-linux's setpriv sets PR_SET_PDEATHSIG and execs (Python's preexec_fn is unsafe with threads).
+_SETPRIV = None if os.environ.get("KILN_NO_PDEATHSIG") else shutil.which("setpriv")
 
 
 def _running(p: psutil.Process) -> bool:
@@ -129,8 +134,14 @@ class ManagedProcess:
         tail_lines: int = 200,
         redact: Sequence[str] = (),
         log_file: str | None = None,
+        role: str = "child",
+        pdeathsig: bool = True,
     ) -> ManagedProcess:
-        """Start argv (a list, never a shell string) and track it in REGISTRY."""
+        """Start argv (a list, never a shell string) and track it in REGISTRY.
+
+        With `pdeathsig` the kernel KILLs the child when the thread that started it exits
+        (PR_SET_PDEATHSIG, through `setpriv`, which then execs argv: same pid). It follows the
+        *thread*: start long-lived children from a thread that lives as long as they should."""
         if isinstance(argv, (str, bytes)):
             raise TypeError("argv must be a sequence of arguments, not a string (no shell)")
         args = [str(a) for a in argv]
@@ -138,6 +149,8 @@ class ManagedProcess:
             raise ValueError("argv is empty")
         if isinstance(redact, str):  # a lone str would redact each of its characters
             raise TypeError("redact must be a sequence of strings, not a string")
+        if pdeathsig and _SETPRIV:
+            args = [_SETPRIV, "--pdeathsig", "KILL", "--", *args]
         # Opened before the child exists, so a bad path cannot leave an orphan behind.
         log = open(log_file, "a", encoding="utf-8", buffering=1) if log_file else None
         try:
@@ -156,7 +169,7 @@ class ManagedProcess:
                 log.close()
             raise
         proc = cls(popen, on_line=on_line, tail_lines=tail_lines, redact=redact, log=log)
-        REGISTRY.track(proc)
+        REGISTRY.track(proc, role, [str(a) for a in argv])
         return proc
 
     # -- state ---------------------------------------------------------------------------------
@@ -302,6 +315,7 @@ class ManagedProcess:
         self._popen.wait()
         self.exited_at = time.monotonic()
         self._exited.set()
+        REGISTRY.forget(self.pid)
 
     def _read_loop(self) -> None:
         assert self._popen.stdout is not None
@@ -366,21 +380,37 @@ class ProcessRegistry:
     def __init__(self) -> None:
         self._lock = threading.Lock()
         self._procs: list[ManagedProcess] = []
+        self._journal: Journal | None = None
+        self._roles: dict[int, str] = {}
 
-    def track(self, p: ManagedProcess) -> None:
+    def journal_to(self, run_dir: Path) -> None:
+        """Record every child started from now on in run_dir (supervisor/leftovers.py)."""
+        self._journal = Journal(run_dir)
+
+    def track(self, p: ManagedProcess, role: str = "child", argv: Sequence[str] = ()) -> None:
         with self._lock:
             # Forget finished trees so a long-lived supervisor does not grow without bound.
             self._procs = [q for q in self._procs if not q.exited().is_set() or q.survivors()]
             self._procs.append(p)
+            self._roles = {q.pid: self._roles.get(q.pid, role) for q in self._procs}
+            self._roles[p.pid] = role
+        if self._journal is not None:
+            self._journal.add(p.pid, role, list(argv))
+
+    def forget(self, pid: int) -> None:
+        if self._journal is not None:
+            self._journal.remove(pid)
 
     def pids(self) -> set[int]:
         """Leader pids of tracked processes: pass them to reap_orphans so Popen keeps their status."""
         with self._lock:
             return {p.pid for p in self._procs}
 
-    def survivors(self) -> list[int]:
+    def survivors(self, role: str | None = None) -> list[int]:
+        """Live pids of tracked trees (of one role: "engine" for the reclaim barrier, which must not
+        kill a model download running beside the engine)."""
         with self._lock:
-            procs = list(self._procs)
+            procs = [p for p in self._procs if role is None or self._roles.get(p.pid) == role]
         return sorted({pid for p in procs for pid in p.survivors()})
 
     def stop_all(self, grace_s: float) -> None:

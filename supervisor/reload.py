@@ -1,4 +1,11 @@
-"""The reload book: what hot reload must not lose, kept in the volume (<state_dir>/reload/).
+"""Hot reload: the decision on a published config, and the book of what reload must not lose.
+
+Where a reload is applied: `decide()` says what becomes of a validated candidate — rejected
+(the server untouched), unchanged, applied at once, or applied once its model is fetched beside
+the serving engine; the machine (supervisor/machine.py) walks the new config's ladder and rolls
+back to the last good one when it does not serve.
+
+The book, kept in the volume (<state_dir>/reload/):
 
     last-good.toml + last-good.json   the last published config that reached SERVING, and where it
                                       came from (origin, Hub revision, the boot config it replaced)
@@ -21,9 +28,56 @@ import logging
 import os
 import time
 from pathlib import Path
-from typing import Any, Mapping
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any, Mapping
+
+if TYPE_CHECKING:
+    from .events import CandidateChecked
+    from .failure import Failure
+    from .state import Live
 
 log = logging.getLogger("kiln")
+
+
+# -- the decision ------------------------------------------------------------------------------
+
+@dataclass(frozen=True)
+class Reject:
+    causes: tuple[str, ...]
+    config_hash: str | None = None
+
+
+@dataclass(frozen=True)
+class Unchanged:
+    """Same config (the hash of what would run), newly published: adopt where it came from."""
+
+
+@dataclass(frozen=True)
+class FetchFirst:
+    """A new [model] (or a failed server): fetch it while the old server keeps serving."""
+
+
+@dataclass(frozen=True)
+class Apply:
+    live: "Live"                     # the new config, with the model it loads
+
+
+def decide(ev: "CandidateChecked", running: "Live", *, failed: bool) -> Reject | Unchanged | FetchFirst | Apply:
+    if ev.live is None or ev.problems:
+        return Reject(tuple(ev.problems) or ("(file): rejected",))
+    new = ev.live
+    if new.cfg.hash == running.cfg.hash and not failed:
+        return Unchanged()
+    if new.cfg.model == running.cfg.model and running.model_path is not None and not failed:
+        return Apply(new.with_model(running.model_path))   # a model update is a new revision there
+    return FetchFirst()
+
+
+def cause(failure: "Failure | None") -> str:
+    return f"{failure.failure_class.value}: {failure.reason}" if failure is not None else "unknown"
+
+
+# -- the book --------------------------------------------------------------------------------------
 
 HISTORY_KEEP = 500
 SHOWN = 10          # history entries /status carries
@@ -100,8 +154,14 @@ class ReloadBook:
         data[source] = {"origin": origin, "key": key}
         _atomic_write(self.root / "seen.json", json.dumps(data, indent=1).encode())
 
-    def keep_rejected(self, data: bytes) -> None:
-        _atomic_write(self.root / "last-rejected.toml", data, 0o600)
+    def keep_rejected(self, cand: Any) -> None:
+        """The bytes of a rejected candidate, to read at leisure: only what the watcher itself read
+        from the watch dir or the repo (never through a link out of it) and under the size cap."""
+        from .candidate import MAX_BYTES
+
+        if cand.error or not cand.data or len(cand.data) > MAX_BYTES:
+            return
+        _atomic_write(self.root / "last-rejected.toml", cand.data, 0o600)
 
 
 def history_entry(cand: Any, outcome: str, cfg_hash: str | None, causes: list[str], *, took_s: float,
@@ -137,11 +197,12 @@ def status_record(history: list[dict[str, Any]]) -> dict[str, Any]:
             "history": history[-SHOWN:]}
 
 
-def adopt_last_good(book: ReloadBook, boot: Any, env: Mapping[str, str]) -> tuple[Any, str, dict[str, Any]] | None:
+def adopt_last_good(book: ReloadBook, boot: Any, env: Mapping[str, str]) -> tuple[Any, str, Any] | None:
     """(config, text, origin) of the last published config that served, when the boot config is the one
     it replaced; else None (a new image's own config wins over what was published for the old one)."""
     from .config import parse_config
     from .errors import ConfigError
+    from .state import Origin
 
     found = book.last_good()
     if found is None:
@@ -156,5 +217,5 @@ def adopt_last_good(book: ReloadBook, boot: Any, env: Mapping[str, str]) -> tupl
         log.warning("the last good config no longer parses (%s): booting the image's", e)
         return None
     cfg = dataclasses.replace(cfg, watch=boot.watch, state_dir=boot.state_dir, status=boot.status)
-    origin = {"source": meta.get("source"), "origin": meta.get("origin"), "revision": meta.get("revision")}
+    origin = Origin(str(meta.get("source") or "boot"), str(meta.get("origin") or ""), meta.get("revision"))
     return cfg, text, origin

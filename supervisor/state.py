@@ -1,6 +1,7 @@
-"""The supervisor's lifecycle states, the transitions allowed between them, and the
-record /status is built from. One owner (the lifecycle loop) changes state; the
-status server only reads a snapshot under the lock.
+"""The supervisor's lifecycle states, the transitions allowed between them, the live config
+value, and the record /status is built from. One owner (the lifecycle loop) changes state; the
+status server only reads a snapshot under the lock. No decision reads the record back: the
+machine (supervisor/machine.py) keeps what it needs in its own fields.
 """
 
 from __future__ import annotations
@@ -9,9 +10,14 @@ import collections
 import enum
 import threading
 import time
-from typing import Any
+from dataclasses import dataclass, replace
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
 
 from .errors import KilnError
+
+if TYPE_CHECKING:
+    from .config import DeployConfig
 
 
 class State(str, enum.Enum):
@@ -30,17 +36,39 @@ class State(str, enum.Enum):
     STOPPED = "STOPPED"
 
 
+@dataclass(frozen=True)
+class Origin:
+    """Where the live config came from: the image (`boot`), a watched Hub branch (`hub`) or a
+    watched directory (`local`); `where` is the file or hf:// location, `revision` the Hub commit."""
+    channel: str = "boot"
+    where: str = ""
+    revision: str | None = None
+
+
+@dataclass(frozen=True)
+class Live:
+    """A config as it runs: the config, the model file it loads (None until fetched), its text
+    when it was published (None for the image's own), and where it came from."""
+    cfg: "DeployConfig"
+    model_path: Path | None = None
+    text: str | None = None
+    origin: Origin = Origin()
+
+    def with_model(self, path: Path | None) -> "Live":
+        return replace(self, model_path=path)
+
+
 S = State
 ALLOWED: dict[State, set[State]] = {
     S.PREFLIGHT: {S.FETCH, S.FAILED, S.STOPPING},
     S.FETCH: {S.LAUNCHING, S.FAILED, S.STOPPING},
     # A published config that fails on its way up (launch, load, selftest) rolls back from there.
-    S.LAUNCHING: {S.LOADING, S.LAUNCHING, S.FAILED, S.STOPPING, S.ROLLBACK},
+    S.LAUNCHING: {S.LOADING, S.LAUNCHING, S.FAILED, S.STOPPING, S.ROLLBACK, S.RESTARTING},
     S.LOADING: {S.HEALTHY, S.LAUNCHING, S.RESTARTING, S.FAILED, S.STOPPING, S.ROLLBACK},
     S.HEALTHY: {S.SELFTEST, S.SERVING, S.STOPPING, S.RESTARTING},
     S.SELFTEST: {S.SERVING, S.LAUNCHING, S.FAILED, S.STOPPING, S.RESTARTING, S.ROLLBACK},
     S.SERVING: {S.RESTARTING, S.RELOADING, S.STOPPING},
-    S.RESTARTING: {S.LAUNCHING, S.FAILED, S.STOPPING},
+    S.RESTARTING: {S.LAUNCHING, S.RESTARTING, S.FAILED, S.STOPPING},
     S.RELOADING: {S.LAUNCHING, S.SERVING, S.ROLLBACK, S.FAILED, S.STOPPING},
     S.ROLLBACK: {S.LAUNCHING, S.FAILED, S.STOPPING},
     S.FAILED: {S.STOPPING, S.RELOADING},
@@ -86,6 +114,11 @@ class Record:
     def update(self, **kv: Any) -> None:
         with self.lock:
             self.data.update(kv)
+
+    def merge(self, key: str, **kv: Any) -> None:
+        """Update the mapping under `key` (timings, say) without replacing its other entries."""
+        with self.lock:
+            self.data[key] = {**(self.data.get(key) or {}), **kv}
 
     def bump(self, key: str, sub: str | None = None) -> None:
         with self.lock:

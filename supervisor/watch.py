@@ -9,11 +9,15 @@ Two sources, each in its own daemon thread, both feeding one small queue the lif
   interval up to `max_backoff_s`, and the first success after them resets it: an outage is
   survived, never fatal, and shows on /status (`watch.hub`).
 * **A local directory** (`[watch] dir`, the file named by `path` inside it), watched with
-  watchdog (inotify). Publishers replace files atomically (write a temp file, rename it over), and
-  Kubernetes-style mounts swap a symlink, so every event in the directory counts; after
-  `debounce_s` without events the file is read and compared by content. A stat check every
-  FALLBACK_S seconds also catches changes inotify cannot see (a network volume written from
-  another host).
+  watchdog (inotify). Publish by writing a temp file in the directory and renaming it over (atomic:
+  the file is complete the moment it appears); Kubernetes-style mounts swap a symlink, so every
+  event in the directory counts. A file is read only once it is complete: `debounce_s` without
+  events, and no writer still holding it open (a write seen without its close-after-write) — a
+  file written in place in chunks is read after its writer closed it, not between the chunks. A
+  stat check every FALLBACK_S seconds also catches changes inotify cannot see (a network volume
+  written from another host); there, completeness means size and mtime stable across two checks.
+  The file must resolve inside the directory: a symlink out of it (`deploy.toml -> /etc/shadow`)
+  or a symlink loop is reported as an error, and its target is never read.
 
 A candidate is reported once per new commit or content; which ones were already decided comes
 from the reload book (supervisor/reload.py), so a restart does not report them again. Newer
@@ -22,6 +26,7 @@ candidates from the same source replace an older one not yet taken: only the lat
 
 from __future__ import annotations
 
+import errno
 import hashlib
 import logging
 import os
@@ -37,11 +42,42 @@ from .redact import redact
 
 log = logging.getLogger("kiln.watch")
 FALLBACK_S = 2.0
+OPEN_WRITER_GIVE_UP_S = 30.0    # a writer that keeps the file open this long without writing: read it anyway
 
 
 def _read_capped(path: Path) -> bytes:
     with open(path, "rb") as f:
         return f.read(MAX_BYTES + 1)
+
+
+def _stat(path: Path) -> tuple[int, int, int] | None:
+    """(inode, size, mtime) of what the name points at now; a dangling or looping link counts as present."""
+    try:
+        st = os.stat(path)
+        return (st.st_ino, st.st_size, st.st_mtime_ns)
+    except OSError:
+        try:
+            st = os.lstat(path)
+            return (st.st_ino, -1, st.st_mtime_ns)
+        except OSError:
+            return None
+
+
+def _resolves_inside(target: Path) -> tuple[bool, str]:
+    """Whether the watched file resolves to a regular file inside its directory, and why not."""
+    root = os.path.realpath(target.parent)
+    try:
+        real = os.path.realpath(target, strict=True)
+    except OSError as e:
+        if e.errno == errno.ELOOP:
+            return False, f"{target.name} is a symlink loop: nothing read"
+        return False, f"{target.name} is a dangling symlink ({e.strerror}): nothing read"
+    if os.path.commonpath([root, real]) != root:
+        return False, (f"{target.name} is a symlink to {real}, outside the watch dir {root}: refused, its "
+                       "target is never read (publish the file itself, or a link inside the dir)")
+    if not os.path.isfile(real):
+        return False, f"{target.name} resolves to {real}, which is not a regular file: nothing read"
+    return True, ""
 
 
 class Watcher:
@@ -62,6 +98,7 @@ class Watcher:
         self._stop = threading.Event()
         self._dirty = threading.Event()
         self._last_event = 0.0            # monotonic time of the last directory event
+        self._open_writer_since: float | None = None   # a write to the file seen, its close not yet
         self._threads: list[threading.Thread] = []
         self._observer: Any = None
         self._status: dict[str, Any] = {}
@@ -208,10 +245,18 @@ class Watcher:
         target.parent.mkdir(parents=True, exist_ok=True)
         watcher = self
 
+        name = target.name
+
         class Handler(FileSystemEventHandler):
             def on_any_event(self, event: Any) -> None:
                 if event.event_type in ("opened", "closed_no_write"):
                     return      # reads (ours included) are not changes
+                paths = {os.path.basename(str(event.src_path)), os.path.basename(str(getattr(event, "dest_path", "")))}
+                if name in paths:
+                    if event.event_type == "modified" and os.path.basename(str(event.src_path)) == name:
+                        watcher._open_writer_since = watcher._open_writer_since or time.monotonic()
+                    elif event.event_type in ("closed", "moved", "deleted"):
+                        watcher._open_writer_since = None
                 with watcher._lock:
                     watcher._status["local"]["events"] += 1
                 watcher._last_event = time.monotonic()
@@ -222,6 +267,7 @@ class Watcher:
         self._observer.daemon = True
         self._observer.start()
         last_stat: tuple[int, int, int] | None = None
+        pending_stat: tuple[int, int, int] | None = None
         self._dirty.set()                       # look once at start
         while not self._stop.is_set():
             fired = self._dirty.wait(FALLBACK_S)
@@ -234,13 +280,21 @@ class Watcher:
                     break
                 if self._stop.wait(left):
                     return
-            try:
-                st = os.stat(target)
-                now_stat: tuple[int, int, int] | None = (st.st_ino, st.st_size, st.st_mtime_ns)
-            except OSError:
-                now_stat = None
+            writer = self._open_writer_since
+            if writer is not None and time.monotonic() - writer < OPEN_WRITER_GIVE_UP_S:
+                self._set("local", waiting="a writer still holds the file open (waiting for its close)")
+                continue                          # its close-after-write event wakes us
+            self._open_writer_since = None
+            now_stat = _stat(target)
+            if not fired and now_stat != last_stat and now_stat is not None:
+                # Seen by the stat check only (no inotify event): complete once stable across two checks.
+                if now_stat != pending_stat:
+                    pending_stat = now_stat
+                    continue
+            pending_stat = None
             if fired or now_stat != last_stat:
                 last_stat = now_stat
+                self._set("local", waiting=None)
                 self._check_local(target, present=now_stat is not None)
 
     def _check_local(self, target: Path, present: bool) -> None:
@@ -249,6 +303,14 @@ class Watcher:
             self._status["local"]["checks"] += 1
             self._status["local"]["present"] = present
         if not present:
+            return
+        inside, why = _resolves_inside(target)
+        if not inside:
+            self._set("local", last_error=why)
+            c = Candidate(source="local", origin=str(target), detected_at=detected, error=f"(file): {why}")
+            if self._seen.get("local") != why:
+                self._report(c)
+                self._seen["local"] = why        # reported once per cause, not on every look
             return
         try:
             data = _read_capped(target)

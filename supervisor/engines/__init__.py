@@ -11,6 +11,8 @@ never asks which engine it is:
 
 from __future__ import annotations
 
+import os
+import shutil
 from types import ModuleType
 
 from . import llamacpp, vllm
@@ -21,3 +23,17 @@ def get(name: str) -> ModuleType:
     if name not in engines:
         raise KeyError(f"engine {name!r} is not supported by this supervisor yet")
     return engines[name]
+
+
+def binary_present(binary: str) -> bool:
+    """The engine binary exists and can be executed (a path), or is on PATH (a bare name)."""
+    if not binary:
+        return False
+    if "/" in binary:
+        return os.path.isfile(binary) and os.access(binary, os.X_OK)
+    return shutil.which(binary) is not None
+
+
+def missing_binary_message(binary: str, engine: str) -> str:
+    return (f"server.binary {binary!r} is not in this image or not executable (engine {engine}): use an image "
+            "built for this engine, or point server.binary at the engine's executable")

@@ -137,11 +137,12 @@ def test_an_interrupted_model_download_resumes_after_the_pod_restarts(tmp_path, 
             wait_for(lambda: partial() >= 2 * 1048576, 30, "two MiB on disk")
             child = [p for p in psutil.Process(sup.proc.pid).children(recursive=True)
                      if "supervisor.fetch" in " ".join(p.cmdline())]
-            sup.proc.send_signal(signal.SIGKILL)          # the container dies mid-download
+            sup.proc.send_signal(signal.SIGKILL)          # the supervisor dies mid-download
             sup.proc.wait(10)
-            for p in child:
-                p.kill()
-            psutil.wait_procs(child, timeout=10)
+            # Its fetch child goes with it (parent-death signal): nothing downloads unsupervised.
+            assert child
+            _, alive = psutil.wait_procs(child, timeout=10)
+            assert alive == [], "the fetch child outlived its supervisor"
     kept = partial()
     assert 2 * 1048576 <= kept < len(body)
     hub.reset_counts()

@@ -107,7 +107,7 @@ def test_each_kind_of_bad_config_is_refused_with_its_reason(kind, running, model
         "shell metacharacters in values": "holds shell syntax",
         "shell substitution in env": "LLAMA_ARG_THREADS: holds shell syntax",
         "an engine the image does not have": "not in this image",
-        "a binary the image does not have": "server.binary: '/opt/nowhere/llama-server' is not in this image",
+        "a binary the image does not have": "server.binary '/opt/nowhere/llama-server' is not in this image",
         "a hardware expectation the host does not meet": "hardware:",
         "more vCPUs than the host has": "hardware:",
         "a boot-only table moved": "watch: cannot change through a published config",

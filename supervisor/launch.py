@@ -1,0 +1,138 @@
+"""Launching one rung: the checks before anything starts, the start itself, and what an exit means.
+
+    check()     the rung's flags linted against the engine's own --help        -> config_rejected
+    start()     the port is free (a foreign listener is not our engine)        -> port_in_use
+                a balanced rung's split planned from the GGUF layout + free VRAM -> config_rejected
+                argv (a list; no shell), the environment without secrets the engine does not need,
+                the process in its own session, with a parent-death signal  -> engine_missing
+    down()      why an engine that exited or stalled failed: ONE classify call, with the engine's
+                signatures and hints, for every way an engine goes down
+
+All on the loop thread: the process is started from it, so its parent-death signal is tied to
+the thread that lives as long as the supervisor (PR_SET_PDEATHSIG follows the forking thread).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+import socket
+from pathlib import Path
+from typing import Callable
+
+import psutil
+
+from .config import DeployConfig, Rung
+from .errors import KilnError
+from .failure import Failure, FailureClass, classify
+from .process import ManagedProcess
+from .runtime import Runtime
+
+log = logging.getLogger("kiln")
+
+
+def check(rt: Runtime, cfg: DeployConfig, index: int) -> Failure | None:
+    rung = cfg.ladder.rungs[index]
+    rt.rec.update(rung={"name": rung.name, "index": index, "count": len(cfg.ladder.rungs)})
+    assert rt.engine is not None
+    gpus = len(rt.hw.gpus) if rt.hw else None
+    issues = [str(i) for i in rt.engine.lint_rung(cfg, index, rung, rt.snapshot,
+                                                  gpu_count=cfg.hardware.gpu_count or gpus)]
+    if issues:
+        return Failure(FailureClass.CONFIG_REJECTED, "lint: " + " | ".join(issues), rung=rung.name)
+    return None
+
+
+def secret_env_names(cfg: DeployConfig) -> set[str]:
+    """Variables holding secrets the engine has no use for (least privilege)."""
+    names = {"HF_TOKEN", "HUGGING_FACE_HUB_TOKEN", "RUNPOD_API_KEY"}
+    kind, _, ref = cfg.server.api_key.partition(":")
+    if kind == "env":
+        names.add(ref)
+    return names
+
+
+def port_holder(host: str, port: int) -> str | None:
+    """Who already listens on the engine's port, or None when it is free."""
+    target = "127.0.0.1" if host in ("0.0.0.0", "::", "") else host
+    try:
+        with socket.create_connection((target, port), timeout=0.5):
+            pass
+    except OSError:
+        return None
+    for conn in _listeners(port):
+        try:
+            p = psutil.Process(conn.pid) if conn.pid else None
+            return f"pid {conn.pid} ({' '.join(p.cmdline()[:3])[:120]})" if p else "another process"
+        except psutil.Error:
+            continue
+    return "another process"
+
+
+def _listeners(port: int) -> list[psutil._common.sconn]:
+    try:
+        return [c for c in psutil.net_connections(kind="inet")
+                if c.status == psutil.CONN_LISTEN and c.laddr and c.laddr.port == port]
+    except (psutil.Error, OSError):
+        return []
+
+
+def _balanced(rt: Runtime, cfg: DeployConfig, rung: Rung, model: Path) -> Rung:
+    from . import placement                      # only balanced rungs pay for these imports
+    from .gguf_layout import read_layout
+
+    if rung.name not in rt.balancers:
+        hw = rt.hardware_probe()                 # fresh: free memory now, visible GPUs only
+        layout = read_layout(model)
+        rt.balancers[rung.name] = placement.Balancer(
+            layout, [g.memory_free_mib for g in hw.gpus], reserve_mib=rung.reserve_mib,
+            n_ctx=placement.context_from_args(list(cfg.server.extra_args) + list(rung.args), layout),
+            rounds=rung.calibration_rounds, slack_mib=rung.calibration_slack_mib)
+    bal = rt.balancers[rung.name]
+    split = bal.plan()
+    rt.rec.update(placement={"rung": rung.name, "rounds": bal.history})
+    rt.rec.event("placement", f"{rung.name}: {split.describe()}")
+    return dataclasses.replace(rung, args=tuple(split.args()) + tuple(rung.args))
+
+
+def start(rt: Runtime, cfg: DeployConfig, index: int, model: Path,
+          on_line: Callable[[str], None]) -> ManagedProcess | Failure:
+    """The rung's engine, started; or why it could not be (nothing runs then)."""
+    rung = cfg.ladder.rungs[index]
+    holder = port_holder(cfg.server.host, cfg.server.port)
+    if holder is not None:
+        return Failure(FailureClass.PORT_IN_USE, f"port {cfg.server.port} is already in use by {holder}: it is "
+                       "not our engine; free the port or move the engine (server.port / KILN_SERVER_PORT)",
+                       rung=rung.name)
+    if rung.placement == "balanced":
+        try:
+            rung = _balanced(rt, cfg, rung, model)
+        except KilnError as e:                   # DoesNotFit, GGUFError
+            return Failure(FailureClass.CONFIG_REJECTED, f"balanced placement: {e}", rung=rung.name)
+    assert rt.engine is not None
+    argv = rt.engine.build_argv(cfg, rung, model_path=str(model),
+                                api_key_file=str(rt.key_file) if rt.key_file else None,
+                                vcpus=rt.hw.vcpus if rt.hw else None)
+    secret_names = secret_env_names(cfg)
+    env = {k: v for k, v in rt.env.items() if k not in secret_names}
+    env.update(rung.env)
+    env.update(rt.engine.engine_env(cfg, rung, rt.api_key))
+    try:
+        proc = ManagedProcess.start(argv, env=env, on_line=on_line, redact=list(rt.secrets),
+                                    log_file=str(rt.run_dir / "engine.log"), role="engine")
+    except OSError as e:                         # no such binary, not executable, a bad interpreter line
+        return Failure(FailureClass.ENGINE_MISSING, f"cannot start {argv[0]!r}: {e.strerror or e}; "
+                       "use an image built for this engine, or point server.binary at its executable",
+                       rung=rung.name)
+    rt.rec.bump("launches")
+    rt.rec.update(engine={"pid": proc.pid, "port": cfg.server.port, "argv": [rt.secrets.redact(a) for a in argv]})
+    return proc
+
+
+def down(rt: Runtime, proc: ManagedProcess, rung: Rung, *, returncode: int | None, elapsed_s: float | None,
+         stall_reason: str | None = None) -> Failure:
+    """Why the engine failed, from its exit, its timing and its own words."""
+    assert rt.engine is not None
+    return classify(returncode=returncode, elapsed_s=elapsed_s, tail=proc.tail(), signatures=rt.engine.SIGNATURES,
+                    hint_signatures=rt.engine.HINTS, stalled=stall_reason is not None, stall_reason=stall_reason,
+                    rung=rung.name)

@@ -1,0 +1,115 @@
+"""Nothing of a killed supervisor outlives it: every child Kiln starts is recorded in the volume,
+and the next supervisor ends what is left of them before it starts anything.
+
+A SIGKILLed supervisor cannot stop its children, and a child in its own session (every engine
+is) does not die with it: the engine kept its port and the next supervisor took it for its own
+engine; a fetch child went on downloading unsupervised. Two guards:
+
+  * children get a parent-death signal where the platform has one (process.py, through
+    util-linux's `setpriv --pdeathsig KILL`), so the kernel ends them with the supervisor;
+  * this journal, `<state_dir>/run/children.json`: pid, start time and command line of each child.
+    At boot, a recorded process still alive is ended only when its start time and command line
+    are the ones recorded (a reused pid is someone else's, never touched); nothing is found by name.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import signal
+import threading
+from pathlib import Path
+from typing import Any
+
+import psutil
+
+JOURNAL = "children.json"
+_TIME_SLACK_S = 0.05          # psutil's create_time is rounded to the clock tick
+
+
+class Journal:
+    """The children this supervisor runs, written atomically on every change."""
+
+    def __init__(self, run_dir: Path):
+        self.path = run_dir / JOURNAL
+        self._lock = threading.Lock()
+        self._entries: dict[int, dict[str, Any]] = {}
+
+    def add(self, pid: int, role: str, argv: list[str]) -> None:
+        try:
+            entry = {"pid": pid, "create_time": psutil.Process(pid).create_time(), "cmdline": list(argv),
+                     "role": role}
+        except psutil.Error:
+            return
+        with self._lock:
+            self._entries[pid] = entry
+            self._write()
+
+    def remove(self, pid: int) -> None:
+        with self._lock:
+            if self._entries.pop(pid, None) is not None:
+                self._write()
+
+    def _write(self) -> None:
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        tmp = self.path.with_name(f".{self.path.name}.{os.getpid()}.tmp")
+        tmp.write_text(json.dumps(list(self._entries.values()), indent=1), encoding="utf-8")
+        os.replace(tmp, self.path)
+
+
+def _same(p: psutil.Process, entry: dict[str, Any]) -> bool:
+    """The very process recorded: its start time (a reused pid has another), and its command line
+    (a script run through its #! interpreter shows the interpreter first: compare the arguments)."""
+    try:
+        argv = [str(a) for a in entry["cmdline"]]
+        cmdline = p.cmdline()
+        started_then = abs(p.create_time() - float(entry["create_time"])) <= _TIME_SLACK_S
+    except (psutil.Error, KeyError, TypeError, ValueError):
+        return False
+    if not started_then or not argv:
+        return False
+    args = argv[1:]
+    return cmdline == argv or (bool(args) and cmdline[-len(args):] == args)
+
+
+def _recorded(entry: dict[str, Any]) -> psutil.Process | None:
+    try:
+        p = psutil.Process(int(entry["pid"]))
+    except (psutil.Error, KeyError, TypeError, ValueError):
+        return None
+    return p if _same(p, entry) else None
+
+
+def end_leftovers(run_dir: Path, log: logging.Logger, grace_s: float = 5.0) -> list[int]:
+    """End the recorded children of an earlier supervisor that are still alive; the pids ended."""
+    path = run_dir / JOURNAL
+    try:
+        entries = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return []
+    found = [(p, e) for e in entries if isinstance(e, dict) and (p := _recorded(e)) is not None]
+    ended: list[int] = []
+    for p, entry in found:
+        tree = [p]
+        try:
+            tree += p.children(recursive=True)
+        except psutil.Error:
+            pass
+        log.warning("ending a leftover %s of an earlier supervisor: pid %d (%s)", entry.get("role", "child"),
+                    p.pid, " ".join(entry.get("cmdline", [])[:3])[:160])
+        for q in tree:
+            try:
+                q.send_signal(signal.SIGTERM)
+            except psutil.Error:
+                pass
+        _, alive = psutil.wait_procs(tree, timeout=grace_s)
+        for q in alive:
+            try:
+                q.kill()
+            except psutil.Error:
+                pass
+        psutil.wait_procs(alive, timeout=grace_s)
+        ended += [q.pid for q in tree]
+    path.unlink(missing_ok=True)
+    return ended

@@ -1,0 +1,80 @@
+"""SELFTEST as a stage of the lifecycle: the selftest against the healthy engine, in a task beside
+the loop, answered as a failure (selftest_failed) or None. The loop keeps watching the engine
+meanwhile: if it dies, the loop cancels this task (which aborts the in-flight request at once)
+and treats the death as a crash like any other. A selftest that runs past its own timeout_s is
+cut off a little later by a hard deadline here, so no request can hang the stage.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from typing import Any
+
+from ..config import DeployConfig, Rung
+from ..failure import Failure, FailureClass
+from ..process import ManagedProcess
+from ..runtime import Runtime
+from ..tasks import Task
+
+log = logging.getLogger("kiln")
+HARD_DEADLINE_SLACK_S = 30.0     # the runner keeps timeout_s itself; this only catches a hang
+
+
+def run_stage(rt: Runtime, cfg: DeployConfig, rung: Rung, proc: ManagedProcess, argv: list[str],
+              task: Task) -> Failure | None:
+    from .client import Client, RequestCancelled
+    from .runner import run_selftest, sampler_from_argv
+
+    spec = cfg.selftest
+    rt.rec.update(selftest={"passed": None, "decode_tok_s": None, "summary": "running", "rung": rung.name})
+    host = "127.0.0.1" if cfg.server.host in ("0.0.0.0", "::", "") else cfg.server.host
+    client = Client(f"http://{host}:{cfg.server.port}", rt.api_key, timeout_s=spec.request_wall_s,
+                    engine=cfg.engine)
+    task.on_cancel.append(client.abort)
+    # What the engine was told ([sampler], or a rung's own flags): the server must report it.
+    expected = sampler_from_argv(argv) if cfg.engine == "llamacpp" else None
+    timed_out = threading.Event()
+
+    def cut_off() -> None:
+        timed_out.set()
+        client.abort()
+
+    timer = threading.Timer(spec.timeout_s + HARD_DEADLINE_SLACK_S, cut_off)
+    timer.daemon = True
+    started = time.monotonic()
+    timer.start()
+    report: Any = None
+    error: str | None = None
+    try:
+        report = run_selftest(client, spec, family=cfg.model.family, expected_sampler=expected,
+                              log=lambda m: log.info("selftest: %s", rt.secrets.redact(m)))
+    except RequestCancelled:
+        if not timed_out.is_set():
+            return None                           # cancelled by the loop: nobody waits for this answer
+        error = f"did not finish within {spec.timeout_s:g} s (timeout_s)"
+    finally:
+        timer.cancel()
+    elapsed = time.monotonic() - started
+    rt.timing(last_selftest_s=elapsed)
+    if report is not None:
+        record = report.to_dict()
+        record["rung"] = rung.name
+        rt.rec.update(selftest=record)
+        for line in report.table().splitlines():
+            log.info("selftest | %s", rt.secrets.redact(line))
+        if report.passed:
+            return None
+        reason = "selftest: " + "; ".join(report.failures)
+    else:
+        reason = f"selftest: {error}"
+        rt.rec.update(selftest={"passed": False, "decode_tok_s": None, "summary": reason, "rung": rung.name})
+    return Failure(FailureClass.SELFTEST_FAILED, rt.secrets.redact(reason), elapsed_s=elapsed,
+                   tail=tuple(proc.tail()), rung=rung.name)
+
+
+def crashed_record(rt: Runtime, rung: Rung, returncode: int | None) -> None:
+    """/status's selftest section when the engine died under the selftest."""
+    rt.rec.update(selftest={"passed": False, "decode_tok_s": None, "rung": rung.name,
+                            "summary": f"the engine exited (status {returncode}) during the selftest"})
