@@ -68,8 +68,9 @@ def bind_error(e: OSError, what: str, host: str, port: int, fix: str) -> CannotL
 
 
 class AcceptErrors:
-    """Failed accepts of one listener. The first of a burst is logged and the rest counted;
-    each retry waits longer, up to a second; the first accept that works logs the recovery."""
+    """Failed accepts of one listener (or threads that would not start for a connection). The
+    first of a burst is logged and the rest counted; each retry waits longer, up to a second; the
+    first accept that works logs the recovery."""
 
     def __init__(self, what: str, log: logging.Logger):
         self.what = what
@@ -79,17 +80,17 @@ class AcceptErrors:
         self.last_at: float | None = None  # its time.time()
         self._burst = 0
 
-    def failed(self, e: OSError) -> float:
+    def failed(self, e: Exception) -> float:
         """Count `e`; return how long to wait before the next accept."""
         self.total += 1
         self._burst += 1
         self.last, self.last_at = str(e), time.time()
         if self._burst == 1:
-            self._log.warning("%s: accept failed (%s); retrying with back-off, logging again when it "
-                              "recovers", self.what, e)
+            self._log.warning("%s: could not take a connection (%s); retrying with back-off, logging "
+                              "again when it recovers", self.what, e)
         return min(_FIRST_WAIT_S * 2 ** min(self._burst - 1, 8), _MAX_WAIT_S)
 
     def succeeded(self) -> None:
         if self._burst:
-            self._log.warning("%s: accepting again after %d failed accept(s)", self.what, self._burst)
+            self._log.warning("%s: accepting again after %d error(s)", self.what, self._burst)
             self._burst = 0
