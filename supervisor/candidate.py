@@ -27,7 +27,7 @@ from pathlib import Path
 from typing import Any, Callable, Mapping
 
 from . import engines, hardware
-from .config import DeployConfig, parse_config
+from .config import BOM, DeployConfig, parse_config
 from .errors import ConfigError, FetchError
 
 MAX_BYTES = 256 * 1024
@@ -76,12 +76,13 @@ def decode(data: bytes) -> tuple[str | None, list[str]]:
     if nul >= 0:
         return None, [f"(file): contains a NUL byte at offset {nul}"]
     try:
-        return data.decode("utf-8"), []
+        return data.decode("utf-8").removeprefix(BOM), []
     except UnicodeDecodeError as e:
         return None, [f"(file): is not UTF-8 (byte {e.start}: {data[e.start:e.start + 1]!r})"]
 
 
-def _binary_present(binary: str) -> bool:
+def binary_present(binary: str) -> bool:
+    """The engine binary is here: an executable file at a path, or a bare name found on PATH."""
     if not binary:
         return False
     if "/" in binary:
@@ -91,7 +92,7 @@ def _binary_present(binary: str) -> bool:
 
 def validate(c: Candidate, *, running: DeployConfig, env: Mapping[str, str], hw: hardware.Hardware | None,
              engine_get: Callable[[str], Any] = engines.get,
-             binary_present: Callable[[str], bool] = _binary_present) -> Verdict:
+             binary_present: Callable[[str], bool] = binary_present) -> Verdict:
     if c.error:
         return Verdict(None, [c.error])
     text, problems = decode(c.data)
