@@ -21,7 +21,8 @@ EXIT_PASS, EXIT_FAIL, EXIT_USAGE = 0, 1, 2
 
 def add_parser(sub: argparse._SubParsersAction) -> argparse.ArgumentParser:  # type: ignore[type-arg]
     d = SelftestSpec()
-    p = sub.add_parser("selftest", help="probe an OpenAI-compatible server and measure it; exit 0 pass, 1 fail, 2 unreachable or bad usage",
+    p = sub.add_parser("selftest", help="probe an OpenAI-compatible server and measure it; "
+                       "exit 0 pass, 1 fail, 2 unreachable or bad usage",
                        description=__doc__.split("\n")[0])
     p.add_argument("--url", required=True, help="the server, e.g. http://127.0.0.1:8080 (a /v1 suffix is fine)")
     p.add_argument("--api-key-env", metavar="NAME", help="environment variable holding the API key")
