@@ -163,6 +163,14 @@ def render_metrics(snap: Snapshot) -> str:
     m.one("watch_hub_consecutive_errors", "gauge", "Failed Hub polls in a row (0 = the Hub answers).",
           hub.get("consecutive_errors"))  # fmt: skip
 
+    relay = _section(snap, "tcp_relay")  # TcpRelay.status(), when [server] tcp_port is set
+    m.one("tcp_relay_listening", "gauge", "1 while the TCP relay accepts connections.", relay.get("listening"))
+    m.one("tcp_relay_connections", "gauge", "Connections the TCP relay holds open.", relay.get("connections"))
+    m.one("tcp_relay_refused_total", "counter", "Connections refused over the TCP relay's cap.",
+          relay.get("refused_total"))  # fmt: skip
+    m.one("tcp_relay_accept_errors_total", "counter", "TCP relay accepts that failed (EMFILE, no thread).",
+          relay.get("accept_errors"))  # fmt: skip
+
     gpus = [g for g in _list(_section(snap, "hardware").get("gpus")) if isinstance(g, Mapping)]
 
     def gpu_samples(key: str) -> list[tuple[Mapping[str, Any], Any]]:

@@ -203,6 +203,14 @@ def test_metrics_exposition(server: StatusServer) -> None:
     assert value(s, "kiln_selftest_decode_tokens_per_second") == 61.2
 
 
+def test_the_tcp_relay_section_becomes_series(server: StatusServer, source: Source) -> None:
+    source.snap["tcp_relay"] = {"listening": False, "connections": 3, "refused_total": 2, "accept_errors": 7,
+                                "last_error": "[Errno 24] Too many open files"}
+    s = parse_metrics(request(server, "/metrics")[2])
+    assert value(s, "kiln_tcp_relay_listening") == 0 and value(s, "kiln_tcp_relay_connections") == 3
+    assert value(s, "kiln_tcp_relay_refused_total") == 2 and value(s, "kiln_tcp_relay_accept_errors_total") == 7
+
+
 def test_missing_and_none_sections_produce_no_series(server: StatusServer, source: Source) -> None:
     source.snap = {
         "state": "PREFLIGHT", "ready": False, "rung": None, "engine": {"pid": None},
