@@ -70,7 +70,8 @@ class _Conn:
         return None
 
     def shut(self) -> None:
-        """Wake both pump threads; the connection's own thread closes the sockets."""
+        """Wake both pump threads; the connection's own thread closes the sockets. Call with the
+        relay's lock held, while the connection is still registered."""
         self.closing = True
         for s in (self.client, self.upstream):
             if s is not None:
@@ -222,13 +223,16 @@ class TcpRelay:
             _close(client)
 
     def _sweep(self, now: float) -> None:
+        # shut() under the lock: a connection's thread forgets it (under the lock) before it
+        # closes the sockets, so a shutdown never lands on a closed, possibly reused, descriptor.
         with self._lock:
-            stale = [(c, why) for c in self._conns if not c.closing and (why := c.idle(now, self.idle_s))]
-        for conn, why in stale:
-            log.info("TCP relay: closing a connection: %s", why if why != "idle" else
-                     f"no bytes either way for {self.idle_s:g} s after the engine answered")
-            self.idle_closed_total += 1
-            conn.shut()
+            for conn in self._conns:
+                why = None if conn.closing else conn.idle(now, self.idle_s)
+                if why:
+                    conn.shut()
+                    self.idle_closed_total += 1
+                    log.info("TCP relay: closing a connection: %s", why if why != "idle" else
+                             f"no bytes either way for {self.idle_s:g} s after the engine answered")
 
     # -- one connection ------------------------------------------------------------------------
 
