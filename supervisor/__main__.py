@@ -2,7 +2,7 @@
 
     python -m supervisor --version
     python -m supervisor run [--config FILE] [--exit-on-failure]
-    python -m supervisor check-config FILE [--flags HELP.txt] [--gpus N]
+    python -m supervisor check-config FILE [--flags HELP.txt] [--gpus N] [--strict] [--skip-binary]
     python -m supervisor selftest --url http://host:port [--api-key-env NAME] [--family F] [--json OUT]
     python -m supervisor publish-config FILE --repo OWNER/NAME [--branch B] [--path deploy.toml]
 """
@@ -35,6 +35,10 @@ def _parser() -> argparse.ArgumentParser:
     chk.add_argument("--flags", help="the engine's --help output to lint rungs against "
                      "(default: the config's server.flag_snapshot when it exists)")
     chk.add_argument("--gpus", type=int, default=None, help="GPU count to check manual placements for")
+    chk.add_argument("--strict", action="store_true",
+                     help="exit 2 when something could not be checked here (no flag snapshot, --skip-binary)")
+    chk.add_argument("--skip-binary", action="store_true",
+                     help="do not require server.binary on this machine (a config for an image, checked elsewhere)")
     from .selftest import cli as selftest_cli
     selftest_cli.add_parser(sub)
     from . import publish
@@ -42,8 +46,12 @@ def _parser() -> argparse.ArgumentParser:
     return p
 
 
-def check_config(path: str, flags: str | None, gpus: int | None) -> int:
+def check_config(path: str, flags: str | None, gpus: int | None, *, strict: bool = False,
+                 skip_binary: bool = False) -> int:
+    """Problems go to stderr (exit 2). `ok` goes to stdout and says what was not checked, so a
+    script reading it cannot mistake an unchecked rung for a good one; --strict makes that exit 2."""
     from . import engines
+    from .engines import binary_present
     from .config import load_config
     from .errors import ConfigError
 
@@ -53,31 +61,44 @@ def check_config(path: str, flags: str | None, gpus: int | None) -> int:
         print(e, file=sys.stderr)
         return EXIT_INVALID
     problems: list[str] = []
+    unchecked: list[str] = []
+    if flags and not Path(flags).is_file():
+        problems.append(f"--flags {flags}: no such file (give the engine's --help output saved to a file)")
     try:
         engine = engines.get(cfg.engine)
     except KeyError as e:
-        print(f"({e.args[0]}: rungs not linted)", file=sys.stderr)
+        unchecked.append(f"rungs NOT linted: {e.args[0]}")
         engine = None
     if engine is not None:
         snap_path = Path(flags or cfg.server.flag_snapshot)
         snapshot = engine.load_snapshot(snap_path) if snap_path.is_file() else None
         if snapshot is None:
-            print(f"(no flag snapshot at {snap_path}: flags not checked against the engine)", file=sys.stderr)
+            unchecked.append(f"flags NOT checked: no flag snapshot at {snap_path} (pass --flags HELP.txt)")
         for i, rung in enumerate(cfg.ladder.rungs):
             problems += [str(x) for x in engine.lint_rung(cfg, i, rung, snapshot, gpu_count=gpus)]
+    if skip_binary:
+        unchecked.append("engine binary NOT checked (--skip-binary)")
+    elif not binary_present(cfg.server.binary):
+        problems.append(f"server.binary: {cfg.server.binary!r} is not an executable on this machine (engine "
+                        f"{cfg.engine}): install the engine, set [server] binary to where it is, or pass "
+                        f"--skip-binary to check a config meant for an image")
     if problems:
         print(f"deploy config {path}: {len(problems)} problem(s)", file=sys.stderr)
         for line in problems:
             print(f"  - {line}", file=sys.stderr)
         return EXIT_INVALID
-    print(f"{path}: ok (config hash {cfg.hash[:12]}, {len(cfg.ladder.rungs)} rung(s))")
+    if strict and unchecked:
+        print(f"deploy config {path}: not fully checked (--strict): {'; '.join(unchecked)}", file=sys.stderr)
+        return EXIT_INVALID
+    note = "".join(f"; {u}" for u in unchecked)
+    print(f"{path}: ok (config hash {cfg.hash[:12]}, {len(cfg.ladder.rungs)} rung(s){note})")
     return 0
 
 
 def main(argv: list[str] | None = None) -> int:
     args = _parser().parse_args(argv)
     if args.command == "check-config":
-        return check_config(args.file, args.flags, args.gpus)
+        return check_config(args.file, args.flags, args.gpus, strict=args.strict, skip_binary=args.skip_binary)
     if args.command == "selftest":
         from .selftest import cli as selftest_cli
         return selftest_cli.main(args)

@@ -27,7 +27,7 @@ from pathlib import Path
 from typing import Any, Callable, Mapping
 
 from . import engines, hardware
-from .config import DeployConfig, cross_problems, parse_config
+from .config import BOM, DeployConfig, cross_problems, parse_config
 from .errors import ConfigError, FetchError
 
 MAX_BYTES = 256 * 1024
@@ -76,7 +76,7 @@ def decode(data: bytes) -> tuple[str | None, list[str]]:
     if nul >= 0:
         return None, [f"(file): contains a NUL byte at offset {nul}"]
     try:
-        return data.decode("utf-8"), []
+        return data.decode("utf-8").removeprefix(BOM), []
     except UnicodeDecodeError as e:
         return None, [f"(file): is not UTF-8 (byte {e.start}: {data[e.start:e.start + 1]!r})"]
 

@@ -56,6 +56,7 @@ ENV_OVERRIDES: dict[str, tuple[str, type]] = {
     "KILN_WATCH_DIR": ("watch.dir", str),
 }
 _TRUE, _FALSE = ("1", "true", "yes", "on"), ("0", "false", "no", "off")
+BOM = "\ufeff"  # a UTF-8 byte-order mark, as decoded text
 
 # The supervisor sets these itself from [model] and [server]; a rung must not.
 SUPERVISOR_OWNED_FLAGS = {
@@ -252,6 +253,9 @@ def load_config(path: str | os.PathLike[str], env: Mapping[str, str] | None = No
 
 
 def parse_config(text: str, *, source: str = "<memory>", env: Mapping[str, str] | None = None) -> DeployConfig:
+    # Windows editors save UTF-8 with a byte-order mark, which TOML does not allow: it read as
+    # "Invalid statement (line 1, col 1)". It is not content, so it is dropped.
+    text = text.removeprefix(BOM)
     try:
         data = tomllib.loads(text)
     except tomllib.TOMLDecodeError as e:

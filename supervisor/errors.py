@@ -18,6 +18,8 @@ this tree and listed here.
     ├── GGUFError                (supervisor.gguf_layout) a model file's header cannot be read
     ├── DoesNotFit               (supervisor.placement) no split of the model fits the free VRAM
     ├── IllegalTransition        (supervisor.state) a lifecycle transition the state machine forbids (a bug)
+    ├── CannotListen             (supervisor.listen) a port the supervisor serves on cannot be bound
+    │   └── PortBusy             another process already listens on it (named when psutil can tell)
     ├── FloatingRefused          (images.render) a target has unresolved pins and floating was not allowed
     ├── BinariesError            (images.binaries) engine binaries could not be compiled or published
     ├── EngineUnavailable        (images.docker_build) no Docker engine answers

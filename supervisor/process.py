@@ -44,6 +44,8 @@ def _running(p: psutil.Process) -> bool:
         return p.is_running() and p.status() != psutil.STATUS_ZOMBIE
     except psutil.Error:
         return False
+    except OSError:  # /proc cannot be read right now (EMFILE): assume alive, the safe side
+        return True
 
 
 def _reap_if_ours(p: psutil.Process) -> None:
@@ -113,6 +115,7 @@ class ManagedProcess:
         self._ps = psutil.Process(popen.pid)
         self._desc: dict[int, psutil.Process] = {}
         self._tree_lock = threading.Lock()
+        self._scan_failed = False  # a failed scan is logged once, until one succeeds again
         self._exited = threading.Event()
         self._reader_done = threading.Event()
         self._abandon_pipe = threading.Event()
@@ -222,6 +225,16 @@ class ManagedProcess:
                     found = root.children(recursive=True)  # one /proc scan per call
                 except psutil.Error:
                     continue
+                except OSError as e:
+                    # EMFILE: reading /proc needs a descriptor. What is tracked stays tracked;
+                    # the next scan (every _REFRESH_S, and at stop) tries again.
+                    if not self._scan_failed:
+                        log.warning("pid %d: cannot scan its process tree (%s); retrying", self.pid, e)
+                    self._scan_failed = True
+                    return
+                if self._scan_failed:
+                    log.warning("pid %d: scanning its process tree again", self.pid)
+                    self._scan_failed = False
                 for child in found:
                     covered.add(child.pid)
                     known = self._desc.get(child.pid)
@@ -345,12 +358,21 @@ class ManagedProcess:
             if buf:
                 self._emit(buf)
         except Exception:
+            # Only reading the pipe itself gets here (tree scans and callbacks catch their own):
+            # nothing more can be read from it, so close it rather than spin.
             log.exception("pid %d: output reader failed", self.pid)
         finally:
             self._popen.stdout.close()
-            if self._log:
-                self._log.close()
+            self._close_log()
             self._reader_done.set()
+
+    def _close_log(self) -> None:
+        log_file, self._log = self._log, None
+        if log_file:
+            try:
+                log_file.close()
+            except OSError:
+                pass
 
     def _emit(self, raw: bytes) -> None:
         line = raw.decode("utf-8", errors="replace").rstrip("\r")
@@ -359,7 +381,11 @@ class ManagedProcess:
             self._tail.append(line)
         self._last_output_at = time.monotonic()
         if self._log:
-            self._log.write(line + "\n")
+            try:
+                self._log.write(line + "\n")
+            except (OSError, ValueError) as e:  # a full disk: keep draining, stop writing the file
+                log.warning("pid %d: output log not written any more (%s)", self.pid, e)
+                self._close_log()
         if self._on_line:
             try:
                 self._on_line(line)
@@ -370,7 +396,7 @@ class ManagedProcess:
 def _send(p: psutil.Process, sig: int) -> None:
     try:
         p.send_signal(sig)  # psutil refuses if the pid was reused
-    except psutil.Error:
+    except (psutil.Error, OSError):  # OSError: the reuse check could not read /proc (EMFILE)
         pass
 
 

@@ -14,6 +14,7 @@ import json
 import logging
 import math
 import socket
+import sys
 import threading
 import traceback
 from collections.abc import Callable, Mapping, Sequence
@@ -21,9 +22,10 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
 from urllib.parse import urlsplit
 
+from .listen import AcceptErrors, bind_error
 from .redact import ordered, redact_data
-from .state import State
 from .redact import redact as _mask_text
+from .state import State
 
 __all__ = ["StatusServer", "STATES", "render_metrics", "render_html", "ready_text"]
 
@@ -37,6 +39,13 @@ METRICS_CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
 _HISTORY_SHOWN = 30  # the HTML page shows the newest history entries, newest first
 _REQUEST_TIMEOUT_S = 10.0  # a client that connects and says nothing must not pin a thread forever
 _POLL_S = 0.05  # serve_forever checks for shutdown this often: stop() waits up to this long
+# The stdlib's listen backlog is 5: 200 clients at once lost SYNs and 68 of 600 requests timed
+# out at 30 s (issue 18). The kernel caps the backlog at net.core.somaxconn (4096 on Debian 12).
+_BACKLOG = 1024
+# Requests served at once. More wait in the backlog (costing no thread); a slow client holds one
+# worker for at most _REQUEST_TIMEOUT_S, so it takes _WORKERS of them to stall the endpoint.
+_WORKERS = 32
+_FIX = "set KILN_STATUS_PORT or [status] port to a free port"
 
 Snapshot = Mapping[str, Any]
 
@@ -153,6 +162,14 @@ def render_metrics(snap: Snapshot) -> str:
     hub = _section(_section(snap, "watch"), "hub")
     m.one("watch_hub_consecutive_errors", "gauge", "Failed Hub polls in a row (0 = the Hub answers).",
           hub.get("consecutive_errors"))  # fmt: skip
+
+    relay = _section(snap, "tcp_relay")  # TcpRelay.status(), when [server] tcp_port is set
+    m.one("tcp_relay_listening", "gauge", "1 while the TCP relay accepts connections.", relay.get("listening"))
+    m.one("tcp_relay_connections", "gauge", "Connections the TCP relay holds open.", relay.get("connections"))
+    m.one("tcp_relay_refused_total", "counter", "Connections refused over the TCP relay's cap.",
+          relay.get("refused_total"))  # fmt: skip
+    m.one("tcp_relay_accept_errors_total", "counter", "TCP relay accepts that failed (EMFILE, no thread).",
+          relay.get("accept_errors"))  # fmt: skip
 
     gpus = [g for g in _list(_section(snap, "hardware").get("gpus")) if isinstance(g, Mapping)]
 
@@ -394,6 +411,7 @@ _ROUTES: dict[str, Callable[[Snapshot], tuple[int, str, str]]] = {
 
 class _Server(ThreadingHTTPServer):
     daemon_threads = True  # a stuck client must not hold up the supervisor's exit
+    request_queue_size = _BACKLOG
 
     def __init__(
         self,
@@ -405,7 +423,52 @@ class _Server(ThreadingHTTPServer):
             self.address_family = socket.AF_INET6
         self.kiln_snapshot = snapshot
         self.kiln_secrets = secrets
+        self.kiln_closing = threading.Event()
+        self._workers = threading.BoundedSemaphore(_WORKERS)
+        self._accept_errors = AcceptErrors("status endpoint", log)
         super().__init__(address, _Handler)
+
+    def get_request(self) -> tuple[socket.socket, Any]:
+        # The stdlib drops a failed accept and selects again at once: with EMFILE that spins.
+        try:
+            request = super().get_request()
+        except OSError as e:
+            self.kiln_closing.wait(self._accept_errors.failed(e))
+            raise
+        self._accept_errors.succeeded()
+        return request
+
+    def process_request(self, request: Any, client_address: Any) -> None:
+        # Wait for a free worker here, in the accepting thread: meanwhile new clients queue in
+        # the backlog instead of each starting a thread.
+        while not self._workers.acquire(timeout=_POLL_S):
+            if self.kiln_closing.is_set():
+                self.shutdown_request(request)
+                return
+        try:
+            super().process_request(request, client_address)
+        except BaseException:  # the thread did not start: its slot is ours to give back
+            self._workers.release()
+            raise
+
+    def process_request_thread(self, request: Any, client_address: Any) -> None:
+        try:
+            super().process_request_thread(request, client_address)
+        finally:
+            self._workers.release()
+
+    def handle_error(self, request: Any, client_address: Any) -> None:
+        # The stdlib prints a traceback to stderr for every client that hangs up mid-request.
+        e = sys.exc_info()[1]
+        client = client_address[0] if isinstance(client_address, tuple) else client_address
+        if isinstance(e, (ConnectionError, TimeoutError)):
+            log.info("status: client %s went away mid-request (%s)", client, type(e).__name__)
+            return
+        try:
+            secrets = list(ordered(self.kiln_secrets()))
+        except Exception:  # logged unmasked rather than not at all; do_GET already answered 500
+            secrets = []
+        log.error("status: request from %s failed:\n%s", client, _mask_text(traceback.format_exc(), secrets))
 
 
 class StatusServer:
@@ -426,10 +489,15 @@ class StatusServer:
         self._thread: threading.Thread | None = None
 
     def start(self) -> None:
-        """Bind and serve in a daemon thread; the socket listens when this returns."""
+        """Bind and serve in a daemon thread; the socket listens when this returns.
+
+        Raises CannotListen (PortBusy when another process holds the port) as one clear line."""
         if self._server is not None:
             raise RuntimeError("status server already started")
-        self._server = _Server(self._address, self._snapshot, self._secrets)
+        try:
+            self._server = _Server(self._address, self._snapshot, self._secrets)
+        except OSError as e:
+            raise bind_error(e, "status.port", *self._address, _FIX) from None
         self._thread = threading.Thread(
             target=self._server.serve_forever, args=(_POLL_S,), name="kiln-status", daemon=True
         )
@@ -442,6 +510,7 @@ class StatusServer:
         self._server = self._thread = None
         if server is None:
             return
+        server.kiln_closing.set()
         server.shutdown()
         server.server_close()
         if thread is not None:

@@ -1,6 +1,7 @@
 """`python -m supervisor selftest --url URL`: the selftest against any OpenAI-compatible server.
 
-Exit 0 when it passed, 1 when it failed (or the server could not be reached), 2 on bad usage.
+Exit 0 when it passed, 1 when it failed, 2 on bad usage or when the server cannot be reached at
+all (nothing listening, no such host: a script must not read that as a quality failure).
 The table goes to stdout, progress to stderr, the full report to --json. The API key is read
 from an environment variable (--api-key-env), never from the command line, where `ps` shows it.
 """
@@ -20,7 +21,8 @@ EXIT_PASS, EXIT_FAIL, EXIT_USAGE = 0, 1, 2
 
 def add_parser(sub: argparse._SubParsersAction) -> argparse.ArgumentParser:  # type: ignore[type-arg]
     d = SelftestSpec()
-    p = sub.add_parser("selftest", help="probe an OpenAI-compatible server and measure it; exit 0 pass, 1 fail",
+    p = sub.add_parser("selftest", help="probe an OpenAI-compatible server and measure it; "
+                       "exit 0 pass, 1 fail, 2 unreachable or bad usage",
                        description=__doc__.split("\n")[0])
     p.add_argument("--url", required=True, help="the server, e.g. http://127.0.0.1:8080 (a /v1 suffix is fine)")
     p.add_argument("--api-key-env", metavar="NAME", help="environment variable holding the API key")
@@ -44,7 +46,7 @@ def add_parser(sub: argparse._SubParsersAction) -> argparse.ArgumentParser:  # t
 def main(args: argparse.Namespace) -> int:
     from ..config import parse_config
     from ..errors import ConfigError
-    from .client import Client, RequestCancelled
+    from .client import Client, ClientError, RequestCancelled
     from .runner import run_selftest
 
     key = None
@@ -70,6 +72,11 @@ def main(args: argparse.Namespace) -> int:
                         engine=None if args.engine == "auto" else args.engine)
     except ValueError as e:
         print(e, file=sys.stderr)
+        return EXIT_USAGE
+    try:
+        client.reach(min(10.0, spec.timeout_s))
+    except ClientError as e:
+        print(f"cannot reach the server at {client.url}: {e}", file=sys.stderr)   # no userinfo in it
         return EXIT_USAGE
     try:
         report = run_selftest(client, spec, family=args.family, log=lambda m: print(m, file=sys.stderr))

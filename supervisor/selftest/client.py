@@ -131,6 +131,18 @@ class Client:
         with self._lock:
             return len(self._inflight)
 
+    def reach(self, timeout_s: float = 10.0) -> None:
+        """Open one TCP connection and close it. ClientError(kind="connect") when the server
+        cannot be reached at all (refused, no answer, no such host): that is not a failed selftest."""
+        try:
+            socket.create_connection((self.host, self.port), timeout=timeout_s).close()
+        except socket.gaierror as e:
+            raise ClientError("connect", f"no such host {self.host} ({e.strerror or e})") from None
+        except TimeoutError:
+            raise ClientError("connect", f"no answer within {timeout_s:g} s") from None
+        except OSError as e:
+            raise ClientError("connect", (e.strerror or str(e)).lower()) from None
+
     # -- cancellation --------------------------------------------------------------------------
     def is_cancelled(self) -> bool:
         return self._aborted or self._cancelled()

@@ -338,3 +338,37 @@ def test_hundred_start_stop_cycles_leak_nothing() -> None:
     assert _fd_count() == fds, "pipe fds leaked"
     with socket.socket() as s:  # no SO_REUSEADDR: the port really is free again
         s.bind(("127.0.0.1", port))
+
+
+# -- descriptors run out ------------------------------------------------------------------------
+
+
+def test_the_output_reader_keeps_draining_while_descriptors_are_exhausted() -> None:
+    # Was: the reader's tree scan (it reads /proc) raised EMFILE, which ended the reader and
+    # closed the engine's output pipe; the engine's next write then broke its pipe.
+    starved = subprocess.Popen(helper("starved_reader.py"), stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                               stderr=subprocess.PIPE, text=True, cwd=REPO,
+                               env={**os.environ, "PYTHONPATH": str(REPO)})
+    assert starved.stdin and starved.stdout
+
+    def ask(command: str) -> str:
+        starved.stdin.write(command + "\n")
+        starved.stdin.flush()
+        return starved.stdout.readline().strip()
+
+    try:
+        assert starved.stdout.readline().strip() == "ready"
+        assert ask("exhaust") == "scan failed"
+        assert ask("signal") == "line"         # drained with no descriptor to spare
+        assert ask("tracked") == "tracked"
+        assert ask("release") == "released"
+        assert ask("signal") == "line"
+        assert ask("tracked") == "tracked"
+        out, err = starved.communicate(timeout=DEADLINE)
+    finally:
+        if starved.poll() is None:
+            starved.kill()
+            starved.wait()
+    assert out.strip() == f"stopped {-signal.SIGTERM}" and starved.returncode == 0, err
+    assert err.count("cannot scan its process tree ([Errno 24] Too many open files") == 1, err
+    assert "scanning its process tree again" in err and "Traceback" not in err

@@ -12,12 +12,19 @@ import http.client
 import json
 import logging
 import re
+import socket
+import struct
+import threading
 from collections.abc import Iterator
 from typing import Any
 
 import pytest
 
+from supervisor.errors import KilnError
+from supervisor.listen import CannotListen, PortBusy
 from supervisor.status import METRICS_CONTENT_TYPE, STATES, StatusServer
+from tests.support.listener_child import ListenerChild
+from tests.support.supervised import wait_for
 
 CANARY = "hf_CANARYsecretTOKEN123"
 ROUTES = ("/", "/status", "/metrics", "/ready")
@@ -196,6 +203,14 @@ def test_metrics_exposition(server: StatusServer) -> None:
     assert value(s, "kiln_selftest_decode_tokens_per_second") == 61.2
 
 
+def test_the_tcp_relay_section_becomes_series(server: StatusServer, source: Source) -> None:
+    source.snap["tcp_relay"] = {"listening": False, "connections": 3, "refused_total": 2, "accept_errors": 7,
+                                "last_error": "[Errno 24] Too many open files"}
+    s = parse_metrics(request(server, "/metrics")[2])
+    assert value(s, "kiln_tcp_relay_listening") == 0 and value(s, "kiln_tcp_relay_connections") == 3
+    assert value(s, "kiln_tcp_relay_refused_total") == 2 and value(s, "kiln_tcp_relay_accept_errors_total") == 7
+
+
 def test_missing_and_none_sections_produce_no_series(server: StatusServer, source: Source) -> None:
     source.snap = {
         "state": "PREFLIGHT", "ready": False, "rung": None, "engine": {"pid": None},
@@ -343,3 +358,79 @@ def test_port_zero_binds_a_free_port_and_stop_closes_it(source: Source) -> None:
     srv.stop()  # idempotent
     with pytest.raises(ConnectionRefusedError):
         http.client.HTTPConnection("127.0.0.1", port, timeout=5).connect()
+
+
+# --- load, hang-ups and a busy port (issue 18), against a status server in a child process -------
+
+CLIENTS, REQUESTS_EACH, HANGUPS = 200, 3, 20
+
+
+def _reset_mid_request(port: int) -> None:
+    """Half a request line, then a hard close (RST): the server's read fails mid-request."""
+    s = socket.create_connection(("127.0.0.1", port), timeout=10)
+    s.sendall(b"GET /status HTTP/1.1\r\nHost: x\r\n")
+    s.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
+    s.close()
+
+
+def test_200_concurrent_clients_are_all_answered_and_hang_ups_log_one_line_not_a_traceback() -> None:
+    # Was: listen backlog 5, so 200 clients at once lost SYNs and up to 68 of 600 requests timed
+    # out at 30 s; clients that hung up printed BrokenPipe/ConnectionReset tracebacks on stderr.
+    with ListenerChild("status") as child:
+        slow = socket.create_connection(("127.0.0.1", child.port), timeout=10)  # says nothing
+        start = threading.Barrier(CLIENTS + HANGUPS)
+        answers: list[object] = []
+
+        def client() -> None:
+            start.wait()
+            for path in ("/status", "/metrics", "/"):
+                try:
+                    conn = http.client.HTTPConnection("127.0.0.1", child.port, timeout=30)
+                    conn.request("GET", path)
+                    resp = conn.getresponse()
+                    resp.read()
+                    answers.append(resp.status)
+                    conn.close()
+                except OSError as e:
+                    answers.append(repr(e))
+
+        def hang_up() -> None:
+            start.wait()
+            _reset_mid_request(child.port)
+
+        threads = [threading.Thread(target=client) for _ in range(CLIENTS)]
+        threads += [threading.Thread(target=hang_up) for _ in range(HANGUPS)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+        failed = [a for a in answers if a != 200]
+        assert len(answers) == CLIENTS * REQUESTS_EACH and not failed, f"{len(failed)} failed: {set(failed)}"
+        wait_for(lambda: "went away mid-request" in child.log(), 30, "a hang-up logged")
+        slow.close()
+        log = child.stop()
+    assert child.proc.returncode == 0
+    assert "Traceback" not in log and "Exception occurred" not in log, log[-3000:]
+    hangups = [line for line in log.splitlines() if "went away mid-request" in line]
+    assert hangups and all(line.startswith("INFO supervisor.status: status: client 127.0.0.1") for line in hangups)
+
+
+def test_a_busy_status_port_is_port_busy_naming_the_holder_and_the_fix(source: Source) -> None:
+    # Was: a second `python -m supervisor run` died with an OSError traceback from bind.
+    with ListenerChild("status") as other:
+        srv = StatusServer("127.0.0.1", other.port, source.snapshot)
+        with pytest.raises(PortBusy) as e:
+            srv.start()
+        message = str(e.value)
+        assert isinstance(e.value, KilnError) and e.value.port == other.port
+        assert f"status.port {other.port} is already in use by pid {other.pid} (python" in message
+        assert "KILN_STATUS_PORT" in message and "[status] port" in message and "\n" not in message
+        srv.stop()  # nothing was started: still safe
+        assert http.client.HTTPConnection("127.0.0.1", other.port, timeout=10).connect() is None
+
+
+def test_an_address_that_cannot_be_bound_is_cannot_listen(source: Source) -> None:
+    srv = StatusServer("192.0.2.1", 0, source.snapshot)  # TEST-NET-1: never this host's address
+    with pytest.raises(CannotListen) as e:
+        srv.start()
+    assert "status.port 0 on 192.0.2.1 cannot be bound" in str(e.value) and "KILN_STATUS_PORT" in str(e.value)

@@ -8,7 +8,7 @@ import pytest
 
 from tests.support.engine import require_prefix
 from tests.support.models import make_tiny_gguf
-from tests.support.supervised import Supervised, config, free_port, http
+from tests.support.supervised import Supervised, config, free_port, http, wait_for
 
 pytestmark = pytest.mark.llama
 
@@ -24,7 +24,10 @@ def test_the_tcp_port_reaches_the_engine_and_a_cpu_bound_placement_is_warned(tmp
                   extra="[hardware]\nwarn_vcpu_per_host_gib = 1000000\n",
                   snapshot=str(prefix / "share/kiln/llama-server.help.txt"))
     with Supervised(tmp_path, text, env={"KILN_API_KEY": "tcp-key", "KILN_TCP_PORT": str(tport)}) as sup:
-        st = sup.wait_state("SERVING")
+        sup.wait_state("SERVING")
+        # The lifecycle checks host residency just after it reports SERVING: wait for the warning.
+        st = wait_for(lambda: (s := sup.status()) and any("host CPU will likely bound decode" in w
+                                                          for w in s["warnings"]) and s, 10, "the vCPU warning")
         body = json.dumps({"prompt": "hi", "n_predict": 4}).encode()
         code, out = http(f"http://127.0.0.1:{tport}/completion", data=body,
                          headers={"Content-Type": "application/json", "Authorization": "Bearer tcp-key"})

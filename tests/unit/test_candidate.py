@@ -147,3 +147,8 @@ def test_environment_overrides_apply_to_a_candidate_as_to_the_boot_config(runnin
     v = validate(Candidate("local", "/w/d.toml", good_text(model).encode()), running=running2,
                  env={"KILN_STATUS_PORT": "9999"}, hw=HOST)
     assert v.ok, v.problems
+
+
+def test_a_published_config_with_a_utf8_byte_order_mark_is_accepted(running, model):
+    # Was: "Invalid statement (line 1, col 1)"; the raw TOML read for boot-only tables failed too.
+    assert check(running, b"\xef\xbb\xbf" + good_text(model).encode()) == []

@@ -95,9 +95,13 @@ def _check(path: Path, *extra: str) -> subprocess.CompletedProcess[str]:
                           capture_output=True, text=True, cwd=ROOT)
 
 
+HERE = GOOD + '[server]\nbinary = "/bin/true"\n'   # an engine binary this machine has
+HELP = ROOT / "tests/fixtures/engine-logs/llama-server-help-cpu-11434.txt"
+
+
 def test_check_config_cli_exit_codes(tmp_path):
     good = tmp_path / "good.toml"
-    good.write_text(GOOD)
+    good.write_text(HERE)
     r = _check(good)
     assert r.returncode == 0, r.stderr
     bad = tmp_path / "bad.toml"
@@ -121,7 +125,7 @@ def test_every_baked_deploy_config_is_valid():
     for path in sorted((ROOT / "images/deploy").glob("*.toml")):
         engine = "vllm" if 'engine = "vllm"' in path.read_text() else "llamacpp"
         flags = logs / ("vllm-0.27.1-serve-help-all.txt" if engine == "vllm" else "llama-server-help-cpu-11434.txt")
-        r = _check(path, "--flags", str(flags))
+        r = _check(path, "--flags", str(flags), "--skip-binary")   # the binary is in the image, not here
         assert r.returncode == 0, f"{path}: {r.stderr}"
 
 
@@ -136,3 +140,45 @@ def test_check_config_rejects_speculation_on_kimi_linear_and_the_removed_vllm_fl
                    .replace('"--kv-cache-dtype", "fp8",', '"--kv-cache-dtype", "fp8", "--disable-log-requests",', 1))
     r = _check(old)                                    # no snapshot at hand: still named
     assert r.returncode == 2 and "--disable-log-requests was removed in vLLM 0.27" in r.stderr
+
+
+def test_check_config_says_on_stdout_when_flags_were_not_checked_and_strict_fails_then(tmp_path):
+    # Was: `ok` on stdout and "flags not checked" on stderr, so a removed flag passed a script.
+    cfg = tmp_path / "c.toml"
+    cfg.write_text(HERE)
+    r = _check(cfg)
+    assert r.returncode == 0
+    assert ": ok (" in r.stdout and "flags NOT checked: no flag snapshot at /opt/kiln/engine" in r.stdout
+    r = _check(cfg, "--strict")
+    assert r.returncode == 2 and r.stdout == ""
+    assert "not fully checked (--strict): flags NOT checked" in r.stderr
+    r = _check(cfg, "--strict", "--flags", str(HELP))
+    assert r.returncode == 0 and ": ok (" in r.stdout and "NOT" not in r.stdout
+    r = _check(cfg, "--flags", str(tmp_path / "missing-help.txt"))
+    assert r.returncode == 2 and "--flags" in r.stderr and "no such file" in r.stderr
+
+
+def test_check_config_reports_a_missing_engine_binary_with_the_fix(tmp_path):
+    # Was: check-config said ok and PID 1 then died with FileNotFoundError from Popen.
+    cfg = tmp_path / "c.toml"
+    cfg.write_text(GOOD + '[server]\nbinary = "/nonexistent/llama-server"\n')
+    r = _check(cfg, "--flags", str(HELP))
+    assert r.returncode == 2 and r.stdout == ""
+    assert "server.binary: '/nonexistent/llama-server' is not an executable on this machine" in r.stderr
+    assert "set [server] binary" in r.stderr and "--skip-binary" in r.stderr
+    not_executable = tmp_path / "llama-server"
+    not_executable.write_text("#!/bin/sh\n")
+    cfg.write_text(GOOD + f'[server]\nbinary = "{not_executable}"\n')
+    assert _check(cfg, "--flags", str(HELP)).returncode == 2
+    r = _check(cfg, "--flags", str(HELP), "--skip-binary")
+    assert r.returncode == 0 and "engine binary NOT checked (--skip-binary)" in r.stdout
+    assert _check(cfg, "--flags", str(HELP), "--skip-binary", "--strict").returncode == 2
+
+
+def test_a_utf8_byte_order_mark_is_accepted(tmp_path):
+    # Was: "is not valid TOML: Invalid statement (line 1, col 1)" for a file saved with a BOM.
+    assert parse_config("\ufeff" + GOOD, env={}).hash == parse_config(GOOD, env={}).hash
+    cfg = tmp_path / "bom.toml"
+    cfg.write_bytes(b"\xef\xbb\xbf" + HERE.encode())
+    r = _check(cfg, "--flags", str(HELP))
+    assert r.returncode == 0, r.stderr
