@@ -106,6 +106,9 @@ class Supervisor:
         from . import hubclient
         self.rt.hub_token = hubclient.token(self.rt.env)
         self.rt.secrets.add(self.rt.hub_token, self.rt.env.get("HF_TOKEN"), self.rt.env.get("RUNPOD_API_KEY"))
+        if self.opts.status:        # a busy status port is one clear line before anything starts
+            from .listen import STATUS_PORT_FIX, check_free
+            check_free("status.port", self.boot_cfg.status.host, self.boot_cfg.status.port, STATUS_PORT_FIX)
         from .services import Services
         self.services = Services(self)
         live = self.services.boot_live(self.boot_cfg)
@@ -356,8 +359,13 @@ def setup_logging() -> None:
 
 
 def run(cfg: DeployConfig, opts: Options | None = None) -> int:
+    from .listen import CannotListen
+
     try:
         return Supervisor(cfg, opts).run()
+    except CannotListen as e:            # the status port: a usage error, said in one line
+        log.error("%s", e)
+        return EXIT_USAGE
     except KilnError as e:
         log.error("%s", e)
         return EXIT_NOTHING_SERVED

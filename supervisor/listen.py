@@ -11,14 +11,16 @@ from __future__ import annotations
 
 import errno
 import logging
+import socket
 import time
 
 import psutil
 
 from .errors import KilnError
 
-__all__ = ["AcceptErrors", "CannotListen", "PortBusy", "bind_error", "holder"]
+__all__ = ["AcceptErrors", "CannotListen", "PortBusy", "bind_error", "check_free", "holder"]
 
+STATUS_PORT_FIX = "set KILN_STATUS_PORT or [status] port to a free port"
 _FIRST_WAIT_S = 0.05  # the first retry after a failed accept; doubles per failure in a burst
 _MAX_WAIT_S = 1.0  # a freed descriptor is noticed within this long
 
@@ -65,6 +67,18 @@ def bind_error(e: OSError, what: str, host: str, port: int, fix: str) -> CannotL
         by = f" by {who}" if who else ""
         return PortBusy(f"{what} {port} is already in use{by}: stop what holds it, or {fix}", port, who)
     return CannotListen(f"{what} {port} on {host} cannot be bound ({e.strerror or e}): {fix}", port)
+
+
+def check_free(what: str, host: str, port: int, fix: str) -> None:
+    """Raise bind_error now when (host, port) cannot be bound: a busy port is reported before anything
+    starts, not after an engine was launched. (Bound and closed at once; the real bind comes later.)"""
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    with socket.socket(family, socket.SOCK_STREAM) as s:
+        s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)   # as the server binds: TIME_WAIT is no conflict
+        try:
+            s.bind((host, port))
+        except OSError as e:
+            raise bind_error(e, what, host, port, fix) from None
 
 
 class AcceptErrors:

@@ -267,8 +267,8 @@ class Machine:
     def _serving(self, fx: Effects, now: float) -> None:
         assert self.rung is not None
         self.waiting = None
+        fx(Serving(self.rung))                     # memory, timings, placement warning: before /ready says 200
         self._enter(fx, S.SERVING, self.live.cfg.ladder.rungs[self.rung].name)
-        fx(Serving(self.rung))
         self.served_since = now
         self.restart_at = None
         purpose, self.purpose = self.purpose, Purpose.BOOT

@@ -22,6 +22,7 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
 from urllib.parse import urlsplit
 
+from .listen import STATUS_PORT_FIX as _FIX
 from .listen import AcceptErrors, bind_error
 from .redact import ordered, redact_data
 from .redact import redact as _mask_text
@@ -45,7 +46,6 @@ _BACKLOG = 1024
 # Requests served at once. More wait in the backlog (costing no thread); a slow client holds one
 # worker for at most _REQUEST_TIMEOUT_S, so it takes _WORKERS of them to stall the endpoint.
 _WORKERS = 32
-_FIX = "set KILN_STATUS_PORT or [status] port to a free port"
 
 Snapshot = Mapping[str, Any]
 
