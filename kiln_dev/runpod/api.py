@@ -259,7 +259,10 @@ class RunPodStandIn:
             tpl = self.templates[body["templateId"]]
             if tpl.get("serverless"):
                 raise Problem(422, "a serverless template cannot deploy a pod")
-        settings = {k: copy.deepcopy(body.get(k, tpl.get(k))) for k in ("image", "args", "disk", "ports", "registry")}
+        # Without a template, unset settings take the stand-in's defaults (RunPod's are not published).
+        defaults = {"args": "", "disk": 50, "ports": [], "registry": None}
+        settings = {k: copy.deepcopy(body.get(k, tpl.get(k, defaults.get(k))))
+                    for k in ("image", "args", "disk", "ports", "registry")}
         settings["env"] = {**tpl.get("env", {}), **body.get("env", {})}
         if mounts is None:
             mounts = {} if "cpu" in body else copy.deepcopy(tpl.get("mounts") or {})
