@@ -73,7 +73,10 @@ class Placement:
         if target.is_gpu:
             if cpu_flavor:
                 raise KilnError(f"--cpu-flavor: {target.name} is a GPU target ([cuda] is set)")
-            return cls(gpu_id or target.runpod.gpu_type, gpu_count or target.runpod.gpu_count, cloud, data_centers)
+            count = target.runpod.gpu_count if gpu_count is None else gpu_count
+            if count < 1:
+                raise KilnError(f"--gpu-count {count}: a GPU pod has at least 1 GPU")
+            return cls(gpu_id or target.runpod.gpu_type, count, cloud, data_centers)
         if gpu_id:
             raise KilnError(f"--gpu: {target.name} is a CPU target ([cuda] unset): it rents no GPU")
         if not cpu_flavor or not vcpu:
