@@ -53,10 +53,10 @@ class RunPodAPI:
 
     def _request(self, method: str, path: str, operation: str, *, body: Any = None, schema_name: str | None = None,
                  params: Mapping[str, Any] | None = None, ok: tuple[int, ...] = (200,),
-                 stream: bool = False, timeout: Any = None) -> requests.Response:
+                 stream: bool = False, timeout: Any = None, accept: str = "application/json") -> requests.Response:
         if schema_name is not None:
             schema.check(body, schema_name)          # before anything leaves the machine
-        headers = {"Authorization": f"Bearer {self._key}", "Accept": "application/json"}
+        headers = {"Authorization": f"Bearer {self._key}", "Accept": accept}
         try:
             r = self._s.request(method, self.base_url + path, json=body, params=params, headers=headers,
                                 timeout=timeout or self.timeout, stream=stream)
@@ -135,7 +135,7 @@ class RunPodAPI:
             params["source"] = source
         op = f"GET /pods/{pod_id}/logs"
         r = self._request("GET", f"/pods/{pod_id}/logs", op, params=params, stream=True,
-                          timeout=(self.timeout, idle_s))
+                          timeout=(self.timeout, idle_s), accept="text/event-stream")
         try:
             for raw in r.iter_lines(decode_unicode=True):
                 if not raw or not raw.startswith("data:"):
