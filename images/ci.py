@@ -73,18 +73,17 @@ def _gate(args: argparse.Namespace) -> int:
         verdict = gate.gate_local(args.image, target, timeout_s=args.timeout, volume=args.volume,
                                   gpus="" if not target.is_gpu else "all")
     else:
-        from .runpod import build_template
-        from .runpod_api import RunPodAPI
+        from .runpod.api import RunPodAPI
+        from .runpod.template import build_template
 
         key = os.environ.get("RUNPOD_API_KEY", "")
         if not key:
             raise KilnError("--runpod needs RUNPOD_API_KEY")
         pins = pins_for(target, load_lock())
         tpl = build_template(target, pins, image=args.image, name=f"{target.runpod.template_name}-staging",
-                             registry_auth_id=args.registry_auth or None)
+                             registry=args.registry_auth or None)
         verdict = gate.gate_runpod(RunPodAPI(key), tpl, target, timeout_s=args.timeout,
-                                   pod_name=f"kiln-gate-{target.name}-{args.run_id}",
-                                   status_url=args.status_url or gate.PROXY_URL)
+                                   pod_name=f"kiln-gate-{target.name}-{args.run_id}", proxy=args.proxy)
     print(json.dumps({"target": target.name, "image": args.image, "passed": verdict.passed,
                       "state": verdict.state, "reason": verdict.reason, "selftest": verdict.selftest}, indent=2))
     return 0 if verdict.passed else 1
@@ -106,9 +105,10 @@ def main(argv: list[str] | None = None) -> int:
     g.add_argument("--timeout", type=float, default=3600.0, help="seconds to wait for a verdict")
     g.add_argument("--volume", help="--local: a docker volume for the model cache (mounted at volume_mount)")
     g.add_argument("--run-id", default="manual")
-    g.add_argument("--registry-auth", help="--runpod: containerRegistryAuthId when the staging image is private")
-    g.add_argument("--status-url", help="--runpod: status URL pattern (default: RunPod's proxy, "
-                   f"{'{pod_id}'}-{'{port}'}.proxy.runpod.net)")
+    g.add_argument("--registry-auth", help="--runpod: RunPod container registry credential id when the staging "
+                   "image is private")
+    g.add_argument("--proxy", help="--runpod: proxy URL pattern with {pod_id} and {port} (default: "
+                   "$RUNPOD_PROXY_URL or RunPod's https://{pod_id}-{port}.proxy.runpod.net)")
     pr = sub.add_parser("promote")
     pr.add_argument("--run-id", required=True)
     pr.add_argument("--targets", required=True, help="comma-separated targets that built and passed")

@@ -69,17 +69,18 @@ def _build_parser() -> argparse.ArgumentParser:
                    help="print the image's immutable tag (<target>-<kiln version>-<engine id>) and exit")
     rp = p.add_argument_group("RunPod templates (README: From zero to a serving pod)")
     rp.add_argument("--runpod-template", action="store_true",
-                    help="print the target's RunPod template (TemplateCreateInput JSON) and exit")
+                    help="print the target's RunPod template (a REST v2 CreateTemplateRequest, JSON) and exit")
     rp.add_argument("--runpod-upsert", action="store_true",
-                    help="create or update the template by name through RunPod's REST API ($RUNPOD_API_KEY); "
+                    help="create or update the template by name through RunPod's REST API v2 ($RUNPOD_API_KEY); "
                     "prints the template id")
     rp.add_argument("--runpod-image", metavar="REF", help="image reference for the template (default: the "
                     "target's immutable tag in --image or the target's repository)")
     rp.add_argument("--runpod-template-name", metavar="NAME", help="template name (default: [runpod] "
                     "template_name, kiln-<target>)")
-    rp.add_argument("--runpod-registry-auth", metavar="ID", help="containerRegistryAuthId for a private image")
-    rp.add_argument("--runpod-api", metavar="URL", help="REST API base URL (default: $RUNPOD_API_URL or "
-                    "https://rest.runpod.io/v1)")
+    rp.add_argument("--runpod-registry-auth", metavar="ID", help="RunPod container registry credential id "
+                    "(the template's `registry`) for a private image")
+    rp.add_argument("--runpod-api", metavar="URL", help="REST API v2 base URL (default: $RUNPOD_API_URL or "
+                    "https://api.runpod.io/v2)")
     return p
 
 
@@ -206,29 +207,9 @@ def _build(args: argparse.Namespace) -> int:
 
 def _runpod(args: argparse.Namespace, target, pins) -> int:
     """--runpod-template: print the template. --runpod-upsert: create or update it by name."""
-    from . import runpod, runpod_api
+    from .pods import template_command
 
-    tpl = runpod.build_template(target, pins, repository=args.image, image=args.runpod_image,
-                                name=args.runpod_template_name, registry_auth_id=args.runpod_registry_auth)
-    if tpl.floating and not args.runpod_image:
-        print(f"note: FLOATING: {', '.join(tpl.floating)} unresolved; imageName is the tag "
-              f"`build.py --target {target.name} --allow-floating` gives ({tpl.body['imageName']}), "
-              "an image labelled io.kiln.floating=true", file=sys.stderr)
-    if not args.runpod_upsert:
-        sys.stdout.write(tpl.to_json())
-        return 0
-    if tpl.floating and not args.allow_floating:
-        raise render.FloatingRefused(target, [f for f in missing(target, pins)])
-    key = os.environ.get("RUNPOD_API_KEY", "")
-    if not key:
-        raise KilnError("--runpod-upsert needs RUNPOD_API_KEY (RunPod console: Settings > API Keys); "
-                        "--runpod-template alone prints the template without it")
-    api = runpod_api.RunPodAPI(key, args.runpod_api)
-    result = runpod_api.upsert_template(api, tpl.body)
-    print(f"template {result.name}: {result.action} (id {result.template_id}); deploy a Pod with "
-          f"templateId {result.template_id}", file=sys.stderr)
-    print(result.template_id)
-    return 0
+    return template_command(args, target, pins)
 
 
 def _prepare_binaries(args, target, pins, ctx, out: Path) -> tuple[str, str]:

@@ -5,8 +5,9 @@ decode and prefill measured); /status says why not. The gate starts the staging 
 is, waits for that verdict, and always cleans up:
 
     local   a self-hosted runner with a GPU: `docker run --gpus all`, then `docker rm -f`
-    runpod  a RunPod Pod from a staging template (deployed by templateId), then terminated,
-            never stopped (a stopped Pod's volume bills at twice the running rate)
+    runpod  a RunPod pod from a staging template, through the same REST v2 code as
+            `python -m images.pods up` (catalog check, upsert, create by templateId), then
+            terminated, never stopped (a stopped pod's volume bills at twice the running rate)
 
 Passing means /status reports ready *and* a selftest that passed: an image whose selftest was
 switched off does not pass the gate.
@@ -25,8 +26,11 @@ import requests
 
 from supervisor.errors import KilnError
 
-from . import runpod_api
-from .runpod import RunPodTemplate
+from .probe import read_status
+from .runpod import pods
+from .runpod.api import RunPodAPI
+from .runpod.cuda import cuda_floor
+from .runpod.template import RunPodTemplate, upsert
 from .target import Target
 
 # Passed by name only (`docker run -e NAME`): values never appear in an argv.
@@ -43,18 +47,6 @@ class Verdict:
     state: str
     reason: str
     selftest: dict[str, Any] | None = None
-
-
-def read_status(status_url: str, session: requests.Session, timeout: float = 15.0) -> dict[str, Any] | None:
-    """GET <status_url>/status as JSON; None while nothing (or something else) answers."""
-    try:
-        r = session.get(status_url.rstrip("/") + "/status", timeout=timeout)
-        if r.status_code != 200:
-            return None
-        data = r.json()
-        return data if isinstance(data, dict) and "state" in data else None
-    except (requests.RequestException, ValueError):
-        return None
 
 
 def judge(snap: dict[str, Any]) -> Verdict | None:
@@ -131,29 +123,27 @@ def gate_local(image: str, target: Target, *, timeout_s: float, volume: str | No
         subprocess.run([docker, "rm", "-f", name], capture_output=True, check=False)
 
 
-# -- runpod: a Pod from a staging template --------------------------------------------------
-PROXY_URL = "https://{pod_id}-{port}.proxy.runpod.net"
-
-
-def gate_runpod(api: runpod_api.RunPodAPI, template: RunPodTemplate, target: Target, *, timeout_s: float,
-                pod_name: str, status_url: str = PROXY_URL, cloud_type: str = "SECURE") -> Verdict:
-    """Upsert the staging template, deploy a Pod from it by templateId, wait, terminate."""
+# -- runpod: a pod from a staging template ------------------------------------------------
+def gate_runpod(api: RunPodAPI, template: RunPodTemplate, target: Target, *, timeout_s: float,
+                pod_name: str, proxy: str | None = None, cloud: str = "SECURE") -> Verdict:
+    """Check the catalog, upsert the staging template, create one pod from it, wait, terminate."""
     cfg = target.deploy_config()
-    result = runpod_api.upsert_template(api, template.body)
+    placement = pods.Placement.of(target, cloud=cloud) if target.is_gpu else None
+    if placement is None:
+        raise GateFailed(f"{target.name} is a CPU target: the RunPod gate runs GPU images")
+    floor = cuda_floor(target)
+    if floor:
+        pods.check_catalog(api, placement, floor)
+    result = upsert(api, template.body)
     print(f"gate: template {result.name} {result.action} ({result.template_id})", file=sys.stderr)
-    body: dict[str, Any] = {"templateId": result.template_id, "name": pod_name[:191], "cloudType": cloud_type,
-                            "interruptible": False}
-    if target.is_gpu:
-        body.update(computeType="GPU", gpuTypeIds=[target.runpod.gpu_type], gpuCount=target.runpod.gpu_count)
-    else:
-        body.update(computeType="CPU")
-    pod = api.create_pod(body)
+    req = pods.UpRequest(target=target, template=template, placement=placement, proxy=proxy)
+    pod = api.create_pod(pods.pod_body(req, pod_name[:191], result.template_id, None))
     pod_id = str(pod.get("id") or "")
     if not pod_id:
-        raise GateFailed("POST /pods answered without a Pod id")
+        raise GateFailed("POST /v2/pods answered without a pod id")
     print(f"gate: pod {pod_id} created from template {result.template_id}", file=sys.stderr)
     try:
-        return wait_verdict(status_url.format(pod_id=pod_id, port=cfg.status.port), timeout_s=timeout_s)
+        return wait_verdict(pods.proxy_url(pod_id, cfg.status.port, proxy), timeout_s=timeout_s)
     finally:
         api.terminate_pod(pod_id)
         print(f"gate: pod {pod_id} terminated", file=sys.stderr)

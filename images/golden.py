@@ -1,5 +1,5 @@
 """The committed generated files: images/rendered/<target>/Dockerfile and
-images/rendered/<target>/runpod-template.json (the RunPod template, images/runpod.py).
+images/rendered/<target>/runpod-template.json (the RunPod template, images/runpod/template.py).
 
 Reviewers read the real Dockerfile and template diffs, not a template-code diff
 (docker-library's practice); tests re-render every target and fail on any drift.
@@ -35,7 +35,7 @@ TEMPLATE_FILE = "runpod-template.json"
 
 def render_templates() -> dict[str, str]:
     """Each target's RunPod template as `build.py --target T --runpod-template` prints it."""
-    from .runpod import build_template
+    from .runpod.template import build_template
 
     lock = load_lock()
     return {name: build_template(load_target(name), pins_for(load_target(name), lock)).to_json()

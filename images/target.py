@@ -264,7 +264,7 @@ def _check_runpod(target: Target, cfg: DeployConfig, problems: list[Problem]) ->
     returns the spec with its effective secrets."""
     from supervisor.config import ENV_OVERRIDES
 
-    from .runpod_schema import gpu_types
+    from .runpod.schema import gpu_types
 
     rp = target.runpod
     r = Reader({}, "runpod", problems)     # for its problem() helper: paths read runpod.<key>
@@ -299,12 +299,15 @@ def _check_runpod(target: Target, cfg: DeployConfig, problems: list[Problem]) ->
     if rp.gpu_type and rp.gpu_type not in gpu_types():
         hint = nearest(rp.gpu_type, gpu_types())
         r.problem("gpu_type", "is not a RunPod GPU type id" + (f"; did you mean {hint!r}?" if hint else ""),
-                  rp.gpu_type, "the gpuTypeIds enum in images/schemas/runpod-rest-v1.json")
+                  rp.gpu_type, "the gpu_types ids in images/schemas/runpod-rest-v2.json (RunPod's GPU types page)")
     if target.is_gpu and cfg.hardware.gpu_count is not None and rp.gpu_count != cfg.hardware.gpu_count:
         r.problem("gpu_count", f"the deploy config's [hardware] expects exactly {cfg.hardware.gpu_count} GPU(s): "
                   "the supervisor would refuse the pod", rp.gpu_count)
 
-    # Storage: a Hub model is cached under state_dir, which must be on the volume (the container
+    # Storage: RunPod's persistent mount has a 10 GB floor (PersistentMount.size minimum).
+    if 0 < rp.volume_gb < 10:
+        r.problem("volume_gb", "RunPod's persistent volume is at least 10 GB (or 0 for none)", rp.volume_gb)
+    # A Hub model is cached under state_dir, which must be on the volume (the container
     # disk is wiped on restart and sized for the image, not the weights).
     mount = rp.volume_mount.rstrip("/") or "/"
     on_volume = rp.volume_gb > 0 and (cfg.state_dir == mount or cfg.state_dir.startswith(mount.rstrip("/") + "/"))

@@ -54,6 +54,7 @@ ENV_OVERRIDES: dict[str, tuple[str, type]] = {
     "KILN_WATCH_PATH": ("watch.path", str),
     "KILN_WATCH_POLL_S": ("watch.poll_s", float),
     "KILN_WATCH_DIR": ("watch.dir", str),
+    "KILN_RUNPOD_TERMINATE_ON_TERMINAL_FAILURE": ("runpod.terminate_on_terminal_failure", bool),
 }
 _TRUE, _FALSE = ("1", "true", "yes", "on"), ("0", "false", "no", "off")
 BOM = "\ufeff"  # a UTF-8 byte-order mark, as decoded text
@@ -206,6 +207,16 @@ class WatchSpec:
 
 
 @dataclass(frozen=True)
+class SelfTerminateSpec:
+    """[runpod]: what the supervisor does about the RunPod pod it runs in (supervisor/runpod_self.py).
+    A supervisor FAILED for good (it can never serve) terminates its own pod, so it stops billing:
+    off by default; needs RUNPOD_POD_ID and RUNPOD_API_KEY, which RunPod sets in every pod."""
+    terminate_on_terminal_failure: bool = False
+    terminate_grace_s: float = 300.0              # /status stays readable this long before the pod goes
+    api_url: str = "https://api.runpod.io/v2"     # RunPod's REST API v2 (tests: the stand-in)
+
+
+@dataclass(frozen=True)
 class DeployConfig:
     engine: str
     model: ModelSpec
@@ -218,6 +229,7 @@ class DeployConfig:
     restart: RestartSpec = RestartSpec()
     status: StatusSpec = StatusSpec()
     watch: WatchSpec = WatchSpec()
+    runpod: SelfTerminateSpec = SelfTerminateSpec()
     state_dir: str = "/workspace/kiln"
     source: str = "<memory>"        # where it was read from (not hashed)
 
@@ -229,9 +241,11 @@ class DeployConfig:
     @property
     def hash(self) -> str:
         """Stable identity of what would run: same config, same hash, wherever it came from.
-        [watch] says where updates come from, not what runs: it is left out."""
+        [watch] says where updates come from and [runpod] what happens to the pod after a failure,
+        not what runs: both are left out."""
         d = self.to_dict()
         d.pop("watch")
+        d.pop("runpod")
         blob = json.dumps(d, sort_keys=True, separators=(",", ":"), default=list)
         return hashlib.sha256(blob.encode()).hexdigest()
 
@@ -306,11 +320,12 @@ def _build(r: Reader, source: str) -> DeployConfig | None:
     restart = _restart(r.table("restart"))
     status = _status(r.table("status"))
     watch = _watch(r.table("watch"))
+    runpod = _runpod(r.table("runpod"))
     state_dir = r.str("state_dir", "/workspace/kiln", pattern=r"/.*", pattern_hint="an absolute path")
     r.finish()
     cfg = DeployConfig(engine=engine, model=model, ladder=ladder, server=server, sampler=sampler,
                         selftest=selftest, hardware=hardware, health=health, restart=restart, status=status,
-                        watch=watch, state_dir=state_dir, source=source)
+                        watch=watch, runpod=runpod, state_dir=state_dir, source=source)
     for prob in cross_problems(cfg):
         r.problems.append(prob)
     return cfg
@@ -544,3 +559,15 @@ def _watch(r: Reader) -> WatchSpec:
     if w.max_backoff_s < w.poll_s:
         r.problem("max_backoff_s", "must be >= poll_s", w.max_backoff_s)
     return w
+
+
+def _runpod(r: Reader) -> SelfTerminateSpec:
+    d = SelfTerminateSpec()
+    s = SelfTerminateSpec(
+        terminate_on_terminal_failure=r.bool("terminate_on_terminal_failure", d.terminate_on_terminal_failure),
+        terminate_grace_s=r.float("terminate_grace_s", d.terminate_grace_s, min=0.0, max=86400.0),
+        api_url=r.str("api_url", d.api_url, pattern=r"https?://[\w.:\[\]-]+(/[\w./-]*)?",
+                      pattern_hint="an http(s) URL such as https://api.runpod.io/v2"),
+    )
+    r.finish()
+    return s

@@ -5,7 +5,7 @@ this tree and listed here.
 
     KilnError
     ├── ConfigError              a config, target or published change is invalid (all problems at once)
-    │   └── RunPodSchemaError    (images.runpod_schema) a RunPod request body breaks the vendored schema
+    │   └── RunPodSchemaError    (images.runpod.schema) a RunPod request body breaks the vendored v2 schema
     ├── FetchError               a download failed or did not verify
     │   └── ArtifactError        (images.artifacts) a binaries tarball could not be fetched or trusted
     │       ├── ArtifactCorrupt  its bytes are not the published bytes
@@ -26,7 +26,8 @@ this tree and listed here.
     ├── BuildFailed              (images.docker_build) the image build failed
     ├── GateFailed               (images.gate) the GPU selftest gate did not pass
     ├── PromoteError             (images.promote) staging tags could not be promoted
-    └── RunPodAPIError           (images.runpod_api) RunPod's API refused or failed a request
+    ├── RunPodAPIError           (images.runpod.api) RunPod's API refused or failed a request
+    └── NoMatchingHost           (images.runpod.pods) RunPod's catalog offers no host the image runs on
 """
 
 from __future__ import annotations

@@ -1,6 +1,6 @@
-"""Create-or-update of RunPod templates, and CI's Pod gate, against a stand-in for RunPod's REST API
-(tests/support/runpod_standin.py: not RunPod; it enforces RunPod's published schema and its
-create/update semantics, template names unique)."""
+"""Create-or-update of RunPod templates, and CI's RunPod gate, against kiln_dev/runpod: a stand-in
+for RunPod's REST API v2 (not RunPod; it checks bodies against the published v2 schema with the
+jsonschema library, answers RFC 9457 problem objects, keeps template names unique)."""
 
 import json
 import os
@@ -12,10 +12,13 @@ from pathlib import Path
 
 import pytest
 
-from images import gate, runpod, runpod_api
+from images import gate
 from images.lock import load_lock, pins_for
+from images.runpod import schema, template
+from images.runpod.api import RunPodAPI, RunPodAPIError
+from images.runpod.pods import NoMatchingHost
 from images.target import load_target
-from tests.support.runpod_standin import RunPodStandIn
+from kiln_dev.runpod import RunPodStandIn, gpu_type
 
 ROOT = Path(__file__).resolve().parents[2]
 KEY = "rpa_kiln-canary-7c1e2f"
@@ -25,11 +28,12 @@ KEY = "rpa_kiln-canary-7c1e2f"
 def standin():
     with RunPodStandIn(KEY) as s:
         yield s
+    assert s.faults == [], "the stand-in answered something RunPod's schema does not allow"
 
 
 def tpl(target_name="cpu-llamacpp", **kw):
     target = load_target(target_name)
-    return runpod.build_template(target, pins_for(target, load_lock()), **kw)
+    return template.build_template(target, pins_for(target, load_lock()), **kw)
 
 
 def build_py(*args, env=None):
@@ -38,65 +42,75 @@ def build_py(*args, env=None):
 
 
 def test_create_then_unchanged_then_update_by_name(standin):
-    api = runpod_api.RunPodAPI(KEY, standin.url)
+    api = RunPodAPI(KEY, standin.url)
     body = tpl().body
-    first = runpod_api.upsert_template(api, body)
+    first = template.upsert(api, body)
     assert first.action == "created" and first.name == "kiln-cpu-llamacpp"
     stored = standin.templates[first.template_id]
     assert {k: stored[k] for k in body} == body
 
     writes = len(standin.writes())
-    again = runpod_api.upsert_template(api, body)
-    assert again == runpod_api.UpsertResult("unchanged", first.template_id, first.name)
+    again = template.upsert(api, body)
+    assert again == template.UpsertResult("unchanged", first.template_id, first.name)
     assert len(standin.writes()) == writes, "an idempotent run must write nothing"
 
-    newer = dict(body, imageName=body["imageName"].replace("-0.", "-9."), containerDiskInGb=12)
-    third = runpod_api.upsert_template(api, newer)
+    newer = dict(body, image=body["image"].replace("-0.", "-9."), disk=12)
+    third = template.upsert(api, newer)
     assert third.action == "updated" and third.template_id == first.template_id
-    assert standin.templates[first.template_id]["imageName"] == newer["imageName"]
-    assert standin.writes()[-1] == ("PATCH", f"/v1/templates/{first.template_id}")
+    assert standin.templates[first.template_id]["image"] == newer["image"]
+    assert standin.writes()[-1] == ("PATCH", f"/v2/templates/{first.template_id}")
+    assert standin.requests[-1]["body"] == {"image": newer["image"], "disk": 12}, "a PATCH sends what changed"
     assert len(standin.templates) == 1
 
 
-def test_the_standin_enforces_unique_names_and_the_schema(standin):
-    api = runpod_api.RunPodAPI(KEY, standin.url)
+def test_the_standin_keeps_names_unique_and_enforces_the_schema_with_runpods_error_shape(standin):
+    api = RunPodAPI(KEY, standin.url)
     body = tpl().body
     api.create_template(body)
-    # A second create with the same name fails (RunPod: "The name needs to be unique.").
-    r = api._s.post(standin.url + "/templates", json=body, headers={"Authorization": f"Bearer {KEY}"})
-    assert r.status_code == 400 and "unique" in r.json()["error"]
-    # An invented field is refused by the stand-in too (checked by jsonschema, not Kiln's validator).
-    r = api._s.post(standin.url + "/templates", json=dict(body, name="other", args="--x"),
-                    headers={"Authorization": f"Bearer {KEY}"})
-    assert r.status_code == 400 and "args" in json.dumps(r.json())
-    # Kiln refuses it before sending.
+    headers = {"Authorization": f"Bearer {KEY}"}
+    r = api._s.post(standin.url + "/templates", json=body, headers=headers)
+    assert r.status_code == 400 and "already exists" in r.json()["detail"]
+    assert r.headers["Content-Type"] == "application/problem+json" and r.json()["title"] == "Bad Request"
+    # An invented (v1) field, checked by the stand-in with jsonschema, not with Kiln's code: 422.
+    r = api._s.post(standin.url + "/templates", json=dict(body, name="other", dockerStartCmd=["run"]),
+                    headers=headers)
+    assert r.status_code == 422 and any("dockerStartCmd" in e for e in r.json()["errors"])
+
+
+def test_a_body_that_breaks_the_schema_never_leaves_the_machine(standin):
+    api = RunPodAPI(KEY, standin.url)
+    body = tpl().body
     before = len(standin.requests)
-    with pytest.raises(Exception, match="not a property the schema lists"):
-        api.create_template(dict(body, name="other", args="--x"))
+    for bad, name in ((dict(body, dockerStartCmd=["run"]), "create_template"),
+                      (dict(body, args=""), "create_template"),
+                      ({"name": "kiln-x-1", "templateId": "t", "gpu": {"id": "NVIDIA A40", "count": 0}}, "create_pod"),
+                      ({"name": "v", "size": 5, "dataCenter": "EU-RO-1"}, "create_network_volume")):
+        with pytest.raises(schema.RunPodSchemaError, match="nothing was sent"):
+            getattr(api, name)(bad)
+    with pytest.raises(schema.RunPodSchemaError):
+        api.update_template("t", {"dockerEntrypoint": ["x"]})
     assert len(standin.requests) == before
 
 
-def test_create_only_fields_and_duplicate_names_are_refused_with_a_fix(standin):
-    api = runpod_api.RunPodAPI(KEY, standin.url)
+def test_duplicate_names_are_refused_with_a_fix(standin):
+    api = RunPodAPI(KEY, standin.url)
     body = tpl().body
-    created = runpod_api.upsert_template(api, body)
-    standin.templates[created.template_id]["category"] = "NVIDIA"
-    with pytest.raises(runpod_api.RunPodAPIError, match="category .* cannot be updated; delete it or rename"):
-        runpod_api.upsert_template(api, body)
+    created = template.upsert(api, body)
     standin.templates["dup"] = dict(standin.templates[created.template_id], id="dup")
-    with pytest.raises(runpod_api.RunPodAPIError, match="2 templates are named 'kiln-cpu-llamacpp'"):
-        runpod_api.upsert_template(api, body)
+    with pytest.raises(RunPodAPIError, match="2 templates are named 'kiln-cpu-llamacpp'.*delete the extra"):
+        template.upsert(api, body)
 
 
 def test_errors_never_carry_the_api_key(standin):
-    api = runpod_api.RunPodAPI(KEY, standin.url)
+    api = RunPodAPI(KEY, standin.url)
     standin.fail_next = (500, "internal error while handling $AUTH")
-    with pytest.raises(runpod_api.RunPodAPIError) as e:
-        api.list_templates()
+    with pytest.raises(RunPodAPIError) as e:
+        api.templates()
     assert KEY not in str(e.value) and "HTTP 500" in str(e.value) and "***" in str(e.value)
-    bad = runpod_api.RunPodAPI("wrong-key", standin.url)
-    with pytest.raises(runpod_api.RunPodAPIError, match="HTTP 401.*RUNPOD_API_KEY valid"):
-        bad.list_templates()
+    bad = RunPodAPI("wrong-key", standin.url)
+    with pytest.raises(RunPodAPIError, match="HTTP 401.*RUNPOD_API_KEY valid"):
+        bad.templates()
+    assert KEY not in standin.log_text(), "the stand-in's log holds no header"
 
 
 def test_build_py_upserts_idempotently_and_prints_the_template_id(standin):
@@ -104,18 +118,18 @@ def test_build_py_upserts_idempotently_and_prints_the_template_id(standin):
     r1 = build_py("--target", "cpu-llamacpp", "--runpod-upsert", env=env)
     assert r1.returncode == 0, r1.stderr
     tid = r1.stdout.strip()
-    assert tid in standin.templates and "created" in r1.stderr and "templateId" in r1.stderr
+    assert tid in standin.templates and "created" in r1.stderr and "images.pods up" in r1.stderr
     r2 = build_py("--target", "cpu-llamacpp", "--runpod-upsert", env=env)
     assert r2.returncode == 0 and r2.stdout.strip() == tid and "unchanged" in r2.stderr
     for r in (r1, r2):
         assert KEY not in r.stdout + r.stderr and "kiln-canary-value" not in r.stdout + r.stderr
-    assert "kiln-canary-value" not in json.dumps(standin.templates)
+    assert "kiln-canary-value" not in standin.log_text()
     # The floating target is refused unless asked for, then created with its floating tag.
     r3 = build_py("--target", "a40-llamacpp", "--runpod-upsert", env=env)
     assert r3.returncode == 2 and "--allow-floating" in r3.stderr
     r4 = build_py("--target", "a40-llamacpp", "--runpod-upsert", "--allow-floating", env=env)
     assert r4.returncode == 0, r4.stderr
-    assert standin.templates[r4.stdout.strip()]["imageName"].endswith("-floating")
+    assert standin.templates[r4.stdout.strip()]["image"].endswith("-floating")
 
 
 def test_build_py_upsert_without_a_key_says_how_to_get_one():
@@ -123,9 +137,10 @@ def test_build_py_upsert_without_a_key_says_how_to_get_one():
     assert r.returncode == 2 and "RUNPOD_API_KEY" in r.stderr and "Settings > API Keys" in r.stderr
 
 
-# -- CI's gate on a RunPod Pod ---------------------------------------------------------------------
+# -- CI's gate on a RunPod pod -----------------------------------------------------------------------
 class FakeStatus:
-    """Stands for the supervisor's status port behind RunPod's proxy: /status JSON in sequence."""
+    """Stands for a supervisor's status port behind RunPod's proxy: /status JSON in sequence (the
+    real supervisor behind the stand-in's proxy is tests/integration/test_runpod_pods.py)."""
 
     def __init__(self, snapshots):
         self.snapshots = list(snapshots)
@@ -154,18 +169,28 @@ class FakeStatus:
       "last_failure": {"class": "selftest_failed", "message": "code probe wrong"}}, False),
     ({"state": "SERVING", "ready": True, "selftest": None}, False),
 ])
-def test_runpod_gate_deploys_by_template_id_and_always_terminates(standin, monkeypatch, final, passed):
+def test_runpod_gate_uses_the_v2_pod_code_and_always_terminates(standin, monkeypatch, final, passed):
     monkeypatch.setattr(gate.time, "sleep", lambda s: None)
     status = FakeStatus([{"state": "FETCH", "ready": False}, {"state": "SELFTEST", "ready": False}, final])
-    api = runpod_api.RunPodAPI(KEY, standin.url)
+    api = RunPodAPI(KEY, standin.url)
     target = load_target("a40-vllm-qwen3-coder")
     staging = tpl("a40-vllm-qwen3-coder", image="ghcr.io/kiln-llm/kiln:staging-x-1", name="kiln-q-staging")
     verdict = gate.gate_runpod(api, staging, target, timeout_s=30, pod_name="kiln-gate-test",
-                               status_url=status.url + "/{pod_id}/{port}")
+                               proxy=status.url + "/{pod_id}/{port}")
     status.server.shutdown()
     assert verdict.passed is passed
-    (pod,) = standin.pods.values()
-    assert pod["templateId"] in standin.templates and pod["gpuTypeIds"] == ["NVIDIA A40"] and pod["gpuCount"] == 1
-    assert standin.templates[pod["templateId"]]["imageName"] == "ghcr.io/kiln-llm/kiln:staging-x-1"
-    assert pod["desiredStatus"] == "TERMINATED"
-    assert not [r for r in standin.requests if r[1].endswith("/stop")], "a Pod is terminated, never stopped"
+    (pod,) = standin.terminated.values()
+    assert pod["gpu"] == {"id": "NVIDIA A40", "count": 1} and pod["image"] == "ghcr.io/kiln-llm/kiln:staging-x-1"
+    create = next(r["body"] for r in standin.requests if r["method"] == "POST" and r["path"] == "/v2/pods")
+    assert create["gpu"]["minCudaVersion"] == "12.8" and create["templateId"] in standin.templates
+    assert standin.pods == {} and not standin.stopped, "a pod is terminated, never stopped"
+    assert not [r for r in standin.requests if r["path"].endswith("/action")]
+
+
+def test_runpod_gate_refuses_before_renting_when_no_host_runs_the_image(standin, monkeypatch):
+    standin.catalog[:] = [gpu_type("NVIDIA A40", cuda=(("12.4", True),))]
+    api = RunPodAPI(KEY, standin.url)
+    target = load_target("a40-vllm-qwen3-coder")
+    with pytest.raises(NoMatchingHost, match=r"12.4 \(available\)"):
+        gate.gate_runpod(api, tpl("a40-vllm-qwen3-coder"), target, timeout_s=1, pod_name="kiln-gate-test")
+    assert standin.writes() == []

@@ -1,0 +1,349 @@
+"""Pods from a target's template: up, status, logs, down. Nothing here stops a pod.
+
+    up       read the catalog first: refuse, naming what is on offer, when no host of the GPU
+             type reports a CUDA version the image runs on (cuda_floor) -- before anything is
+             created. Then upsert the template, create or reuse the network volume, create the
+             missing replicas (kiln-<target>-<n>), and wait on each pod's supervisor through
+             RunPod's proxy (/status for progress, /ready for the verdict).
+    status   Kiln's pods (by name prefix), with what each supervisor says and what it costs.
+    logs     a pod's log lines (RunPod's SSE stream).
+    down     terminate (DELETE /v2/pods/{id}), never stop: a stopped pod's volume bills at twice
+             the running rate and pins the pod to its host (shared/seed/FINDINGS.md).
+
+Idempotent: a second `up` with the same replicas finds them live and creates nothing; pods are
+named kiln-<target>-<n> so `status` and `down` find them by prefix.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from dataclasses import dataclass, field
+from typing import Any, Callable
+
+import requests
+
+from supervisor.errors import KilnError
+
+from .. import probe
+from ..target import Target
+from . import volumes
+from .api import RunPodAPI
+from .cuda import compatible, cuda_floor
+from .template import RunPodTemplate, UpsertResult, upsert
+
+NAME_PREFIX = "kiln-"
+LIVE = ("PROVISIONING", "STARTING", "RUNNING")
+CLOUDS = ("SECURE", "COMMUNITY")
+# RunPod's HTTP proxy (docs: pods/configuration/expose-ports). $RUNPOD_PROXY_URL replaces it
+# (tests route it to supervisors on loopback); {pod_id} and {port} are filled in.
+PROXY_URL = "https://{pod_id}-{port}.proxy.runpod.net"
+
+Say = Callable[[str], None]
+
+
+class NoMatchingHost(KilnError):
+    """RunPod's catalog offers no host the image can run on: nothing was created."""
+
+
+def pod_prefix(target_name: str) -> str:
+    return f"{NAME_PREFIX}{target_name}-"
+
+
+def proxy_url(pod_id: str, port: int, base: str | None = None) -> str:
+    return (base or os.environ.get("RUNPOD_PROXY_URL") or PROXY_URL).format(pod_id=pod_id, port=port)
+
+
+@dataclass(frozen=True)
+class Placement:
+    """What `up` rents: a GPU type and count (or a CPU flavor), the cloud, preferred data centers."""
+    gpu_id: str | None
+    gpu_count: int = 1
+    cloud: str = "SECURE"
+    data_centers: tuple[str, ...] = ()
+    cpu_flavor: str | None = None
+    vcpu: int | None = None
+
+    @classmethod
+    def of(cls, target: Target, *, gpu_id: str | None = None, gpu_count: int | None = None,
+           cloud: str = "SECURE", data_centers: tuple[str, ...] = (), cpu_flavor: str | None = None,
+           vcpu: int | None = None) -> "Placement":
+        if cloud not in CLOUDS:
+            raise KilnError(f"--cloud {cloud!r}: RunPod's clouds are {', '.join(CLOUDS)}")
+        if target.is_gpu:
+            if cpu_flavor:
+                raise KilnError(f"--cpu-flavor: {target.name} is a GPU target ([cuda] is set)")
+            count = target.runpod.gpu_count if gpu_count is None else gpu_count
+            if count < 1:
+                raise KilnError(f"--gpu-count {count}: a GPU pod has at least 1 GPU")
+            return cls(gpu_id or target.runpod.gpu_type, count, cloud, data_centers)
+        if gpu_id:
+            raise KilnError(f"--gpu: {target.name} is a CPU target ([cuda] unset): it rents no GPU")
+        if not cpu_flavor or not vcpu:
+            raise KilnError(f"{target.name} is a CPU target: give --cpu-flavor (an id from RunPod's CPU catalog, "
+                            "GET /v2/catalog/cpus) and --vcpu (a power of two, at least 2)")
+        return cls(None, 0, cloud, data_centers, cpu_flavor, vcpu)
+
+
+@dataclass(frozen=True)
+class Offer:
+    """The catalog's answer for a placement: the CUDA versions usable now and the list price."""
+    gpu_id: str
+    cuda_versions: tuple[str, ...]      # host versions >= the floor with free capacity now
+    price_per_gpu_hour: float | None    # catalog list price for the cloud (the billed rate is the pod's cost)
+
+
+def _describe_offer(entry: dict[str, Any]) -> str:
+    offered = entry.get("cudaVersions") or []
+    if not offered:
+        return "no CUDA version reported"
+    return ", ".join(f"{v.get('version')} ({'available' if v.get('available') else 'full'})" for v in offered)
+
+
+def check_catalog(api: RunPodAPI, placement: Placement, floor: str) -> Offer:
+    """Refuse, naming what is on offer, unless a host of the GPU type reports a CUDA version >= floor
+    with capacity now (in the wanted data centers, when given)."""
+    gpus = api.gpu_types(count=placement.gpu_count, cloud=placement.cloud)
+    entry = next((g for g in gpus if g.get("id") == placement.gpu_id), None)
+    where = f"{placement.gpu_count}x, {placement.cloud} cloud"
+    if entry is None:
+        ids = sorted(str(g.get("id")) for g in gpus)
+        raise NoMatchingHost(f"RunPod's catalog lists no GPU type {placement.gpu_id!r} for pods ({where}); "
+                             f"on offer: {', '.join(ids) or 'nothing'}")
+    usable = compatible(entry.get("cudaVersions") or [], floor)
+    if not usable:
+        raise NoMatchingHost(f"no {placement.gpu_id} host ({where}) reports a CUDA version this image runs on "
+                             f"(>= {floor}); on offer: {_describe_offer(entry)}. Nothing was created: choose "
+                             "another --gpu or --cloud, or an image built for an older CUDA")
+    available = [str(v["version"]) for v in usable if v.get("available")]
+    if not available:
+        raise NoMatchingHost(f"{placement.gpu_id} hosts with CUDA >= {floor} exist ({where}) but are all full now; "
+                             f"on offer: {_describe_offer(entry)}. Nothing was created: retry later, or another "
+                             "--gpu or --cloud")
+    if placement.data_centers:
+        centres = {str(d.get("id")): str(d.get("availability")) for d in entry.get("dataCenters") or []}
+        if not any(centres.get(dc, "NONE") != "NONE" for dc in placement.data_centers):
+            offered = ", ".join(f"{k} ({v})" for k, v in sorted(centres.items()) if v != "NONE") or "none"
+            raise NoMatchingHost(f"{placement.gpu_id} ({where}) has no capacity in {', '.join(placement.data_centers)}; "
+                                 f"data centers with capacity: {offered}. Nothing was created")
+    price = (entry.get("price") or {}).get(placement.cloud.lower())
+    return Offer(str(entry["id"]), tuple(available), float(price) if isinstance(price, (int, float)) else None)
+
+
+@dataclass(frozen=True)
+class UpRequest:
+    target: Target
+    template: RunPodTemplate
+    placement: Placement
+    replicas: int = 1
+    network_volume: str | None = None        # name: created (in the one data center) or reused
+    network_volume_gb: int = 0
+    terminate_on_failure: bool = False       # the pods' supervisors terminate themselves when FAILED
+    timeout_s: float = 3600.0
+    poll_s: float = 5.0
+    proxy: str | None = None
+
+
+@dataclass
+class PodReport:
+    id: str
+    name: str
+    ready: bool = False
+    line: str = ""                 # the last progress line
+    failure: str | None = None
+    pod: dict[str, Any] = field(default_factory=dict)
+
+
+@dataclass
+class UpResult:
+    template: UpsertResult
+    created: list[str]
+    reused: list[str]
+    volume: volumes.Volume | None
+    pods: list[PodReport]
+
+    @property
+    def ok(self) -> bool:
+        return all(p.ready for p in self.pods)
+
+
+def pod_body(req: UpRequest, name: str, template_id: str, volume: volumes.Volume | None) -> dict[str, Any]:
+    """The CreatePodRequest for one replica, deployed by templateId."""
+    p, target = req.placement, req.target
+    body: dict[str, Any] = {"name": name, "templateId": template_id, "cloud": p.cloud}
+    floor = cuda_floor(target)
+    if p.gpu_id:
+        body["gpu"] = {"id": p.gpu_id, "count": p.gpu_count}
+        if floor:
+            body["gpu"]["minCudaVersion"] = floor       # replaces the template's exact list: any newer host
+    else:
+        body["cpu"] = {"id": p.cpu_flavor, "vcpuCount": p.vcpu}
+    data_centers = (volume.data_center,) if volume else p.data_centers
+    if data_centers:
+        body["dataCenterIds"] = list(data_centers)
+    env: dict[str, str] = {}
+    if volume:
+        mount = target.runpod.volume_mount
+        body["mounts"] = {"network": [{"volumeId": volume.id, "path": mount}]}
+        # Each replica its own state directory on the shared volume: the next pod of the same
+        # name finds its model cache, and no two live supervisors write one directory.
+        env["KILN_STATE_DIR"] = f"{target.deploy_config().state_dir.rstrip('/')}/pods/{name}"
+    if req.terminate_on_failure:
+        env["KILN_RUNPOD_TERMINATE_ON_TERMINAL_FAILURE"] = "true"
+    if env:
+        body["env"] = env
+    return body
+
+
+def kiln_pods(api: RunPodAPI, prefix: str = NAME_PREFIX) -> list[dict[str, Any]]:
+    return sorted((p for p in api.pods() if str(p.get("name", "")).startswith(prefix)),
+                  key=lambda p: str(p.get("name")))
+
+
+def _volume_for(api: RunPodAPI, req: UpRequest, say: Say) -> volumes.Volume | None:
+    if not req.network_volume:
+        return None
+    if not req.target.deploy_config().state_dir.startswith(req.target.runpod.volume_mount.rstrip("/") + "/"):
+        raise KilnError(f"--network-volume: the deploy config's state_dir is not under volume_mount "
+                        f"{req.target.runpod.volume_mount}: the model cache would not be on the volume")
+    size = req.network_volume_gb or req.target.runpod.volume_gb or volumes.MIN_GB
+    vol = volumes.ensure(api, req.network_volume, size, req.placement.data_centers)
+    say(f"network volume {vol.name}: {vol.action} ({vol.id}, {vol.size_gb} GB in {vol.data_center}); it bills "
+        "while it exists, pods or not")
+    return vol
+
+
+def up(api: RunPodAPI, req: UpRequest, say: Say, session: requests.Session | None = None) -> UpResult:
+    target = req.target
+    if req.replicas < 1:
+        raise KilnError(f"--replicas {req.replicas}: at least 1")
+    floor = cuda_floor(target)
+    offer = check_catalog(api, req.placement, floor) if req.placement.gpu_id and floor else None
+    if offer:
+        rate = f", list price ${offer.price_per_gpu_hour:.2f}/GPU/h" if offer.price_per_gpu_hour is not None else ""
+        say(f"catalog: {offer.gpu_id} hosts with CUDA {', '.join(offer.cuda_versions)} have capacity "
+            f"(image needs >= {floor}){rate}")
+    tpl = upsert(api, req.template.body)
+    say(f"template {tpl.name}: {tpl.action} ({tpl.template_id})")
+    vol = _volume_for(api, req, say)
+    prefix = pod_prefix(target.name)
+    existing = kiln_pods(api, prefix)
+    live = [p for p in existing if p.get("status") in LIVE]
+    for p in existing:
+        if p not in live:
+            say(f"pod {p.get('name')} ({p.get('id')}) is {p.get('status')}: not counted; it may still bill for "
+                f"storage: `down --pod {p.get('id')}` terminates it")
+    for p in live:
+        if p.get("image") and p.get("image") != req.template.body["image"]:
+            say(f"pod {p.get('name')} ({p.get('id')}) runs {p.get('image')}, the template now says "
+                f"{req.template.body['image']}: `down` it and `up` again to replace it")
+    reused = [str(p["id"]) for p in live[:req.replicas]]
+    if len(live) > req.replicas:
+        extra = ", ".join(str(p.get("id")) for p in live[req.replicas:])
+        say(f"{len(live) - req.replicas} live pod(s) beyond --replicas {req.replicas}, left as they are: {extra} "
+            "(`down --pod ID` terminates one)")
+    taken = {str(p.get("name")) for p in existing}
+    created: list[str] = []
+    index = 0
+    for _ in range(req.replicas - len(live)):
+        index += 1
+        while f"{prefix}{index}" in taken:
+            index += 1
+        name = f"{prefix}{index}"
+        taken.add(name)
+        pod = api.create_pod(pod_body(req, name, tpl.template_id, vol))
+        created.append(str(pod["id"]))
+        say(f"pod {name}: created ({pod['id']}, {pod.get('status')})")
+    if reused:
+        say(f"{len(reused)} pod(s) already live: {', '.join(reused)}")
+    reports = wait_ready(api, reused + created, req, say, session or requests.Session())
+    return UpResult(tpl, created, reused, vol, reports)
+
+
+def wait_ready(api: RunPodAPI, pod_ids: list[str], req: UpRequest, say: Say,
+               session: requests.Session) -> list[PodReport]:
+    """Wait until each pod's supervisor answers /ready, fails, or the deadline passes."""
+    status_port = req.target.deploy_config().status.port
+    reports = {pid: PodReport(pid, pid) for pid in pod_ids}
+    deadline = time.monotonic() + req.timeout_s
+    while True:
+        pending = [r for r in reports.values() if not r.ready and r.failure is None]
+        if not pending:
+            break
+        for r in pending:
+            pod = api.pod(r.id)
+            r.pod, r.name = pod, str(pod.get("name") or r.id)
+            status = str(pod.get("status"))
+            line = status
+            if status in ("EXITED", "ERROR", "TERMINATED"):
+                r.failure = f"the pod is {status}"
+            elif status == "RUNNING":
+                url = proxy_url(r.id, status_port, req.proxy)
+                snap = probe.read_status(url, session, timeout=10)
+                if snap is None:
+                    line = "RUNNING, the supervisor does not answer yet"
+                else:
+                    line = probe.progress_line(snap)
+                    if snap.get("state") == "FAILED":
+                        r.failure = line
+                    elif snap.get("ready") is True and probe.is_ready(url, session, timeout=10):
+                        r.ready = True
+            if line != r.line:
+                r.line = line
+                say(f"{r.name} ({r.id}): {line}")
+        if all(r.ready or r.failure for r in reports.values()):
+            break
+        if time.monotonic() >= deadline:
+            for r in reports.values():
+                if not (r.ready or r.failure):
+                    r.failure = f"not ready within {req.timeout_s:.0f} s (last: {r.line})"
+            break
+        time.sleep(req.poll_s)     # the polling interval of a condition wait with a deadline
+    for r in reports.values():      # runtime ports (public IP, mapped TCP port) are set once RUNNING
+        if r.ready:
+            r.pod = api.pod(r.id)
+    return list(reports.values())
+
+
+@dataclass(frozen=True)
+class Endpoints:
+    http: str                      # the API through RunPod's HTTP proxy
+    tcp: str | None                # the API at the public IP and mapped port (no proxy time limit)
+    status: str
+
+
+def endpoints(target: Target, pod: dict[str, Any], proxy: str | None = None) -> Endpoints:
+    cfg = target.deploy_config()
+    pid = str(pod["id"])
+    tcp = None
+    runtime = pod.get("runtime") if isinstance(pod.get("runtime"), dict) else {}
+    for port in runtime.get("ports") or []:
+        if port.get("private") == cfg.server.tcp_port and port.get("type") == "tcp" and port.get("ip") \
+                and port.get("public"):
+            tcp = f"http://{port['ip']}:{port['public']}/v1"
+    return Endpoints(proxy_url(pid, cfg.server.port, proxy) + "/v1", tcp, proxy_url(pid, cfg.status.port, proxy))
+
+
+def key_hint(target: Target) -> str:
+    """How a client sends the key: the secret's name, never its value."""
+    cfg = target.deploy_config()
+    kind, _, ref = cfg.server.api_key.partition(":")
+    if kind == "none":
+        return "the API takes no key (server.api_key = \"none\")"
+    secret = dict(target.runpod.secrets).get(ref) if kind == "env" else None
+    where = f"the value of your RunPod secret {secret!r}" if secret else f"the key from {cfg.server.api_key}"
+    return f"send the key as `Authorization: Bearer <{where}>`"
+
+
+def terminate(api: RunPodAPI, pods: list[dict[str, Any]], say: Say) -> list[str]:
+    """DELETE each pod (terminate; never stop); the ids that were terminated."""
+    done = []
+    for p in pods:
+        if api.terminate_pod(str(p["id"])):
+            done.append(str(p["id"]))
+            rate = p.get("cost")
+            say(f"pod {p.get('name')} ({p['id']}): terminated" + (f", ${rate:.2f}/h no longer billed"
+                                                                   if isinstance(rate, (int, float)) else ""))
+        else:
+            say(f"pod {p.get('name')} ({p['id']}): already gone")
+    return done

@@ -1,0 +1,53 @@
+"""Network volumes for the model cache: a volume outlives its pods, so a terminated pod's
+successor finds the weights instead of downloading them again.
+
+A network volume lives in one data center and a pod can mount it only there (NetworkMount:
+"an existing NetworkVolume in the same data center as the pod"). Names are not unique on RunPod
+("not required to be unique"): Kiln finds its volume by name and refuses to choose between two.
+A volume bills while it exists, pods or not ($0.07/GB/month under 1 TB, standard tier:
+docs.runpod.io/pods/pricing); `python -m images.pods volumes --delete ID` removes it.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+from supervisor.errors import KilnError
+
+from .api import RunPodAPI
+
+MIN_GB, MAX_GB = 10, 4096          # CreateNetworkVolumeRequest.size bounds
+
+
+@dataclass(frozen=True)
+class Volume:
+    id: str
+    name: str
+    size_gb: int
+    data_center: str
+    action: str                    # created | reused
+
+
+def ensure(api: RunPodAPI, name: str, size_gb: int, data_centers: tuple[str, ...]) -> Volume:
+    """The volume named `name` (reused, wherever it is), or a new one in the one data center given."""
+    found = [v for v in api.network_volumes() if v.get("name") == name]
+    if len(found) > 1:
+        where = ", ".join(f"{v.get('id')} in {v.get('dataCenter')}" for v in found)
+        raise KilnError(f"--network-volume {name!r}: {len(found)} volumes have that name ({where}); "
+                        "rename or delete the extra ones")
+    if found:
+        v = found[0]
+        dc = str(v.get("dataCenter"))
+        if data_centers and dc not in data_centers:
+            raise KilnError(f"--network-volume {name!r} is in {dc}, not in --data-center {', '.join(data_centers)}: "
+                            f"a pod mounts a network volume only in its data center (use --data-center {dc})")
+        return Volume(str(v.get("id")), name, int(v.get("size") or 0), dc, "reused")
+    if len(data_centers) != 1:
+        raise KilnError(f"--network-volume {name!r} does not exist yet: give exactly one --data-center to "
+                        "create it in (a volume lives in one data center)")
+    if not MIN_GB <= size_gb <= MAX_GB:
+        raise KilnError(f"--network-volume-gb {size_gb}: RunPod network volumes are {MIN_GB}..{MAX_GB} GB")
+    body: dict[str, Any] = {"name": name, "size": size_gb, "dataCenter": data_centers[0]}
+    v = api.create_network_volume(body)
+    return Volume(str(v.get("id")), name, int(v.get("size") or size_gb), str(v.get("dataCenter")), "created")

@@ -1,0 +1,24 @@
+"""A stand-in for RunPod: its REST API v2 (https://api.runpod.io/v2) and its HTTP proxy
+(https://<podId>-<port>.proxy.runpod.net), on loopback, for tests. It is not RunPod.
+
+    api.py         the v2 routes Kiln calls: templates, catalog/gpus, pods (+ logs, action),
+                   network-volumes. Every request body is checked against RunPod's published
+                   schema (images/schemas/runpod-rest-v2.json, read as a file and validated with
+                   the jsonschema library's Draft202012Validator, not with Kiln's code), and the
+                   handler rules the document states; errors are RFC 9457 problem objects
+                   (ErrorResponse) with the statuses the document gives (401, 404, 400, 422).
+                   Template names are kept unique (v1's documented rule; v2's document is silent).
+                   Pods move PROVISIONING -> STARTING -> RUNNING (PodStatus) as their container
+                   comes up; DELETE terminates (the pod leaves the list); a stop is recorded so a
+                   test can prove nothing stopped a pod. Every request is logged without headers.
+    containers.py  what runs "in" a pod: a real Kiln supervisor (`python -m supervisor run`) with the
+                   pod's env (secret references resolved, RUNPOD_POD_ID and a pod-scoped
+                   RUNPOD_API_KEY set, as RunPod does), its private ports mapped to free loopback ports.
+    proxy.py       the HTTP proxy: /<podId>-<port>/... is forwarded to that pod's mapped port, for
+                   ports the pod exposes as http, while the pod is RUNNING.
+"""
+
+from .api import RunPodStandIn, gpu_type
+from .containers import SupervisorRunner
+
+__all__ = ["RunPodStandIn", "SupervisorRunner", "gpu_type"]

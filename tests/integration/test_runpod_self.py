@@ -1,0 +1,129 @@
+"""A pod that can never serve stops billing: supervisor/runpod_self.py terminates its own pod through
+RunPod's REST API v2, against kiln_dev/runpod (a stand-in for RunPod's v2 API, not RunPod: it
+checks the schema, answers RFC 9457 problems and accepts a pod-scoped key for its own pod only)."""
+
+import logging
+import time
+
+import pytest
+
+from supervisor import runpod_self
+from supervisor.config import SelfTerminateSpec, parse_config
+from kiln_dev.runpod import RunPodStandIn
+from tests.support.supervised import wait_for
+
+ACCOUNT_KEY = "rpa_account-canary-41d9"
+FAILURE = "config_rejected: hardware does not match the config: 1 GPU expected, 0 found"
+
+
+@pytest.fixture
+def standin():
+    with RunPodStandIn(ACCOUNT_KEY) as s:
+        yield s
+    assert s.faults == []
+
+
+def a_pod(standin):
+    """A pod as RunPod runs it: its id and the pod-scoped key RunPod puts in its env."""
+    from images.runpod.api import RunPodAPI
+
+    api = RunPodAPI(ACCOUNT_KEY, standin.url)
+    pod = api.create_pod({"name": "kiln-test-1", "image": "ghcr.io/kiln-llm/kiln:x", "gpu": {"id": "NVIDIA A40"}})
+    wait_for(lambda: standin.pods[pod["id"]]["status"] == "RUNNING", 10, "the pod RUNNING")
+    return pod["id"], standin.pods[pod["id"]]["_key"]
+
+
+def spec(standin, on=True, grace=0.2):
+    return SelfTerminateSpec(terminate_on_terminal_failure=on, terminate_grace_s=grace, api_url=standin.url)
+
+
+def test_with_the_option_on_a_terminal_failure_terminates_its_own_pod_after_the_grace(standin, caplog):
+    pod_id, key = a_pod(standin)
+    events = []
+    caplog.set_level(logging.INFO, logger="kiln")
+    started = time.monotonic()
+    handle = runpod_self.arm(spec(standin, grace=0.5), {"RUNPOD_POD_ID": pod_id, "RUNPOD_API_KEY": key},
+                             failure=FAILURE, on_event=lambda e, d: events.append((e, d)))
+    # arm() returned at once: the pod is still there, nothing sent yet (the caller's loop, and
+    # /status with it, keep running through the grace).
+    assert handle is not None and handle.outcome is None and pod_id in standin.pods
+    assert not [r for r in standin.requests if r["method"] == "DELETE"]
+    assert time.monotonic() - started < 0.5
+    assert handle.wait(20) == "terminated"
+    assert pod_id in standin.terminated and pod_id not in standin.pods and not standin.stopped
+    (delete,) = [r for r in standin.requests if r["method"] == "DELETE"]
+    assert delete["path"] == f"/v2/pods/{pod_id}" and delete["auth"] == f"pod:{pod_id}"   # the pod's own key
+    assert not [r for r in standin.requests if r["path"].endswith("/action")], "terminated, never stopped"
+    assert [e for e, _ in events] == ["runpod_terminate_armed", "runpod_terminated"]
+    assert "config_rejected" in events[0][1] and "terminating pod" in caplog.text
+    assert key not in caplog.text + repr(events) + repr(handle.to_dict())
+
+
+def test_with_the_option_off_nothing_is_sent_and_the_pod_keeps_running(standin):
+    pod_id, key = a_pod(standin)
+    before = len(standin.requests)
+    assert runpod_self.arm(spec(standin, on=False), {"RUNPOD_POD_ID": pod_id, "RUNPOD_API_KEY": key},
+                           failure=FAILURE) is None
+    assert len(standin.requests) == before and standin.pods[pod_id]["status"] == "RUNNING"
+
+
+@pytest.mark.parametrize("env,missing", [
+    ({"RUNPOD_POD_ID": "abc"}, "RUNPOD_API_KEY is not set"),
+    ({"RUNPOD_API_KEY": "k"}, "RUNPOD_POD_ID is not set"),
+    ({}, "RUNPOD_POD_ID and RUNPOD_API_KEY are not set"),
+    ({"RUNPOD_POD_ID": "../templates", "RUNPOD_API_KEY": "k"}, "is not a pod id"),
+])
+def test_without_a_pod_id_or_a_key_a_clear_warning_and_nothing_sent(standin, caplog, env, missing):
+    events = []
+    before = len(standin.requests)
+    assert runpod_self.arm(spec(standin), env, failure=FAILURE, on_event=lambda e, d: events.append((e, d))) is None
+    assert missing in caplog.text and events[0][0] == "runpod_terminate_skipped"
+    assert len(standin.requests) == before
+
+
+def test_a_recovery_before_the_grace_ends_cancels_and_keeps_the_pod(standin):
+    pod_id, key = a_pod(standin)
+    handle = runpod_self.arm(spec(standin, grace=30), {"RUNPOD_POD_ID": pod_id, "RUNPOD_API_KEY": key},
+                             failure=FAILURE)
+    assert handle.cancel() is True
+    assert handle.wait(5) == "cancelled"
+    assert pod_id in standin.pods and not [r for r in standin.requests if r["method"] == "DELETE"]
+
+
+def test_errors_are_retried_and_never_carry_the_key(standin, caplog, monkeypatch):
+    monkeypatch.setattr(runpod_self, "BACKOFF_S", 0.05)
+    pod_id, key = a_pod(standin)
+    standin.fail_next = (500, "upstream failed while handling $AUTH")     # echoes the Authorization header
+    handle = runpod_self.arm(spec(standin, grace=0), {"RUNPOD_POD_ID": pod_id, "RUNPOD_API_KEY": key},
+                             failure=FAILURE)
+    assert handle.wait(20) == "terminated"
+    assert "attempt 1 of 5 failed: HTTP 500" in caplog.text and "***" in caplog.text
+    assert key not in caplog.text
+
+
+def test_a_key_that_may_not_terminate_says_what_to_do_and_stops_trying(standin, caplog):
+    pod_id, _ = a_pod(standin)
+    other_id, other_key = a_pod(standin)       # another pod's scoped key: 403 for this pod
+    handle = runpod_self.arm(spec(standin, grace=0), {"RUNPOD_POD_ID": pod_id, "RUNPOD_API_KEY": other_key},
+                             failure=FAILURE)
+    outcome = handle.wait(20)
+    assert outcome.startswith("failed: HTTP 403") and "[runpod.secrets] RUNPOD_API_KEY" in caplog.text
+    assert len([r for r in standin.requests if r["method"] == "DELETE"]) == 1
+    assert pod_id in standin.pods and other_id in standin.pods and other_key not in caplog.text
+
+
+def test_the_runpod_table_defaults_validation_and_env_override():
+    base = '[model]\nsource = "/m.gguf"\n[ladder]\n[[ladder.rungs]]\nname = "a"\n'
+    cfg = parse_config(base)
+    assert cfg.runpod == SelfTerminateSpec() and cfg.runpod.terminate_on_terminal_failure is False
+    assert parse_config(base, env={"KILN_RUNPOD_TERMINATE_ON_TERMINAL_FAILURE": "true"}).runpod \
+        .terminate_on_terminal_failure is True
+    # Not part of what runs: the config's hash ignores it (as [watch]).
+    assert parse_config(base + "[runpod]\nterminate_on_terminal_failure = true\n").hash == cfg.hash
+    with pytest.raises(Exception) as e:
+        parse_config(base + '[runpod]\nterminate_on_terminal_failure = "yes"\nterminate_grace_s = -1\n'
+                            'api_url = "ftp://x"\nterminate_grace = 3\n')
+    for part in ("runpod.terminate_on_terminal_failure: must be true or false",
+                 "runpod.terminate_grace_s: is out of range", "runpod.api_url: has the wrong form",
+                 "runpod.terminate_grace: is not a known field; did you mean 'terminate_grace_s'?"):
+        assert part in str(e.value), part
