@@ -143,7 +143,9 @@ class Supervisor:
             for eng in list(self.engines.values()):
                 eng.proc.stop(self.boot_cfg.health.stop_grace_s)
             REGISTRY.stop_all(1.0)
-            self.services.stop()
+            failed = self.opts.exit_on_failure and self.machine is not None and self.machine.last_failure is not None \
+                and self.rec.state == State.STOPPED and self.services.terminator is not None
+            self.services.stop(failed_for_good=failed)
         return self.exit_code
 
     def _timeout(self) -> float:

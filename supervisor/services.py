@@ -36,6 +36,7 @@ class Services:
         self.watcher: Any = None
         self.base_hash = ""
         self._taken: dict[int, float] = {}        # id(candidate) -> when the loop took it
+        self.terminator: Any = None               # runpod_self.Termination while FAILED with the option on
 
     # -- boot and shutdown -----------------------------------------------------------------------
     def boot_live(self, cfg: DeployConfig) -> Live:
@@ -70,7 +71,12 @@ class Services:
                                    wake=lambda: self.sup.inbox.put(E.Tick()), secrets=lambda: list(self.rt.secrets))
             self.watcher.start()
 
-    def stop(self) -> None:
+    def stop(self, *, failed_for_good: bool = False) -> None:
+        if self.terminator is not None:
+            if failed_for_good:                    # leaving FAILED on exit_on_failure: let the pod go first
+                self.terminator.wait(self.terminator.grace_s + 60.0)
+            else:
+                self.terminator.cancel()
         for part in (self.watcher, self.tcp, self.status):
             if part is not None:
                 part.stop()
@@ -206,14 +212,28 @@ class Services:
         timings = self.rec.snapshot()["timings"]
         if "boot_to_ready_s" not in timings:
             self.rt.timing(boot_to_ready_s=time.monotonic() - self.rec.boot_monotonic)
+        if self.terminator is not None:            # a published config brought it back: keep the pod
+            self.terminator.cancel()
+            self.rec.update(runpod_terminate=self.terminator.to_dict())
+            self.terminator = None
         record = self.sup.model_records.get(str(live.model_path))
         if record is not None:
             self.rec.update(model=record, model_candidate=None)
         self._placement_estimate(live)
 
     def failed(self, failure: Failure | None) -> None:
-        if failure is not None:
-            log.error("FAILED: %s: %s", failure.failure_class.value, self.rt.secrets.redact(failure.reason))
+        """FAILED: nothing retries it but a published config. On RunPod, with [runpod]
+        terminate_on_terminal_failure, the pod is terminated after a grace (supervisor/runpod_self.py)."""
+        why = f"{failure.failure_class.value}: {self.rt.secrets.redact(failure.reason)}" if failure else "unknown"
+        log.error("FAILED: %s", why)
+        machine = self.sup.machine
+        spec = machine.live.cfg.runpod if machine else self.sup.boot_cfg.runpod
+        if self.terminator is None and spec.terminate_on_terminal_failure:
+            from . import runpod_self
+
+            self.terminator = runpod_self.arm(spec, self.rt.env, failure=why, on_event=self.rec.event)
+            if self.terminator is not None:
+                self.rec.update(runpod_terminate=self.terminator.to_dict())
 
     def _placement_estimate(self, live: Live) -> None:
         """The seed's wall: weights left in host RAM run at the speed of the host's vCPUs (16 vCPU ran

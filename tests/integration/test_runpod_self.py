@@ -2,6 +2,7 @@
 RunPod's REST API v2, against kiln_dev/runpod (a stand-in for RunPod's v2 API, not RunPod: it
 checks the schema, answers RFC 9457 problems and accepts a pod-scoped key for its own pod only)."""
 
+import json
 import logging
 import time
 
@@ -127,3 +128,32 @@ def test_the_runpod_table_defaults_validation_and_env_override():
                  "runpod.terminate_grace_s: is out of range", "runpod.api_url: has the wrong form",
                  "runpod.terminate_grace: is not a known field; did you mean 'terminate_grace_s'?"):
         assert part in str(e.value), part
+
+
+@pytest.mark.llama
+@pytest.mark.parametrize("on", [True, False])
+def test_a_real_supervisor_that_can_never_serve_terminates_its_pod_only_with_the_option_on(standin, tmp_path,
+                                                                                          prefix, on):
+    # The whole road: `python -m supervisor run` FAILED (its model is not there), /status readable
+    # through the grace, then DELETE /v2/pods/{id} with the pod's own key -- or nothing, option off.
+    from tests.support.supervised import Supervised, config, free_port, http
+
+    pod_id, key = a_pod(standin)
+    text = config(binary=str(prefix / "bin/llama-server"), model=str(tmp_path / "not-there.gguf"), port=free_port(),
+                  status_port=free_port(), state_dir=tmp_path / "state",
+                  rungs='[[ladder.rungs]]\nname = "cpu"\nplacement = "cpu"\n',
+                  extra=f'[runpod]\nterminate_on_terminal_failure = {str(on).lower()}\nterminate_grace_s = 1.0\n'
+                        f'api_url = "{standin.url}"\n')
+    with Supervised(tmp_path, text, env={"RUNPOD_POD_ID": pod_id, "RUNPOD_API_KEY": key}) as sup:
+        st = sup.wait_state("FAILED")
+        assert st["last_failure"]["class"] == "load_error"
+        if on:
+            assert st["runpod_terminate"]["pod"] == pod_id
+            wait_for(lambda: pod_id in standin.terminated, 30, "the pod terminated")
+            assert http(sup.url("/live"))[0] == 200          # the supervisor itself still answers
+        else:
+            assert "runpod_terminate" not in st
+            wait_for(lambda: (sup.status() or {}).get("uptime_s", 0) > 2.5, 10, "past the grace it would have had")
+            assert pod_id in standin.pods and not [r for r in standin.requests if r["method"] == "DELETE"]
+        assert key not in sup.log() and key not in json.dumps(sup.status())
+        assert sup.stop() == 3
