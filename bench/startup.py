@@ -89,6 +89,7 @@ def main() -> int:
     print(f"  bare llama-server ready      {mb:.3f} s   (runs: {', '.join(f'{x:.3f}' for x in b)})")
     print(f"  supervised /ready            {ms:.3f} s   (runs: {', '.join(f'{x:.3f}' for x in s)})")
     print(f"  added by the supervisor      {ms - mb:+.3f} s")
+    print(f"P1 overhead_s={ms - mb:.3f}")
     print(f"P1 supervised_over_bare={ms / mb:.3f}")
     return 0
 

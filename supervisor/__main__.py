@@ -20,16 +20,19 @@ DEFAULT_CONFIG = "/etc/kiln/deploy.toml"
 EXIT_INVALID = 2
 
 
-def _parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="python -m supervisor", description="Kiln's in-image supervisor.")
-    p.add_argument("--version", action="version", version=f"kiln-supervisor {__version__}")
-    sub = p.add_subparsers(dest="command")
-    run = sub.add_parser("run", help="bring the server up and keep it honest (the image's entrypoint)")
+def _run_arguments(run: argparse.ArgumentParser) -> None:
     run.add_argument("--config", default=os.environ.get("KILN_CONFIG", DEFAULT_CONFIG),
                      help=f"deploy config (default: $KILN_CONFIG or {DEFAULT_CONFIG})")
     run.add_argument("--exit-on-failure", action="store_true",
                      default=os.environ.get("KILN_EXIT_ON_FAILURE", "") in ("1", "true"),
                      help="exit when FAILED instead of staying up to explain why on /status")
+
+
+def _parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="python -m supervisor", description="Kiln's in-image supervisor.")
+    p.add_argument("--version", action="version", version=f"kiln-supervisor {__version__}")
+    sub = p.add_subparsers(dest="command")
+    _run_arguments(sub.add_parser("run", help="bring the server up and keep it honest (the image's entrypoint)"))
     chk = sub.add_parser("check-config", help="validate a deploy config (and lint its rungs); exit 0 or 2")
     chk.add_argument("file")
     chk.add_argument("--flags", help="the engine's --help output to lint rungs against "
@@ -96,7 +99,15 @@ def check_config(path: str, flags: str | None, gpus: int | None, *, strict: bool
 
 
 def main(argv: list[str] | None = None) -> int:
-    args = _parser().parse_args(argv)
+    argv = sys.argv[1:] if argv is None else list(argv)
+    if not argv or argv[0] == "run":
+        # PID 1's path: parse `run` alone, so a boot imports none of the other commands (P1).
+        run_parser = argparse.ArgumentParser(prog="python -m supervisor run")
+        _run_arguments(run_parser)
+        args = run_parser.parse_args(argv[1:])
+        args.command = "run"
+    else:
+        args = _parser().parse_args(argv)
     if args.command == "check-config":
         return check_config(args.file, args.flags, args.gpus, strict=args.strict, skip_binary=args.skip_binary)
     if args.command == "selftest":
