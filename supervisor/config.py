@@ -24,7 +24,8 @@ from .errors import ConfigError
 from .failure import FailureClass
 from .validate import Problem, Reader, raise_if
 
-ENGINES = ("llamacpp", "vllm")
+ENGINES = ("llamacpp", "vllm")       # the first is the default
+DEFAULT_STATE_DIR = "/workspace/kiln"
 # autofit: llama.cpp fits placement itself (no pins). manual: the rung's own explicit -ot ranges.
 # balanced: Kiln plans -ot ranges from the model's layout and free VRAM, calibrating from
 # shortfalls. cpu: no offload. engine: no Kiln placement guard (vLLM, and raw experiments).
@@ -145,6 +146,9 @@ class Rung:
     calibration_slack_mib: int = 256
 
 
+RUNG_DEFAULTS = Rung(name="")
+
+
 @dataclass(frozen=True)
 class LadderSpec:
     rungs: tuple[Rung, ...]
@@ -230,7 +234,7 @@ class DeployConfig:
     status: StatusSpec = StatusSpec()
     watch: WatchSpec = WatchSpec()
     runpod: SelfTerminateSpec = SelfTerminateSpec()
-    state_dir: str = "/workspace/kiln"
+    state_dir: str = DEFAULT_STATE_DIR
     source: str = "<memory>"        # where it was read from (not hashed)
 
     def to_dict(self) -> dict[str, Any]:
@@ -309,7 +313,7 @@ def _apply_env(data: dict[str, Any], env: Mapping[str, str], problems: list[Prob
 
 
 def _build(r: Reader, source: str) -> DeployConfig | None:
-    engine = r.str("engine", "llamacpp", choices=ENGINES)
+    engine = r.str("engine", ENGINES[0], choices=ENGINES)
     model = _model(r.table("model", required=True))
     server = _server(r.table("server"), engine)
     sampler = _sampler(r.table("sampler"))
@@ -321,7 +325,7 @@ def _build(r: Reader, source: str) -> DeployConfig | None:
     status = _status(r.table("status"))
     watch = _watch(r.table("watch"))
     runpod = _runpod(r.table("runpod"))
-    state_dir = r.str("state_dir", "/workspace/kiln", pattern=r"/.*", pattern_hint="an absolute path")
+    state_dir = r.str("state_dir", DEFAULT_STATE_DIR, pattern=r"/.*", pattern_hint="an absolute path")
     r.finish()
     cfg = DeployConfig(engine=engine, model=model, ladder=ladder, server=server, sampler=sampler,
                         selftest=selftest, hardware=hardware, health=health, restart=restart, status=status,
@@ -361,8 +365,9 @@ def _model(r: Reader) -> ModelSpec:
     if is_hf and not entry:
         r.problem("entry", "is required for hf:// sources: the file the engine loads",
                   allowed="e.g. 'UD-IQ1_S/model-00001-of-00004.gguf'")
-    family = r.str("family", "generic", pattern=r"[a-z0-9][a-z0-9.-]*", pattern_hint="lowercase name")
-    stall = r.float("fetch_stall_s", 120.0, min=1.0, max=86400.0)
+    d = ModelSpec(source="")
+    family = r.str("family", d.family, pattern=r"[a-z0-9][a-z0-9.-]*", pattern_hint="lowercase name")
+    stall = r.float("fetch_stall_s", d.fetch_stall_s, min=1.0, max=86400.0)
     r.finish()
     return ModelSpec(source=source, revision=revision, allow_patterns=allow, entry=entry, family=family,
                      fetch_stall_s=stall)
@@ -373,9 +378,10 @@ def _glob_problem(pattern: str) -> str | None:
 
 
 def _server(r: Reader, engine: str) -> ServerSpec:
-    host = r.str("host", "0.0.0.0", pattern=r"[\w.:-]+", pattern_hint="an address such as 0.0.0.0")
-    port = r.int("port", 8080, min=1, max=65535)
-    api_key = r.str("api_key", "env:KILN_API_KEY", pattern=r"none|env:[A-Za-z_][A-Za-z0-9_]*|file:/.+",
+    d = ServerSpec()
+    host = r.str("host", d.host, pattern=r"[\w.:-]+", pattern_hint="an address such as 0.0.0.0")
+    port = r.int("port", d.port, min=1, max=65535)
+    api_key = r.str("api_key", d.api_key, pattern=r"none|env:[A-Za-z_][A-Za-z0-9_]*|file:/.+",
                     pattern_hint='"env:NAME", "file:/path" or "none" (no authentication, said out loud)')
     binary = r.str("binary", DEFAULT_BINARIES.get(engine, ""))
     if binary and SHELL_META.search(binary):
@@ -461,9 +467,9 @@ def _ladder(r: Reader, engine: str) -> LadderSpec:
         for var, value in env.items():
             if SHELL_META.search(value):
                 rr.problem(f"env.{var}", _SHELL_META_MESSAGE, value)
-        reserve = rr.int("reserve_mib", 1024, min=0)
-        rounds = rr.int("calibration_rounds", 3, min=0, max=10)
-        slack = rr.int("calibration_slack_mib", 256, min=0)
+        reserve = rr.int("reserve_mib", RUNG_DEFAULTS.reserve_mib, min=0)
+        rounds = rr.int("calibration_rounds", RUNG_DEFAULTS.calibration_rounds, min=0, max=10)
+        slack = rr.int("calibration_slack_mib", RUNG_DEFAULTS.calibration_slack_mib, min=0)
         rr.finish()
         if any(x.name == name for x in rungs):
             rr.problem("name", "is used by an earlier rung; rung names must be unique", name)
@@ -475,9 +481,10 @@ def _ladder(r: Reader, engine: str) -> LadderSpec:
     fall = lr.str_list("fall_through", DEFAULT_FALL_THROUGH,
                        item=lambda c: None if c in FAILURE_CLASSES else
                        f"is not a failure class ({', '.join(FAILURE_CLASSES)})")
-    remember = lr.bool("remember", True)
-    reclaim_timeout = lr.float("reclaim_timeout_s", 30.0, min=0.0)
-    slack = lr.int("reclaim_slack_mib", 512, min=0)
+    d = LadderSpec(rungs=())
+    remember = lr.bool("remember", d.remember)
+    reclaim_timeout = lr.float("reclaim_timeout_s", d.reclaim_timeout_s, min=0.0)
+    slack = lr.int("reclaim_slack_mib", d.reclaim_slack_mib, min=0)
     lr.finish()
     if start is not None and start not in {x.name for x in rungs}:
         lr.problem("start", "names no rung", start, ", ".join(x.name for x in rungs))
@@ -494,7 +501,7 @@ def _hardware(r: Reader) -> HardwareSpec:
         min_compute_capability=cc,
         min_vcpu=r.int("min_vcpu", None, min=1),
         min_ram_gib=r.float("min_ram_gib", None, min=0.0),
-        warn_vcpu_per_host_gib=r.float("warn_vcpu_per_host_gib", 0.4, min=0.0),
+        warn_vcpu_per_host_gib=r.float("warn_vcpu_per_host_gib", HardwareSpec.warn_vcpu_per_host_gib, min=0.0),
     )
     r.finish()
     return h
@@ -502,10 +509,10 @@ def _hardware(r: Reader) -> HardwareSpec:
 
 def _health(r: Reader) -> HealthSpec:
     h = HealthSpec(
-        stall_s=r.float("stall_s", 120.0, min=0.5),
-        max_s=r.float("max_s", 0.0, min=0.0),
-        poll_s=r.float("poll_s", 0.1, min=0.01, max=10.0),
-        stop_grace_s=r.float("stop_grace_s", 10.0, min=0.0, max=600.0),
+        stall_s=r.float("stall_s", HealthSpec.stall_s, min=0.5),
+        max_s=r.float("max_s", HealthSpec.max_s, min=0.0),
+        poll_s=r.float("poll_s", HealthSpec.poll_s, min=0.01, max=10.0),
+        stop_grace_s=r.float("stop_grace_s", HealthSpec.stop_grace_s, min=0.0, max=600.0),
     )
     r.finish()
     return h
@@ -513,11 +520,11 @@ def _health(r: Reader) -> HealthSpec:
 
 def _restart(r: Reader) -> RestartSpec:
     s = RestartSpec(
-        max_restarts=r.int("max_restarts", 5, min=0),
-        window_s=r.float("window_s", 600.0, min=1.0),
-        backoff_initial_s=r.float("backoff_initial_s", 1.0, min=0.0),
-        backoff_max_s=r.float("backoff_max_s", 60.0, min=0.0),
-        stable_s=r.float("stable_s", 300.0, min=0.0),
+        max_restarts=r.int("max_restarts", RestartSpec.max_restarts, min=0),
+        window_s=r.float("window_s", RestartSpec.window_s, min=1.0),
+        backoff_initial_s=r.float("backoff_initial_s", RestartSpec.backoff_initial_s, min=0.0),
+        backoff_max_s=r.float("backoff_max_s", RestartSpec.backoff_max_s, min=0.0),
+        stable_s=r.float("stable_s", RestartSpec.stable_s, min=0.0),
     )
     r.finish()
     if s.backoff_max_s < s.backoff_initial_s:
@@ -527,8 +534,8 @@ def _restart(r: Reader) -> RestartSpec:
 
 def _status(r: Reader) -> StatusSpec:
     s = StatusSpec(
-        host=r.str("host", "0.0.0.0", pattern=r"[\w.:-]+", pattern_hint="an address such as 0.0.0.0"),
-        port=r.int("port", 8081, min=1, max=65535),
+        host=r.str("host", StatusSpec.host, pattern=r"[\w.:-]+", pattern_hint="an address such as 0.0.0.0"),
+        port=r.int("port", StatusSpec.port, min=1, max=65535),
     )
     r.finish()
     return s
