@@ -75,7 +75,8 @@ def _validate_value(key: str, value: str) -> str | None:
     return None if SHA256_RE.fullmatch(value) else "must be 64 lowercase hex digits"
 
 
-def load_lock(path: Path = LOCK_PATH) -> dict[str, dict[str, Pin]]:
+def load_lock(path: Path | None = None) -> dict[str, dict[str, Pin]]:
+    path = path or LOCK_PATH          # read at call time: tests point LOCK_PATH at a copy
     if not path.exists():
         return {}
     try:
@@ -153,9 +154,10 @@ def dump_lock(lock: Mapping[str, Mapping[str, Pin]]) -> str:
     return "\n".join(lines)
 
 
-def save_lock(lock: Mapping[str, Mapping[str, Pin]], path: Path = LOCK_PATH) -> bool:
+def save_lock(lock: Mapping[str, Mapping[str, Pin]], path: Path | None = None) -> bool:
     """Write the lock atomically; leave the file untouched (bytes and mtime) when nothing changed.
     Returns whether it wrote."""
+    path = path or LOCK_PATH
     text = dump_lock(lock)
     try:
         if path.read_text(encoding="utf-8") == text:

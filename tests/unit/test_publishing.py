@@ -42,8 +42,8 @@ def test_ci_matrix_releases_only_reproducible_targets():
     assert "a40-llamacpp" not in names and m["skipped"][0]["target"] == "a40-llamacpp"
     assert "source.commit" in m["skipped"][0]["why"]
     for row in m["include"]:
-        printed = subprocess.run([sys.executable, "build.py", "--target", row["target"], "--image",
-                                  "r.example/me/kiln", "--print-tag"], capture_output=True, text=True, cwd=ROOT)
+        printed = subprocess.run([sys.executable, "build.py", "tag", "--target", row["target"], "--image",
+                                  "r.example/me/kiln"], capture_output=True, text=True, cwd=ROOT)
         assert printed.stdout.strip() == row["release"]
         assert row["staging"].startswith("r.example/me/kiln:staging-") and row["staging"].endswith("-5-1")
         assert row["moving"] == f"r.example/me/kiln:{row['target']}"
