@@ -149,12 +149,18 @@ def build(req: BuildRequest, *, on_line: Callable[[str], None] | None = None) ->
                                 text=True, errors="replace", bufsize=1)
         tail: list[str] = []
         assert proc.stdout is not None
-        for line in proc.stdout:
-            line = line.rstrip("\n")
-            line = redact(line, [req.hf_token])
-            tail = (tail + [line])[-30:]
-            say(line)
-        rc = proc.wait()
+        try:
+            for line in proc.stdout:
+                line = line.rstrip("\n")
+                line = redact(line, [req.hf_token])
+                tail = (tail + [line])[-30:]
+                say(line)
+            rc = proc.wait()
+        except BaseException:
+            # build.py is going away (SIGTERM, Ctrl-C, an error): the docker CLI goes with it, which
+            # cancels the build, instead of compiling on unsupervised for minutes.
+            _end(proc)
+            raise
     if rc != 0:
         hint = ""
         joined = "\n".join(tail)
@@ -163,6 +169,15 @@ def build(req: BuildRequest, *, on_line: Callable[[str], None] | None = None) ->
             hint = ("\nhint: a base image could not be pulled. Where no registry is reachable, make one "
                     "locally (`bash scripts/dev-docker.sh base-image`) and pass --base-image NAME.")
         raise BuildFailed(f"docker build failed (exit {rc}); last lines:\n" + joined + hint)
+
+
+def _end(proc: subprocess.Popen, grace_s: float = 10.0) -> None:
+    proc.terminate()
+    try:
+        proc.wait(timeout=grace_s)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        proc.wait()
 
 
 def push(tag: str) -> None:

@@ -13,7 +13,9 @@ from __future__ import annotations
 
 import argparse
 import os
+import signal
 import sys
+import threading
 
 import supervisor
 from supervisor.errors import KilnError
@@ -53,7 +55,24 @@ def options_of(path: str) -> set[str]:
     raise KeyError(path)
 
 
+def _terminated(signum: int, frame: object) -> None:
+    # SIGTERM unwinds like Ctrl-C: `with` blocks and finally clauses run, so the docker CLI or
+    # compile child is ended and temp dirs (one holds the HF token file of a build) are removed.
+    # Python's default action would exit at once and leave both behind.
+    raise SystemExit(128 + signum)
+
+
 def main(argv: list[str]) -> int:
+    if threading.current_thread() is not threading.main_thread():     # signals reach the main thread only
+        return _main(argv)
+    previous = signal.signal(signal.SIGTERM, _terminated)
+    try:
+        return _main(argv)
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+
+
+def _main(argv: list[str]) -> int:
     try:
         if legacy.is_legacy(argv):
             argv = legacy.translate(argv, options_of)
