@@ -96,7 +96,7 @@ def test_publish_in_build_compiles_on_the_pinned_base_and_keys_the_tarball_by_it
     argv = json.loads((tmp_path / "argv.json").read_text())
     assert argv[argv.index("--target") + 1] == binaries.EXPORT_STAGE and "--network" not in argv
     spec = binaries.expected_spec(target, pins, str(pins["base.build"].value))
-    assert packed.tarball.name == spec.name()     # what `build.py --binaries auto` looks for
+    assert packed.tarball.name == spec.name()     # what `build.py build --binaries auto` looks for
     man = json.loads(packed.manifest.read_text())
     assert man["spec"]["base"] == str(pins["base.build"].value)
     assert artifacts.verify(packed.tarball, packed.manifest, spec)
