@@ -177,7 +177,7 @@ def compile_in_build(target: Target, pins: Mapping[str, Pin], *, patch_files: Ma
     the exported prefix under the spec an image build of the target expects (base = that pin).
 
     A host compile is keyed by the host's OS and fits builds with --base-image; this one is what a
-    plain `build.py --target T --binaries auto` fetches, and it needs no CUDA toolkit on the host."""
+    plain `build.py build --target T --binaries auto` fetches, and it needs no CUDA toolkit on the host."""
     from . import docker_build, render
 
     base = pins["base.build"].value

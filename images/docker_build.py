@@ -21,8 +21,8 @@ from supervisor.errors import KilnError
 from supervisor.redact import redact
 
 START_HINT = ('start one: `eval "$(bash scripts/dev-docker.sh start)"` (a private dockerd, as CI does), '
-              "or Docker Desktop / your system dockerd; or use --render to write the Dockerfile and "
-              "build context without an engine")
+              "or Docker Desktop / your system dockerd; or use `python build.py render` to write the "
+              "Dockerfile and build context without an engine")
 
 
 class EngineUnavailable(KilnError):
@@ -44,7 +44,7 @@ def docker_cli() -> str:
         if candidate and Path(candidate).exists():
             return candidate
     raise EngineUnavailable("no docker CLI found; install docker (Debian: apt-get install docker.io), "
-                            "or use --render")
+                            "or use `python build.py render`")
 
 
 def cli_env(extra: Mapping[str, str] | None = None) -> dict[str, str]:
@@ -55,7 +55,7 @@ def cli_env(extra: Mapping[str, str] | None = None) -> dict[str, str]:
 
 
 def ping() -> None:
-    import docker  # docker-py; imported late so --render and --list never need it
+    import docker  # docker-py; imported late so `render` and `list` never need it
     from docker.errors import DockerException
 
     host = os.environ.get("DOCKER_HOST", "the default socket")
@@ -116,7 +116,7 @@ def build_argv(req: BuildRequest) -> list[str]:
         argv += ["--cache-to", spec]
     if req.cache_to and not req.output_dir:
         # A builder that can export cache keeps the image in its own store: load it into the
-        # engine's, where `docker push` (build.py --push) finds it.
+        # engine's, where `docker push` (`build.py build --push`) finds it.
         argv.append("--load")
     if req.no_cache:
         argv.append("--no-cache")
@@ -149,12 +149,18 @@ def build(req: BuildRequest, *, on_line: Callable[[str], None] | None = None) ->
                                 text=True, errors="replace", bufsize=1)
         tail: list[str] = []
         assert proc.stdout is not None
-        for line in proc.stdout:
-            line = line.rstrip("\n")
-            line = redact(line, [req.hf_token])
-            tail = (tail + [line])[-30:]
-            say(line)
-        rc = proc.wait()
+        try:
+            for line in proc.stdout:
+                line = line.rstrip("\n")
+                line = redact(line, [req.hf_token])
+                tail = (tail + [line])[-30:]
+                say(line)
+            rc = proc.wait()
+        except BaseException:
+            # build.py is going away (SIGTERM, Ctrl-C, an error): the docker CLI goes with it, which
+            # cancels the build, instead of compiling on unsupervised for minutes.
+            _end(proc)
+            raise
     if rc != 0:
         hint = ""
         joined = "\n".join(tail)
@@ -163,6 +169,15 @@ def build(req: BuildRequest, *, on_line: Callable[[str], None] | None = None) ->
             hint = ("\nhint: a base image could not be pulled. Where no registry is reachable, make one "
                     "locally (`bash scripts/dev-docker.sh base-image`) and pass --base-image NAME.")
         raise BuildFailed(f"docker build failed (exit {rc}); last lines:\n" + joined + hint)
+
+
+def _end(proc: subprocess.Popen, grace_s: float = 10.0) -> None:
+    proc.terminate()
+    try:
+        proc.wait(timeout=grace_s)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        proc.wait()
 
 
 def push(tag: str) -> None:

@@ -34,7 +34,7 @@ TEMPLATE_FILE = "runpod-template.json"
 
 
 def render_templates() -> dict[str, str]:
-    """Each target's RunPod template as `build.py --target T --runpod-template` prints it."""
+    """Each target's RunPod template as `build.py template --target T` prints it."""
     from .runpod.template import build_template
 
     lock = load_lock()

@@ -75,13 +75,18 @@ def _validate_value(key: str, value: str) -> str | None:
     return None if SHA256_RE.fullmatch(value) else "must be 64 lowercase hex digits"
 
 
-def load_lock(path: Path = LOCK_PATH) -> dict[str, dict[str, Pin]]:
+def load_lock(path: Path | None = None) -> dict[str, dict[str, Pin]]:
+    path = path or LOCK_PATH          # read at call time: tests point LOCK_PATH at a copy
     if not path.exists():
         return {}
     try:
         data = tomllib.loads(path.read_text(encoding="utf-8"))
     except tomllib.TOMLDecodeError as e:
         raise ConfigError(str(path), [Problem("(toml)", f"is not valid TOML: {e}")]) from None
+    except UnicodeDecodeError as e:
+        raise ConfigError(str(path), [Problem("(file)", f"is not UTF-8 text ({e.reason} at byte {e.start})")]) from None
+    except OSError as e:
+        raise ConfigError(str(path), [Problem("(file)", f"cannot be read ({e.strerror})")]) from None
     problems: list[Problem] = []
     out: dict[str, dict[str, Pin]] = {}
     for tname, pins in data.items():
@@ -149,10 +154,24 @@ def dump_lock(lock: Mapping[str, Mapping[str, Pin]]) -> str:
     return "\n".join(lines)
 
 
-def save_lock(lock: Mapping[str, Mapping[str, Pin]], path: Path = LOCK_PATH) -> None:
+def save_lock(lock: Mapping[str, Mapping[str, Pin]], path: Path | None = None) -> bool:
+    """Write the lock atomically; leave the file untouched (bytes and mtime) when nothing changed.
+    Returns whether it wrote."""
+    path = path or LOCK_PATH
+    text = dump_lock(lock)
+    try:
+        if path.read_text(encoding="utf-8") == text:
+            return False
+    except (OSError, UnicodeDecodeError):
+        pass
     tmp = path.with_suffix(".tmp")
-    tmp.write_text(dump_lock(lock), encoding="utf-8")
-    tmp.replace(path)
+    try:
+        tmp.write_text(text, encoding="utf-8")
+        tmp.replace(path)
+    except OSError as e:
+        tmp.unlink(missing_ok=True)
+        raise ConfigError(str(path), [Problem("(file)", f"cannot be written ({e.strerror})")]) from None
+    return True
 
 
 # -- resolving (needs the network) ---------------------------------------------
@@ -190,17 +209,26 @@ def refresh(target: Target, lock: dict[str, dict[str, Pin]], *, resolvers: Mappi
             err = _validate_value(key, value)
             if err:
                 raise ValueError(f"resolver returned {value!r}: {err}")
-            current[key] = Pin(key, value, source, today)
+            if (pin.value, pin.source) != (value, source):
+                # resolved_on says when the value last changed: a refresh that finds the same
+                # value leaves the pin, and so the file, as it was.
+                current[key] = Pin(key, value, source, today)
             report.append(f"{key}: {value} ({source})")
         except Exception as e:  # noqa: BLE001 - every failure is reported per pin
             note = f"{type(e).__name__}: {e}"
             if pin.resolved:
                 report.append(f"{key}: kept {pin.value} (refresh failed: {note})")
             else:
-                current[key] = replace(pin, unresolved=f"{note} (on {today})")
+                if _without_date(pin.unresolved) != note:
+                    current[key] = replace(pin, unresolved=f"{note} (on {today})")
                 report.append(f"{key}: UNRESOLVED ({note})")
     lock[target.name] = current
     return report
+
+
+def _without_date(unresolved: str) -> str:
+    """An unresolved note as refresh() wrote it, less its trailing " (on YYYY-MM-DD)"."""
+    return re.sub(r" \(on \d{4}-\d{2}-\d{2}\)$", "", unresolved)
 
 
 def git_commit_resolver(target: Target, key: str) -> str:

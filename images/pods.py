@@ -67,10 +67,7 @@ def _template_options(p: argparse.ArgumentParser) -> None:
                    "(its image is labelled floating)")
 
 
-def add_commands(sub: Any) -> None:
-    """Register up, status, logs, down and volumes on an argparse sub-parser set."""
-    up = sub.add_parser("up", help="pods from the target's template, once the catalog offers a host its "
-                        "CUDA runs on; waits until each supervisor is ready")
+def _up_arguments(up: argparse.ArgumentParser) -> None:
     up.add_argument("--target", required=True)
     up.add_argument("--replicas", type=int, default=1, help="how many pods (kiln-<target>-1..N; live ones "
                     "are kept, only the missing ones are created)")
@@ -95,29 +92,50 @@ def add_commands(sub: Any) -> None:
     _template_options(up)
     _common(up)
 
-    st = sub.add_parser("status", help="Kiln's pods (names kiln-...), what each supervisor says, what they cost")
+
+def _status_arguments(st: argparse.ArgumentParser) -> None:
     st.add_argument("--target", help="only this target's pods (kiln-<target>-...)")
     st.add_argument("--proxy", metavar="PATTERN")
     st.add_argument("--no-probe", action="store_true", help="do not ask each supervisor's /status")
     _common(st)
 
-    lg = sub.add_parser("logs", help="a pod's log lines (container and system)")
+
+def _logs_arguments(lg: argparse.ArgumentParser) -> None:
     lg.add_argument("pod", help="pod id or name")
     lg.add_argument("--tail", type=int, default=100, help="lines of backfill (RunPod: at most 5000)")
     lg.add_argument("--source", choices=("container", "system"))
     lg.add_argument("--idle", type=float, default=3.0, help="stop after this many quiet seconds")
     _common(lg)
 
-    dn = sub.add_parser("down", help="terminate pods (never stop: a stopped pod's volume bills double)")
+
+def _down_arguments(dn: argparse.ArgumentParser) -> None:
     which = dn.add_mutually_exclusive_group(required=True)
     which.add_argument("--target", help="every pod of this target (kiln-<target>-...)")
     which.add_argument("--pod", action="append", metavar="ID", help="this pod (repeatable)")
     which.add_argument("--all", action="store_true", help="every pod whose name starts with kiln-")
     _common(dn)
 
-    vo = sub.add_parser("volumes", help="network volumes (they bill while they exist)")
+
+def _volumes_arguments(vo: argparse.ArgumentParser) -> None:
     vo.add_argument("--delete", metavar="ID", help="delete this network volume and its data")
     _common(vo)
+
+
+# name -> (one-line summary, options); the order is the order --help lists them in
+SUBCOMMANDS: dict[str, tuple[str, Any]] = {
+    "up": ("pods from the target's template, once the catalog offers a host its CUDA runs on; waits until each "
+           "supervisor is ready", _up_arguments),
+    "status": ("Kiln's pods (names kiln-...), what each supervisor says, what they cost", _status_arguments),
+    "logs": ("a pod's log lines (container and system)", _logs_arguments),
+    "down": ("terminate pods (never stop: a stopped pod's volume bills double)", _down_arguments),
+    "volumes": ("network volumes (they bill while they exist)", _volumes_arguments),
+}
+
+
+def add_commands(sub: Any) -> None:
+    """Register up, status, logs, down and volumes on an argparse sub-parser set."""
+    for name, (summary, arguments) in SUBCOMMANDS.items():
+        arguments(sub.add_parser(name, help=summary))
 
 
 def parser() -> argparse.ArgumentParser:
@@ -269,29 +287,5 @@ def main(argv: list[str] | None = None) -> int:
 
 
 # -- build.py --runpod-template / --runpod-upsert ------------------------------------------
-def template_command(args: argparse.Namespace, target, pins) -> int:
-    """--runpod-template: print the template. --runpod-upsert: create or update it by name."""
-    tpl = build_template(target, pins, repository=args.image, image=args.runpod_image,
-                         name=args.runpod_template_name, registry=args.runpod_registry_auth)
-    if tpl.floating and not args.runpod_image:
-        print(f"note: FLOATING: {', '.join(tpl.floating)} unresolved; image is the tag "
-              f"`build.py --target {target.name} --allow-floating` gives ({tpl.body['image']}), "
-              "an image labelled io.kiln.floating=true", file=sys.stderr)
-    if not args.runpod_upsert:
-        sys.stdout.write(tpl.to_json())
-        return 0
-    if tpl.floating and not args.allow_floating:
-        raise render.FloatingRefused(target, [f for f in missing(target, pins)])
-    key = os.environ.get("RUNPOD_API_KEY", "")
-    if not key:
-        raise KilnError("--runpod-upsert needs RUNPOD_API_KEY (RunPod console: Settings > API Keys); "
-                        "--runpod-template alone prints the template without it")
-    result = upsert(RunPodAPI(key, args.runpod_api), tpl.body)
-    print(f"template {result.name}: {result.action} (id {result.template_id}); `python -m images.pods up "
-          f"--target {target.name}` deploys pods from it", file=sys.stderr)
-    print(result.template_id)
-    return 0
-
-
 if __name__ == "__main__":
     sys.exit(main())

@@ -56,7 +56,7 @@ class Patch:
 
 @dataclass(frozen=True)
 class RunPodSpec:
-    """The [runpod] table: what `build.py --runpod-template` turns into a RunPod template."""
+    """The [runpod] table: what `build.py template` turns into a RunPod template."""
     gpu_type: str | None = None
     gpu_count: int = 0
     container_disk_gb: int = 20
@@ -107,7 +107,7 @@ def target_names() -> list[str]:
 
 def load_target(name: str, targets_dir: Path = TARGETS_DIR) -> Target:
     path = targets_dir / f"{name}.toml"
-    if not path.is_file():
+    if not re.fullmatch(NAME_RE, name) or not path.is_file():     # a name, never a path
         names = sorted(p.stem for p in targets_dir.glob("*.toml"))
         raise ConfigError("target", [Problem("--target", "is not a known target", name,
                                              ", ".join(names))])

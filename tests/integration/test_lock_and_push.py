@@ -1,4 +1,4 @@
-"""`build.py lock` and `--push` against real protocol peers on loopback: a real OCI registry
+"""`build.py lock` and `build.py build --push` against real protocol peers on loopback: a real OCI registry
 (tests/support/registry.py; stands for Docker Hub / ghcr.io), a local git repository served
 through git's own file transport (stands for GitHub: `git ls-remote` is the same client), and a
 PEP 691 JSON index (a small stdlib server; stands for pypi.org/simple)."""
@@ -125,7 +125,7 @@ def test_push_sends_the_image_to_the_registry(tmp_path, registry):
     r = subprocess.run([sys.executable, "build.py", "compile", "--target", "cpu-llamacpp", "--publish", str(store)],
                        cwd=ROOT, capture_output=True, text=True)
     assert r.returncode == 0, r.stderr
-    r = subprocess.run([sys.executable, "build.py", "--target", "cpu-llamacpp", "--base-image", local_base_image(),
+    r = subprocess.run([sys.executable, "build.py", "build", "--target", "cpu-llamacpp", "--base-image", local_base_image(),
                         "--binaries", "fetch", "--binaries-store", str(store), "--image", f"{registry.host}/kiln",
                         "--push"], cwd=ROOT, capture_output=True, text=True, env={**os.environ, "DOCKER_HOST": host},
                        timeout=1800)
@@ -135,7 +135,34 @@ def test_push_sends_the_image_to_the_registry(tmp_path, registry):
 
 
 def test_no_reachable_engine_says_how_to_start_one(tmp_path):
-    r = subprocess.run([sys.executable, "build.py", "--target", "cpu-llamacpp"], cwd=ROOT, capture_output=True,
+    r = subprocess.run([sys.executable, "build.py", "build", "--target", "cpu-llamacpp"], cwd=ROOT, capture_output=True,
                        text=True, env={**os.environ, "DOCKER_HOST": f"unix://{tmp_path}/none.sock"})
     assert r.returncode == 2
-    assert "no reachable Docker engine" in r.stderr and "dev-docker.sh start" in r.stderr and "--render" in r.stderr
+    assert "no reachable Docker engine" in r.stderr and "dev-docker.sh start" in r.stderr and "build.py render" in r.stderr
+
+
+def test_build_py_lock_that_changes_no_pin_leaves_the_lock_byte_identical(tmp_path, pypi, monkeypatch, capsys):
+    """Issue 18: `build.py lock` rewrote resolved_on when no value changed. The sdist's sha256 comes
+    from the PEP 691 stand-in; the registry is unreachable (a dead proxy), so the bases are kept."""
+    from images import cli, resolve
+    from images import lock as lockfile
+
+    lock_path = tmp_path / "lock.toml"
+    lock_path.write_bytes(lockfile.LOCK_PATH.read_bytes())
+    monkeypatch.setattr(lockfile, "LOCK_PATH", lock_path)
+    monkeypatch.setenv("HTTPS_PROXY", "http://127.0.0.1:9")
+    monkeypatch.setenv("NO_PROXY", "127.0.0.1")
+    stand_ins = default_resolvers(pypi_index=pypi)
+    monkeypatch.setattr(resolve, "default_resolvers", lambda: stand_ins)
+    # The first lock from the stand-in records its index as the source (a real change), dated long ago...
+    lock = lockfile.load_lock()
+    refresh(load_target("cpu-llamacpp"), lock, resolvers=stand_ins, today="2020-01-01")
+    assert lockfile.save_lock(lock)
+    before, mtime = lock_path.read_bytes(), lock_path.stat().st_mtime_ns
+    # ...and `build.py lock` today finds the same values: the file is not touched.
+    assert cli.main(["lock", "--target", "cpu-llamacpp"]) == 0
+    out = capsys.readouterr().out
+    assert "source.sha256: b0a2feb64c6f" in out and "base.build: kept" in out
+    assert f"left {lock_path} unchanged (no pin changed)" in out
+    assert lock_path.read_bytes() == before and lock_path.stat().st_mtime_ns == mtime
+    assert b'resolved_on = "2020-01-01"' in before

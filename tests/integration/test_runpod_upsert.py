@@ -115,25 +115,25 @@ def test_errors_never_carry_the_api_key(standin):
 
 def test_build_py_upserts_idempotently_and_prints_the_template_id(standin):
     env = {"RUNPOD_API_KEY": KEY, "RUNPOD_API_URL": standin.url, "KILN_API_KEY": "kiln-canary-value"}
-    r1 = build_py("--target", "cpu-llamacpp", "--runpod-upsert", env=env)
+    r1 = build_py("template", "--target", "cpu-llamacpp", "--upsert", env=env)
     assert r1.returncode == 0, r1.stderr
     tid = r1.stdout.strip()
-    assert tid in standin.templates and "created" in r1.stderr and "images.pods up" in r1.stderr
-    r2 = build_py("--target", "cpu-llamacpp", "--runpod-upsert", env=env)
+    assert tid in standin.templates and "created" in r1.stderr and "pods up" in r1.stderr
+    r2 = build_py("template", "--target", "cpu-llamacpp", "--upsert", env=env)
     assert r2.returncode == 0 and r2.stdout.strip() == tid and "unchanged" in r2.stderr
     for r in (r1, r2):
         assert KEY not in r.stdout + r.stderr and "kiln-canary-value" not in r.stdout + r.stderr
     assert "kiln-canary-value" not in standin.log_text()
     # The floating target is refused unless asked for, then created with its floating tag.
-    r3 = build_py("--target", "a40-llamacpp", "--runpod-upsert", env=env)
+    r3 = build_py("template", "--target", "a40-llamacpp", "--upsert", env=env)
     assert r3.returncode == 2 and "--allow-floating" in r3.stderr
-    r4 = build_py("--target", "a40-llamacpp", "--runpod-upsert", "--allow-floating", env=env)
+    r4 = build_py("template", "--target", "a40-llamacpp", "--upsert", "--allow-floating", env=env)
     assert r4.returncode == 0, r4.stderr
     assert standin.templates[r4.stdout.strip()]["image"].endswith("-floating")
 
 
 def test_build_py_upsert_without_a_key_says_how_to_get_one():
-    r = build_py("--target", "cpu-llamacpp", "--runpod-upsert", env={"RUNPOD_API_KEY": ""})
+    r = build_py("template", "--target", "cpu-llamacpp", "--upsert", env={"RUNPOD_API_KEY": ""})
     assert r.returncode == 2 and "RUNPOD_API_KEY" in r.stderr and "Settings > API Keys" in r.stderr
 
 

@@ -42,8 +42,8 @@ def test_ci_matrix_releases_only_reproducible_targets():
     assert "a40-llamacpp" not in names and m["skipped"][0]["target"] == "a40-llamacpp"
     assert "source.commit" in m["skipped"][0]["why"]
     for row in m["include"]:
-        printed = subprocess.run([sys.executable, "build.py", "--target", row["target"], "--image",
-                                  "r.example/me/kiln", "--print-tag"], capture_output=True, text=True, cwd=ROOT)
+        printed = subprocess.run([sys.executable, "build.py", "tag", "--target", row["target"], "--image",
+                                  "r.example/me/kiln"], capture_output=True, text=True, cwd=ROOT)
         assert printed.stdout.strip() == row["release"]
         assert row["staging"].startswith("r.example/me/kiln:staging-") and row["staging"].endswith("-5-1")
         assert row["moving"] == f"r.example/me/kiln:{row['target']}"
@@ -96,7 +96,7 @@ def test_publish_in_build_compiles_on_the_pinned_base_and_keys_the_tarball_by_it
     argv = json.loads((tmp_path / "argv.json").read_text())
     assert argv[argv.index("--target") + 1] == binaries.EXPORT_STAGE and "--network" not in argv
     spec = binaries.expected_spec(target, pins, str(pins["base.build"].value))
-    assert packed.tarball.name == spec.name()     # what `build.py --binaries auto` looks for
+    assert packed.tarball.name == spec.name()     # what `build.py build --binaries auto` looks for
     man = json.loads(packed.manifest.read_text())
     assert man["spec"]["base"] == str(pins["base.build"].value)
     assert artifacts.verify(packed.tarball, packed.manifest, spec)

@@ -9,7 +9,7 @@ import jinja2
 import pytest
 
 from images import golden, render
-from images.lock import Pin, dump_lock, load_lock, missing, pins_for
+from images.lock import Pin, dump_lock, load_lock, missing, pins_for, refresh, save_lock
 from images.target import parse_target, target_names, load_target
 from supervisor.errors import ConfigError
 
@@ -21,7 +21,7 @@ def run_build(*args):
 
 
 def test_list_shows_the_four_targets():
-    r = run_build("--list")
+    r = run_build("list")
     assert r.returncode == 0
     names = [line.split()[0] for line in r.stdout.splitlines()]
     assert names == ["a40-llamacpp", "a40-vllm-kimi-linear", "a40-vllm-qwen3-coder", "cpu-llamacpp"]
@@ -29,7 +29,7 @@ def test_list_shows_the_four_targets():
 
 
 def test_unknown_target_lists_the_valid_ones():
-    r = run_build("--target", "a40-llama")
+    r = run_build("render", "--target", "a40-llama")
     assert r.returncode == 2
     assert "--target: is not a known target (got 'a40-llama'); allowed: a40-llamacpp" in r.stderr
 
@@ -90,14 +90,14 @@ def test_lock_rejects_values_without_source_or_of_the_wrong_form(tmp_path):
 
 
 def test_a40_render_refuses_unresolved_pins_by_name(tmp_path):
-    r = run_build("--target", "a40-llamacpp", "--render", "--out", str(tmp_path / "d"))
+    r = run_build("render", "--target", "a40-llamacpp", "--out", str(tmp_path / "d"))
     assert r.returncode == 2 and not (tmp_path / "d" / "Dockerfile").exists()
     assert "source.commit: unresolved" in r.stderr and "patch.llama-k3-moe-cache: unresolved" in r.stderr
     assert "--allow-floating" in r.stderr
 
 
 def test_a40_floating_render_has_everything_the_seed_asked_for(tmp_path):
-    r = run_build("--target", "a40-llamacpp", "--render", "--out", str(tmp_path / "d"), "--allow-floating")
+    r = run_build("render", "--target", "a40-llamacpp", "--out", str(tmp_path / "d"), "--allow-floating")
     assert r.returncode == 0, r.stderr
     df = (tmp_path / "d" / "Dockerfile").read_text()
     assert "FROM nvidia/cuda:12.8.1-devel-ubuntu24.04@sha256:" in df
@@ -141,7 +141,7 @@ def test_templates_fail_on_a_misspelt_variable():
 
 
 def test_base_image_override_is_labelled(tmp_path):
-    r = run_build("--target", "cpu-llamacpp", "--render", "--out", str(tmp_path / "d"),
+    r = run_build("render", "--target", "cpu-llamacpp", "--out", str(tmp_path / "d"),
                   "--base-image", "kiln-local/debian:bookworm")
     assert r.returncode == 0, r.stderr
     df = (tmp_path / "d" / "Dockerfile").read_text()
@@ -150,3 +150,46 @@ def test_base_image_override_is_labelled(tmp_path):
     ctx = tmp_path / "d" / "kiln"
     assert (ctx / "supervisor" / "__main__.py").is_file() and (ctx / "deploy.toml").is_file()
     assert not list(ctx.rglob("__pycache__"))
+
+
+def test_lock_refresh_that_finds_the_same_values_leaves_the_file_byte_identical(tmp_path):
+    """Issue 18: `lock` rewrote resolved_on when no value changed. Resolvers here are plain functions
+    (the network ones are tested against protocol stand-ins in tests/integration/test_lock_and_push.py)."""
+    cpu = load_target("cpu-llamacpp")
+    digest, sha = "sha256:" + "1" * 64, "2" * 64
+    answers = {"base": f"{digest}|registry HEAD", "source.sha256": f"{sha}|PyPI"}
+    resolvers = {k: (lambda t, key, v=v: v) for k, v in answers.items()}
+    lock: dict = {}
+    refresh(cpu, lock, resolvers=resolvers, today="2026-01-01")
+    path = tmp_path / "lock.toml"
+    assert save_lock(lock, path) is True
+    first, mtime = path.read_bytes(), path.stat().st_mtime_ns
+    lock = load_lock(path)
+    refresh(cpu, lock, resolvers=resolvers, today="2026-12-01")
+    assert save_lock(lock, path) is False
+    assert path.read_bytes() == first and path.stat().st_mtime_ns == mtime
+    # A value that did change is written, with the day it changed.
+    answers["source.sha256"] = f"{'3' * 64}|PyPI"
+    resolvers["source.sha256"] = lambda t, key: answers["source.sha256"]
+    refresh(cpu, lock, resolvers=resolvers, today="2026-12-02")
+    assert save_lock(lock, path) is True
+    assert load_lock(path)["cpu-llamacpp"]["source.sha256"].resolved_on == "2026-12-02"
+    assert load_lock(path)["cpu-llamacpp"]["base.build"].resolved_on == "2026-01-01"
+
+
+def test_lock_refresh_that_fails_the_same_way_again_keeps_the_dated_note(tmp_path):
+    cpu = load_target("cpu-llamacpp")
+
+    def unreachable(target, key):
+        raise ConnectionError("registry unreachable")
+
+    resolvers = {"base": unreachable, "source.sha256": unreachable}
+    lock: dict = {}
+    refresh(cpu, lock, resolvers=resolvers, today="2026-01-01")
+    path = tmp_path / "lock.toml"
+    save_lock(lock, path)
+    first = path.read_bytes()
+    assert b"registry unreachable (on 2026-01-01)" in first
+    lock = load_lock(path)
+    refresh(cpu, lock, resolvers=resolvers, today="2026-12-01")
+    assert save_lock(lock, path) is False and path.read_bytes() == first

@@ -1,0 +1,42 @@
+"""`lock`: resolve a target's pins into images/lock.toml."""
+
+from __future__ import annotations
+
+import argparse
+
+from . import command as opt
+from .command import Command
+
+
+def _lock_arguments(p: argparse.ArgumentParser) -> None:
+    opt.target(p)
+    p.add_argument("--patch-file", action="append", metavar="NAME=PATH",
+                   help="your copy of a patch the target names: its sha256 becomes the pin (repeatable)")
+
+
+def _lock(args: argparse.Namespace) -> int:
+    from .. import lock as lockfile
+    from .. import resolve
+    from ..lock import load_lock, missing, pins_for, refresh, save_lock
+    from ..target import load_target
+
+    target = load_target(args.target)
+    patch_files = opt.parse_patch_files(args.patch_file)
+    lock = load_lock()
+    report = refresh(target, lock, resolvers=resolve.default_resolvers(), patch_files=patch_files)
+    for line in report:
+        print(line, flush=True)
+    wrote = save_lock(lock)
+    unresolved = missing(target, pins_for(target, lock))
+    path = lockfile.LOCK_PATH
+    done = f"wrote {path}" if wrote else f"left {path} unchanged (no pin changed)"
+    print(f"{done}: {len(unresolved)} pin(s) of {target.name} unresolved")
+    return 0 if not unresolved else 1
+
+
+COMMANDS = (
+    Command("lock", "resolve a target's pins into images/lock.toml (needs the network)", _lock, _lock_arguments,
+            description="Resolve the target's pins (registry digests, git commit, sha256s) into images/lock.toml.\n"
+            "A pin that cannot be resolved keeps its old value; a file in which nothing changed is left as it "
+            "was.\nExit 1 while a pin of the target is unresolved."),
+)

@@ -1,0 +1,275 @@
+"""build.py as subcommands: each with its own --help, --version, the old flag spellings mapped exactly
+onto the new commands (one deprecation line), conflicting options refused, every user error one line
+and exit 2 (never a traceback), and docs/cli.md generated from the parsers."""
+
+from __future__ import annotations
+
+import os
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from images import cli
+from images import lock as lockfile
+from images.cli import legacy, reference
+from supervisor import __version__
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def build_py(*args: str, cwd: Path = ROOT) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([sys.executable, str(ROOT / "build.py"), *args], capture_output=True, text=True, cwd=cwd)
+
+
+def one_line_error(r: subprocess.CompletedProcess[str]) -> str:
+    """A user error: exit 2, no traceback, and stderr's last line the message."""
+    assert r.returncode == 2, (r.returncode, r.stdout, r.stderr)
+    assert "Traceback" not in r.stderr, r.stderr
+    return r.stderr.strip().splitlines()[-1]
+
+
+# -- the commands and their --help -----------------------------------------------------------------
+# What each subcommand takes: its --help lists exactly these (a new option is a reviewed change here).
+TAKES = {
+    "build": {"--target", "--image", "--tag", "--push", "--staging", "--base-image", "--ca-bundle",
+              "--allow-floating", "--binaries", "--binaries-store", "--fallback-compile", "--patch-file",
+              "--cache-from", "--cache-to", "--build-network"},
+    "render": {"--target", "--out", "--base-image", "--allow-floating", "--patch-file"},
+    "list": set(),
+    "tag": {"--target", "--image", "--base-image"},
+    "lock": {"--target", "--patch-file"},
+    "compile": {"--target", "--patch-file", "--jobs", "--force", "--allow-floating", "--publish"},
+    "publish-binaries": {"--target", "--store", "--patch-file", "--allow-floating", "--in-build", "--build-network"},
+    "template": {"--target", "--image", "--image-ref", "--name", "--registry-auth", "--upsert", "--api",
+                 "--allow-floating"},
+    "pods": set(),          # a group: up, status, logs, down, volumes (their options: images/pods.py)
+}
+
+
+def test_top_level_help_lists_every_subcommand_and_version_is_kilns():
+    r = build_py("--help")
+    assert r.returncode == 0
+    listed = [line.split()[0] for line in r.stdout.split("commands:")[1].splitlines()[2:] if line.startswith("    ")
+              and not line.startswith("     ")]
+    assert listed == [c.name for c in cli.COMMANDS] == list(TAKES)
+    r = build_py("--version")
+    assert r.returncode == 0 and r.stdout.strip() == f"Kiln {__version__}"
+
+
+@pytest.mark.parametrize("name", list(TAKES))
+def test_each_subcommand_help_lists_exactly_what_it_takes(name):
+    r = build_py(name, "--help")
+    assert r.returncode == 0, r.stderr
+    assert r.stdout.startswith(f"usage: python build.py {name} ")
+    options = r.stdout.split("\noptions:\n")[1]
+    shown = set(re.findall(r"^  (?:-h, )?(--[\w-]+)", options, re.MULTILINE)) - {"--help"}
+    assert shown == TAKES[name]
+    assert cli.options_of(name) - {"-h", "--help"} == TAKES[name]
+
+
+def test_docs_cli_md_is_generated_from_the_parsers_and_has_not_drifted():
+    committed = reference.DOC_PATH.read_text(encoding="utf-8")
+    assert committed == reference.render(), "docs/cli.md drifted: run `python -m images.cli.reference`"
+    for name in TAKES:
+        assert f"## `python build.py {name}`" in committed
+
+
+def test_help_does_not_depend_on_the_terminal_width():
+    narrow = subprocess.run([sys.executable, "build.py", "render", "--help"], capture_output=True, text=True,
+                            cwd=ROOT, env={**os.environ, "COLUMNS": "40"})
+    wide = subprocess.run([sys.executable, "build.py", "render", "--help"], capture_output=True, text=True,
+                          cwd=ROOT, env={**os.environ, "COLUMNS": "250"})
+    assert narrow.stdout == wide.stdout
+
+
+def test_a_new_command_module_mounts_through_the_table(monkeypatch):
+    """How a group is added (as `pods` was): a Command with children, appended to cli.COMMANDS."""
+    seen = []
+    up = cli.Command("up", "start a thing", lambda a: seen.append(("up", a.target)) or 0,
+                     lambda p: p.add_argument("--target"))
+    group = cli.Command("things", "things of a target", children=(up,))
+    monkeypatch.setattr(cli, "COMMANDS", (*cli.COMMANDS, group))
+    assert cli.main(["things", "up", "--target", "x"]) == 0 and seen == [("up", "x")]
+    assert "things" in cli.parser().format_help()
+    assert cli.options_of("things up") == {"-h", "--help", "--target"}
+
+
+def test_the_pods_group_mounts_every_pod_command():
+    assert {"up", "status", "logs", "down", "volumes"} <= {
+        path[1] for _, path in cli.walk(cli.parser()) if len(path) == 2 and path[0] == "pods"}
+    assert "--replicas" in cli.options_of("pods up") and "--all" in cli.options_of("pods down")
+
+
+# -- the old spellings -----------------------------------------------------------------------------
+LEGACY = [
+    ([], ["build"]),
+    (["--target", "cpu-llamacpp", "--base-image", "kiln-local/debian:bookworm", "--ca-bundle", "/etc/ca.crt"],
+     ["build", "--target", "cpu-llamacpp", "--base-image", "kiln-local/debian:bookworm", "--ca-bundle", "/etc/ca.crt"]),
+    (["--target", "T", "--image", "r/me/kiln", "--staging", "r/me/kiln:s", "--push", "--cache-from", "a",
+      "--cache-from", "b", "--build-network", "default", "--tag", "x:1"],
+     ["build", "--target", "T", "--push", "--tag", "x:1", "--staging", "r/me/kiln:s", "--image", "r/me/kiln",
+      "--cache-from", "a", "--cache-from", "b", "--build-network", "default"]),
+    (["--binaries", "fetch", "--fallback-compile", "--binaries-store", "hf://o/n", "--patch-file", "p=x"],
+     ["build", "--binaries", "fetch", "--binaries-store", "hf://o/n", "--fallback-compile", "--patch-file", "p=x"]),
+    (["--list"], ["list"]),
+    (["--target", "a40-llamacpp", "--render", "--out", "D", "--allow-floating"],
+     ["render", "--target", "a40-llamacpp", "--out", "D", "--allow-floating"]),
+    (["--render", "--base-image", "b:1", "--patch-file", "n=p"], ["render", "--base-image", "b:1", "--patch-file", "n=p"]),
+    (["--target", "T", "--print-tag", "--image", "r/me/kiln"], ["tag", "--target", "T", "--image", "r/me/kiln"]),
+    (["--target", "T", "--runpod-template", "--image", "r/k", "--runpod-image", "r/k:1",
+      "--runpod-template-name", "mine", "--runpod-registry-auth", "auth1"],
+     ["template", "--target", "T", "--image", "r/k", "--image-ref", "r/k:1", "--name", "mine",
+      "--registry-auth", "auth1"]),
+    (["--target", "T", "--runpod-upsert", "--runpod-api", "http://127.0.0.1:9/v1", "--allow-floating"],
+     ["template", "--upsert", "--target", "T", "--allow-floating", "--api", "http://127.0.0.1:9/v1"]),
+    (["--runpod-template", "--runpod-upsert"], ["template", "--upsert"]),
+    (["--tag=-odd"], ["build", "--tag=-odd"]),
+]
+
+
+@pytest.mark.parametrize("old,new", LEGACY, ids=[" ".join(o) or "(nothing)" for o, _ in LEGACY])
+def test_an_old_spelling_maps_exactly_onto_its_subcommand_with_one_deprecation_line(old, new, capsys):
+    assert legacy.is_legacy(old)
+    assert legacy.translate(old, cli.options_of) == new
+    err = capsys.readouterr().err.splitlines()
+    assert len(err) == 1 and err[0].startswith("build.py: deprecated spelling")
+    assert err[0].endswith("use: python build.py " + " ".join(new))
+    cli.parser().parse_args(new)            # what it maps to is a valid new command line
+
+
+@pytest.mark.parametrize("old,new", [
+    (["--list"], ["list"]),
+    (["--target", "a40-llamacpp", "--print-tag", "--image", "r.example/me/kiln"],
+     ["tag", "--target", "a40-llamacpp", "--image", "r.example/me/kiln"]),
+    (["--target", "a40-llamacpp", "--runpod-template"], ["template", "--target", "a40-llamacpp"]),
+])
+def test_old_and_new_spellings_print_the_same(old, new):
+    o, n = build_py(*old), build_py(*new)
+    assert o.returncode == n.returncode == 0, o.stderr + n.stderr
+    assert o.stdout == n.stdout
+    assert o.stderr == "build.py: deprecated spelling (it goes in the next release); use: python build.py " \
+        + " ".join(new) + "\n" + n.stderr
+
+
+def test_old_render_writes_what_the_new_render_writes(tmp_path):
+    o = build_py("--target", "cpu-llamacpp", "--render", "--out", str(tmp_path / "old"))
+    n = build_py("render", "--target", "cpu-llamacpp", "--out", str(tmp_path / "new"))
+    assert o.returncode == n.returncode == 0, o.stderr + n.stderr
+    assert (tmp_path / "old" / "Dockerfile").read_text() == (tmp_path / "new" / "Dockerfile").read_text()
+
+
+@pytest.mark.parametrize("argv,says", [
+    (["--render", "--push"], "--push cannot be used with --render: `python build.py render` does not take it"),
+    (["--list", "--print-tag"], "--list and --print-tag cannot be combined: they are separate commands now"),
+    (["--render", "--runpod-template"], "--render and --runpod-template cannot be combined"),
+    (["--list", "--target", "cpu-llamacpp"], "--target cannot be used with --list"),
+    (["--print-tag", "--push", "--ca-bundle", "x"], "--push, --ca-bundle cannot be used with --print-tag"),
+    (["--out", "D"], "--out cannot be used in a build (no mode flag): `python build.py build` does not take it"),
+    (["--runpod-template", "--patch-file", "a=b"], "--patch-file cannot be used with --runpod-template"),
+    (["--render", "--no-such-flag"], "unrecognized arguments: --no-such-flag"),
+])
+def test_conflicting_old_flags_are_refused_not_ignored(argv, says, tmp_path):
+    r = build_py(*argv, cwd=tmp_path)
+    assert says in one_line_error(r)
+    assert r.stdout == "" and list(tmp_path.iterdir()) == []      # nothing rendered, built or printed
+
+
+@pytest.mark.parametrize("argv,says", [
+    (["build", "--binaries", "compile", "--fallback-compile"], "--fallback-compile cannot be combined with --binaries compile"),
+    (["build", "--binaries", "compile", "--binaries-store", "/x"], "--binaries-store cannot be combined"),
+    (["template", "--api", "http://127.0.0.1:9/v1"], "--api cannot be combined with printing the template"),
+    (["template", "--allow-floating"], "--allow-floating cannot be combined with printing the template"),
+    (["publish-binaries", "--store", "/x", "--build-network", "default"], "--build-network cannot be combined"),
+    (["render", "--push"], "unrecognized arguments: --push"),
+    (["tag", "--out", "D"], "unrecognized arguments: --out"),
+])
+def test_conflicting_new_options_are_refused(argv, says):
+    assert says in one_line_error(build_py(*argv))
+
+
+def test_old_help_flags_show_the_new_commands_help():
+    r = build_py("--render", "--help")
+    assert r.returncode == 0 and r.stdout.startswith("usage: python build.py render ")
+
+
+# -- bad input: one line, exit 2, never a traceback --------------------------------------------------
+def test_bad_input_to_every_command_is_one_line_and_exit_2(tmp_path):
+    a_file = tmp_path / "a-file"
+    a_file.write_text("x")
+    not_utf8 = tmp_path / "latin1.patch"
+    not_utf8.write_bytes(b"\xff\xfe")
+    cases = [
+        (["build", "--target", "a40-llama"], "--target: is not a known target (got 'a40-llama'); allowed: a40-llamacpp"),
+        (["render", "--target", "../targets/cpu-llamacpp"], "is not a known target"),
+        (["tag", "--target", ""], "is not a known target"),
+        (["render", "--out", str(a_file)], f"--out {a_file}: is a file, not a directory"),
+        (["render", "--out", str(tmp_path / "no" / "such" / "dir")], "does not exist; create it first"),
+        (["render", "--out", "/proc/kiln-not-writable"], "--out /proc/kiln-not-writable: "),
+        (["render", "--patch-file", "x"], "--patch-file 'x': expected NAME=PATH"),
+        (["render", "--patch-file", f"p={tmp_path}/missing.patch"], "no such file"),
+        (["build", "--ca-bundle", str(tmp_path / "missing.crt")], "--ca-bundle"),
+        (["build", "--ca-bundle", str(tmp_path)], "is not a file"),
+        (["build", "--binaries", "sometimes"], "invalid choice: 'sometimes'"),
+        (["build", "--target", "a40-llamacpp"], "pass --allow-floating to build anyway"),
+        (["compile", "--target", "a40-vllm-qwen3-coder"], "is a vllm target: nothing to compile"),
+        (["compile", "--jobs", "0"], "--jobs 0: must be 1 or more"),
+        (["compile", "--jobs", "many"], "invalid int value: 'many'"),
+        (["lock", "--target", "nope"], "is not a known target"),
+        (["lock", "--patch-file", "p=/nonexistent.patch"], "no such file"),
+        (["publish-binaries", "--target", "cpu-llamacpp"], "the following arguments are required: --store"),
+        (["template", "--image", "Registry/Me:tag"], "expected a repository"),
+        (["template", "--upsert", "--target", "cpu-llamacpp"], "needs RUNPOD_API_KEY"),
+        (["pods"], "the following arguments are required: COMMAND"),
+        (["pods", "up"], "the following arguments are required: --target"),
+        (["--target"], "expected one argument"),
+    ]
+    env = {k: v for k, v in os.environ.items() if k != "RUNPOD_API_KEY"}
+    for argv, says in cases:
+        r = subprocess.run([sys.executable, "build.py", *argv], capture_output=True, text=True, cwd=ROOT, env=env)
+        assert says in one_line_error(r), (argv, r.stderr)
+    assert not (tmp_path / "no").exists()
+
+
+@pytest.mark.parametrize("content,says", [
+    (b"\xff\xfe not utf-8", "is not UTF-8 text"),
+    (b"[t]\nvalue = \n", "is not valid TOML"),
+    (None, "cannot be read"),                                  # a directory where the lock should be
+])
+def test_an_unreadable_lock_is_one_line_and_exit_2(tmp_path, monkeypatch, capsys, content, says):
+    bad = tmp_path / "lock.toml"
+    if content is None:
+        bad.mkdir()
+    else:
+        bad.write_bytes(content)
+    monkeypatch.setattr(lockfile, "LOCK_PATH", bad)
+    for argv in (["tag"], ["render", "--out", str(tmp_path / "r")], ["lock"], ["template"]):
+        assert cli.main(argv) == 2
+        err = capsys.readouterr().err
+        assert err.startswith(f"error: {bad}: 1 problem(s)") and says in err, err
+    assert not (tmp_path / "r").exists()
+
+
+def test_a_lock_that_cannot_be_written_is_one_line_and_exit_2(monkeypatch, capsys):
+    monkeypatch.setattr(lockfile, "LOCK_PATH", Path("/proc/kiln-lock.toml"))     # not writable, even by root
+    monkeypatch.setenv("HTTPS_PROXY", "http://127.0.0.1:9")                     # resolvers fail fast, offline
+    monkeypatch.setenv("NO_PROXY", "")
+    assert cli.main(["lock", "--target", "cpu-llamacpp"]) == 2
+    out, err = capsys.readouterr()
+    assert "base.build: UNRESOLVED" in out                                       # the report still came out
+    assert err.startswith("error: /proc/kiln-lock.toml: 1 problem(s)") and "cannot be written" in err
+
+
+def test_a_reader_that_went_away_is_not_an_error():
+    """`build.py list | head -1`: stdout is a pipe nobody reads any more (its read end closed first,
+    so the write fails for certain)."""
+    read_end, write_end = os.pipe()
+    os.close(read_end)
+    try:
+        r = subprocess.run([sys.executable, "build.py", "list"], stdout=write_end, stderr=subprocess.PIPE,
+                           text=True, cwd=ROOT)
+    finally:
+        os.close(write_end)
+    assert r.stderr == "" and r.returncode == 141

@@ -1,0 +1,45 @@
+"""The README opens with the two commands (dumb-init's README practice, STYLE.md): its first two shell
+blocks are exactly the main job and the test command, and CI runs that same test command (issue 18: the
+second shell block was an explanatory build.py line)."""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[2]
+SHELL_LANGS = {"sh", "bash", "shell", "console", "zsh"}
+MAIN_JOB = "bash scripts/quickstart.sh"
+TEST_COMMAND = "bash scripts/test.sh"
+
+
+def fenced_blocks(markdown: str) -> list[tuple[str, str]]:
+    """(language, body) of every ``` fenced block, in order."""
+    return [(m.group(1).strip().lower(), m.group(2))
+            for m in re.finditer(r"^```([^\n`]*)\n(.*?)^```[ \t]*$", markdown, re.MULTILINE | re.DOTALL)]
+
+
+def commands(body: str) -> list[str]:
+    """A shell block's commands: comments and blank lines dropped, continuation lines joined."""
+    joined = re.sub(r"\s*\\\n\s*", " ", body)
+    return [line.strip() for line in joined.splitlines() if line.strip() and not line.strip().startswith("#")]
+
+
+def test_the_first_two_shell_blocks_are_the_main_job_and_the_test_command():
+    shell = [body for lang, body in fenced_blocks((ROOT / "README.md").read_text(encoding="utf-8"))
+             if lang in SHELL_LANGS]
+    assert len(shell) >= 2
+    assert commands(shell[0]) == [MAIN_JOB]
+    assert commands(shell[1]) == [TEST_COMMAND]
+    assert (ROOT / "scripts" / "quickstart.sh").is_file() and (ROOT / "scripts" / "test.sh").is_file()
+
+
+def test_ci_runs_the_readmes_test_command():
+    ci = commands((ROOT / ".ci" / "run").read_text(encoding="utf-8"))
+    assert TEST_COMMAND in ci
+
+
+def test_the_block_parser_sees_languages_and_skips_comments():
+    md = "x\n```sh\n# c\nbash a.sh \\\n  --flag\n```\n```text\nnot shell\n```\n"
+    assert fenced_blocks(md) == [("sh", "# c\nbash a.sh \\\n  --flag\n"), ("text", "not shell\n")]
+    assert commands(fenced_blocks(md)[0][1]) == ["bash a.sh --flag"]
