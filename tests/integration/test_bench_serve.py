@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.support.engine import require_prefix
+from kiln_dev.engine import require_prefix
 
 pytestmark = [pytest.mark.llama, pytest.mark.slow]
 REPO = Path(__file__).resolve().parents[2]
