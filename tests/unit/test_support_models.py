@@ -25,7 +25,7 @@ ROOT = Path(__file__).resolve().parents[2]
 if str(ROOT) not in sys.path:  # `pytest` without `python -m` doesn't put the repo root on sys.path
     sys.path.insert(0, str(ROOT))
 
-from kiln_dev import models  # noqa: E402
+from kiln_dev import children, models  # noqa: E402
 
 from kiln_dev.supervised import FAKE  # noqa: E402
 LOGS = ROOT / "tests" / "fixtures" / "engine-logs"
@@ -132,12 +132,12 @@ def free_port() -> int:
 
 
 class Fake:
-    """The fake as a child process, with its stderr read on a thread."""
+    """The fake as a child process (dying with this one), with its stderr read on a thread."""
 
     def __init__(self, scenario: str, **env: str) -> None:
         self.port = free_port()
-        self.proc = subprocess.Popen(
-            [sys.executable, str(FAKE), "-m", "tiny.gguf", "--host", "127.0.0.1", "--port", str(self.port)],
+        self.proc = children.spawn(
+            [sys.executable, FAKE, "-m", "tiny.gguf", "--host", "127.0.0.1", "--port", str(self.port)],
             stderr=subprocess.PIPE, text=True, env={**os.environ, "KILN_FAKE_SCENARIO": scenario, **env})
         self.lines: queue.Queue[str] = queue.Queue()
         self.seen: list[str] = []
