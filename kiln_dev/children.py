@@ -53,15 +53,20 @@ _atexit_registered = False
 _term_installed = False
 
 
-def with_death_signal(argv: Sequence[str | os.PathLike[str]], sig: int = signal.SIGKILL) -> list[str]:
+def with_death_signal(argv: Sequence[str | os.PathLike[str]], sig: int = signal.SIGKILL, *,
+                      cwd: str | os.PathLike[str] | None = None, path: str | None = None) -> list[str]:
     """argv behind the pdeathsig wrapper, for starters other than spawn() (ManagedProcess.start).
 
     The wrapper cannot raise FileNotFoundError the way Popen would, so a missing command is
-    refused here, in the parent, with the same exception."""
+    refused here, in the parent, with the same exception: looked up as the child will (a relative
+    path against `cwd`, a bare name on `path`, the child's PATH)."""
     args = [os.fspath(a) for a in argv]
     if not args:
         raise ValueError("argv is empty")
-    if shutil.which(args[0]) is None:
+    exe = args[0]
+    if os.sep in exe and cwd is not None:
+        exe = os.path.join(os.fspath(cwd), exe)
+    if shutil.which(exe, path=None if os.sep in exe else path) is None:
         raise FileNotFoundError(2, "No such file or directory", args[0])
     return [sys.executable, "-I", "-S", str(WRAPPER), str(int(sig)), str(os.getpid()), "--", *args]
 
@@ -73,7 +78,10 @@ def spawn(argv: Sequence[str | os.PathLike[str]], *, death_signal: int = signal.
     if popen_kwargs.get("shell"):
         raise ValueError("no shell: pass an argv list")
     popen_kwargs.setdefault("start_new_session", True)  # own group: stop() signals all of it
-    proc = subprocess.Popen(with_death_signal(argv, death_signal), **popen_kwargs)
+    env = popen_kwargs.get("env")
+    wrapped = with_death_signal(argv, death_signal, cwd=popen_kwargs.get("cwd"),
+                                path=env.get("PATH", os.defpath) if env is not None else None)
+    proc = subprocess.Popen(wrapped, **popen_kwargs)
     _track(proc)
     return proc
 
