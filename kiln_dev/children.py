@@ -87,10 +87,15 @@ def spawn(argv: Sequence[str | os.PathLike[str]], *, death_signal: int = signal.
 
 
 def _track(proc: subprocess.Popen[Any]) -> None:
-    global _atexit_registered
     with _lock:
         _tracked[:] = [p for p in _tracked if p.poll() is None]
         _tracked.append(proc)
+    _stop_all_at_exit()
+
+
+def _stop_all_at_exit() -> None:
+    global _atexit_registered
+    with _lock:
         if not _atexit_registered:
             atexit.register(stop_all)
             _atexit_registered = True
@@ -203,9 +208,5 @@ def stop_on_term() -> None:
         return
     for sig in (signal.SIGTERM, signal.SIGHUP):
         signal.signal(sig, _on_term)
-    with _lock:
-        global _atexit_registered
-        if not _atexit_registered:
-            atexit.register(stop_all)
-            _atexit_registered = True
+    _stop_all_at_exit()
     _term_installed = True
