@@ -21,7 +21,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from common import REPO  # noqa: F401 - importing common puts the repo on sys.path
+from common import stop_on_term  # importing common also puts the repo on sys.path
 
 
 def main() -> int:
@@ -32,7 +32,7 @@ def main() -> int:
     from images.lock import load_lock, pins_for
     from images.stores import HubStore
     from images.target import load_target
-    from tests.support.hubserver import HubServer, client_env
+    from kiln_dev.hub import HubServer, client_env
 
     target = load_target("cpu-llamacpp")
     pins = pins_for(target, load_lock())
@@ -61,4 +61,5 @@ def main() -> int:
 
 
 if __name__ == "__main__":
+    stop_on_term()
     sys.exit(main())

@@ -2,12 +2,13 @@
 
 Every bench prints its ratio against a baseline measured in the same run, and ends with
 its `P<n> name=<value>` line. Benches are measurements, not tests: they never assert timings.
+Engines and supervisors a bench starts go through kiln_dev.children (spawn/stop), and every
+bench's main calls stop_on_term(): a bench stopped by `timeout` leaves nothing running.
 """
 
 from __future__ import annotations
 
 import os
-import socket
 import statistics
 import sys
 import time
@@ -20,6 +21,10 @@ REPO = Path(__file__).resolve().parent.parent
 if str(REPO) not in sys.path:
     sys.path.insert(0, str(REPO))
 
+from kiln_dev import Unavailable  # noqa: E402 - needs the repo on sys.path
+from kiln_dev.children import spawn, stop, stop_on_term  # noqa: E402,F401 - for the benches
+from kiln_dev.supervised import free_port  # noqa: E402,F401 - for the benches
+
 
 # The interpreter the supervisor runs under: the image's lean venv is what a pod has; on a machine
 # whose python3 carries a large site-packages (a GPU box with PyTorch), point this at a lean venv.
@@ -27,18 +32,12 @@ SUPERVISOR_PYTHON = os.environ.get("KILN_BENCH_PYTHON", sys.executable)
 
 
 def llama_prefix() -> Path:
-    from tests.support.engine import cpu_prefix
+    from kiln_dev.engine import require_prefix
 
-    prefix = cpu_prefix()
-    if prefix is None:
-        sys.exit("no llama-server: run `python build.py compile --target cpu-llamacpp` first (cached)")
-    return prefix
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+    try:
+        return require_prefix()
+    except Unavailable as e:
+        sys.exit(str(e))
 
 
 def status_code(url: str, timeout: float = 1.0) -> int:
@@ -77,7 +76,7 @@ def deploy_toml(*, model: Path, binary: Path, port: int, status_port: int, state
     """A deploy config for a bench run: the tests' builder, with no remembered rung, no key unless
     asked, and the engine's own flag snapshot; selftest off unless `extra` has a [selftest] table
     (benches measure the boot, not the model's answers) and no [health] table unless `extra` has one."""
-    from tests.support.supervised import config
+    from kiln_dev.supervised import config
 
     return config(binary=binary, model=model, port=port, status_port=status_port, state_dir=state_dir,
                   rungs=rungs, snapshot=snapshot or binary.parent.parent / "share/kiln/llama-server.help.txt",

@@ -6,7 +6,7 @@
 Steps, in one call so one compile serves every measurement:
   compile   Kiln's own compile script (images/scripts/compile-llama-server.sh) with CUDA for the
             given archs, from the pinned sdist (sha256 from images/lock.toml); timed.
-  model     a random llama-architecture GGUF of several GB (tests/support/models.py), generated
+  model     a random llama-architecture GGUF of several GB (kiln_dev/models.py), generated
             on the machine because it cannot travel.
   probe     the supervisor's NVML hardware probe.
   P9        supervisor start -> /ready, with the page cache dropped, against the time to read the
@@ -29,6 +29,7 @@ import json
 import os
 import platform
 import shutil
+import signal
 import subprocess
 import sys
 import tempfile
@@ -36,7 +37,8 @@ import time
 import urllib.request
 from pathlib import Path
 
-from common import REPO, SUPERVISOR_PYTHON, deploy_toml, env_without_kiln, free_port, median, rung_toml, status_code, wait_until
+from common import (REPO, SUPERVISOR_PYTHON, deploy_toml, env_without_kiln, free_port, median, rung_toml, spawn, status_code,
+                    stop, stop_on_term, wait_until)
 
 RESULTS: dict = {"date": time.strftime("%Y-%m-%d"), "host": platform.node()}
 
@@ -75,7 +77,7 @@ def step_compile(sdist: Path, archs: str, prefix: Path, jobs: int) -> None:
 
 
 def step_model(path: Path, layers: int, width: int) -> None:
-    from tests.support.models import make_tiny_gguf
+    from kiln_dev.models import make_tiny_gguf
 
     t0 = time.monotonic()
     if not path.exists():
@@ -127,17 +129,15 @@ class Supervisor:
         e = env_without_kiln()
         e.update(env or {})
         self.t0 = time.monotonic()
-        self.p = subprocess.Popen([SUPERVISOR_PYTHON, "-m", "supervisor", "run", "--config", str(cfg), "--exit-on-failure"],
-                                  cwd=REPO, env=e, stdout=self.log, stderr=subprocess.STDOUT)
+        self.p = spawn([SUPERVISOR_PYTHON, "-m", "supervisor", "run", "--config", str(cfg), "--exit-on-failure"],
+                       death_signal=signal.SIGTERM, cwd=REPO, env=e, stdout=self.log, stderr=subprocess.STDOUT)
 
     def status(self, sport: int) -> dict:
         with urllib.request.urlopen(f"http://127.0.0.1:{sport}/status", timeout=5) as r:
             return json.load(r)
 
     def stop(self) -> None:
-        if self.p.poll() is None:
-            self.p.terminate()
-            self.p.wait(60)
+        stop(self.p, 60)
         self.log.close()
 
 
@@ -156,7 +156,7 @@ def boot_to_ready(prefix: Path, model: Path, tmp: Path, logs: Path, tag: str, ru
 
 def bare_ready(argv: list[str], port: int) -> tuple[float, subprocess.Popen]:
     t0 = time.monotonic()
-    p = subprocess.Popen(argv, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    p = spawn(argv, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     t1 = wait_until(lambda: status_code(f"http://127.0.0.1:{port}/health") == 200, 600, 0.005)
     return t1 - t0, p
 
@@ -213,8 +213,7 @@ def step_p1_p2(prefix: Path, model: Path, tmp: Path, logs: Path, runs: int) -> N
             bare_r.append(t)
             bare_d.append(completion(port2, "bench-key")["predicted_per_second"])
         finally:
-            p.terminate()
-            p.wait(60)
+            stop(p, 60)
     RESULTS["p1"] = {"bare_s": bare_r, "supervised_s": sup_r, "ratio": round(median(sup_r) / median(bare_r), 4),
                      "added_s": round(median(sup_r) - median(bare_r), 4)}
     RESULTS["p2"] = {"bare_tok_s": bare_d, "supervised_tok_s": sup_d, "ratio": round(median(sup_d) / median(bare_d), 4)}
@@ -317,4 +316,5 @@ def main() -> int:
 
 
 if __name__ == "__main__":
+    stop_on_term()
     sys.exit(main())

@@ -2,7 +2,7 @@
 """P6: rung switch time, from a failing rung's exit to the next rung's launch.
 
 The supervisor walks a ladder whose first rung is the stand-in replaying the CUDA OOM that
-llama-server printed on an H200 (tests/support/fake_llama_server.py; a CPU cannot run out of
+llama-server printed on an H200 (kiln_dev/fake_llama_server.py; a CPU cannot run out of
 GPU memory) and whose second rung execs the real llama-server. The supervisor measures the
 switch on its own monotonic clock (engine exit as reaped -> next engine process started) and
 reports it on /status; this script also times the whole walk from the outside.
@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import signal
 import subprocess
 import sys
 import tempfile
@@ -22,9 +23,9 @@ import urllib.request
 from pathlib import Path
 
 from common import (REPO, SUPERVISOR_PYTHON, deploy_toml, env_without_kiln, free_port, llama_prefix, median, rung_toml,
-                    status_code, wait_until)
+                    spawn, status_code, stop, stop_on_term, wait_until)
 
-FAKE = REPO / "tests" / "support" / "fake_llama_server.py"
+FAKE = REPO / "kiln_dev" / "fake_llama_server.py"
 
 
 def one(binary: Path, model: Path, tmp: Path) -> tuple[float, float, dict]:
@@ -37,15 +38,14 @@ def one(binary: Path, model: Path, tmp: Path) -> tuple[float, float, dict]:
     env = env_without_kiln()
     env["KILN_FAKE_REAL_BINARY"] = str(binary)
     t0 = time.monotonic()
-    p = subprocess.Popen([SUPERVISOR_PYTHON, "-m", "supervisor", "run", "--config", str(cfg)], cwd=REPO, env=env,
-                         stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    p = spawn([SUPERVISOR_PYTHON, "-m", "supervisor", "run", "--config", str(cfg)], death_signal=signal.SIGTERM,
+              cwd=REPO, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     try:
         t1 = wait_until(lambda: status_code(f"http://127.0.0.1:{sport}/ready") == 200, 120)
         with urllib.request.urlopen(f"http://127.0.0.1:{sport}/status", timeout=5) as r:
             st = json.load(r)
     finally:
-        p.terminate()
-        p.wait(60)
+        stop(p, 60)
     return st["timings"]["last_rung_switch_s"], t1 - t0, st
 
 
@@ -53,7 +53,7 @@ def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--runs", type=int, default=5)
     args = ap.parse_args()
-    from tests.support.models import make_tiny_gguf
+    from kiln_dev.models import make_tiny_gguf
 
     binary = llama_prefix() / "bin" / "llama-server"
     switches, walks = [], []
@@ -75,4 +75,5 @@ def main() -> int:
 
 
 if __name__ == "__main__":
+    stop_on_term()
     sys.exit(main())

@@ -23,6 +23,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import signal
 import subprocess
 import sys
 import tempfile
@@ -30,7 +31,8 @@ import time
 import urllib.request
 from pathlib import Path
 
-from common import REPO, SUPERVISOR_PYTHON, deploy_toml, env_without_kiln, free_port, rung_toml, status_code, wait_until
+from common import (REPO, SUPERVISOR_PYTHON, deploy_toml, env_without_kiln, free_port, rung_toml, spawn, status_code, stop,
+                    stop_on_term, wait_until)
 
 BALLAST = r"""
 import sys, torch
@@ -64,8 +66,8 @@ def run(prefix: Path, model: Path, tmp: Path, out: Path, name: str, rungs: str, 
     e = env_without_kiln()
     e.update(env or {})
     logf = open(out / f"placement-{name}.log", "w")
-    p = subprocess.Popen([SUPERVISOR_PYTHON, "-m", "supervisor", "run", "--config", str(cfg), "--exit-on-failure"],
-                         cwd=REPO, env=e, stdout=logf, stderr=subprocess.STDOUT)
+    p = spawn([SUPERVISOR_PYTHON, "-m", "supervisor", "run", "--config", str(cfg), "--exit-on-failure"],
+              death_signal=signal.SIGTERM, cwd=REPO, env=e, stdout=logf, stderr=subprocess.STDOUT)
     result: dict = {"name": name}
     try:
         def done() -> bool:
@@ -84,9 +86,7 @@ def run(prefix: Path, model: Path, tmp: Path, out: Path, name: str, rungs: str, 
         else:
             result.update(served=False, exit=p.returncode)
     finally:
-        if p.poll() is None:
-            p.terminate()
-            p.wait(120)
+        stop(p, 120)
         logf.close()
     text = (out / f"placement-{name}.log").read_text(errors="replace")
     result["log_failures"] = [ln.split(" ERROR ", 1)[1][:400] for ln in text.splitlines() if " ERROR failure" in ln][:6]
@@ -169,4 +169,5 @@ def main() -> int:
 
 
 if __name__ == "__main__":
+    stop_on_term()
     sys.exit(main())

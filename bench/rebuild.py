@@ -18,7 +18,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from common import REPO  # noqa: F401 - importing common puts the repo on sys.path
+from common import stop_on_term  # importing common also puts the repo on sys.path
 
 
 def main() -> int:
@@ -72,4 +72,5 @@ def main() -> int:
 
 
 if __name__ == "__main__":
+    stop_on_term()
     sys.exit(main())

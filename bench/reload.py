@@ -7,7 +7,7 @@ Local change: the supervisor watches a directory; a new deploy.toml is renamed i
 when /status shows the new config hash in state SERVING (polled every 5 ms). The time includes the
 watcher's debounce ([watch] debounce_s, default as shipped), validation, stopping the old server,
 the reclaim barrier and the new server's load.
-Hub change: the supervisor polls a Hub repo branch (the stand-in tests/support/hubserver.py, driven
+Hub change: the supervisor polls a Hub repo branch (the stand-in kiln_dev/hub/, driven
 by the real huggingface_hub client) every --poll-s; a config is committed to the repo's main branch
 at t0 (straight into the stand-in's store, so t0 is the instant the commit exists: an upload through
 the client would blur it by the upload's own duration; tests cover `publish-config` end to end).
@@ -23,6 +23,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import signal
 import subprocess
 import sys
 import tempfile
@@ -31,11 +32,11 @@ import urllib.request
 from pathlib import Path
 
 from common import (REPO, SUPERVISOR_PYTHON, deploy_toml, env_without_kiln, free_port, llama_prefix, median,
-                    rung_toml, status_code, wait_until)
+                    rung_toml, spawn, status_code, stop, stop_on_term, wait_until)
 
 
 def model_path(kind: str, tmp: Path) -> Path:
-    from tests.support.models import make_tiny_gguf, smollm2_gguf
+    from kiln_dev.models import make_tiny_gguf, smollm2_gguf
 
     if kind == "smollm2":
         return smollm2_gguf()
@@ -53,17 +54,15 @@ def bare_restart(binary: Path, model: Path, threads: int) -> float:
     argv = [str(binary), "--model", str(model), "--host", "127.0.0.1", "--port", str(port), "-ngl", "0",
             "--metrics", *engine_args(2048, threads)]
     health = f"http://127.0.0.1:{port}/health"
-    p = subprocess.Popen(argv, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    p = spawn(argv, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     try:
         wait_until(lambda: status_code(health) == 200, 300)
         t0 = time.monotonic()
-        p.terminate()
-        p.wait(30)
-        p = subprocess.Popen(argv, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        stop(p, 30)
+        p = spawn(argv, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
         t1 = wait_until(lambda: status_code(health) == 200, 300)
     finally:
-        p.terminate()
-        p.wait(30)
+        stop(p, 30)
     return t1 - t0
 
 
@@ -82,8 +81,9 @@ class Pod:
         tmp.mkdir(parents=True, exist_ok=True)
         self.cfg_path = tmp / "boot.toml"
         self.cfg_path.write_text(self.text(2048))
-        self.proc = subprocess.Popen([SUPERVISOR_PYTHON, "-m", "supervisor", "run", "--config", str(self.cfg_path)],
-                                     cwd=REPO, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        self.proc = spawn([SUPERVISOR_PYTHON, "-m", "supervisor", "run", "--config", str(self.cfg_path)],
+                          death_signal=signal.SIGTERM, cwd=REPO, env=env, stdout=subprocess.DEVNULL,
+                          stderr=subprocess.DEVNULL)
         wait_until(lambda: status(self.sport).get("state") == "SERVING", 300)
 
     def text(self, ctx: int) -> str:
@@ -99,8 +99,7 @@ class Pod:
                 and last.get("config_hash") == cfg_hash)
 
     def close(self) -> None:
-        self.proc.terminate()
-        self.proc.wait(60)
+        stop(self.proc, 60)
 
 
 def config_hash(text: str) -> str:
@@ -131,7 +130,7 @@ def local_runs(binary: Path, model: Path, threads: int, tmp: Path, runs: int, ba
 
 def hub_runs(binary: Path, model: Path, threads: int, tmp: Path, runs: int, poll_s: float,
              bare: list[float]) -> tuple[list[float], list[float]]:
-    from tests.support.hubserver import HubServer, client_env
+    from kiln_dev.hub import HubServer, client_env
 
     detect, overhead = [], []
     with HubServer(tmp / "hub") as hub, client_env(hub, tmp / "home") as ce:
@@ -188,4 +187,5 @@ def main() -> int:
 
 
 if __name__ == "__main__":
+    stop_on_term()
     sys.exit(main())

@@ -22,7 +22,7 @@ import sys
 import tempfile
 from pathlib import Path
 
-from common import llama_prefix
+from common import llama_prefix, stop_on_term
 
 from supervisor.config import SelftestSpec
 from supervisor.selftest.client import Client
@@ -36,8 +36,8 @@ def main() -> int:
     ap.add_argument("--runs", type=int, default=1, help="selftest runs (P7 is the first; the rest show the spread)")
     args = ap.parse_args()
 
-    from tests.support.llama_server import LlamaServer
-    from tests.support.models import smollm2_gguf
+    from kiln_dev.llama_server import LlamaServer
+    from kiln_dev.models import smollm2_gguf
 
     model = smollm2_gguf()
     errors: list[float] = []
@@ -77,4 +77,5 @@ def _f(v: float | None) -> str:
 
 
 if __name__ == "__main__":
+    stop_on_term()
     sys.exit(main())

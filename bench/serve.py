@@ -7,7 +7,7 @@ server's own counters.
                           [--threads 2] [--hourly-usd 0.44] [--prefill-tokens 3000] [--out DIR]
     python bench/serve.py --url http://host:port [--api-key-env NAME] ...   (any OpenAI-compatible server)
 
-Without --url it starts its own llama-server (the CPU build tests/support/engine.py finds) with
+Without --url it starts its own llama-server (the CPU build kiln_dev/engine.py finds) with
 `--parallel <max-streams> --kv-unified -t <threads> --metrics`, context max-streams x
 --ctx-per-stream (at least the prefill prompt), and stops it at the end.
 
@@ -46,7 +46,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from common import REPO, free_port, llama_prefix, wait_until, status_code
+from common import REPO, free_port, llama_prefix, spawn, status_code, stop, stop_on_term, wait_until
 
 from supervisor.selftest.client import Client, ClientError, Reply
 from supervisor.selftest.measure import measure_prefill
@@ -181,7 +181,7 @@ def run_level(client: Client, n: int, tokens: int, tag: str, params: dict[str, A
 def start_server(args: argparse.Namespace, tmp: Path) -> tuple[Any, str, list[str]]:
     import subprocess
 
-    from tests.support.models import make_tiny_gguf, smollm2_gguf
+    from kiln_dev.models import make_tiny_gguf, smollm2_gguf
 
     model = {"smollm2": smollm2_gguf, "tiny": lambda: make_tiny_gguf(tmp / "tiny.gguf")}.get(args.model)
     path = Path(model()) if model else Path(args.model)
@@ -191,11 +191,11 @@ def start_server(args: argparse.Namespace, tmp: Path) -> tuple[Any, str, list[st
             "--port", str(port), "-t", str(args.threads), "--parallel", str(args.max_streams), "--kv-unified",
             "-c", str(ctx), "--metrics"]
     log = open(tmp / "llama-server.log", "w")
-    proc = subprocess.Popen(argv, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
+    proc = spawn(argv, stdout=log, stderr=subprocess.STDOUT)  # dies with this bench, however it ends
     try:
         wait_until(lambda: proc.poll() is not None or status_code(f"http://127.0.0.1:{port}/health") == 200, 300, 0.02)
     except TimeoutError:
-        proc.kill()
+        stop(proc, 0)
         raise
     if proc.poll() is not None:
         sys.exit(f"llama-server exited {proc.returncode}: see {tmp / 'llama-server.log'}")
@@ -306,8 +306,7 @@ def main() -> int:
             total = Counters.from_text(client.metrics()).minus(start_counters)
         finally:
             if proc is not None:
-                proc.terminate()
-                proc.wait(30)
+                stop(proc, 30)
     acc = total.spec_acceptance
     spec = {"drafts": total.spec_drafts, "draft_tokens": total.spec_draft_tokens,
             "accepted_tokens": total.spec_accepted_tokens, "acceptance": acc,
@@ -346,4 +345,5 @@ def _f(v: float | None, nd: int = 2, prefix: str = "", suffix: str = "") -> str:
 
 
 if __name__ == "__main__":
+    stop_on_term()
     sys.exit(main())

@@ -12,6 +12,7 @@ Both are polled every 5 ms by this script; runs alternate so drift hits both ali
 from __future__ import annotations
 
 import argparse
+import signal
 import subprocess
 import sys
 import tempfile
@@ -19,11 +20,11 @@ import time
 from pathlib import Path
 
 from common import (REPO, SUPERVISOR_PYTHON, deploy_toml, env_without_kiln, free_port, llama_prefix, median, rung_toml,
-                    status_code, wait_until)
+                    spawn, status_code, stop, stop_on_term, wait_until)
 
 
 def model_path(kind: str, tmp: Path) -> Path:
-    from tests.support.models import make_tiny_gguf, smollm2_gguf
+    from kiln_dev.models import make_tiny_gguf, smollm2_gguf
 
     if kind == "smollm2":
         return smollm2_gguf()
@@ -40,13 +41,11 @@ def engine_args(model: Path, port: int, threads: int) -> list[str]:
 def bare(binary: Path, model: Path, threads: int) -> float:
     port = free_port()
     t0 = time.monotonic()
-    p = subprocess.Popen([str(binary), *engine_args(model, port, threads)],
-                         stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    p = spawn([str(binary), *engine_args(model, port, threads)], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     try:
         t1 = wait_until(lambda: status_code(f"http://127.0.0.1:{port}/health") == 200, 300)
     finally:
-        p.terminate()
-        p.wait(30)
+        stop(p, 30)
     return t1 - t0
 
 
@@ -58,13 +57,12 @@ def supervised(binary: Path, model: Path, threads: int, tmp: Path) -> float:
     cfg.write_text(deploy_toml(model=model, binary=binary, port=port, status_port=sport, state_dir=tmp / "state",
                                rungs=rung_toml("cpu", args)))
     t0 = time.monotonic()
-    p = subprocess.Popen([SUPERVISOR_PYTHON, "-m", "supervisor", "run", "--config", str(cfg)], cwd=REPO,
-                         env=env_without_kiln(), stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    p = spawn([SUPERVISOR_PYTHON, "-m", "supervisor", "run", "--config", str(cfg)], death_signal=signal.SIGTERM,
+              cwd=REPO, env=env_without_kiln(), stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     try:
         t1 = wait_until(lambda: status_code(f"http://127.0.0.1:{sport}/ready") == 200, 300)
     finally:
-        p.terminate()
-        p.wait(60)
+        stop(p, 60)
     return t1 - t0
 
 
@@ -95,4 +93,5 @@ def main() -> int:
 
 
 if __name__ == "__main__":
+    stop_on_term()
     sys.exit(main())

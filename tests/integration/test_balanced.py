@@ -1,7 +1,7 @@
 """A balanced rung plans a two-GPU split from the model's layout and free VRAM, and calibrates it
 from the engine's shortfall lines, with the real supervisor. Two stand-ins, because a CPU has no
 GPUs: tests/support/hw/nvidia-smi (NVIDIA's tool, replaying its CSV: two A40s with 50 MiB free
-each) and tests/support/fake_llama_server.py's vram-budget scenario (a multi-GPU CUDA build:
+each) and kiln_dev/fake_llama_server.py's vram-budget scenario (a multi-GPU CUDA build:
 allocates weights, KV and the compute/output buffers a planner cannot see, per card, and prints
 llama.cpp's own cudaMalloc failure line; when everything fits it execs the real llama-server)."""
 
@@ -12,9 +12,9 @@ from pathlib import Path
 
 import pytest
 
-from tests.support.engine import require_prefix
-from tests.support.models import make_tiny_gguf
-from tests.support.supervised import FAKE, Supervised, config, free_port
+from kiln_dev.engine import require_prefix
+from kiln_dev.models import make_tiny_gguf
+from kiln_dev.supervised import FAKE, Supervised, config, free_port
 
 pytestmark = pytest.mark.llama
 HW = Path(__file__).resolve().parents[1] / "support" / "hw"

@@ -18,8 +18,8 @@ from pathlib import Path
 import psutil
 import pytest
 
-from tests.support.dockerenv import require_docker
-from tests.support.supervised import wait_for
+from kiln_dev.docker import require_docker
+from kiln_dev.supervised import wait_for
 
 ROOT = Path(__file__).resolve().parents[2]
 pytestmark = pytest.mark.docker

@@ -73,7 +73,7 @@ def test_bad_arguments_get_clear_errors(tmp_path):
 
 
 def test_the_compiled_prefix_has_the_smoke_output_and_flag_snapshot():
-    from tests.support.engine import require_prefix
+    from kiln_dev.engine import require_prefix
 
     prefix = require_prefix()
     assert (prefix / "share/kiln/llama-server.version.txt").read_text().startswith("version:")

@@ -22,7 +22,7 @@ ROOT = Path(__file__).resolve().parents[2]
 if str(ROOT) not in sys.path:  # plain `pytest` (not `python -m pytest`) from anywhere
     sys.path.insert(0, str(ROOT))
 
-from tests.support import dockerenv  # noqa: E402
+from kiln_dev import docker as dockerenv  # noqa: E402
 
 pytestmark = pytest.mark.docker
 

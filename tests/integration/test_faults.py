@@ -3,9 +3,9 @@ a reload that downloads a model never blinds the loop, only our engine counts as
 of a killed supervisor outlives it, a port collision or a half-written file or a symlink out of
 the watch dir is caught before anything is stopped, and a missing engine is explained, not a
 traceback. Real processes: `python -m supervisor run`, the CPU llama-server, tiny real GGUFs, the
-Hub stand-in (tests/support/hubserver.py, standing for huggingface.co) behind a throttled link
-(tests/support/throttle.py, standing for a slow CDN), and the recorded-output engine stand-in only
-where a CPU cannot hang a load (tests/support/fake_llama_server.py).
+Hub stand-in (kiln_dev/hub/, standing for huggingface.co) behind a throttled link
+(kiln_dev/throttle.py, standing for a slow CDN), and the recorded-output engine stand-in only
+where a CPU cannot hang a load (kiln_dev/fake_llama_server.py).
 """
 
 from __future__ import annotations
@@ -21,10 +21,10 @@ from pathlib import Path
 import psutil
 import pytest
 
-from tests.support.hubserver import HubServer, client_env
-from tests.support.models import make_tiny_gguf
-from tests.support.supervised import FAKE, Supervised, config, free_port, http, wait_for
-from tests.support.throttle import Throttle
+from kiln_dev.hub import HubServer, client_env
+from kiln_dev.models import make_tiny_gguf
+from kiln_dev.supervised import FAKE, Supervised, config, free_port, http, wait_for
+from kiln_dev.throttle import Throttle
 
 pytestmark = pytest.mark.llama
 WRITER_PACE_S = 0.5          # how fast the careless publisher writes its chunks (the stimulus, not a wait)

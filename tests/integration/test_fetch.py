@@ -1,8 +1,8 @@
 """Model fetch into the volume's cache (supervisor/fetch.py), with the real huggingface_hub client in
-a real child process, against tests/support/hubserver.py: a local stand-in for huggingface.co that
+a real child process, against kiln_dev/hub/: a local stand-in for huggingface.co that
 speaks the HTTP routes huggingface_hub 2.4 uses (repo info, tree, resolve with Range). Where a
 test needs more than the stand-in's knobs: a real tmpfs stands for a small disk, a TCP relay
-(tests/support/throttle.py) for a slow link, and a socket that accepts and never answers for a
+(kiln_dev/throttle.py) for a slow link, and a socket that accepts and never answers for a
 wedged proxy.
 """
 
@@ -22,7 +22,7 @@ import pytest
 from supervisor import fetch
 from supervisor.config import parse_config
 from supervisor.errors import FetchError
-from tests.support.hubserver import HubServer, client_env
+from kiln_dev.hub import HubServer, client_env
 
 REPO = "kiln-test/model"
 

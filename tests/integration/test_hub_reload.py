@@ -1,8 +1,8 @@
 """The supervisor with the Hub: the model fetched into the volume, configs published to a repo
 branch and applied, outages ridden out. Real processes throughout: `python -m supervisor run`, the
 CPU llama-server, a tiny real GGUF, huggingface_hub, and the `publish-config` CLI. The Hub is
-tests/support/hubserver.py, a local stand-in for huggingface.co speaking the routes huggingface_hub
-2.4 uses; tests/support/throttle.py stands for a slow link where a download must be interrupted.
+kiln_dev/hub/, a local stand-in for huggingface.co speaking the routes huggingface_hub
+2.4 uses; kiln_dev/throttle.py stands for a slow link where a download must be interrupted.
 """
 
 from __future__ import annotations
@@ -17,10 +17,10 @@ from pathlib import Path
 import psutil
 import pytest
 
-from tests.support.hubserver import HubServer, client_env
-from tests.support.models import make_tiny_gguf
-from tests.support.supervised import Supervised, config, free_port, http, wait_for
-from tests.support.throttle import Throttle
+from kiln_dev.hub import HubServer, client_env
+from kiln_dev.models import make_tiny_gguf
+from kiln_dev.supervised import Supervised, config, free_port, http, wait_for
+from kiln_dev.throttle import Throttle
 
 pytestmark = pytest.mark.llama
 ROOT = Path(__file__).resolve().parents[2]

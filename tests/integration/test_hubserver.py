@@ -1,4 +1,4 @@
-"""The Hub stand-in (tests/support/hubserver.py) works with the real huggingface_hub client.
+"""The Hub stand-in (kiln_dev/hub/) works with the real huggingface_hub client.
 
 The server stands for huggingface.co, which cannot be reached here: these tests drive it with the
 installed huggingface_hub (uploads, refs, downloads, cache, typed errors, failure knobs) so that
@@ -36,7 +36,7 @@ from huggingface_hub.errors import (  # noqa: E402
 )
 from huggingface_hub.hf_api import RepoFile, RepoFolder  # noqa: E402
 
-from tests.support.hubserver import ClientEnv, HubServer, client_env  # noqa: E402
+from kiln_dev.hub import ClientEnv, HubServer, client_env  # noqa: E402
 
 REPO = "kiln-test/tiny"
 

@@ -1,5 +1,5 @@
 """`build.py lock` and `build.py build --push` against real protocol peers on loopback: a real OCI registry
-(tests/support/registry.py; stands for Docker Hub / ghcr.io), a local git repository served
+(kiln_dev/registry.py; stands for Docker Hub / ghcr.io), a local git repository served
 through git's own file transport (stands for GitHub: `git ls-remote` is the same client), and a
 PEP 691 JSON index (a small stdlib server; stands for pypi.org/simple)."""
 
@@ -19,8 +19,8 @@ import pytest
 from images.lock import missing, pins_for, refresh
 from images.resolve import default_resolvers, registry_digest
 from images.target import load_target
-from tests.support.dockerenv import docker_cli, local_base_image, require_docker
-from tests.support.registry import Registry
+from kiln_dev.docker import docker_cli, local_base_image, require_docker
+from kiln_dev.registry import Registry
 
 ROOT = Path(__file__).resolve().parents[2]
 

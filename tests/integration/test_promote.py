@@ -1,4 +1,4 @@
-"""Promote-on-pass against a real OCI registry on loopback (tests/support/registry.py, the CNCF
+"""Promote-on-pass against a real OCI registry on loopback (kiln_dev/registry.py, the CNCF
 distribution server; stands for ghcr.io): staging tags are copied to release tags all or nothing,
 an immutable tag never moves, and nothing is tagged before every check passed."""
 
@@ -15,7 +15,7 @@ from images import promote, tags
 from images.lock import load_lock, pins_for
 from images.promote import Promotion, PromoteError, RegistryClient
 from images.target import load_target
-from tests.support.registry import Registry
+from kiln_dev.registry import Registry
 
 ROOT = Path(__file__).resolve().parents[2]
 

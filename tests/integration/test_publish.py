@@ -1,5 +1,5 @@
 """`python -m supervisor publish-config`: the real CLI, the real huggingface_hub client, and
-tests/support/hubserver.py standing in for huggingface.co (repo create, branch, preupload, commit).
+kiln_dev/hub/ standing in for huggingface.co (repo create, branch, preupload, commit).
 It validates before anything travels, and the token never appears in anything it prints."""
 
 from __future__ import annotations
@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.support.hubserver import HubServer, RepoKey, client_env
+from kiln_dev.hub import HubServer, RepoKey, client_env
 
 ROOT = Path(__file__).resolve().parents[2]
 HELP = ROOT / "tests/fixtures/engine-logs/llama-server-help-cpu-11434.txt"

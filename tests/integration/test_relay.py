@@ -16,11 +16,12 @@ from collections.abc import Iterator
 import psutil
 import pytest
 
+from kiln_dev import children
+from kiln_dev.engine import require_prefix
+from kiln_dev.models import make_tiny_gguf
+from kiln_dev.supervised import free_port, http, wait_for
 from supervisor.relay import TcpRelay
-from tests.support.engine import require_prefix
 from tests.support.listener_child import ListenerChild
-from tests.support.models import make_tiny_gguf
-from tests.support.supervised import free_port, http, wait_for
 
 
 @pytest.fixture
@@ -30,13 +31,14 @@ def server(tmp_path):
     port = free_port()
     key = tmp_path / "key"
     key.write_text("relay-key\n")
-    p = subprocess.Popen([str(prefix / "bin/llama-server"), "-m", str(model), "--host", "127.0.0.1", "--port", str(port),
-                          "-t", "1", "-c", "512", "--api-key-file", str(key)],
-                         stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-    wait_for(lambda: http(f"http://127.0.0.1:{port}/health")[0] == 200, 30, "llama-server")
-    yield port
-    p.terminate()
-    p.wait(10)
+    p = children.spawn([prefix / "bin/llama-server", "-m", model, "--host", "127.0.0.1", "--port", str(port),
+                        "-t", "1", "-c", "512", "--api-key-file", key],
+                       stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    try:
+        wait_for(lambda: http(f"http://127.0.0.1:{port}/health")[0] == 200, 30, "llama-server")
+        yield port
+    finally:
+        children.stop(p, 10)
 
 
 @pytest.mark.llama

@@ -1,7 +1,7 @@
 """Hot reload end to end with real processes: the real supervisor (`python -m supervisor run`), the
 real CPU llama-server, a tiny real GGUF, and a real watched directory (watchdog/inotify) that
 configs are published into with an atomic rename, as a publisher does. Where a CPU cannot produce
-the condition (an engine that hangs while loading) tests/support/fake_llama_server.py stands in
+the condition (an engine that hangs while loading) kiln_dev/fake_llama_server.py stands in
 for llama-server, replaying that behaviour.
 """
 
@@ -17,8 +17,8 @@ import psutil
 import pytest
 
 from supervisor.candidate import MAX_BYTES
-from tests.support.llama_server import LlamaServer
-from tests.support.supervised import FAKE, Supervised, config, free_port, http, wait_for
+from kiln_dev.llama_server import LlamaServer
+from kiln_dev.supervised import FAKE, Supervised, config, free_port, http, wait_for
 
 pytestmark = pytest.mark.llama
 

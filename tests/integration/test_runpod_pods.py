@@ -15,8 +15,8 @@ from pathlib import Path
 import pytest
 
 from kiln_dev.runpod import RunPodStandIn, SupervisorRunner, gpu_type
-from tests.support.hubserver import HubServer
-from tests.support.supervised import config, http
+from kiln_dev.hub import HubServer
+from kiln_dev.supervised import config, http
 
 pytestmark = pytest.mark.llama
 ROOT = Path(__file__).resolve().parents[2]

@@ -11,7 +11,7 @@ import pytest
 from supervisor import runpod_self
 from supervisor.config import SelfTerminateSpec, parse_config
 from kiln_dev.runpod import RunPodStandIn
-from tests.support.supervised import wait_for
+from kiln_dev.supervised import wait_for
 
 ACCOUNT_KEY = "rpa_account-canary-41d9"
 FAILURE = "config_rejected: hardware does not match the config: 1 GPU expected, 0 found"
@@ -136,7 +136,7 @@ def test_a_real_supervisor_that_can_never_serve_terminates_its_pod_only_with_the
                                                                                           prefix, on):
     # The whole road: `python -m supervisor run` FAILED (its model is not there), /status readable
     # through the grace, then DELETE /v2/pods/{id} with the pod's own key -- or nothing, option off.
-    from tests.support.supervised import Supervised, config, free_port, http
+    from kiln_dev.supervised import Supervised, config, free_port, http
 
     pod_id, key = a_pod(standin)
     text = config(binary=str(prefix / "bin/llama-server"), model=str(tmp_path / "not-there.gguf"), port=free_port(),

@@ -20,10 +20,10 @@ from supervisor.selftest.chunked import prefill_in_chunks
 from supervisor.selftest.client import Client, RequestCancelled as Cancelled
 from supervisor.selftest.measure import measure_decode
 from supervisor.selftest.runner import run_selftest
-from tests.support.supervised import wait_for
-from tests.support.engine import require_prefix
-from tests.support.llama_server import LlamaServer
-from tests.support.models import make_tiny_gguf, smollm2_gguf
+from kiln_dev.supervised import wait_for
+from kiln_dev.engine import require_prefix
+from kiln_dev.llama_server import LlamaServer
+from kiln_dev.models import make_tiny_gguf, smollm2_gguf
 
 pytestmark = [pytest.mark.llama, pytest.mark.slow]
 REPO = Path(__file__).resolve().parents[2]

@@ -24,7 +24,7 @@ from supervisor.errors import KilnError
 from supervisor.listen import CannotListen, PortBusy
 from supervisor.status import METRICS_CONTENT_TYPE, STATES, StatusServer
 from tests.support.listener_child import ListenerChild
-from tests.support.supervised import wait_for
+from kiln_dev.supervised import wait_for
 
 CANARY = "hf_CANARYsecretTOKEN123"
 ROUTES = ("/", "/status", "/metrics", "/ready")

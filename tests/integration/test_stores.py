@@ -1,7 +1,7 @@
 """Binaries stores: a local directory, and a Hugging Face Hub repo, moving real packed artifacts.
 
 HubStore is driven through the REAL huggingface_hub client (create_repo, create_commit,
-hf_hub_download, file_exists) against tests/support/hubserver.py, a local stand-in for
+hf_hub_download, file_exists) against kiln_dev/hub/, a local stand-in for
 huggingface.co: the public Hub cannot be reached from CI or the sandboxes these tests run in.
 tests/integration/test_hubserver.py checks the stand-in against the same client.
 """
@@ -33,7 +33,7 @@ from images.artifacts import (  # noqa: E402
     verify,
 )
 from images.stores import HubStore, LocalStore, Store, open_store  # noqa: E402
-from tests.support.hubserver import ClientEnv, HubServer, client_env  # noqa: E402
+from kiln_dev.hub import ClientEnv, HubServer, client_env  # noqa: E402
 
 REPO = "kiln-test/binaries"
 # Looks like a real token so any code that pattern-matches tokens treats it as one.

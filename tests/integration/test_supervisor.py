@@ -1,6 +1,6 @@
 """The supervisor with real processes: a real llama-server (CPU build from the pinned sdist), a
 tiny real GGUF, and — only where a CPU cannot produce the condition (a CUDA OOM, a leaking
-engine) — tests/support/fake_llama_server.py, a stand-in that replays recorded engine output.
+engine) — kiln_dev/fake_llama_server.py, a stand-in that replays recorded engine output.
 """
 
 from __future__ import annotations
@@ -14,7 +14,7 @@ from pathlib import Path
 import psutil
 import pytest
 
-from tests.support.supervised import FAKE, Supervised, config, free_port, http, wait_for
+from kiln_dev.supervised import FAKE, Supervised, config, free_port, http, wait_for
 
 pytestmark = pytest.mark.llama
 

@@ -1,5 +1,5 @@
 """Health waits with a progress-based deadline, port conflicts and signal forwarding, with the real
-supervisor. The stand-in (tests/support/fake_llama_server.py) stands for a llama-server that hangs
+supervisor. The stand-in (kiln_dev/fake_llama_server.py) stands for a llama-server that hangs
 while loading, or loads slowly but visibly: conditions a healthy CPU build will not produce on cue."""
 
 from __future__ import annotations
@@ -9,7 +9,7 @@ import socket
 
 import pytest
 
-from tests.support.supervised import FAKE, Supervised, config, free_port, wait_for
+from kiln_dev.supervised import FAKE, Supervised, config, free_port, wait_for
 
 pytestmark = pytest.mark.llama
 

@@ -12,9 +12,9 @@ from pathlib import Path
 import psutil
 import pytest
 
-from tests.support.engine import require_prefix
-from tests.support.models import make_tiny_gguf, smollm2_gguf
-from tests.support.supervised import Supervised, config, free_port, http, wait_for
+from kiln_dev.engine import require_prefix
+from kiln_dev.models import make_tiny_gguf, smollm2_gguf
+from kiln_dev.supervised import Supervised, config, free_port, http, wait_for
 
 pytestmark = [pytest.mark.llama, pytest.mark.slow]
 CANARY = "kiln-selftest-canary-9d41"

@@ -1,5 +1,5 @@
 """The supervisor running the vLLM engine. vLLM cannot run on these CPU machines; the engine here
-is tests/support/fake_llama_server.py standing for `vllm serve` (it speaks /health like vLLM and
+is kiln_dev/fake_llama_server.py standing for `vllm serve` (it speaks /health like vLLM and
 replays the start-up hang the seed recorded), so what is proven is the supervisor's side: argv,
 the API key kept out of argv, and a repeated hang line classified as a stall."""
 
@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.support.supervised import FAKE, SELFTEST_OFF, Supervised, free_port
+from kiln_dev.supervised import FAKE, SELFTEST_OFF, Supervised, free_port
 
 pytestmark = pytest.mark.slow
 

@@ -1,6 +1,6 @@
 """The config watcher (supervisor/watch.py) on its own: it reports candidates, it decides nothing.
 
-The Hub side runs the real huggingface_hub client against tests/support/hubserver.py, a local
+The Hub side runs the real huggingface_hub client against kiln_dev/hub/, a local
 stand-in for huggingface.co speaking the routes huggingface_hub 2.4 uses (repo info, paths-info,
 resolve). The local side is a real directory watched with watchdog (inotify).
 """
@@ -17,8 +17,8 @@ import pytest
 from supervisor.candidate import MAX_BYTES
 from supervisor.config import WatchSpec
 from supervisor.watch import Watcher
-from tests.support.hubserver import HubServer, client_env
-from tests.support.supervised import wait_for
+from kiln_dev.hub import HubServer, client_env
+from kiln_dev.supervised import wait_for
 
 REPO = "kiln-test/deploy"
 

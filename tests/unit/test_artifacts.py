@@ -4,7 +4,7 @@ The seed published compiled llama-server to the Hub as a tarball whose name pins
 version and GPU arch "so a mismatched tarball can never be picked up silently", smoke-tested with
 `llama-server --version` before it is trusted. These tests hold images/artifacts.py to that: a
 fake prefix (a shell script standing in for llama-server) for the mechanics, and the real binary
-where one has been compiled (KILN_LLAMA_SERVER_PREFIX, else /work/cache/cpu-prefix).
+where one has been compiled (kiln_dev.engine: $KILN_LLAMA_PREFIX, else the cached CPU compile).
 """
 
 from __future__ import annotations
@@ -40,6 +40,7 @@ from images.artifacts import (  # noqa: E402
     spec_from_dict,
     verify,
 )
+from kiln_dev.engine import require_prefix  # noqa: E402
 from supervisor.errors import FetchError  # noqa: E402
 
 SDIST_SHA = "b0a2feb64c6fbd09f12af230734f072dd819ecb0ebd259565e1d6e9c34007e45"
@@ -341,14 +342,6 @@ def test_pack_refuses_a_prefix_without_llama_server(tmp_path: Path) -> None:
 # ----------------------------------------------------------------------------- the real binary
 
 
-def _real_prefix() -> Path | None:
-    given = os.environ.get("KILN_LLAMA_SERVER_PREFIX")
-    if given:
-        return Path(given)
-    cached = Path("/work/cache/cpu-prefix")
-    return cached if (cached / "bin" / "llama-server").is_file() else None
-
-
 def _spec_for(prefix: Path) -> ArtifactSpec:
     """The spec the compile step's build-info.env describes (source sha and archs; the rest is local)."""
     info = dict(line.split("=", 1) for line in (prefix / "share/kiln/build-info.env").read_text().splitlines() if "=" in line)
@@ -366,11 +359,7 @@ def _spec_for(prefix: Path) -> ArtifactSpec:
 
 @pytest.mark.llama
 def test_real_llama_server_packs_and_smokes(tmp_path: Path) -> None:
-    prefix = _real_prefix()
-    if prefix is None or not (prefix / "bin" / "llama-server").is_file():
-        if os.environ.get("CI", "").lower() in ("1", "true", "yes"):
-            pytest.fail("CI: no real llama-server (set KILN_LLAMA_SERVER_PREFIX to a compiled prefix)")
-        pytest.skip("no compiled llama-server (set KILN_LLAMA_SERVER_PREFIX, or compile into /work/cache/cpu-prefix)")
+    prefix = require_prefix()  # Unavailable -> skip here, fail in CI (tests/conftest.py)
     spec = _spec_for(prefix)
     if spec.cuda != "none":
         pytest.skip("the real prefix is a CUDA build; this test smokes CPU builds only")

@@ -7,7 +7,7 @@ import pytest
 
 from supervisor.gguf_layout import Layout, read_layout, shards
 from supervisor.placement import DoesNotFit, Split, kv_bytes_per_layer, plan, recalibrate, shortfalls
-from tests.support.models import make_tiny_gguf
+from kiln_dev.models import make_tiny_gguf
 
 LOGS = Path(__file__).resolve().parents[1] / "fixtures" / "engine-logs"
 MIB = 1 << 20

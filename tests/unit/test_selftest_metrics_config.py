@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.support.supervised import wait_for
+from kiln_dev.supervised import wait_for
 
 from supervisor.config import SelftestSpec, parse_config
 from supervisor.errors import ConfigError

@@ -25,9 +25,9 @@ ROOT = Path(__file__).resolve().parents[2]
 if str(ROOT) not in sys.path:  # `pytest` without `python -m` doesn't put the repo root on sys.path
     sys.path.insert(0, str(ROOT))
 
-from tests.support import models  # noqa: E402
+from kiln_dev import children, models  # noqa: E402
 
-FAKE = ROOT / "tests" / "support" / "fake_llama_server.py"
+from kiln_dev.supervised import FAKE  # noqa: E402
 LOGS = ROOT / "tests" / "fixtures" / "engine-logs"
 DEADLINE_S = 10.0  # generous: the machine may be busy compiling
 
@@ -71,7 +71,7 @@ def test_tiny_gguf_metadata_reads_back(tmp_path: Path) -> None:
 
 def test_cli_writes_tiny_model(tmp_path: Path) -> None:
     out = tmp_path / "cli.gguf"
-    res = subprocess.run([sys.executable, "-m", "tests.support.models", "tiny", str(out), "--seed", "3"],
+    res = subprocess.run([sys.executable, "-m", "kiln_dev.models", "tiny", str(out), "--seed", "3"],
                          cwd=ROOT, capture_output=True, text=True, timeout=60, check=True)
     assert res.stdout.strip() == str(out)
     assert out.read_bytes() == models.make_tiny_gguf(tmp_path / "api.gguf", seed=3).read_bytes()
@@ -132,12 +132,12 @@ def free_port() -> int:
 
 
 class Fake:
-    """The fake as a child process, with its stderr read on a thread."""
+    """The fake as a child process (dying with this one), with its stderr read on a thread."""
 
     def __init__(self, scenario: str, **env: str) -> None:
         self.port = free_port()
-        self.proc = subprocess.Popen(
-            [sys.executable, str(FAKE), "-m", "tiny.gguf", "--host", "127.0.0.1", "--port", str(self.port)],
+        self.proc = children.spawn(
+            [sys.executable, FAKE, "-m", "tiny.gguf", "--host", "127.0.0.1", "--port", str(self.port)],
             stderr=subprocess.PIPE, text=True, env={**os.environ, "KILN_FAKE_SCENARIO": scenario, **env})
         self.lines: queue.Queue[str] = queue.Queue()
         self.seen: list[str] = []

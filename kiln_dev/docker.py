@@ -1,4 +1,4 @@
-"""Find a Docker engine and a local base image for tests that need them.
+"""Find a Docker engine and a local base image for tests and benches that need them.
 
 The engine is the private one that ``scripts/dev-docker.sh start`` runs (its
 socket is ``$KILN_DOCKER_DIR/docker.sock``, default ``/var/lib/kiln-docker``),
@@ -6,8 +6,9 @@ or whatever ``DOCKER_HOST`` names if that answers. No registry can be reached,
 so images are built ``FROM`` a base made locally by ``dev-docker.sh base-image``
 (mmdebstrap + ``docker import``).
 
-When no engine answers: under CI (``CI`` is true) tests *fail*, because CI must
-not pass by skipping; elsewhere they skip with the command that starts one.
+When no engine answers these raise :class:`kiln_dev.Unavailable` with the
+command that starts one; tests/conftest.py makes that a skip, or a failure under
+CI (``CI`` is true), because CI must not pass by skipping.
 
 The engine runs with ``--bridge=none``: every build and run needs
 ``--network host``. docker-py's build API drives the legacy builder (no
@@ -25,9 +26,10 @@ import subprocess
 from pathlib import Path
 
 import docker
-import pytest
 
-REPO_ROOT = Path(__file__).resolve().parents[2]
+from . import Unavailable
+
+REPO_ROOT = Path(__file__).resolve().parents[1]
 SCRIPT = REPO_ROOT / "scripts" / "dev-docker.sh"
 DEFAULT_DIR = os.environ.get("KILN_DOCKER_DIR") or "/var/lib/kiln-docker"
 DEFAULT_HOST = f"unix://{DEFAULT_DIR}/docker.sock"
@@ -37,16 +39,6 @@ BASE_IMAGE_COMMAND = "bash scripts/dev-docker.sh base-image"
 DEBIAN_CLI = "/usr/bin/docker"
 # mmdebstrap takes 30-80 s here; allow for a slow, loaded machine.
 BASE_IMAGE_TIMEOUT_S = 900
-
-
-def in_ci() -> bool:
-    return os.environ.get("CI", "").strip().lower() in {"1", "true", "yes", "on"}
-
-
-def _fail_or_skip(msg: str) -> None:
-    if in_ci():
-        pytest.fail(f"{msg} (CI=true: failing rather than skipping)", pytrace=False)
-    pytest.skip(msg)
 
 
 def client(host: str, timeout: int = 60) -> docker.DockerClient:
@@ -82,19 +74,19 @@ def docker_host() -> str | None:
 
 
 def require_docker() -> str:
-    """The DOCKER_HOST to use; fails (CI) or skips (elsewhere) when none answers."""
+    """The DOCKER_HOST to use; Unavailable when none answers."""
     host = docker_host()
     if host is None:
         tried = [h for h in (os.environ.get("DOCKER_HOST"), DEFAULT_HOST) if h]
-        _fail_or_skip(
+        raise Unavailable(
             f"no Docker engine answers (tried {', '.join(tried)}); "
             f"start one from the repo root with: {START_COMMAND}"
         )
-    return host  # type: ignore[return-value]
+    return host
 
 
 def docker_client() -> docker.DockerClient:
-    """A docker-py client for the engine (fails/skips like require_docker)."""
+    """A docker-py client for the engine (Unavailable like require_docker)."""
     return client(require_docker())
 
 
@@ -116,7 +108,7 @@ def docker_cli() -> tuple[list[str], dict[str, str]]:
 
 def local_base_image(name: str = BASE_IMAGE) -> str:
     """The local base image's name, made with ``dev-docker.sh base-image`` when
-    the engine lacks it (fails/skips like require_docker when it cannot be)."""
+    the engine lacks it (Unavailable like require_docker when it cannot be)."""
     host = require_docker()
     c = client(host)
     try:
@@ -139,11 +131,10 @@ def local_base_image(name: str = BASE_IMAGE) -> str:
             timeout=BASE_IMAGE_TIMEOUT_S,
         )
     except subprocess.TimeoutExpired:
-        _fail_or_skip(f"making base image {name} took over {BASE_IMAGE_TIMEOUT_S}s; run: {BASE_IMAGE_COMMAND}")
-        raise  # unreachable: fail/skip raise
+        raise Unavailable(f"making base image {name} took over {BASE_IMAGE_TIMEOUT_S}s; run: {BASE_IMAGE_COMMAND}") from None
     if proc.returncode != 0:
         tail = "\n".join((proc.stderr or "").splitlines()[-20:])
-        _fail_or_skip(
+        raise Unavailable(
             f"could not make base image {name} (exit {proc.returncode}); "
             f"run: {BASE_IMAGE_COMMAND}\n{tail}"
         )

@@ -3,23 +3,19 @@ with its storage in a temp dir: stands for Docker Hub / ghcr.io in the push and 
 
 from __future__ import annotations
 
-import os
 import shutil
 import subprocess
 from pathlib import Path
 
-import pytest
-
-from tests.support.supervised import free_port, http, wait_for
+from . import Unavailable, children
+from .supervised import free_port, http, wait_for
 
 
 class Registry:
     def __init__(self, root: Path):
         exe = shutil.which("docker-registry")
         if exe is None:
-            if os.environ.get("CI", "").lower() in ("1", "true", "yes"):
-                pytest.fail("docker-registry is missing: apt-get install docker-registry (scripts/dev-setup.sh does)")
-            pytest.skip("docker-registry is missing: apt-get install docker-registry")
+            raise Unavailable("docker-registry is missing: apt-get install docker-registry (scripts/dev-setup.sh does)")
         self.port = free_port()
         self.host = f"127.0.0.1:{self.port}"
         cfg = root / "config.yml"
@@ -35,7 +31,7 @@ http:
   addr: 127.0.0.1:{self.port}
 """)
         self.log = open(root / "registry.log", "w")
-        self.proc = subprocess.Popen([exe, "serve", str(cfg)], stdout=self.log, stderr=subprocess.STDOUT)
+        self.proc = children.spawn([exe, "serve", str(cfg)], stdout=self.log, stderr=subprocess.STDOUT)
         wait_for(lambda: http(f"http://{self.host}/v2/")[0] == 200, 20, "the registry to answer /v2/")
 
     def tags(self, repo: str) -> list[str]:
@@ -45,6 +41,5 @@ http:
         return json.loads(body).get("tags") or [] if code == 200 else []
 
     def close(self) -> None:
-        self.proc.terminate()
-        self.proc.wait(20)
+        children.stop(self.proc, grace_s=20)
         self.log.close()

@@ -1,10 +1,13 @@
 """Run the real supervisor (`python -m supervisor run`) as a child process and watch it
-through its own status port. Waits are conditions with deadlines, never fixed sleeps."""
+through its own status port; the loopback helpers every stand-in uses (free_port, http, wait_for);
+and the deploy-config builder of tests and benches. Waits are conditions with deadlines, never
+fixed sleeps."""
 
 from __future__ import annotations
 
 import json
 import os
+import signal
 import socket
 import subprocess
 import sys
@@ -14,8 +17,11 @@ import urllib.request
 from pathlib import Path
 from typing import Any, Callable
 
-REPO_ROOT = Path(__file__).resolve().parents[2]
-FAKE = REPO_ROOT / "tests" / "support" / "fake_llama_server.py"
+from . import children
+
+# The checkout kiln_dev sits in: the supervisor child runs this checkout's code.
+REPO_ROOT = Path(__file__).resolve().parents[1]
+FAKE = Path(__file__).resolve().with_name("fake_llama_server.py")
 
 
 def free_port() -> int:
@@ -58,8 +64,11 @@ class Supervised:
         full_env.update({"PYTHONPATH": str(REPO_ROOT), "PYTHONUNBUFFERED": "1"})
         full_env.update(env or {})
         self._log = open(self.log_path, "w")
-        self.proc = subprocess.Popen([sys.executable, "-m", "supervisor", "run", "--config", str(self.cfg_path), *args],
-                                     stdout=self._log, stderr=subprocess.STDOUT, env=full_env, cwd=REPO_ROOT)
+        # Its parent-death signal is TERM: a supervisor killed outright would orphan its engine,
+        # one that is terminated stops it. Not a session of its own: tests signal it by pid.
+        self.proc = children.spawn([sys.executable, "-m", "supervisor", "run", "--config", str(self.cfg_path), *args],
+                                   death_signal=signal.SIGTERM, start_new_session=False,
+                                   stdout=self._log, stderr=subprocess.STDOUT, env=full_env, cwd=REPO_ROOT)
         self.status_port = int(config.split("[status]")[1].split("port =")[1].split()[0])
 
     def url(self, path: str) -> str:
@@ -94,23 +103,9 @@ class Supervised:
         return self
 
     def __exit__(self, *exc: object) -> None:
-        if self.proc.poll() is None:
-            # A test that failed leaves the supervisor running: kill its engines too. They run in
-            # their own sessions, so killing the supervisor alone would orphan them.
-            import psutil
-
-            try:
-                tree = psutil.Process(self.proc.pid).children(recursive=True)
-            except psutil.Error:
-                tree = []
-            self.proc.kill()
-            self.proc.wait(10)
-            for p in tree:
-                try:
-                    p.kill()
-                except psutil.Error:
-                    pass
-            psutil.wait_procs(tree, timeout=10)
+        # A test that failed leaves the supervisor running: stop it and its engines (their own
+        # sessions: stopping the supervisor alone could orphan them). No grace: it is a leftover.
+        children.stop(self.proc, grace_s=0)
         if not self._log.closed:
             self._log.close()
 
