@@ -3,6 +3,7 @@
     python -m supervisor --version
     python -m supervisor run [--config FILE] [--exit-on-failure]
     python -m supervisor check-config FILE [--flags HELP.txt] [--gpus N]
+    python -m supervisor check-model FILE [--engine-share DIR] [--draft FILE]
     python -m supervisor selftest --url http://host:port [--api-key-env NAME] [--family F] [--json OUT]
     python -m supervisor publish-config FILE --repo OWNER/NAME [--branch B] [--path deploy.toml]
 """
@@ -35,6 +36,8 @@ def _parser() -> argparse.ArgumentParser:
     chk.add_argument("--flags", help="the engine's --help output to lint rungs against "
                      "(default: the config's server.flag_snapshot when it exists)")
     chk.add_argument("--gpus", type=int, default=None, help="GPU count to check manual placements for")
+    from . import model_check
+    model_check.add_parser(sub)
     from .selftest import cli as selftest_cli
     selftest_cli.add_parser(sub)
     from . import publish
@@ -78,6 +81,9 @@ def main(argv: list[str] | None = None) -> int:
     args = _parser().parse_args(argv)
     if args.command == "check-config":
         return check_config(args.file, args.flags, args.gpus)
+    if args.command == "check-model":
+        from . import model_check
+        return model_check.main(args)
     if args.command == "selftest":
         from .selftest import cli as selftest_cli
         return selftest_cli.main(args)
