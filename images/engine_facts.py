@@ -410,24 +410,13 @@ def generated() -> dict[Path, str]:
 
 
 def main(argv: list[str] | None = None) -> int:
+    from .golden import sync
+
     ap = argparse.ArgumentParser(prog="python -m images.engine_facts", description=__doc__,
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--check", action="store_true")
     args = ap.parse_args(argv)
-    drift = []
-    for path, text in generated().items():
-        if args.check:
-            if not path.is_file() or path.read_text(encoding="utf-8") != text:
-                drift.append(str(path))
-        else:
-            path.parent.mkdir(parents=True, exist_ok=True)
-            path.write_text(text, encoding="utf-8")
-            print(path)
-    if drift:
-        print("engine facts drifted from their pinned sources; run `python -m images.engine_facts`:\n  "
-              + "\n  ".join(drift), file=sys.stderr)
-        return 1
-    return 0
+    return sync(generated(), check=args.check, fix="python -m images.engine_facts")
 
 
 if __name__ == "__main__":

@@ -105,21 +105,9 @@ class _Model:
         self.tensors.append((name, dims, init))
 
     def vocab(self) -> None:
-        from tests.support.models import BOS_ID, CHATML_TEMPLATE, EOS_ID, UNK_ID, build_vocab
+        from tests.support.models import add_vocab
 
-        tokens, scores, types = build_vocab(N_VOCAB)
-        w = self.w
-        w.add_vocab_size(N_VOCAB)
-        w.add_tokenizer_model("llama")
-        w.add_token_list(tokens)
-        w.add_token_scores(scores)
-        w.add_token_types(types)
-        w.add_unk_token_id(UNK_ID)
-        w.add_bos_token_id(BOS_ID)
-        w.add_eos_token_id(EOS_ID)
-        w.add_add_bos_token(True)
-        w.add_add_eos_token(False)
-        w.add_chat_template(CHATML_TEMPLATE)
+        add_vocab(self.w, N_VOCAB)
 
     def _data(self, i: int, dims: tuple[int, ...], init: str) -> Any:
         np = self.np
