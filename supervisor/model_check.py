@@ -9,7 +9,8 @@ pinned source into the image's share/kiln/gguf-facts.json). This module reports 
 once, each with the engine's own words where it has them and the fix.
 
     problems = check_model(path, load_facts(share_dir), draft=draft_path)
-    if problems: -> failure(problems)  (class model_incompatible: terminal, not a crash loop)
+    problems = check_rung(cfg, rung, model_path, snapshot)   # the same, for a rung of a deploy config
+    if problems: -> failure(problems, rung.name)  (class model_incompatible: terminal, not a crash loop)
 
 Checked, per file (and for a split model, per shard):
   - a split is missing, misnumbered or not the first one given       (needs no facts)
@@ -27,15 +28,20 @@ from __future__ import annotations
 
 import argparse
 import difflib
+import functools
 import json
 import re
 import sys
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Iterable, Sequence
+from typing import TYPE_CHECKING, Any, Iterable, Sequence
 
 from .failure import Failure, FailureClass
 from .gguf_layout import FileHeader, GGUFError, read_header
+
+if TYPE_CHECKING:
+    from .config import DeployConfig, Rung
+    from .engines.flags import FlagSnapshot
 
 DEFAULT_SHARE = "/opt/kiln/engine/share/kiln"
 FACTS_FILE = "gguf-facts.json"
@@ -60,12 +66,17 @@ class ModelProblem:
 class ArchFacts:
     tensors: tuple[str, ...]                     # templates: "blk.{bid}.attn_q", "markov_w1"
     required_keys: tuple[dict[str, str], ...]    # {"key", "read", "message"?}
-    _patterns: re.Pattern[str] | None = field(default=None, compare=False, repr=False)
 
     def knows(self, tensor: str) -> bool:
         """A file's tensor is one of these names, or one of them plus a suffix (.weight, .bias)."""
-        assert self._patterns is not None
-        return bool(self._patterns.fullmatch(tensor))
+        return bool(_pattern(self.tensors).fullmatch(tensor))
+
+
+@functools.lru_cache(maxsize=16)
+def _pattern(templates: tuple[str, ...]) -> re.Pattern[str]:
+    # Compiled for the architectures a boot meets, not for all of the build's ~150.
+    alts = "|".join(_PLACEHOLDER.sub(r"\\d+", re.escape(t)) for t in templates) or "(?!)"
+    return re.compile(rf"(?:{alts})(?:\.\w+)*")
 
 
 @dataclass(frozen=True)
@@ -76,11 +87,8 @@ class EngineFacts:
 
     @classmethod
     def from_dict(cls, d: dict[str, Any]) -> "EngineFacts":
-        archs = {}
-        for name, a in d["architectures"].items():
-            tensors = tuple(a["tensors"])
-            alts = "|".join(_PLACEHOLDER.sub(r"\\d+", re.escape(t)) for t in tensors) or "(?!)"
-            archs[name] = ArchFacts(tensors, tuple(a["required_keys"]), re.compile(rf"(?:{alts})(?:\.\w+)*"))
+        archs = {name: ArchFacts(tuple(a["tensors"]), tuple(a["required_keys"]))
+                 for name, a in d["architectures"].items()}
         types = {int(k): (v["name"], int(v["block"]), int(v["bytes"])) for k, v in d.get("ggml_types", {}).items()}
         return cls(str(d.get("source", "")), archs, types)
 
@@ -104,6 +112,21 @@ def check_model(path: str | Path, facts: EngineFacts | None, *, draft: str | Pat
     if draft is not None:
         problems += _check_one(Path(draft), facts, set())
     return problems
+
+
+def check_rung(cfg: "DeployConfig", rung: "Rung", model_path: str | Path, snapshot: "FlagSnapshot | None", *,
+               facts: EngineFacts | None = None) -> list[ModelProblem]:
+    """The preflight of one llama.cpp rung: its model, the draft it names (-md / --model-draft /
+    --spec-draft-model / LLAMA_ARG_SPEC_DRAFT_MODEL) and the keys its --override-kv supplies, against
+    the facts beside the engine's flag snapshot (share/kiln/). Other engines: nothing to check."""
+    if cfg.engine != "llamacpp":
+        return []
+    from .engines import llamacpp
+
+    if facts is None:
+        facts = load_facts(Path(cfg.server.flag_snapshot).parent)
+    return check_model(model_path, facts, draft=llamacpp.draft_model(cfg, rung, snapshot),
+                       kv_overrides=llamacpp.kv_override_keys(cfg, rung, snapshot))
 
 
 def failure(problems: Sequence[ModelProblem], rung: str | None = None) -> Failure:

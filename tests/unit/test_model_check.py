@@ -156,3 +156,28 @@ def test_check_model_cli_refuses_the_seed_files_and_passes_a_loadable_one(models
     r = _cli(str(models["kimi_k3"]), "--engine-share", str(tmp_path), "--draft", str(models["dspark"]))
     assert r.returncode == 0, r.stderr
     assert "ok" in r.stdout
+
+
+def test_a_rungs_preflight_checks_the_draft_it_names_and_its_overrides(models, facts, tmp_path):
+    from supervisor.config import parse_config
+    from supervisor.model_check import check_rung
+
+    shutil.copy(FACTS, tmp_path / "gguf-facts.json")      # beside the flag snapshot, as in the image
+    cfg = parse_config(f"""
+[model]
+source = "{models['tiny_llama']}"
+[server]
+flag_snapshot = "{tmp_path / 'llama-server.help.txt'}"
+[ladder]
+[[ladder.rungs]]
+name = "dspark"
+args = ["-md", "{models['dspark_seed_no_target_layers']}", "--override-kv", "llama.kiln_test=int:1"]
+[[ladder.rungs]]
+name = "plain"
+""", env={})
+    dspark, plain = cfg.ladder.rungs
+    problems = check_rung(cfg, dspark, models["tiny_llama"], None)
+    assert [p.kind for p in problems] == ["missing_key"] and "target_layers" in problems[0].message
+    assert check_rung(cfg, plain, models["tiny_llama"], None) == []
+    f = failure(problems, dspark.name)
+    assert f.failure_class is FailureClass.MODEL_INCOMPATIBLE and f.rung == "dspark"
