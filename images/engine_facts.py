@@ -41,9 +41,12 @@ from __future__ import annotations
 import argparse
 import importlib.util
 import json
+import os
 import re
+import shutil
 import sys
 import tarfile
+import tempfile
 from pathlib import Path
 from types import ModuleType
 from typing import Any, Iterator
@@ -76,20 +79,21 @@ def source_tree(target: Target, pins: dict) -> Path:
 
     sdist = fetch_source(target, pins)
     tree = sdist.parent / "tree"
-    marker = tree / ".complete"
-    if not marker.is_file():
-        tmp = sdist.parent / "tree.tmp"
-        if tmp.exists():
-            import shutil
-            shutil.rmtree(tmp)
-        tmp.mkdir(parents=True)
-        with tarfile.open(sdist) as tar:
-            tar.extractall(tmp, filter="data")
-        if tree.exists():
-            import shutil
-            shutil.rmtree(tree)
-        tmp.replace(tree)
-        marker.write_text("", encoding="utf-8")
+    if not (tree / ".complete").is_file():
+        # Extracted aside and renamed into place: a concurrent caller sees all of it or none.
+        tmp = Path(tempfile.mkdtemp(dir=sdist.parent, prefix=".tree-"))
+        try:
+            with tarfile.open(sdist) as tar:
+                tar.extractall(tmp, filter="data")
+            (tmp / ".complete").write_text("", encoding="utf-8")
+            if tree.exists() and not (tree / ".complete").is_file():
+                shutil.rmtree(tree)                  # an older, interrupted extraction
+            try:
+                os.replace(tmp, tree)
+            except OSError:
+                pass                                 # another caller's complete tree won the race
+        finally:
+            shutil.rmtree(tmp, ignore_errors=True)
     found = sorted(tree.glob("*/llama.cpp"))
     if not found:
         raise FactsError(f"{sdist.name} has no llama.cpp/ directory")
