@@ -166,8 +166,12 @@ def test_a_missing_split_fails_in_the_engine_as_the_preflight_says(prefix, model
     assert cls is FailureClass.MODEL_INCOMPATIBLE
 
 
-def test_every_gguf_the_tests_generate_passes_the_preflight(models, share, tiny):
+def test_every_gguf_the_tests_use_passes_the_preflight(models, share, tiny):
+    """The generated ones, and SmolLM2-135M Q4_1 (a real llama.cpp conversion, quantised), which the
+    selftest tests serve: the preflight never refuses what this engine loads."""
+    from tests.support.models import smollm2_gguf
+
     facts = load_facts(share)
-    refused = {k: check_model(p, facts) for k, p in {**models, "tiny": tiny}.items()
-               if not k.startswith("dspark_seed_")}
+    files = {**models, "tiny": tiny, "smollm2": smollm2_gguf()}
+    refused = {k: check_model(p, facts) for k, p in files.items() if not k.startswith("dspark_seed_")}
     assert {k: v for k, v in refused.items() if v} == {}
