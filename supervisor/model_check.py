@@ -27,6 +27,7 @@ built from a source Kiln has no facts for) only the first two run.
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import difflib
 import functools
 import json
@@ -57,9 +58,12 @@ class ModelProblem:
     #                      | missing_key | unknown_tensor
     message: str         # what is wrong (the engine's own words where it has them)
     fix: str
+    role: str = "model"  # "model", or "draft" for the rung's speculative draft (a rung without the
+    #                      draft may still load the model: the caller may fall through)
 
     def __str__(self) -> str:
-        return f"{self.file}: {self.message}; fix: {self.fix}"
+        what = "draft model " if self.role == "draft" else ""
+        return f"{what}{self.file}: {self.message}; fix: {self.fix}"
 
 
 @dataclass(frozen=True)
@@ -110,7 +114,7 @@ def check_model(path: str | Path, facts: EngineFacts | None, *, draft: str | Pat
     stand in for a missing key that llama.cpp reads with get_key."""
     problems = _check_one(Path(path), facts, set(kv_overrides))
     if draft is not None:
-        problems += _check_one(Path(draft), facts, set())
+        problems += [dataclasses.replace(p, role="draft") for p in _check_one(Path(draft), facts, set())]
     return problems
 
 

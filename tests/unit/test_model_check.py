@@ -72,6 +72,7 @@ def test_the_published_draft_shows_all_three_blockers_at_once(models, facts):
 def test_a_rung_draft_is_checked_too(models, facts):
     problems = check_model(models["tiny_llama"], facts, draft=models["dspark_seed_arch"])
     assert len(problems) == 1 and problems[0].file == str(models["dspark_seed_arch"])
+    assert problems[0].role == "draft" and str(problems[0]).startswith("draft model ")
 
 
 def test_refusal_is_a_terminal_model_incompatible_failure(models, facts):
