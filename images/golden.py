@@ -48,14 +48,11 @@ def generated() -> dict[Path, str]:
     return out
 
 
-def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(prog="python -m images.golden", description=__doc__,
-                                 formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--check", action="store_true")
-    args = ap.parse_args(argv)
+def sync(files: dict[Path, str], *, check: bool, fix: str) -> int:
+    """Write generated files, or with check=True report the drifted ones (exit 1) naming `fix`."""
     drift = []
-    for path, text in generated().items():
-        if args.check:
+    for path, text in files.items():
+        if check:
             if not path.is_file() or path.read_text(encoding="utf-8") != text:
                 drift.append(str(path))
         else:
@@ -63,10 +60,17 @@ def main(argv: list[str] | None = None) -> int:
             path.write_text(text, encoding="utf-8")
             print(path)
     if drift:
-        print("generated files drifted from their templates/targets/lock; run `python -m images.golden`:\n  "
-              + "\n  ".join(drift), file=sys.stderr)
+        print(f"generated files drifted from their sources; run `{fix}`:\n  " + "\n  ".join(drift), file=sys.stderr)
         return 1
     return 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(prog="python -m images.golden", description=__doc__,
+                                 formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--check", action="store_true")
+    args = ap.parse_args(argv)
+    return sync(generated(), check=args.check, fix="python -m images.golden")
 
 
 if __name__ == "__main__":

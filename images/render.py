@@ -18,6 +18,7 @@ import jinja2
 import supervisor
 from supervisor.errors import KilnError
 
+from .engine_facts import FACTS_FILE, facts_path
 from .lock import Pin, missing
 from .target import IMAGES_DIR, Target
 
@@ -74,6 +75,7 @@ class RenderContext:
     labels: tuple[tuple[str, str], ...]
     ports: tuple[str, ...]
     floating: bool
+    engine_facts: str = ""           # images/engine-facts/ file baked beside the flag snapshot; "" none
 
 
 def pinned_ref(tag_ref: str, pin: Pin) -> str:
@@ -99,11 +101,13 @@ def make_context(target: Target, pins: dict[str, Pin], *, allow_floating: bool =
     labels = _labels(target, pins, build_base, runtime_base, source_pin, patches, floating_keys, base_image)
     header = _header(target, floating_keys, base_image)
     ports = tuple(p.split("/")[0] for p in target.runpod.ports if p.endswith("/http")) or ("8080", "8081")
+    facts = facts_path(target)
     return RenderContext(header=header, target=target, source=target.source, source_pin=source_pin,
                          build_base=build_base, runtime_base=runtime_base, patches=patches,
                          patch_excludes=excludes, cuda_archs=";".join(target.cuda_archs),
                          cmake_flags=target.cmake_flags, runtime_packages=target.runtime_packages,
-                         labels=labels, ports=ports, floating=bool(floating_keys))
+                         labels=labels, ports=ports, floating=bool(floating_keys),
+                         engine_facts=str(facts) if facts and facts.is_file() else "")
 
 
 def _header(target: Target, floating: tuple[str, ...], base_image: str | None) -> str:
@@ -179,6 +183,8 @@ def write_context(ctx: RenderContext, out: Path, *, patch_files: dict[str, Path]
         shutil.copy2(path, kiln / "profiles" / f"{name}.toml")
     shutil.copytree(SUPERVISOR_DIR, kiln / "supervisor",
                     ignore=shutil.ignore_patterns("__pycache__", "*.pyc", "requirements.txt"))
+    if ctx.engine_facts:
+        shutil.copy2(ctx.engine_facts, kiln / FACTS_FILE)
     (kiln / "patches").mkdir()
     (kiln / "binaries").mkdir()
     for p in ctx.patches:

@@ -96,6 +96,23 @@ def build_vocab(n_vocab: int) -> tuple[list[str], list[float], list[int]]:
     return tokens, scores, [int(t) for t in types]
 
 
+def add_vocab(w: "gguf.GGUFWriter", n_vocab: int) -> None:  # noqa: F821 - gguf is imported lazily
+    """The tiny model's SentencePiece vocabulary and ChatML template, into any GGUFWriter (also the
+    pinned gguf-py's: kiln_dev/gguf_kimi.py)."""
+    tokens, scores, types = build_vocab(n_vocab)
+    w.add_vocab_size(n_vocab)
+    w.add_tokenizer_model("llama")
+    w.add_token_list(tokens)
+    w.add_token_scores(scores)
+    w.add_token_types(types)
+    w.add_unk_token_id(UNK_ID)
+    w.add_bos_token_id(BOS_ID)
+    w.add_eos_token_id(EOS_ID)
+    w.add_add_bos_token(True)
+    w.add_add_eos_token(False)
+    w.add_chat_template(CHATML_TEMPLATE)
+
+
 @dataclass(frozen=True)
 class _Tensor:
     name: str
@@ -200,18 +217,7 @@ def make_tiny_gguf(path: str | os.PathLike[str], *, seed: int = 0, n_layers: int
     w.add_rope_dimension_count(width // n_heads)
     w.add_rope_freq_base(10000.0)
     w.add_layer_norm_rms_eps(1e-5)
-    w.add_vocab_size(n_vocab)
-    tokens, scores, types = build_vocab(n_vocab)
-    w.add_tokenizer_model("llama")
-    w.add_token_list(tokens)
-    w.add_token_scores(scores)
-    w.add_token_types(types)
-    w.add_unk_token_id(UNK_ID)
-    w.add_bos_token_id(BOS_ID)
-    w.add_eos_token_id(EOS_ID)
-    w.add_add_bos_token(True)
-    w.add_add_eos_token(False)
-    w.add_chat_template(CHATML_TEMPLATE)
+    add_vocab(w, n_vocab)
 
     # Declare every tensor first, then generate and write them one at a time (streaming).
     plan = _tensor_plan(n_layers, width, n_ff, n_vocab, width // n_heads * n_kv_heads)

@@ -3,6 +3,7 @@
     python -m supervisor --version
     python -m supervisor run [--config FILE] [--exit-on-failure]
     python -m supervisor check-config FILE [--flags HELP.txt] [--gpus N] [--strict] [--skip-binary]
+    python -m supervisor check-model FILE [--engine-share DIR] [--draft FILE]
     python -m supervisor selftest --url http://host:port [--api-key-env NAME] [--family F] [--json OUT]
     python -m supervisor publish-config FILE --repo OWNER/NAME [--branch B] [--path deploy.toml]
 """
@@ -42,6 +43,8 @@ def _parser() -> argparse.ArgumentParser:
                      help="exit 2 when something could not be checked here (no flag snapshot, --skip-binary)")
     chk.add_argument("--skip-binary", action="store_true",
                      help="do not require server.binary on this machine (a config for an image, checked elsewhere)")
+    from . import model_check
+    model_check.add_parser(sub)
     from .selftest import cli as selftest_cli
     selftest_cli.add_parser(sub)
     from . import publish
@@ -110,6 +113,9 @@ def main(argv: list[str] | None = None) -> int:
         args = _parser().parse_args(argv)
     if args.command == "check-config":
         return check_config(args.file, args.flags, args.gpus, strict=args.strict, skip_binary=args.skip_binary)
+    if args.command == "check-model":
+        from . import model_check
+        return model_check.main(args)
     if args.command == "selftest":
         from .selftest import cli as selftest_cli
         return selftest_cli.main(args)

@@ -144,6 +144,13 @@ class Rung:
     reserve_mib: int = 1024
     calibration_rounds: int = 3
     calibration_slack_mib: int = 256
+    # The rung knowingly trades output quality for speed (llama.cpp: --override-kv lowering the
+    # model's expert_used_count; the seed got +28 % and `# # # #` after six tokens). Lint refuses
+    # such a rung unless this says so.
+    accept_degraded: bool = False
+
+
+EXPERT_COUNT_OVERRIDE = re.compile(r"(?:^|[,=])\s*[^,=]+\.expert_used_count=")
 
 
 RUNG_DEFAULTS = Rung(name="")
@@ -470,11 +477,15 @@ def _ladder(r: Reader, engine: str) -> LadderSpec:
         reserve = rr.int("reserve_mib", RUNG_DEFAULTS.reserve_mib, min=0)
         rounds = rr.int("calibration_rounds", RUNG_DEFAULTS.calibration_rounds, min=0, max=10)
         slack = rr.int("calibration_slack_mib", RUNG_DEFAULTS.calibration_slack_mib, min=0)
+        degraded = rr.bool("accept_degraded", RUNG_DEFAULTS.accept_degraded)
         rr.finish()
         if any(x.name == name for x in rungs):
             rr.problem("name", "is used by an earlier rung; rung names must be unique", name)
+        if degraded and not any(EXPERT_COUNT_OVERRIDE.search(a) for a in args):
+            rr.problem("accept_degraded", "is set, but this rung overrides no <arch>.expert_used_count "
+                       "(--override-kv), the only degradation it accepts: remove it", degraded)
         rungs.append(Rung(name=name, placement=placement, args=args, env=env, reserve_mib=reserve,
-                          calibration_rounds=rounds, calibration_slack_mib=slack))
+                          calibration_rounds=rounds, calibration_slack_mib=slack, accept_degraded=degraded))
     if not rungs and lr.has("rungs"):
         lr.problem("rungs", "needs at least one [[ladder.rungs]] entry")
     start = lr.str("start", None)

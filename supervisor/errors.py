@@ -22,6 +22,7 @@ this tree and listed here.
     │   └── PortBusy             another process already listens on it (named when psutil can tell)
     ├── FloatingRefused          (images.render) a target has unresolved pins and floating was not allowed
     ├── BinariesError            (images.binaries) engine binaries could not be compiled or published
+    ├── FactsError               (images.engine_facts) the pinned engine source cannot be read for its facts
     ├── EngineUnavailable        (images.docker_build) no Docker engine answers
     ├── BuildFailed              (images.docker_build) the image build failed
     ├── GateFailed               (images.gate) the GPU selftest gate did not pass

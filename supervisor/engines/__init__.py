@@ -2,7 +2,10 @@
 never asks which engine it is:
 
     load_snapshot(path) -> FlagSnapshot           the engine's own --help, parsed
-    lint_rung(cfg, index, rung, snapshot, gpu_count=None) -> list[LintIssue]
+    lint_rung(cfg, index, rung, snapshot, gpu_count=None, *, model=None) -> list[LintIssue]
+                                                  errors: the rung is refused (model: its GGUF header)
+    lint_rung_warnings(cfg, index, rung, snapshot, *, model=None) -> list[LintIssue]
+                                                  warnings (LintIssue.severity "warning"): it runs
     build_argv(cfg, rung, *, model_path, api_key_file, vcpus=None) -> list[str]
     engine_env(cfg, rung, api_key) -> dict        environment the engine needs (vLLM's key)
     SIGNATURES, HINTS                             stderr lines that decide a failure's class

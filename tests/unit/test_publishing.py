@@ -41,6 +41,7 @@ def test_ci_matrix_releases_only_reproducible_targets():
     names = [row["target"] for row in m["include"]]
     assert "a40-llamacpp" not in names and m["skipped"][0]["target"] == "a40-llamacpp"
     assert "source.commit" in m["skipped"][0]["why"]
+    assert "a40-llamacpp-upstream" in names          # issue 17: the releasable Kimi-K3 A40 image
     for row in m["include"]:
         printed = subprocess.run([sys.executable, "build.py", "tag", "--target", row["target"], "--image",
                                   "r.example/me/kiln"], capture_output=True, text=True, cwd=ROOT)

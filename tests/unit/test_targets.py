@@ -1,5 +1,6 @@
 """Targets as data, pins in a lock, strict templates, golden Dockerfiles, hadolint."""
 
+import dataclasses
 import shutil
 import subprocess
 import sys
@@ -20,11 +21,12 @@ def run_build(*args):
     return subprocess.run([sys.executable, "build.py", *args], capture_output=True, text=True, cwd=ROOT)
 
 
-def test_list_shows_the_four_targets():
+def test_list_shows_the_five_targets():
     r = run_build("list")
     assert r.returncode == 0
     names = [line.split()[0] for line in r.stdout.splitlines()]
-    assert names == ["a40-llamacpp", "a40-vllm-kimi-linear", "a40-vllm-qwen3-coder", "cpu-llamacpp"]
+    assert names == ["a40-llamacpp", "a40-llamacpp-upstream", "a40-vllm-kimi-linear", "a40-vllm-qwen3-coder",
+                     "cpu-llamacpp"]
     assert set(names) == set(target_names())
 
 
@@ -193,3 +195,41 @@ def test_lock_refresh_that_fails_the_same_way_again_keeps_the_dated_note(tmp_pat
     lock = load_lock(path)
     refresh(cpu, lock, resolvers=resolvers, today="2026-12-01")
     assert save_lock(lock, path) is False and path.read_bytes() == first
+
+
+# -- a40-llamacpp-upstream (issue 17): the releasable Kimi-K3 A40 image ----------------------------
+def test_upstream_kimi_target_renders_with_every_pin_resolved(tmp_path):
+    """Issue 17's done-when: `--render` without --allow-floating succeeds and nothing floats."""
+    target = load_target("a40-llamacpp-upstream")
+    assert missing(target, pins_for(target, load_lock())) == []
+    r = run_build("--target", "a40-llamacpp-upstream", "--render", "--out", str(tmp_path / "ctx"))
+    assert r.returncode == 0, r.stderr
+    dockerfile = (tmp_path / "ctx" / "Dockerfile").read_text()
+    assert "FLOATING" not in dockerfile and 'io.kiln.floating="false"' in dockerfile
+    assert "nvidia/cuda:12.8.1-devel-ubuntu24.04@sha256:" in dockerfile
+    assert "nvidia/cuda:12.8.1-runtime-ubuntu24.04@sha256:" in dockerfile
+    assert '--cuda-archs "86"' in dockerfile and "--sdist-sha256" in dockerfile
+    assert "--patch" not in dockerfile                                   # no moe-cache patch
+    # The engine facts ride beside the flag snapshot, for the supervisor's model preflight.
+    assert "COPY kiln/gguf-facts.json /opt/kiln/engine/share/kiln/gguf-facts.json" in dockerfile
+    assert (tmp_path / "ctx" / "kiln" / "gguf-facts.json").is_file()
+
+
+def test_upstream_kimi_target_deploys_what_the_fork_target_deploys():
+    up, fork = load_target("a40-llamacpp-upstream"), load_target("a40-llamacpp")
+    assert up.deploy_config_path == fork.deploy_config_path
+    assert dataclasses.replace(up.runpod, template_name="") == dataclasses.replace(fork.runpod, template_name="")
+    assert up.bases == fork.bases and up.cuda_archs == fork.cuda_archs == ("86",)
+    assert up.source.kind == "sdist" and not up.patches
+    cfg = up.deploy_config()
+    assert cfg.hardware.gpu_count == 2 and cfg.ladder.rungs[0].args[:2] == ("--ctx-size", "262144")
+    assert (cfg.sampler.temperature, cfg.sampler.min_p, cfg.sampler.repeat_penalty) == (0.3, 0.1, 1.05)
+
+
+def test_the_fork_target_has_no_engine_facts_and_renders_as_before():
+    """Its source (a branch, no pinned commit) has no facts file: nothing is baked, and the
+    supervisor then runs only the checks that need none."""
+    from images.engine_facts import facts_path
+
+    assert facts_path(load_target("a40-llamacpp")) is None
+    assert "gguf-facts.json" not in golden.render_all()["a40-llamacpp"]
