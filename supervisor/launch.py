@@ -1,6 +1,8 @@
 """Launching one rung: the checks before anything starts, the start itself, and what an exit means.
 
     check()     the rung's flags linted against the engine's own --help        -> config_rejected
+                the model's GGUF header against what this engine build knows  -> model_incompatible
+                (a draft the rung names that the engine cannot load           -> config_rejected: next rung)
     start()     the port is free (a foreign listener is not our engine)        -> port_in_use
                 a balanced rung's split planned from the GGUF layout + free VRAM -> config_rejected
                 argv (a list; no shell), the environment without secrets the engine does not need,
@@ -27,20 +29,51 @@ from .errors import KilnError
 from .failure import Failure, FailureClass, classify
 from .process import ManagedProcess
 from .runtime import Runtime
+from .state import Live
 
 log = logging.getLogger("kiln")
 
 
-def check(rt: Runtime, cfg: DeployConfig, index: int) -> Failure | None:
+def check(rt: Runtime, live: Live, index: int) -> Failure | None:
+    """The rung's pre-launch checks: its flags, and the model file (and a draft it names) against
+    what this engine build knows. Nothing is started; a failure names what and the fix."""
+    cfg = live.cfg
     rung = cfg.ladder.rungs[index]
     rt.rec.update(rung={"name": rung.name, "index": index, "count": len(cfg.ladder.rungs)})
     assert rt.engine is not None
+    header = _header(live.model_path) if cfg.engine == "llamacpp" else None
     gpus = len(rt.hw.gpus) if rt.hw else None
     issues = [str(i) for i in rt.engine.lint_rung(cfg, index, rung, rt.snapshot,
-                                                  gpu_count=cfg.hardware.gpu_count or gpus)]
+                                                  gpu_count=cfg.hardware.gpu_count or gpus, model=header)]
     if issues:
         return Failure(FailureClass.CONFIG_REJECTED, "lint: " + " | ".join(issues), rung=rung.name)
-    return None
+    for w in rt.engine.lint_rung_warnings(cfg, index, rung, rt.snapshot, model=header):
+        rt.warn(str(w))
+    if live.model_path is None:
+        return None
+    from . import model_check
+
+    problems = model_check.check_rung(cfg, rung, live.model_path, rt.snapshot)
+    if not problems:
+        return None
+    if all(p.role == "draft" for p in problems):
+        # The rung's draft, not the model: a rung without the draft may still load (the seed's DSpark).
+        return Failure(FailureClass.CONFIG_REJECTED, "draft: " + " | ".join(str(p) for p in problems),
+                       rung=rung.name)
+    return model_check.failure(problems, rung.name)
+
+
+def _header(path: Path | None):  # type: ignore[no-untyped-def]
+    """The model's GGUF header for the lint, or None when it cannot be read (the model check says why)."""
+    if path is None:
+        return None
+    from .errors import KilnError
+    from .gguf_layout import read_header
+
+    try:
+        return read_header(path)
+    except (KilnError, OSError):
+        return None
 
 
 def secret_env_names(cfg: DeployConfig) -> set[str]:

@@ -222,7 +222,7 @@ class Supervisor:
         self.services.fetch(fx.token, fx.live, candidate=fx.candidate)
 
     def _do_CheckLaunch(self, fx: E.CheckLaunch) -> None:
-        self.inbox.put(E.LaunchChecked(fx.token, launch.check(self.rt, fx.live.cfg, fx.index)))
+        self.inbox.put(E.LaunchChecked(fx.token, launch.check(self.rt, fx.live, fx.index)))
 
     def _do_Barrier(self, fx: E.Barrier) -> None:
         spec = self.machine.live.cfg.ladder if self.machine else self.boot_cfg.ladder

@@ -253,7 +253,12 @@ class Watcher:
                     return      # reads (ours included) are not changes
                 paths = {os.path.basename(str(event.src_path)), os.path.basename(str(getattr(event, "dest_path", "")))}
                 if name in paths:
-                    if event.event_type == "modified" and os.path.basename(str(event.src_path)) == name:
+                    # Created or written: a writer has it open until its close-after-write (a file
+                    # created with open("w") is half-written until then too); a rename into place
+                    # or a delete ends it.
+                    written = event.event_type == "modified" or (
+                        event.event_type == "created" and not os.path.islink(str(event.src_path)))
+                    if written and os.path.basename(str(event.src_path)) == name:
                         watcher._open_writer_since = watcher._open_writer_since or time.monotonic()
                     elif event.event_type in ("closed", "moved", "deleted"):
                         watcher._open_writer_since = None

