@@ -67,6 +67,7 @@ def check_config(path: str, flags: str | None, gpus: int | None, *, strict: bool
         print(e, file=sys.stderr)
         return EXIT_INVALID
     problems: list[str] = []
+    warnings: list[str] = []
     unchecked: list[str] = []
     if flags and not Path(flags).is_file():
         problems.append(f"--flags {flags}: no such file (give the engine's --help output saved to a file)")
@@ -82,12 +83,12 @@ def check_config(path: str, flags: str | None, gpus: int | None, *, strict: bool
             unchecked.append(f"flags NOT checked: no flag snapshot at {snap_path} (pass --flags HELP.txt)")
         for i, rung in enumerate(cfg.ladder.rungs):
             problems += [str(x) for x in engine.lint_rung(cfg, i, rung, snapshot, gpu_count=gpus)]
+            warnings += [str(x) for x in engine.lint_rung_warnings(cfg, i, rung, snapshot)]
     if skip_binary:
         unchecked.append("engine binary NOT checked (--skip-binary)")
     elif not binary_present(cfg.server.binary):
-        problems.append(f"server.binary: {cfg.server.binary!r} is not an executable on this machine (engine "
-                        f"{cfg.engine}): install the engine, set [server] binary to where it is, or pass "
-                        f"--skip-binary to check a config meant for an image")
+        problems.append(engines.missing_binary_message(cfg.server.binary, cfg.engine)
+                        + " (or pass --skip-binary to check a config meant for an image)")
     if problems:
         print(f"deploy config {path}: {len(problems)} problem(s)", file=sys.stderr)
         for line in problems:
@@ -98,6 +99,8 @@ def check_config(path: str, flags: str | None, gpus: int | None, *, strict: bool
         return EXIT_INVALID
     note = "".join(f"; {u}" for u in unchecked)
     print(f"{path}: ok (config hash {cfg.hash[:12]}, {len(cfg.ladder.rungs)} rung(s){note})")
+    for w in warnings:               # runs, but costs speed (the seed's measured slow-downs)
+        print(f"  {w}")
     return 0
 
 

@@ -164,7 +164,7 @@ def test_check_config_reports_a_missing_engine_binary_with_the_fix(tmp_path):
     cfg.write_text(GOOD + '[server]\nbinary = "/nonexistent/llama-server"\n')
     r = _check(cfg, "--flags", str(HELP))
     assert r.returncode == 2 and r.stdout == ""
-    assert "server.binary: '/nonexistent/llama-server' is not an executable on this machine" in r.stderr
+    assert "server.binary '/nonexistent/llama-server' is not in this image or not executable" in r.stderr
     assert "set [server] binary" in r.stderr and "--skip-binary" in r.stderr
     not_executable = tmp_path / "llama-server"
     not_executable.write_text("#!/bin/sh\n")
