@@ -165,7 +165,7 @@ def test_check_config_reports_a_missing_engine_binary_with_the_fix(tmp_path):
     r = _check(cfg, "--flags", str(HELP))
     assert r.returncode == 2 and r.stdout == ""
     assert "server.binary '/nonexistent/llama-server' is not in this image or not executable" in r.stderr
-    assert "set [server] binary" in r.stderr and "--skip-binary" in r.stderr
+    assert "point server.binary at" in r.stderr and "--skip-binary" in r.stderr
     not_executable = tmp_path / "llama-server"
     not_executable.write_text("#!/bin/sh\n")
     cfg.write_text(GOOD + f'[server]\nbinary = "{not_executable}"\n')
