@@ -8,13 +8,15 @@ tasks beside the loop and come back as events, so the loop never stops watching 
 
 Every task and every engine launch carries a token; an event whose token is no longer the one
 the machine waits for is stale (a health answer from an engine already stopped) and is dropped.
-Events and effects are plain frozen data: the machine's property test builds them by the
-thousand.
+Events and effects are plain immutable data (NamedTuples: a frozen dataclass costs ~1.7 ms to
+define, ten times more, and PID 1 imports these before it launches the engine); the machine's
+property test builds them by the thousand.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import NamedTuple
 from pathlib import Path
 from typing import Any
 
@@ -24,13 +26,11 @@ from .state import Live, State
 
 # -- events: the world, as the machine sees it --------------------------------------------------
 
-@dataclass(frozen=True)
-class Signal:
+class Signal(NamedTuple):
     signum: int
 
 
-@dataclass(frozen=True)
-class Prepared:
+class Prepared(NamedTuple):
     """The engine module, key, hardware guard, binary and driver checks for a config ran;
     `start` is the rung its walk begins at (ladder.start, or the winner remembered on this hardware)."""
     token: int
@@ -38,34 +38,29 @@ class Prepared:
     start: int = 0
 
 
-@dataclass(frozen=True)
-class ModelReady:
+class ModelReady(NamedTuple):
     """A model fetch (or local lookup) finished: the file to load, or why there is none."""
     token: int
     path: Path | None = None
     failure: Failure | None = None
 
 
-@dataclass(frozen=True)
-class LaunchChecked:
+class LaunchChecked(NamedTuple):
     """The rung's pre-launch checks (flag lint, model file) ran; a failure means it never starts."""
     token: int
     failure: Failure | None = None
 
 
-@dataclass(frozen=True)
-class BarrierDone:
+class BarrierDone(NamedTuple):
     token: int
 
 
-@dataclass(frozen=True)
-class Launched:
+class Launched(NamedTuple):
     token: int
     pid: int
 
 
-@dataclass(frozen=True)
-class HealthDone:
+class HealthDone(NamedTuple):
     """The health wait ended: ready, or stalled (an exit arrives as EngineDown instead)."""
     token: int
     ready: bool
@@ -73,14 +68,12 @@ class HealthDone:
     stall_reason: str | None = None
 
 
-@dataclass(frozen=True)
-class SelftestDone:
+class SelftestDone(NamedTuple):
     token: int
     failure: Failure | None = None
 
 
-@dataclass(frozen=True)
-class EngineDown:
+class EngineDown(NamedTuple):
     """The engine of launch `token` is gone or unusable: it exited on its own, stalled (and was
     stopped), or never started. `recalibrated`: a balanced rung re-planned its split from the
     OOM's shortfall lines and may try again."""
@@ -90,16 +83,14 @@ class EngineDown:
     recalibrated: bool = False
 
 
-@dataclass(frozen=True)
-class CandidateChecked:
+class CandidateChecked(NamedTuple):
     """A published config, validated while the server keeps serving."""
     candidate: Any                   # supervisor.candidate.Candidate
     live: Live | None                # what it would run; None when it was rejected
     problems: tuple[str, ...] = ()
 
 
-@dataclass(frozen=True)
-class Tick:
+class Tick(NamedTuple):
     """Time passed (the loop's timer): a restart's backoff may be over."""
 
 
@@ -109,88 +100,74 @@ Event = (Signal | Prepared | ModelReady | LaunchChecked | BarrierDone | Launched
 
 # -- effects: what the machine asks the loop to do ------------------------------------------------
 
-@dataclass(frozen=True)
-class Enter:
+class Enter(NamedTuple):
     """Transition the state record (checked against state.ALLOWED)."""
     state: State
     detail: str = ""
 
 
-@dataclass(frozen=True)
-class Prepare:
+class Prepare(NamedTuple):
     token: int
     live: Live
     probe: bool = False              # boot: probe the hardware first
 
 
-@dataclass(frozen=True)
-class Fetch:
+class Fetch(NamedTuple):
     token: int
     live: Live
     candidate: bool = False          # a published config's model, fetched beside the serving engine
 
 
-@dataclass(frozen=True)
-class CheckLaunch:
+class CheckLaunch(NamedTuple):
     token: int
     live: Live
     index: int
 
 
-@dataclass(frozen=True)
-class Barrier:
+class Barrier(NamedTuple):
     token: int
 
 
-@dataclass(frozen=True)
-class Launch:
+class Launch(NamedTuple):
     token: int
     live: Live
     index: int
 
 
-@dataclass(frozen=True)
-class WaitHealthy:
+class WaitHealthy(NamedTuple):
     token: int
 
 
-@dataclass(frozen=True)
-class RunSelftest:
+class RunSelftest(NamedTuple):
     token: int
     index: int
 
 
-@dataclass(frozen=True)
-class StopEngine:
+class StopEngine(NamedTuple):
     """Stop the engine of launch `token` (bounded by the stop grace). With `stall_reason` the
     loop classifies what it printed as a stall and answers with EngineDown; else it is quiet."""
     token: int
     stall_reason: str | None = None
 
 
-@dataclass(frozen=True)
-class CancelTask:
+class CancelTask(NamedTuple):
     token: int
 
 
-@dataclass(frozen=True)
-class ForwardSignal:
+class ForwardSignal(NamedTuple):
     signum: int
 
 
-@dataclass(frozen=True)
-class RecordFailure:
+class RecordFailure(NamedTuple):
     failure: Failure
 
 
-@dataclass(frozen=True)
-class RecordRestart:
+class RecordRestart(NamedTuple):
     rung: str
     delay_s: float
 
 
-@dataclass(frozen=True)
-class RecordReload:
+class RecordReload(NamedTuple):
     """One decision on a published config: applied, unchanged, rejected, rolled_back or failed."""
     candidate: Any
     outcome: str
@@ -198,30 +175,25 @@ class RecordReload:
     causes: tuple[str, ...] = ()
 
 
-@dataclass(frozen=True)
-class ShowConfig:
+class ShowConfig(NamedTuple):
     live: Live
 
 
-@dataclass(frozen=True)
-class MarkGood:
+class MarkGood(NamedTuple):
     live: Live
 
 
-@dataclass(frozen=True)
-class Serving:
+class Serving(NamedTuple):
     """The live config serves on this rung: remember the rung, note the timings, check placement."""
     index: int
 
 
-@dataclass(frozen=True)
-class Failed:
+class Failed(NamedTuple):
     """FAILED: nothing retries it but a published config."""
     failure: Failure | None
 
 
-@dataclass(frozen=True)
-class Shutdown:
+class Shutdown(NamedTuple):
     """Stop everything (engine, tasks, every tracked process) and leave with `code`, or with the
     engine's own status when `code` is None."""
     code: int | None = None

@@ -16,11 +16,12 @@ checks names, keys and bounds against what the engine build knows.
 
 from __future__ import annotations
 
+import mmap
 import re
 import struct
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, BinaryIO
+from typing import Any
 
 from .errors import KilnError
 
@@ -113,80 +114,134 @@ class Layout:
         return self.metadata.get(f"{arch}.{suffix}")
 
 
-def _read(f: BinaryIO, fmt: str) -> Any:
-    size = struct.calcsize(fmt)
-    data = f.read(size)
-    if len(data) != size:
-        raise GGUFError("truncated header")
-    return struct.unpack(fmt, data)[0]
+class _Cursor:
+    """Reads a header from a buffer (the file mmap'd: only the header's pages are touched) with
+    struct.unpack_from: a vocabulary of 100k strings is walked, not read string by string."""
+
+    _U32, _U64 = struct.Struct("<I"), struct.Struct("<Q")
+
+    def __init__(self, buf: Any):
+        self.buf = buf
+        self.off = 0
+        self.end = len(buf)
+
+    def _need(self, n: int) -> None:
+        if self.off + n > self.end:
+            raise GGUFError("truncated header")
+
+    def scalar(self, fmt: str) -> Any:
+        st = _STRUCTS[fmt]
+        self._need(st.size)
+        (v,) = st.unpack_from(self.buf, self.off)
+        self.off += st.size
+        return v
+
+    def u32(self) -> int:
+        return int(self.scalar("<I"))
+
+    def u64(self) -> int:
+        return int(self.scalar("<Q"))
+
+    def string(self) -> str:
+        n = self.u64()
+        if n > 1 << 24:
+            raise GGUFError(f"implausible string length {n}")
+        self._need(n)
+        data = bytes(self.buf[self.off:self.off + n])
+        self.off += n
+        return data.decode("utf-8", errors="replace")
+
+    def skip_strings(self, count: int) -> None:
+        off, end, unpack = self.off, self.end, self._U64.unpack_from
+        for _ in range(count):
+            if off + 8 > end:
+                raise GGUFError("truncated header")
+            (n,) = unpack(self.buf, off)
+            off += 8 + n
+        if off > end:
+            raise GGUFError("truncated header")
+        self.off = off
 
 
-def _string(f: BinaryIO) -> str:
-    n = _read(f, "<Q")
-    if n > 1 << 24:
-        raise GGUFError(f"implausible string length {n}")
-    data = f.read(n)
-    if len(data) != n:
-        raise GGUFError("truncated header")
-    return data.decode("utf-8", errors="replace")
-
-
+_STRUCTS = {fmt: struct.Struct(fmt) for fmt in {*_SCALARS.values(), "<I", "<Q"}}
 _SMALL_ARRAY = 4096        # numeric arrays up to this long are kept (per-layer values, target_layers)
 
 
-def _value(f: BinaryIO, vtype: int) -> Any:
+def _value(c: _Cursor, vtype: int) -> Any:
     if vtype in _SCALARS:
-        return _read(f, _SCALARS[vtype])
+        return c.scalar(_SCALARS[vtype])
     if vtype == STRING:
-        return _string(f)
+        return c.string()
     if vtype == ARRAY:
-        etype, count = _read(f, "<I"), _read(f, "<Q")
+        etype, count = c.u32(), c.u64()
         if etype in _SCALARS:
-            width = struct.calcsize(_SCALARS[etype])
+            width = _STRUCTS[_SCALARS[etype]].size
+            c._need(width * count)
             if count <= _SMALL_ARRAY:
-                data = f.read(width * count)
-                if len(data) != width * count:
-                    raise GGUFError("truncated header")
-                values = tuple(struct.unpack(f"<{count}{_SCALARS[etype][1]}", data))
-                return ArrayInfo(etype, count, values)
-            f.seek(width * count, 1)   # skip: vocabularies are huge
+                values = struct.unpack_from(f"<{count}{_SCALARS[etype][1]}", c.buf, c.off)
+                c.off += width * count
+                return ArrayInfo(etype, count, tuple(values))
+            c.off += width * count     # skip: vocabularies are huge
+        elif etype == STRING:
+            c.skip_strings(count)      # the tokenizer's strings: never needed here
         else:
             for _ in range(count):
-                _value(f, etype)
+                _value(c, etype)
         return ArrayInfo(etype, count)
     raise GGUFError(f"unknown metadata value type {vtype}")
 
 
+_CACHE: dict[tuple[str, int, int], "FileHeader"] = {}
+
+
 def read_header(path: str | Path) -> FileHeader:
-    """One file's header (GGUFError when it is not GGUF or ends inside its header)."""
+    """One file's header (GGUFError when it is not GGUF or ends inside its header). Cached by path,
+    size and mtime: the lint, the model preflight and a balanced placement read it once per boot."""
     path = Path(path)
-    with open(path, "rb") as f:
-        if f.read(4) != b"GGUF":
-            raise GGUFError(f"{path} is not a GGUF file")
-        version = _read(f, "<I")
-        if version not in (2, 3):
-            raise GGUFError(f"{path}: GGUF version {version} is not supported")
-        n_tensors, n_kv = _read(f, "<Q"), _read(f, "<Q")
-        metadata: dict[str, Any] = {}
-        arrays: dict[str, ArrayInfo] = {}
-        for _ in range(n_kv):
-            key, vtype = _string(f), _read(f, "<I")
-            value = _value(f, vtype)
-            if isinstance(value, ArrayInfo):
-                arrays.setdefault(key, value)
-            else:
-                metadata.setdefault(key, value)
-        tensors: list[TensorInfo] = []
-        for _ in range(n_tensors):
-            name = _string(f)
-            n_dims = _read(f, "<I")
-            if n_dims > 8:
-                raise GGUFError(f"{path}: tensor {name!r} claims {n_dims} dimensions")
-            dims = tuple(_read(f, "<Q") for _ in range(n_dims))
-            tensors.append(TensorInfo(name, dims, _read(f, "<I"), _read(f, "<Q")))
-        align = int(metadata.get("general.alignment", 32))
-        data_start = (f.tell() + align - 1) // align * align
-    return FileHeader(path, version, metadata, arrays, tensors, data_start, path.stat().st_size)
+    st = path.stat()
+    key = (str(path), st.st_size, st.st_mtime_ns)
+    if key not in _CACHE:
+        if len(_CACHE) > 64:
+            _CACHE.clear()
+        _CACHE[key] = _read_header(path, st.st_size)
+    return _CACHE[key]
+
+
+def _read_header(path: Path, size: int) -> FileHeader:
+    if size < 24:
+        raise GGUFError(f"{path} is not a GGUF file" if size < 4 else "truncated header")
+    with open(path, "rb") as f, mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ) as mm:
+        c = _Cursor(memoryview(mm))
+        try:
+            if bytes(c.buf[0:4]) != b"GGUF":
+                raise GGUFError(f"{path} is not a GGUF file")
+            c.off = 4
+            version = c.u32()
+            if version not in (2, 3):
+                raise GGUFError(f"{path}: GGUF version {version} is not supported")
+            n_tensors, n_kv = c.u64(), c.u64()
+            metadata: dict[str, Any] = {}
+            arrays: dict[str, ArrayInfo] = {}
+            for _ in range(n_kv):
+                key, vtype = c.string(), c.u32()
+                value = _value(c, vtype)
+                if isinstance(value, ArrayInfo):
+                    arrays.setdefault(key, value)
+                else:
+                    metadata.setdefault(key, value)
+            tensors: list[TensorInfo] = []
+            for _ in range(n_tensors):
+                name = c.string()
+                n_dims = c.u32()
+                if n_dims > 8:
+                    raise GGUFError(f"{path}: tensor {name!r} claims {n_dims} dimensions")
+                dims = tuple(c.u64() for _ in range(n_dims))
+                tensors.append(TensorInfo(name, dims, c.u32(), c.u64()))
+            align = int(metadata.get("general.alignment", 32))
+            data_start = (c.off + align - 1) // align * align
+        finally:
+            c.buf.release()
+    return FileHeader(path, version, metadata, arrays, tensors, data_start, size)
 
 
 def _add_to_layout(h: FileHeader, layout: Layout) -> None:
