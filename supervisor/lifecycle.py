@@ -128,6 +128,12 @@ class Supervisor:
                     ev = E.Tick()
                 if isinstance(ev, _Wake):
                     continue
+                if isinstance(ev, E.SelftestDone) and ev.token in self.engines \
+                        and not self.engines[ev.token].proc.alive():
+                    # The engine died under the selftest: its death decides, not the report the
+                    # selftest finished with (its last request failed with the connection).
+                    self.engines[ev.token].proc.exited().wait(5.0)
+                    ev = _Exited(ev.token)
                 if isinstance(ev, _Exited):
                     ev = self._exited(ev.token)
                     if ev is None:

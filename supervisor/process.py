@@ -181,6 +181,10 @@ class ManagedProcess:
         """Return code once exited: >= 0 exit status, < 0 = -signal (Popen convention)."""
         return self._popen.returncode if self._exited.is_set() else None
 
+    def alive(self) -> bool:
+        """Running, as far as the kernel says now (a dead leader not yet reaped is not alive)."""
+        return not self._exited.is_set() and _running(self._ps)
+
     def wait(self, timeout: float | None) -> int | None:
         """Wait for the process to exit; None on timeout."""
         return self._popen.returncode if self._exited.wait(timeout) else None
