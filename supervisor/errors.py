@@ -19,6 +19,10 @@ this tree and listed here.
     ├── DoesNotFit               (supervisor.placement) no split of the model fits the free VRAM
     ├── IllegalTransition        (supervisor.state) a lifecycle transition the state machine forbids (a bug)
     ├── FloatingRefused          (images.render) a target has unresolved pins and floating was not allowed
+    ├── CudaMismatch             (images.render) a target's [cuda] version is not the CUDA its engine runs
+    ├── FloorError               (images.cudafloor) the engine's CUDA could not be measured, or disagrees
+    ├── CudaUnknown              (images.cuda) the index did not say which CUDA the engine runs
+    ├── ClosureIncomplete        (images.resolve) the index lacks a package the engine's tree needs
     ├── BinariesError            (images.binaries) engine binaries could not be compiled or published
     ├── EngineUnavailable        (images.docker_build) no Docker engine answers
     ├── BuildFailed              (images.docker_build) the image build failed
