@@ -16,7 +16,7 @@ from dataclasses import dataclass
 from typing import Sequence
 
 from ..config import DeployConfig, Rung
-from ..failure import FailureClass as F, Signature, sig
+from ..failure import CUDA_DRIVER_SIGNATURES, FailureClass as F, Signature, sig
 from .flags import FlagSnapshot, load_llama_snapshot
 
 load_snapshot = load_llama_snapshot
@@ -50,6 +50,9 @@ SIGNATURES: tuple[Signature, ...] = (
         "host memory exhausted allocating a CPU buffer"),
     sig(F.PORT_IN_USE, r"couldn't bind HTTP server socket|Address already in use",
         "the server port is already in use"),
+    # ggml_cuda_init prints "failed to initialize CUDA: <cudaGetErrorString>" and then carries on with
+    # no CUDA device (a CUDA build silently on the CPU); if the server exits, this is why.
+    *CUDA_DRIVER_SIGNATURES,
     sig(F.CONFIG_REJECTED, r"error while handling argument|invalid argument|unknown argument",
         "the engine rejected an argument"),
     # The seed's fast parameter rejection: no allocator line, context refused.

@@ -23,7 +23,7 @@ from pathlib import Path
 from typing import Sequence
 
 from ..config import DeployConfig, Rung
-from ..failure import FailureClass as F, Signature, sig
+from ..failure import CUDA_DRIVER_SIGNATURES, FailureClass as F, Signature, sig
 from .flags import FlagSnapshot, load_argparse_snapshot
 from .llamacpp import LintIssue
 
@@ -44,6 +44,8 @@ SIGNATURES: tuple[Signature, ...] = (
     # vllm/v1/core/kv_cache_utils.py (0.27.1): max_model_len needs more KV cache than is left
     sig(F.OOM, r"larger than the available KV cache memory", "max_model_len does not fit in the KV cache memory"),
     sig(F.PORT_IN_USE, r"Address already in use", "the server port is already in use"),
+    # Before "Failed to infer device type" and "No such file or directory", which follow them.
+    *CUDA_DRIVER_SIGNATURES,
     sig(F.CONFIG_REJECTED, r"unrecognized arguments|error: argument|invalid choice|ambiguous option",
         "vLLM's parser rejected an argument"),
     sig(F.LOAD_ERROR, r"Failed to infer device type", "vLLM found no usable GPU"),
