@@ -132,3 +132,37 @@ def test_kv_cache_message_from_the_vllm_source_is_oom():
             "needed, which is larger than the available KV cache memory (7.88 GiB). Try increasing "
             "`gpu_memory_utilization` ...")
     assert classify(returncode=1, elapsed_s=60, tail=[line], signatures=vllm.SIGNATURES).failure_class == "oom"
+
+
+# ---- vLLM 0.26.0, the version the lent H200 can run on its own torch 2.11.0 (issue 14) ----------
+HELP_0_26_0 = HELP.parent / "vllm-0.26.0-serve-help-all.txt"
+
+
+def test_every_vllm_targets_deploy_config_lints_clean_against_the_real_0_26_0_parser():
+    from images.target import load_target, target_names
+    from supervisor.config import load_config
+
+    snap026 = vllm.load_snapshot(HELP_0_26_0)
+    checked = 0
+    for name in target_names():
+        target = load_target(name)
+        if target.engine != "vllm":
+            continue
+        for path in [target.deploy_config_path, *target.profiles.values()]:
+            c = load_config(path, env={})
+            for i, rung in enumerate(c.ladder.rungs):
+                assert vllm.lint_rung(c, i, rung, snap026) == [], (name, path.name, rung.name)
+                checked += 1
+    assert checked >= 3
+
+
+def test_what_0_26_0_lacks_against_0_27_1_is_caught_by_its_snapshot(snap):
+    snap026 = vllm.load_snapshot(HELP_0_26_0)
+    # 0.27.1 added these flags and the kimi_k3 tool parser; 0.26.0's own parser is the authority
+    for flag in ("--kda-prefill-backend", "--enable-fault-tolerance", "--mamba-ssu-algorithm"):
+        assert snap.get(flag) and not snap026.get(flag), flag
+        assert lint(cfg([flag, "x"]), snap026), flag
+    assert any("kimi_k3 is not a parser this vLLM ships" in i
+               for i in lint(cfg(["--tool-call-parser", "kimi_k3", "--enable-auto-tool-choice"]), snap026))
+    # and 0.27.1 dropped two that 0.26.0 still has
+    assert snap026.get("--max-num-partial-prefills") and not snap.get("--max-num-partial-prefills")
