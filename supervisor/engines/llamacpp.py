@@ -17,6 +17,7 @@ from typing import Sequence
 
 from ..config import DeployConfig, Rung
 from ..failure import CUDA_DRIVER_SIGNATURES, FailureClass as F, Signature, sig
+from .caches import CUDA_JIT, cache_env
 from .flags import FlagSnapshot, load_llama_snapshot
 
 load_snapshot = load_llama_snapshot
@@ -233,8 +234,10 @@ def build_argv(cfg: DeployConfig, rung: Rung, *, model_path: str, api_key_file: 
 
 
 def engine_env(cfg: DeployConfig, rung: Rung, api_key: str | None) -> dict[str, str]:
-    """Nothing: llama-server reads its key from the 0600 file build_argv names."""
-    return {}
+    """The driver's JIT cache on the state volume (a build whose PTX the GPU must JIT, such as the
+    A40 build on a newer card, then pays the JIT once per volume, not once per boot). The API key
+    is not here: llama-server reads it from the 0600 file build_argv names."""
+    return cache_env(cfg, rung, CUDA_JIT)
 
 
 STALL_LINES = None     # llama.cpp has no known "busy but stuck" message

@@ -24,6 +24,7 @@ from typing import Sequence
 
 from ..config import DeployConfig, Rung
 from ..failure import CUDA_DRIVER_SIGNATURES, FailureClass as F, Signature, sig
+from .caches import CUDA_JIT, TORCH_COMPILE, cache_env
 from .flags import FlagSnapshot, load_argparse_snapshot
 from .llamacpp import LintIssue
 
@@ -154,5 +155,10 @@ def build_argv(cfg: DeployConfig, rung: Rung, *, model_path: str, api_key_file: 
 
 
 def engine_env(cfg: DeployConfig, rung: Rung, api_key: str | None) -> dict[str, str]:
-    """vLLM reads its key from VLLM_API_KEY: the environment is readable by its owner only, argv by all."""
-    return {"VLLM_API_KEY": api_key} if api_key else {}
+    """vLLM reads its key from VLLM_API_KEY: the environment is readable by its owner only, argv by
+    all. Its compile caches (torch.compile, Inductor, Triton) and the driver's JIT cache go on the
+    state volume (engines/caches.py)."""
+    env = cache_env(cfg, rung, {**TORCH_COMPILE, **CUDA_JIT})
+    if api_key:
+        env["VLLM_API_KEY"] = api_key
+    return env

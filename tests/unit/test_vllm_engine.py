@@ -102,7 +102,8 @@ def test_argv_serves_the_snapshot_dir_keeps_the_key_out_and_sets_sampler_default
     assert argv[argv.index("--served-model-name") + 1] == "cyankiwi/Kimi-Linear-48B-A3B-Instruct-AWQ-4bit"
     assert argv[argv.index("--override-generation-config") + 1] == '{"repetition_penalty": 1.05, "temperature": 0.3}'
     assert "--api-key" not in argv and argv[-2:] == ["--max-model-len", "4096"]
-    assert vllm.engine_env(c, c.ladder.rungs[0], "k3y") == {"VLLM_API_KEY": "k3y"}
+    env = vllm.engine_env(c, c.ladder.rungs[0], "k3y")
+    assert env["VLLM_API_KEY"] == "k3y"
 
 
 @pytest.mark.parametrize("line,expected", [
@@ -166,3 +167,17 @@ def test_what_0_26_0_lacks_against_0_27_1_is_caught_by_its_snapshot(snap):
                for i in lint(cfg(["--tool-call-parser", "kimi_k3", "--enable-auto-tool-choice"]), snap026))
     # and 0.27.1 dropped two that 0.26.0 still has
     assert snap026.get("--max-num-partial-prefills") and not snap.get("--max-num-partial-prefills")
+
+
+def test_compile_caches_live_on_the_state_volume_and_a_rungs_own_setting_wins(tmp_path):
+    from supervisor.engines import llamacpp
+
+    c = cfg(["--max-model-len", "4096"], env={"TRITON_CACHE_DIR": "/elsewhere/triton"})
+    env = vllm.engine_env(c, c.ladder.rungs[0], None)
+    root = f"{c.state_dir}/cache"
+    assert env["VLLM_CACHE_ROOT"] == f"{root}/vllm" and env["TORCHINDUCTOR_CACHE_DIR"] == f"{root}/torchinductor"
+    assert env["CUDA_CACHE_PATH"] == f"{root}/cuda-jit" and env["CUDA_CACHE_MAXSIZE"] == "4294967296"
+    assert "TRITON_CACHE_DIR" not in env          # the rung's value stays (engine_env is applied last)
+    assert "VLLM_API_KEY" not in env
+    assert llamacpp.engine_env(c, c.ladder.rungs[0], "k") == {"CUDA_CACHE_PATH": f"{root}/cuda-jit",
+                                                            "CUDA_CACHE_MAXSIZE": "4294967296"}
