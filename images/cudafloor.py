@@ -112,26 +112,27 @@ def cuda_from_torch_version_py(text: str, who: str, into: Measured) -> None:
 
 
 # --------------------------------------------------------------------------- ELF
-def needed_libraries(path: Path) -> list[str]:
-    """The DT_NEEDED entries of a 64-bit little-endian ELF file (what `readelf -d` lists as NEEDED).
+def dynamic_entries(path: Path) -> dict[int, list[str]]:
+    """The string-valued dynamic entries of a 64-bit little-endian ELF file, by tag: DT_NEEDED (1),
+    DT_RPATH (15), DT_RUNPATH (29) -- what `readelf -d` lists as NEEDED, RPATH and RUNPATH.
 
     Read from the section headers: the SHT_DYNAMIC section and the string table it links to.
-    [] for a file that is not such an ELF file or has no dynamic section (a static binary).
+    {} for a file that is not such an ELF file or has no dynamic section (a static binary).
     """
+    out: dict[int, list[str]] = {}
     with open(path, "rb") as f:
         ident = f.read(16)
         if ident[:4] != b"\x7fELF" or ident[4] != 2 or ident[5] != 1:
-            return []
+            return out
         f.seek(0x28)
         (shoff,) = struct.unpack("<Q", f.read(8))
         f.seek(0x3A)
         shentsize, shnum, _ = struct.unpack("<HHH", f.read(6))
         if not shoff or not shnum:
-            return []
+            return out
         f.seek(shoff)
         raw = f.read(shentsize * shnum)
         sections = [struct.unpack_from("<IIQQQQIIQQ", raw, i * shentsize) for i in range(shnum)]
-        out: list[str] = []
         for _, sh_type, _, _, offset, size, link, _, _, entsize in sections:
             if sh_type != 6:          # SHT_DYNAMIC
                 continue
@@ -145,9 +146,23 @@ def needed_libraries(path: Path) -> list[str]:
                 tag, val = struct.unpack_from("<qQ", dyn, i)
                 if tag == 0:          # DT_NULL
                     break
-                if tag == 1:          # DT_NEEDED
-                    out.append(strings[val:strings.index(b"\0", val)].decode())
-        return out
+                if tag in (1, 15, 29):
+                    out.setdefault(tag, []).append(strings[val:strings.index(b"\0", val)].decode())
+    return out
+
+
+def needed_libraries(path: Path) -> list[str]:
+    """The DT_NEEDED entries (what `readelf -d` lists as NEEDED); [] for a non-ELF or static file."""
+    return dynamic_entries(path).get(1, [])
+
+
+def search_path(path: Path) -> list[str]:
+    """The directories a binary's RUNPATH (else RPATH) asks the loader to search, $ORIGIN expanded."""
+    entries = dynamic_entries(path)
+    dirs = entries.get(29) or entries.get(15) or []
+    origin = str(path.resolve().parent)
+    return [d.replace("$ORIGIN", origin).replace("${ORIGIN}", origin)
+            for entry in dirs for d in entry.split(":") if d]
 
 
 def cudart_major(needed: list[str]) -> int | None:
@@ -204,9 +219,10 @@ def _ldconfig_paths() -> dict[str, str]:
     return {}
 
 
-def resolve_soname(soname: str, search: list[str] | None = None) -> Path | None:
-    """The file a soname loads from: the LD_LIBRARY_PATH-style `search` dirs first, then ldconfig's cache."""
-    for d in search or [p for p in os.environ.get("LD_LIBRARY_PATH", "").split(":") if p]:
+def resolve_soname(soname: str, search: list[str] | None = None, runpath: list[str] | None = None) -> Path | None:
+    """The file a soname loads from, in the loader's order for a RUNPATH binary: LD_LIBRARY_PATH (or
+    the given `search` dirs), the binary's RUNPATH, then ldconfig's cache."""
+    for d in [*(search or [p for p in os.environ.get("LD_LIBRARY_PATH", "").split(":") if p]), *(runpath or [])]:
         cand = Path(d) / soname
         if cand.exists():
             return cand.resolve()
@@ -226,7 +242,7 @@ def measure_llamacpp(prefix: Path, into: Measured, *, search: list[str] | None =
     major = cudart_major(needed)
     if major is not None:
         into.add(major, None, f"bin/llama-server needs libcudart.so.{major}")
-        lib = resolve_soname(f"libcudart.so.{major}", search)
+        lib = resolve_soname(f"libcudart.so.{major}", search, search_path(binary))
         if lib is None:
             raise FloorError(f"bin/llama-server needs libcudart.so.{major}, which this image does not have "
                              "(the runtime base must carry that CUDA runtime)")
@@ -268,12 +284,15 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--prefix", default="/opt/kiln/engine", type=Path)
     ap.add_argument("--declared", default="", help="the target's [cuda] version; empty for a CPU target")
     ap.add_argument("--target", default="")
+    ap.add_argument("--measure-only", action="store_true",
+                    help="write what was measured and check nothing against --declared (a host build)")
     ap.add_argument("--out", type=Path, help=f"default: PREFIX/{FLOOR_FILE}")
     args = ap.parse_args(argv)
     declared = args.declared or None
     try:
         floor, evidence = measure(args.engine, args.prefix)
-        check_declared(declared, floor, evidence, args.target)
+        if not args.measure_only:
+            check_declared(declared, floor, evidence, args.target)
         env = os.environ.get("NVIDIA_REQUIRE_CUDA")
         if floor and env is not None and env != require_cuda(floor):
             raise FloorError(f"NVIDIA_REQUIRE_CUDA is {env!r} in this image but the engine needs "

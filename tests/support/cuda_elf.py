@@ -55,7 +55,7 @@ def cudart(dirpath: Path, version: str) -> Path:
     return lib
 
 
-def linked(out: Path, libdir: Path, major: int | None, *, shared: bool = False) -> Path:
+def linked(out: Path, libdir: Path, major: int | None, *, shared: bool = False, rpath: bool = False) -> Path:
     """An executable (or, shared=True, an extension .so) that NEEDs libcudart.so.<major>; major None
     links nothing CUDA (a CPU build)."""
     out.parent.mkdir(parents=True, exist_ok=True)
@@ -66,7 +66,8 @@ def linked(out: Path, libdir: Path, major: int | None, *, shared: bool = False) 
     else:
         src.write_text("int kiln_cudart_stub(void);\nint main(void) { return kiln_cudart_stub(); }\n")
         args = [_gcc(), *(["-shared", "-fPIC"] if shared else []), "-o", str(out), str(src),
-                f"-L{libdir}", f"-l:libcudart.so.{major}", "-Wl,--no-as-needed"]
+                f"-L{libdir}", f"-l:libcudart.so.{major}", "-Wl,--no-as-needed",
+                *([f"-Wl,-rpath,{libdir}", "-Wl,--enable-new-dtags"] if rpath else [])]
     subprocess.run(args, check=True)
     src.unlink()
     return out

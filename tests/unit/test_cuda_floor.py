@@ -161,3 +161,15 @@ def test_a_cpu_llama_server_has_no_floor_and_a_cuda_declaration_over_it_is_refus
     assert load_floor(prefix / cudafloor.FLOOR_FILE) is None
     bad = run_floor("--engine", "llamacpp", "--prefix", str(prefix), "--declared", "12.8")
     assert bad.returncode == 1 and "runs no CUDA" in bad.stderr
+
+
+def test_llamacpp_runtime_found_through_the_binarys_runpath_as_the_loader_finds_it(tmp_path):
+    # a CMake build keeps the toolkit's lib dir in the binary's RUNPATH; no LD_LIBRARY_PATH needed
+    libdir = tmp_path / "cuda" / "lib64"
+    cuda_elf.cudart(libdir, "13.0.96")
+    prefix = tmp_path / "engine"
+    cuda_elf.linked(prefix / "bin" / "llama-server", libdir, 13, rpath=True)
+    assert cudafloor.search_path(prefix / "bin" / "llama-server") == [str(libdir)]
+    r = run_floor("--engine", "llamacpp", "--prefix", str(prefix), "--measure-only")
+    assert r.returncode == 0, r.stderr
+    assert json.loads((prefix / cudafloor.FLOOR_FILE).read_text())["cuda"] == "13.0"
