@@ -9,16 +9,21 @@ sync_code
 take_parts
 left="$(parts_missing)"
 log "parts still missing: $left; build: $(cat "$K/build.done" 2>/dev/null || echo running)"
-if [ "$left" != 0 ] || [ -e "$K/assembled" ]; then tail -n 3 "$K/build.log" >&2 || true; exit 0; fi
-
-cat $(ls "$K"/parts/p* | sort) > "$K/stream.tar"
-(cd "$K" && grep ' stream.tar$' MANIFEST.sha256 | sha256sum --check --strict --quiet)
-mkdir -p "$K/stream" && tar -xf "$K/stream.tar" -C "$K/stream"
-(cd "$K/stream" && sha256sum --check --strict --quiet "$K/MANIFEST.files.sha256")
-rm -f "$K/stream.tar" "$K"/parts/p*
-log "stream reassembled and checked; unpacking vLLM 0.26.0's site"
-zstd -d -q -c "$K/stream/vllm026-site.tar.zst" | tar -xf - -C "$K"
-"$PY" -m pip install -q --no-index --no-deps --no-compile --target "$K/site" "$K"/stream/extra/*.whl
+if [ -e "$K/assembled" ]; then exit 0; fi
+if [ ! -e "$K/stream-ok" ]; then
+  if [ "$left" != 0 ]; then tail -n 3 "$K/build.log" >&2 || true; exit 0; fi
+  cat $(ls "$K"/parts/p* | sort) > "$K/stream.tar"
+  (cd "$K" && grep ' stream.tar$' MANIFEST.sha256 | sha256sum --check --strict --quiet)
+  mkdir -p "$K/stream" && tar -xf "$K/stream.tar" -C "$K/stream"
+  (cd "$K/stream" && sha256sum --check --strict --quiet "$K/MANIFEST.files.sha256")
+  rm -f "$K/stream.tar" "$K"/parts/p*
+  touch "$K/stream-ok"
+  log "stream reassembled and checked; unpacking vLLM 0.26.0's site"
+fi
+if [ ! -d "$K/site/vllm" ]; then
+  zstd -d -q -c "$K/stream/vllm026-site.tar.zst" | tar -xf - -C "$K"
+  "$PY" -m pip install -q --no-index --no-deps --no-compile --target "$K/site" "$K"/stream/extra/*.whl
+fi
 mkdir -p "$K/bin" "$K/models"
 cat > "$K/bin/vllm" <<WRAP
 #!/bin/sh
