@@ -17,7 +17,11 @@ if [ "$n" = 1 ]; then
 elif [ -e "$dev/parts/p$(printf %02d $((n - 1)))" ]; then
   cp -f "$dev/parts/p$(printf %02d $((n - 1)))" "$dst/parts/"
 fi
+# WHEELS="a.whl b.whl": wheels found missing on the GPU, installed into the site by take.sh
+if [ -n "${WHEELS:-}" ]; then mkdir -p "$dst/wheels"; for w in $WHEELS; do cp -f "$w" "$dst/wheels/"; done; fi
 du -sb "$dst" "$repo/../main" 2>/dev/null | awk '{printf "%8.1f MB  %s\n", $1/1e6, $2}' >&2
-total=$(( $(du -sb "$dst" | cut -f1) + $(git -C /work/main ls-files -z | xargs -0 du -cb 2>/dev/null | tail -1 | cut -f1) ))
+total=$(( $(# WHEELS="a.whl b.whl": wheels found missing on the GPU, installed into the site by take.sh
+if [ -n "${WHEELS:-}" ]; then mkdir -p "$dst/wheels"; for w in $WHEELS; do cp -f "$w" "$dst/wheels/"; done; fi
+du -sb "$dst" | cut -f1) + $(git -C /work/main ls-files -z | xargs -0 du -cb 2>/dev/null | tail -1 | cut -f1) ))
 echo "stage: call $n carries $((total / 1000000)) MB with /work/main's checkout (limit 67.1 MB = 64 MiB)" >&2
 [ "$total" -lt 67108864 ] || { echo "stage: over 64 MiB" >&2; exit 1; }
