@@ -19,7 +19,7 @@ elif [ -e "$dev/parts/p$(printf %02d $((n - 1)))" ]; then
 fi
 # WHEELS="a.whl b.whl": wheels found missing on the GPU, installed into the site by take.sh
 if [ -n "${WHEELS:-}" ]; then mkdir -p "$dst/wheels"; for w in $WHEELS; do cp -f "$w" "$dst/wheels/"; done; fi
-du -sb "$dst" "$repo/../main" 2>/dev/null | awk '{printf "%8.1f MB  %s\n", $1/1e6, $2}' >&2
+du -sb "$dst" | awk '{printf "%8.1f MB  %s\n", $1/1e6, $2}' >&2
 total=$(( $(# WHEELS="a.whl b.whl": wheels found missing on the GPU, installed into the site by take.sh
 if [ -n "${WHEELS:-}" ]; then mkdir -p "$dst/wheels"; for w in $WHEELS; do cp -f "$w" "$dst/wheels/"; done; fi
 du -sb "$dst" | cut -f1) + $(git -C /work/main ls-files -z | xargs -0 du -cb 2>/dev/null | tail -1 | cut -f1) ))
