@@ -29,6 +29,9 @@ import time
 import urllib.request
 from pathlib import Path
 
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from common import status_code  # noqa: E402
+
 RESULTS: dict = {"date": time.strftime("%Y-%m-%d")}
 
 
@@ -44,13 +47,7 @@ def dir_bytes(p: Path) -> int:
 
 
 def health(port: int) -> int:
-    try:
-        with urllib.request.urlopen(f"http://127.0.0.1:{port}/health", timeout=1) as r:
-            return r.status
-    except urllib.error.HTTPError as e:
-        return e.code
-    except OSError:
-        return 0
+    return status_code(f"http://127.0.0.1:{port}/health")
 
 
 def complete(port: int, n: int = 256) -> dict:

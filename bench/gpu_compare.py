@@ -26,12 +26,13 @@ import signal
 import subprocess
 import sys
 import time
-import urllib.request
 from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE.parent))
+sys.path.insert(0, str(HERE))
 
+from common import status_code  # noqa: E402
 from supervisor.selftest.client import Client  # noqa: E402
 from supervisor.selftest.metrics import Counters, parse  # noqa: E402
 
@@ -67,13 +68,7 @@ def log(msg: str) -> None:
 
 
 def health(port: int) -> int:
-    try:
-        with urllib.request.urlopen(f"http://127.0.0.1:{port}/health", timeout=1) as r:
-            return r.status
-    except urllib.error.HTTPError as e:
-        return e.code
-    except OSError:
-        return 0
+    return status_code(f"http://127.0.0.1:{port}/health")
 
 
 def start(argv: list[str], env: dict, port: int, log_path: Path, deadline_s: float) -> tuple[subprocess.Popen, float | None]:
