@@ -117,13 +117,25 @@ class Level:
 
     @property
     def overhead_pct(self) -> float | None:
-        """Client time per decode step over the engine's, summed over streams, minus one."""
+        """Client time per decode step over the engine's, summed over streams, minus one.
+
+        The engine's side is llama.cpp's per-reply `timings`; a server without them (vLLM) is read
+        from the level's /metrics delta instead: summed per-request decode time over decode steps
+        (every request's first token comes from prefill, so steps = tokens - requests)."""
         pairs = [(s, s.engine) for s in self.ok if s.steps and s.engine]
-        if not pairs:
+        if pairs:
+            client = sum(s.client_span for s, _ in pairs) / sum(s.steps for s, _ in pairs)
+            engine = sum(e[1] for _, e in pairs) / sum(e[0] for _, e in pairs)
+            return (client / engine - 1.0) * 100.0
+        m = self.metrics
+        streamed = [s for s in self.ok if s.steps]
+        if not (m and m.decode_seconds and m.decode_tokens and streamed):
             return None
-        client = sum(s.client_span for s, _ in pairs) / sum(s.steps for s, _ in pairs)
-        engine = sum(e[1] for _, e in pairs) / sum(e[0] for _, e in pairs)
-        return (client / engine - 1.0) * 100.0
+        engine_steps = m.decode_tokens - len(self.ok)
+        if engine_steps <= 0:
+            return None
+        client = sum(s.client_span for s in streamed) / sum(s.steps for s in streamed)
+        return (client / (m.decode_seconds / engine_steps) - 1.0) * 100.0
 
     def usd_per_m(self, hourly: float) -> float | None:
         return hourly / 3600.0 / self.aggregate * 1e6 if self.aggregate > 0 else None

@@ -27,11 +27,14 @@ LOCK_PATH = IMAGES_DIR / "lock.toml"
 DIGEST_RE = re.compile(r"sha256:[0-9a-f]{64}")
 SHA256_RE = re.compile(r"[0-9a-f]{64}")
 COMMIT_RE = re.compile(r"[0-9a-f]{40}")
+CUDA_RE = re.compile(r"\d+\.\d+")
+CLOSURE_COMPLETE = "complete"
 
 
 @dataclass(frozen=True)
 class Pin:
     key: str                        # base.build | base.runtime | source.commit | source.sha256 | patch.<name>
+                                    # | engine.cuda | engine.closure
     value: str | None = None
     source: str = ""                # where the value came from
     resolved_on: str = ""           # date it was resolved (YYYY-MM-DD)
@@ -46,7 +49,14 @@ def required_pins(target: Target) -> list[str]:
     keys = ["base.build", "base.runtime"]
     keys.append("source.commit" if target.source.kind == "git" else "source.sha256")
     keys += [f"patch.{p.name}" for p in target.patches]
+    if target.source.kind == "pypi-wheel":
+        keys.append("engine.cuda")      # what the wheel's torch installs, checked against [cuda] version
     return keys
+
+
+def optional_pins(target: Target) -> list[str]:
+    """Pins the lock records and reports but a build does not need (an unresolved one refuses nothing)."""
+    return ["engine.closure"] if target.source.kind == "pypi-wheel" else []
 
 
 def how_to_resolve(target: Target, key: str) -> str:
@@ -60,6 +70,11 @@ def how_to_resolve(target: Target, key: str) -> str:
                 f"(`git ls-remote {target.source.url} refs/heads/{target.source.branch}`)")
     if key == "source.sha256":
         return f"run `python build.py lock --target {t}` (asks PyPI for {target.source.filename})"
+    if key == "engine.cuda":
+        return (f"run `python build.py lock --target {t}` (reads {target.source.package}'s and torch's "
+                "metadata from PyPI, PEP 658)")
+    if key == "engine.closure":
+        return f"run `python build.py lock --target {t}` where the index has every package the engine needs"
     if key.startswith("patch."):
         name = key.split(".", 1)[1]
         return (f"run `python build.py lock --target {t} --patch-file {name}=PATH` with your copy of "
@@ -72,6 +87,10 @@ def _validate_value(key: str, value: str) -> str | None:
         return None if DIGEST_RE.fullmatch(value) else "must be sha256:<64 hex>"
     if key == "source.commit":
         return None if COMMIT_RE.fullmatch(value) else "must be a full 40-hex commit"
+    if key == "engine.cuda":
+        return None if CUDA_RE.fullmatch(value) else 'must be a CUDA major.minor, e.g. "13.0"'
+    if key == "engine.closure":
+        return None if value == CLOSURE_COMPLETE else f'must be "{CLOSURE_COMPLETE}" (else: unresolved, naming what is missing)'
     return None if SHA256_RE.fullmatch(value) else "must be 64 lowercase hex digits"
 
 
@@ -197,6 +216,9 @@ def refresh(target: Target, lock: dict[str, dict[str, Pin]], *, resolvers: Mappi
     today = today or _dt.date.today().isoformat()
     patch_files = patch_files or {}
     current = pins_for(target, lock)
+    have = lock.get(target.name, {})
+    for key in optional_pins(target):
+        current[key] = have.get(key, Pin(key, None, unresolved="not yet checked"))
     report: list[str] = []
     for key, pin in current.items():
         try:
@@ -204,8 +226,8 @@ def refresh(target: Target, lock: dict[str, dict[str, Pin]], *, resolvers: Mappi
                 f = patch_files[key.split(".", 1)[1]]
                 value, source = sha256_file(f), f"sha256 of the user-supplied file {f.name}"
             else:
-                kind = key.split(".")[0] if not key.startswith("source.") else key
-                value, source = resolvers[kind](target, key).split("|", 1)
+                resolver = resolvers.get(key) or resolvers[key.split(".")[0]]
+                value, source = resolver(target, key).split("|", 1)
             err = _validate_value(key, value)
             if err:
                 raise ValueError(f"resolver returned {value!r}: {err}")

@@ -18,6 +18,8 @@ import jinja2
 import supervisor
 from supervisor.errors import KilnError
 
+from .cuda import declared_problems
+from .cudafloor import require_cuda
 from .engine_facts import FACTS_FILE, facts_path
 from .lock import Pin, missing
 from .target import IMAGES_DIR, Target
@@ -27,9 +29,18 @@ TEMPLATES_DIR = IMAGES_DIR / "templates"
 RENDERED_DIR = IMAGES_DIR / "rendered"
 COMPILE_SCRIPT = IMAGES_DIR / "scripts" / "compile-llama-server.sh"
 VLLM_SNAPSHOT_SCRIPT = IMAGES_DIR / "scripts" / "vllm-flag-snapshot.py"
+CUDA_FLOOR_SCRIPT = IMAGES_DIR / "cudafloor.py"     # runs in the build as kiln/cuda-floor.py
 SUPERVISOR_DIR = REPO_ROOT / "supervisor"
 KILN_VERSION = supervisor.__version__
 SOURCE_URL = "https://github.com/kiln-llm/kiln"
+
+
+class CudaMismatch(KilnError):
+    """A target's [cuda] version is not the CUDA its engine runs."""
+
+    def __init__(self, target: Target, problems: list[str]):
+        self.problems = problems
+        super().__init__(f"target {target.name}: " + "; ".join(problems))
 
 
 class FloatingRefused(KilnError):
@@ -70,6 +81,8 @@ class RenderContext:
     patches: tuple[PatchRef, ...]
     patch_excludes: tuple[str, ...]
     cuda_archs: str                  # "86;90" or ""
+    cuda: str                        # the CUDA the engine runs ("13.0"), "" for a CPU target
+    nvidia_require_cuda: str         # NVIDIA_REQUIRE_CUDA for it ("cuda>=13.0"), "" for a CPU target
     cmake_flags: tuple[str, ...]
     runtime_packages: tuple[str, ...]
     labels: tuple[tuple[str, str], ...]
@@ -90,6 +103,10 @@ def make_context(target: Target, pins: dict[str, Pin], *, allow_floating: bool =
         unresolved = [u for u in unresolved if not u.startswith("base.")]
     if unresolved and not allow_floating:
         raise FloatingRefused(target, unresolved)
+    cuda_pin = pins.get("engine.cuda")
+    problems = declared_problems(target, cuda_pin.value if cuda_pin else None)
+    if problems:
+        raise CudaMismatch(target, problems)
     floating_keys = tuple(u.split(":", 1)[0] for u in unresolved)
     build_base = base_image or pinned_ref(target.bases.build, pins["base.build"])
     runtime_base = base_image or pinned_ref(target.bases.runtime, pins["base.runtime"])
@@ -105,6 +122,8 @@ def make_context(target: Target, pins: dict[str, Pin], *, allow_floating: bool =
     return RenderContext(header=header, target=target, source=target.source, source_pin=source_pin,
                          build_base=build_base, runtime_base=runtime_base, patches=patches,
                          patch_excludes=excludes, cuda_archs=";".join(target.cuda_archs),
+                         cuda=target.cuda_version or "",
+                         nvidia_require_cuda=require_cuda(target.cuda_version) if target.cuda_version else "",
                          cmake_flags=target.cmake_flags, runtime_packages=target.runtime_packages,
                          labels=labels, ports=ports, floating=bool(floating_keys),
                          engine_facts=str(facts) if facts and facts.is_file() else "")
@@ -176,6 +195,7 @@ def write_context(ctx: RenderContext, out: Path, *, patch_files: dict[str, Path]
     kiln.mkdir()
     shutil.copy2(COMPILE_SCRIPT, kiln / "compile-llama-server.sh")
     shutil.copy2(VLLM_SNAPSHOT_SCRIPT, kiln / "vllm-flag-snapshot.py")
+    shutil.copy2(CUDA_FLOOR_SCRIPT, kiln / "cuda-floor.py")
     shutil.copy2(SUPERVISOR_DIR / "requirements.txt", kiln / "requirements.txt")
     shutil.copy2(ctx.target.deploy_config_path, kiln / "deploy.toml")
     (kiln / "profiles").mkdir()

@@ -13,7 +13,11 @@ from typing import Callable
 
 import requests
 
-from .lock import Resolver, git_commit_resolver
+from supervisor.errors import KilnError
+
+from .cuda import engine_cuda
+from .lock import CLOSURE_COMPLETE, Resolver, git_commit_resolver
+from .pyclosure import walk
 from .target import Target
 
 MANIFEST_ACCEPT = ", ".join([
@@ -76,6 +80,10 @@ def pypi_sha256(package: str, filename: str, *, index: str = "https://pypi.org/s
     raise RuntimeError(f"{index} has no file {filename} for {package}")
 
 
+class ClosureIncomplete(KilnError):
+    """The index lacks a package the engine's dependency tree needs (the message names it)."""
+
+
 def default_resolvers(*, registry_scheme: str = "https", pypi_index: str = "https://pypi.org/simple"
                       ) -> dict[str, Resolver]:
     def base(target: Target, key: str) -> str:
@@ -97,7 +105,19 @@ def default_resolvers(*, registry_scheme: str = "https", pypi_index: str = "http
         r.raise_for_status()
         return f"{hashlib.sha256(r.content).hexdigest()}|sha256 of {p.url}"
 
+    def cuda(target: Target, key: str) -> str:
+        version, source = engine_cuda(target, index=pypi_index)
+        return f"{version}|{source}"
+
+    def closure(target: Target, key: str) -> str:
+        src = target.source
+        found = walk(f"{src.package}=={src.version}", index=pypi_index)
+        if found.missing:
+            raise ClosureIncomplete("; ".join(found.missing))
+        return f"{CLOSURE_COMPLETE}|{len(found.found)} packages walked on {pypi_index} (PEP 691 + PEP 658), none missing"
+
     resolvers: dict[str, Callable[[Target, str], str]] = {
         "base": base, "source.commit": git_commit_resolver, "source.sha256": sdist, "patch": patch,
+        "engine.cuda": cuda, "engine.closure": closure,
     }
     return resolvers

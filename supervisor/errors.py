@@ -21,6 +21,10 @@ this tree and listed here.
     ├── CannotListen             (supervisor.listen) a port the supervisor serves on cannot be bound
     │   └── PortBusy             another process already listens on it (named when psutil can tell)
     ├── FloatingRefused          (images.render) a target has unresolved pins and floating was not allowed
+    ├── CudaMismatch             (images.render) a target's [cuda] version is not the CUDA its engine runs
+    ├── FloorError               (images.cudafloor) the engine's CUDA could not be measured, or disagrees
+    ├── CudaUnknown              (images.cuda) the index did not say which CUDA the engine runs
+    ├── ClosureIncomplete        (images.resolve) the index lacks a package the engine's tree needs
     ├── BinariesError            (images.binaries) engine binaries could not be compiled or published
     ├── FactsError               (images.engine_facts) the pinned engine source cannot be read for its facts
     ├── EngineUnavailable        (images.docker_build) no Docker engine answers

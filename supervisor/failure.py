@@ -52,6 +52,41 @@ def sig(failure_class: FailureClass, pattern: str, reason: str) -> Signature:
     return Signature(failure_class, re.compile(pattern), reason)
 
 
+# A driver too old for the CUDA the engine runs, in the words every CUDA engine can print. The
+# supervisor's preflight (supervisor/cuda.py) refuses such a driver before the engine starts; these
+# catch what gets past it (an image without a floor file, a driver NVML would not describe).
+# Where each string comes from:
+_DRIVER = "the host's NVIDIA driver is too old for this image's CUDA"
+CUDA_DRIVER_SIGNATURES: tuple[Signature, ...] = (
+    # torch, c10/cuda/CUDAFunctions.cpp device_count_impl(), the cudaErrorInsufficientDriver branch:
+    # "The NVIDIA driver on your system is too old (found version 12080). Please update ..."
+    sig(FailureClass.DRIVER_INCOMPATIBLE, r"The NVIDIA driver on your system is too old", _DRIVER),
+    # cudaGetErrorString(cudaErrorInsufficientDriver = 35), the CUDA Runtime API's text; llama.cpp's
+    # ggml_cuda_init prints it as "failed to initialize CUDA: <that text>" (ggml-cuda.cu).
+    sig(FailureClass.DRIVER_INCOMPATIBLE,
+        r"CUDA driver version is insufficient for CUDA runtime version|cudaErrorInsufficientDriver"
+        r"|CUDA_ERROR_INSUFFICIENT_DRIVER", _DRIVER),
+    # cudaErrorSystemDriverMismatch = 803 and cudaErrorCompatNotSupportedOnDevice = 804 (CUDA Runtime
+    # API); torch's cudaGetDeviceCount() default branch prints "Error 803: system has unsupported
+    # display driver / cuda driver combination" and "Error 804: forward compatibility was attempted
+    # on non supported HW" (both seen verbatim in public reports); CUDA_ERROR_* are the driver API's.
+    sig(FailureClass.DRIVER_INCOMPATIBLE,
+        r"\bError 80[34]: |system has unsupported display driver / cuda driver combination"
+        r"|forward compatibility was attempted on non supported HW|cudaErrorSystemDriverMismatch"
+        r"|cudaErrorCompatNotSupportedOnDevice|CUDA_ERROR_SYSTEM_DRIVER_MISMATCH"
+        r"|CUDA_ERROR_COMPAT_NOT_SUPPORTED_ON_DEVICE",
+        "the driver and the image's CUDA libraries do not match (CUDA error 803/804)"),
+    # cudaErrorUnsupportedPtxVersion = 222: the driver's JIT is older than the PTX it was handed
+    # (an arch-86 build's compute_86 PTX run on a newer GPU by an old driver).
+    sig(FailureClass.DRIVER_INCOMPATIBLE, r"the provided PTX was compiled with an unsupported toolchain",
+        "the driver is too old to JIT-compile this build's PTX"),
+    # glibc's dlopen() error for a NEEDED library that is not there: vllm._C needs libcudart.so.13,
+    # llama-server the libcudart.so.NN it was linked with.
+    sig(FailureClass.DRIVER_INCOMPATIBLE, r"libcudart\.so\.\d+: cannot open shared object file",
+        "the CUDA runtime library this engine was built for is not in the image"),
+)
+
+
 @dataclass(frozen=True)
 class Failure:
     failure_class: FailureClass

@@ -20,7 +20,7 @@ import dataclasses
 import logging
 import socket
 from pathlib import Path
-from typing import Callable
+from typing import Any, Callable, Mapping
 
 import psutil
 
@@ -85,6 +85,18 @@ def secret_env_names(cfg: DeployConfig) -> set[str]:
     return names
 
 
+def engine_environment(engine: Any, cfg: DeployConfig, rung: Rung, pod_env: Mapping[str, str],
+                       api_key: str | None) -> dict[str, str]:
+    """The engine's environment: its defaults (the compile caches) < the pod's environment, without
+    the secrets the engine has no use for < the rung's env < what the engine must have (vLLM's key)."""
+    secret_names = secret_env_names(cfg)
+    env = engine.engine_defaults(cfg, rung)
+    env.update({k: v for k, v in pod_env.items() if k not in secret_names})
+    env.update(rung.env)
+    env.update(engine.engine_env(cfg, rung, api_key))
+    return env
+
+
 def port_holder(host: str, port: int) -> str | None:
     """Who already listens on the engine's port, or None when it is free."""
     target = "127.0.0.1" if host in ("0.0.0.0", "::", "") else host
@@ -146,10 +158,7 @@ def start(rt: Runtime, cfg: DeployConfig, index: int, model: Path,
     argv = rt.engine.build_argv(cfg, rung, model_path=str(model),
                                 api_key_file=str(rt.key_file) if rt.key_file else None,
                                 vcpus=rt.hw.vcpus if rt.hw else None)
-    secret_names = secret_env_names(cfg)
-    env = {k: v for k, v in rt.env.items() if k not in secret_names}
-    env.update(rung.env)
-    env.update(rt.engine.engine_env(cfg, rung, rt.api_key))
+    env = engine_environment(rt.engine, cfg, rung, rt.env, rt.api_key)
     try:
         proc = ManagedProcess.start(argv, env=env, on_line=on_line, redact=list(rt.secrets),
                                     log_file=str(rt.run_dir / "engine.log"), role="engine")

@@ -3,8 +3,8 @@
     the hardware (probed once, at boot; its GPU memory then is the reclaim barrier's baseline)
     the engine module, and its binary in this image            -> engine_missing
     the API key (env, file, or generated into the volume)       -> config_rejected
+    the driver's CUDA (NVML) against the image's CUDA floor     -> driver_incompatible
     the [hardware] expectations against this host               -> config_rejected
-    the driver's CUDA against the image's CUDA floor            -> driver_incompatible
     the engine's flag snapshot (rungs are linted against it)    -> a warning when absent
     where the walk starts: ladder.start, or the rung that won last time on this hardware
 
@@ -17,7 +17,7 @@ from __future__ import annotations
 import logging
 from pathlib import Path
 
-from . import apikey, engines, hardware
+from . import apikey, cuda, engines, hardware
 from .config import DeployConfig
 from .errors import ConfigError
 from .failure import Failure, FailureClass
@@ -53,6 +53,13 @@ def prepare(rt: Runtime, cfg: DeployConfig, memory: LadderMemory) -> tuple[Failu
     log.info("API key: %s", key.origin)
     if key.value is None:
         rt.rec.warn("the engine runs without an API key (server.api_key = \"none\")")
+    # The driver before the hardware guard: a driver too old for this image's CUDA is the cause to
+    # name, whatever else differs (beside the flag snapshot: the engine's share/kiln/cuda.json).
+    failure, warning = cuda.preflight(Path(cfg.server.flag_snapshot).parent / "cuda.json", probe=rt.driver_probe)
+    if warning:
+        rt.warn(warning)
+    if failure is not None:
+        return failure, 0
     assert rt.hw is not None
     mismatches = hardware.check(cfg.hardware, rt.hw)
     if mismatches:

@@ -11,6 +11,7 @@ from pathlib import Path
 from types import ModuleType
 from typing import Any, Callable, Mapping
 
+from . import cuda
 from .config import DeployConfig
 from .engines.flags import FlagSnapshot
 from .failure import Failure
@@ -29,6 +30,7 @@ class Runtime:
     secrets: Secrets
     hardware_probe: Callable[[], Hardware]
     gpu_used: Callable[[], list[int] | None]
+    driver_probe: Callable[[], Any] = cuda.driver_cuda   # the driver's CUDA version (NVML)
     hw: Hardware | None = None
     baseline_mib: list[int] | None = None     # GPU memory in use before our first launch
     # set by preflight.prepare for the config about to be walked

@@ -7,7 +7,8 @@ never asks which engine it is:
     lint_rung_warnings(cfg, index, rung, snapshot, *, model=None) -> list[LintIssue]
                                                   warnings (LintIssue.severity "warning"): it runs
     build_argv(cfg, rung, *, model_path, api_key_file, vcpus=None) -> list[str]
-    engine_env(cfg, rung, api_key) -> dict        environment the engine needs (vLLM's key)
+    engine_env(cfg, rung, api_key) -> dict        environment the engine must have (vLLM's key)
+    engine_defaults(cfg, rung) -> dict           environment defaults the pod or rung may override (caches)
     SIGNATURES, HINTS                             stderr lines that decide a failure's class
     STALL_LINES                                   (pattern, count): repeated output that is a stall
 """

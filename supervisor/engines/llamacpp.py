@@ -21,8 +21,9 @@ from dataclasses import dataclass
 from typing import Sequence
 
 from ..config import DeployConfig, Rung
-from ..failure import FailureClass as F, Signature, sig
+from ..failure import CUDA_DRIVER_SIGNATURES, FailureClass as F, Signature, sig
 from ..gguf_layout import FileHeader
+from .caches import CUDA_JIT, cache_env
 from .flags import FlagSnapshot, load_llama_snapshot
 
 load_snapshot = load_llama_snapshot
@@ -63,6 +64,9 @@ SIGNATURES: tuple[Signature, ...] = (
         "host memory exhausted allocating a CPU buffer"),
     sig(F.PORT_IN_USE, r"couldn't bind HTTP server socket|Address already in use",
         "the server port is already in use"),
+    # ggml_cuda_init prints "failed to initialize CUDA: <cudaGetErrorString>" and then carries on with
+    # no CUDA device (a CUDA build silently on the CPU); if the server exits, this is why.
+    *CUDA_DRIVER_SIGNATURES,
     sig(F.CONFIG_REJECTED, r"error while handling argument|invalid argument|unknown argument",
         "the engine rejected an argument"),
     # The seed's fast parameter rejection: no allocator line, context refused.
@@ -335,6 +339,13 @@ def build_argv(cfg: DeployConfig, rung: Rung, *, model_path: str, api_key_file: 
 def engine_env(cfg: DeployConfig, rung: Rung, api_key: str | None) -> dict[str, str]:
     """Nothing: llama-server reads its key from the 0600 file build_argv names."""
     return {}
+
+
+def engine_defaults(cfg: DeployConfig, rung: Rung) -> dict[str, str]:
+    """Defaults the pod's or the rung's environment may override: the driver's JIT cache on the state
+    volume (a build whose PTX the GPU must JIT, such as the A40 build on a newer card, then pays the
+    JIT once per volume, not once per boot)."""
+    return cache_env(cfg, rung, CUDA_JIT)
 
 
 STALL_LINES = None     # llama.cpp has no known "busy but stuck" message

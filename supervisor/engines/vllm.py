@@ -23,7 +23,8 @@ from pathlib import Path
 from typing import Sequence
 
 from ..config import DeployConfig, Rung
-from ..failure import FailureClass as F, Signature, sig
+from ..failure import CUDA_DRIVER_SIGNATURES, FailureClass as F, Signature, sig
+from .caches import CUDA_JIT, TORCH_COMPILE, cache_env
 from .flags import FlagSnapshot, load_argparse_snapshot
 from .llamacpp import LintIssue
 
@@ -44,6 +45,8 @@ SIGNATURES: tuple[Signature, ...] = (
     # vllm/v1/core/kv_cache_utils.py (0.27.1): max_model_len needs more KV cache than is left
     sig(F.OOM, r"larger than the available KV cache memory", "max_model_len does not fit in the KV cache memory"),
     sig(F.PORT_IN_USE, r"Address already in use", "the server port is already in use"),
+    # Before "Failed to infer device type" and "No such file or directory", which follow them.
+    *CUDA_DRIVER_SIGNATURES,
     sig(F.CONFIG_REJECTED, r"unrecognized arguments|error: argument|invalid choice|ambiguous option",
         "vLLM's parser rejected an argument"),
     sig(F.LOAD_ERROR, r"Failed to infer device type", "vLLM found no usable GPU"),
@@ -158,5 +161,12 @@ def build_argv(cfg: DeployConfig, rung: Rung, *, model_path: str, api_key_file: 
 
 
 def engine_env(cfg: DeployConfig, rung: Rung, api_key: str | None) -> dict[str, str]:
-    """vLLM reads its key from VLLM_API_KEY: the environment is readable by its owner only, argv by all."""
+    """What vLLM must have: its key, from VLLM_API_KEY (the environment is readable by its owner
+    only, argv by all)."""
     return {"VLLM_API_KEY": api_key} if api_key else {}
+
+
+def engine_defaults(cfg: DeployConfig, rung: Rung) -> dict[str, str]:
+    """Defaults the pod's or the rung's environment may override: the compile caches (torch.compile,
+    Inductor, Triton) and the driver's JIT cache on the state volume (engines/caches.py)."""
+    return cache_env(cfg, rung, {**TORCH_COMPILE, **CUDA_JIT})

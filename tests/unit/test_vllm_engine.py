@@ -102,7 +102,8 @@ def test_argv_serves_the_snapshot_dir_keeps_the_key_out_and_sets_sampler_default
     assert argv[argv.index("--served-model-name") + 1] == "cyankiwi/Kimi-Linear-48B-A3B-Instruct-AWQ-4bit"
     assert argv[argv.index("--override-generation-config") + 1] == '{"repetition_penalty": 1.05, "temperature": 0.3}'
     assert "--api-key" not in argv and argv[-2:] == ["--max-model-len", "4096"]
-    assert vllm.engine_env(c, c.ladder.rungs[0], "k3y") == {"VLLM_API_KEY": "k3y"}
+    env = vllm.engine_env(c, c.ladder.rungs[0], "k3y")
+    assert env["VLLM_API_KEY"] == "k3y"
 
 
 @pytest.mark.parametrize("line,expected", [
@@ -132,3 +133,65 @@ def test_kv_cache_message_from_the_vllm_source_is_oom():
             "needed, which is larger than the available KV cache memory (7.88 GiB). Try increasing "
             "`gpu_memory_utilization` ...")
     assert classify(returncode=1, elapsed_s=60, tail=[line], signatures=vllm.SIGNATURES).failure_class == "oom"
+
+
+# ---- vLLM 0.26.0, the version the lent H200 can run on its own torch 2.11.0 (issue 14) ----------
+HELP_0_26_0 = HELP.parent / "vllm-0.26.0-serve-help-all.txt"
+
+
+def test_every_vllm_targets_deploy_config_lints_clean_against_the_real_0_26_0_parser():
+    from images.target import load_target, target_names
+    from supervisor.config import load_config
+
+    snap026 = vllm.load_snapshot(HELP_0_26_0)
+    checked = 0
+    for name in target_names():
+        target = load_target(name)
+        if target.engine != "vllm":
+            continue
+        for path in [target.deploy_config_path, *target.profiles.values()]:
+            c = load_config(path, env={})
+            for i, rung in enumerate(c.ladder.rungs):
+                assert vllm.lint_rung(c, i, rung, snap026) == [], (name, path.name, rung.name)
+                checked += 1
+    assert checked >= 3
+
+
+def test_what_0_26_0_lacks_against_0_27_1_is_caught_by_its_snapshot(snap):
+    snap026 = vllm.load_snapshot(HELP_0_26_0)
+    # 0.27.1 added these flags and the kimi_k3 tool parser; 0.26.0's own parser is the authority
+    for flag in ("--kda-prefill-backend", "--enable-fault-tolerance", "--mamba-ssu-algorithm"):
+        assert snap.get(flag) and not snap026.get(flag), flag
+        assert lint(cfg([flag, "x"]), snap026), flag
+    assert any("kimi_k3 is not a parser this vLLM ships" in i
+               for i in lint(cfg(["--tool-call-parser", "kimi_k3", "--enable-auto-tool-choice"]), snap026))
+    # and 0.27.1 dropped two that 0.26.0 still has
+    assert snap026.get("--max-num-partial-prefills") and not snap.get("--max-num-partial-prefills")
+
+
+def test_compile_caches_live_on_the_state_volume_and_a_rungs_own_setting_wins(tmp_path):
+    from supervisor.engines import llamacpp
+
+    c = cfg(["--max-model-len", "4096"], env={"TRITON_CACHE_DIR": "/elsewhere/triton"})
+    env = vllm.engine_defaults(c, c.ladder.rungs[0])
+    root = f"{c.state_dir}/cache"
+    assert env["VLLM_CACHE_ROOT"] == f"{root}/vllm" and env["TORCHINDUCTOR_CACHE_DIR"] == f"{root}/torchinductor"
+    assert env["CUDA_CACHE_PATH"] == f"{root}/cuda-jit" and env["CUDA_CACHE_MAXSIZE"] == "4294967296"
+    assert "TRITON_CACHE_DIR" not in env          # the rung's value stays
+    assert "VLLM_API_KEY" not in env and vllm.engine_env(c, c.ladder.rungs[0], None) == {}
+    assert llamacpp.engine_defaults(c, c.ladder.rungs[0]) == {"CUDA_CACHE_PATH": f"{root}/cuda-jit",
+                                                            "CUDA_CACHE_MAXSIZE": "4294967296"}
+    assert llamacpp.engine_env(c, c.ladder.rungs[0], "k") == {}
+
+
+def test_the_engine_environment_lets_the_pod_and_the_rung_override_the_cache_defaults_never_the_key():
+    from supervisor.launch import engine_environment
+
+    c = cfg(["--max-model-len", "4096"], env={"TRITON_CACHE_DIR": "/rung/triton"})
+    pod = {"TORCHINDUCTOR_CACHE_DIR": "/pod/inductor", "HF_TOKEN": "hf_canary", "KILN_API_KEY": "k-canary",
+           "VLLM_API_KEY": "stale", "PATH": "/usr/bin"}
+    env = engine_environment(vllm, c, c.ladder.rungs[0], pod, "the-key")
+    assert env["TORCHINDUCTOR_CACHE_DIR"] == "/pod/inductor" and env["TRITON_CACHE_DIR"] == "/rung/triton"
+    assert env["VLLM_CACHE_ROOT"] == f"{c.state_dir}/cache/vllm" and env["PATH"] == "/usr/bin"
+    assert env["VLLM_API_KEY"] == "the-key"                    # what the engine must have wins
+    assert "HF_TOKEN" not in env and "KILN_API_KEY" not in env   # secrets it has no use for stay out

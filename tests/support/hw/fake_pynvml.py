@@ -1,6 +1,6 @@
 """Stand-in for the `pynvml` module (nvidia-ml-py), for the NVML path on hosts without a driver.
 
-Only the calls supervisor.hardware makes exist. Install it with
+Only the calls supervisor.hardware and supervisor.cuda make exist. Install it with
 `monkeypatch.setitem(sys.modules, "pynvml", FakeNVML(...))`. It records init/shutdown so tests
 can check NVML is always shut down, and `fail_on` makes a named call raise an NVMLError the way
 the real binding does (no library -> NVMLError_LibraryNotFound at nvmlInit).
@@ -12,6 +12,11 @@ from dataclasses import dataclass
 from types import SimpleNamespace
 
 MIB = 1024 * 1024
+# The CUDA version each driver branch reports (nvmlSystemGetCudaDriverVersion; nvidia-smi's header
+# "CUDA Version"): R550 is CUDA 12.4, R570 12.8 (the seed's A40 pods: 570.195.03), R580 13.0 (the
+# lent H200: 580.159.04).
+CUDA_OF_BRANCH = {"550": 12040, "570": 12080, "580": 13000}
+DRIVERS = {"550": "550.163.01", "570": "570.195.03", "580": "580.159.04"}
 
 
 class NVMLError(Exception):
@@ -60,9 +65,11 @@ class FakeNVML:
     NVMLError = NVMLError
 
     def __init__(self, devices: list[Device], driver: str = "570.195.03", *,
-                 fail_on: dict[str, type[NVMLError]] | None = None, v2: bool = True):
+                 fail_on: dict[str, type[NVMLError]] | None = None, v2: bool = True,
+                 cuda: int | None = None):
         self.devices = devices
         self.driver = driver
+        self.cuda = cuda if cuda is not None else CUDA_OF_BRANCH.get(driver.split(".")[0], 12080)
         self.fail_on = fail_on or {}
         self.v2 = v2
         self.inits = 0
@@ -82,6 +89,10 @@ class FakeNVML:
     def nvmlSystemGetDriverVersion(self) -> str:
         self._maybe_fail("nvmlSystemGetDriverVersion")
         return self.driver
+
+    def nvmlSystemGetCudaDriverVersion(self) -> int:
+        self._maybe_fail("nvmlSystemGetCudaDriverVersion")
+        return self.cuda
 
     def nvmlDeviceGetCount(self) -> int:
         self._maybe_fail("nvmlDeviceGetCount")

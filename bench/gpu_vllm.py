@@ -1,0 +1,270 @@
+#!/usr/bin/env python3
+"""Kiln's supervisor boots a real vLLM on the lent H200 (issue 14, items 2, 5 and 6's P2/P11).
+
+    python3 bench/gpu_vllm.py --root /root/k --out $OUT [--vllm /root/k/bin/vllm] [--model DIR]
+
+One call, in this order (every boot's /status, the engine logs and the GPU's process list land in
+--out; the last lines printed are the figures):
+  A  supervised boot, empty state volume. Rung "too-long" asks --max-model-len 20,000,000
+     (VLLM_ALLOW_LONG_MAX_MODEL_LEN=1, --enforce-eager so it fails without compiling): its KV cache
+     (~23 KB a token for SmolLM2-135M: 460 GB) cannot fit the card, vLLM says so, Kiln classifies
+     it from vLLM's words, waits at the reclaim barrier, falls through to rung "fits". The
+     selftest runs on real vLLM output (probes, decode tok/s, prefill); then one 512-token greedy
+     request to the engine's port, tok/s from the stream and from vLLM's own /metrics (P2, supervised).
+  stop  SIGTERM to the supervisor; then no process may hold GPU memory (vLLM #55510: orphans hold VRAM).
+  bare  the same argv as rung "fits", without Kiln, caches on the same volume (warm): the same
+        512-token request (P2, bare).
+  B  supervised boot again on the same state volume: the ladder starts at the remembered rung and
+     vLLM's torch.compile / Inductor / Triton caches are warm (supervisor/engines/caches.py).
+     P11 warm_boot_over_cold = B's engine load time / A's load time of the same rung.
+On a machine without a GPU the same steps run against any `vllm`-shaped executable (--vllm), to
+check the driver's flow; such figures mean nothing (docs/research/device-plan-2026-12-01.md).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+import urllib.request
+from pathlib import Path
+from typing import Any
+
+HERE = Path(__file__).resolve().parent
+REPO = HERE.parent
+sys.path.insert(0, str(REPO))
+
+from supervisor.selftest.client import Client  # noqa: E402
+from supervisor.selftest.metrics import Counters  # noqa: E402
+
+KEY = "kiln-device-run-key"
+RESULTS: dict[str, Any] = {"date": time.strftime("%Y-%m-%d"), "steps": {}}
+
+
+def log(msg: str) -> None:
+    print(f"[gpu_vllm {time.strftime('%H:%M:%S')}] {msg}", flush=True)
+
+
+def get(url: str, timeout: float = 2.0) -> tuple[int, str]:
+    try:
+        with urllib.request.urlopen(url, timeout=timeout) as r:
+            return r.status, r.read().decode(errors="replace")
+    except urllib.error.HTTPError as e:
+        return e.code, e.read().decode(errors="replace")
+    except OSError:
+        return 0, ""
+
+
+def gpu_apps() -> list[str]:
+    """Processes holding GPU memory, as nvidia-smi sees them ([] on a machine without one)."""
+    try:
+        out = subprocess.run(["nvidia-smi", "--query-compute-apps=pid,process_name,used_memory",
+                              "--format=csv,noheader"], capture_output=True, text=True, timeout=20).stdout
+    except (OSError, subprocess.TimeoutExpired):
+        return []
+    return [line.strip() for line in out.splitlines() if line.strip() and "No running" not in line]
+
+
+def wait(cond, deadline_s: float, poll: float = 0.2) -> float | None:
+    t0 = time.monotonic()
+    while time.monotonic() - t0 < deadline_s:
+        if cond():
+            return time.monotonic() - t0
+        time.sleep(poll)
+    return None
+
+
+def config(a: argparse.Namespace, state: Path, port: int, sport: int, *, remember: bool = True) -> str:
+    # flashinfer is not carried (docs/research/device-plan-2026-12-01.md): without this, vLLM 0.26.0's
+    # sampler imports its FlashInfer backend on CUDA and fails (v1/sample/ops/topk_topp_sampler.py)
+    no_fi = 'VLLM_USE_FLASHINFER_SAMPLER = "0"\n'
+    oom_env = '[ladder.rungs.env]\nVLLM_ALLOW_LONG_MAX_MODEL_LEN = "1"\n' + no_fi
+    return f"""# written by bench/gpu_vllm.py
+engine = "vllm"
+state_dir = "{state}"
+[model]
+source = "{a.model}"
+entry = "config.json"
+family = "smollm2"
+[server]
+host = "127.0.0.1"
+port = {port}
+binary = "{a.vllm}"
+flag_snapshot = "{a.snapshot}"
+api_key = "env:KILN_API_KEY"
+[ladder]
+fall_through = ["oom", "config_rejected"]
+remember = {str(remember).lower()}
+[[ladder.rungs]]
+name = "too-long"
+placement = "engine"
+args = ["--max-model-len", "20000000", "--enforce-eager"]
+{oom_env}
+[[ladder.rungs]]
+name = "fits"
+placement = "engine"
+args = {json.dumps(a.fits)}
+[ladder.rungs.env]
+{no_fi}[health]
+stall_s = {a.stall_s}
+[selftest]
+enabled = {str(a.selftest).lower()}
+decode_tokens = 256
+prefill_tokens = 3000
+[status]
+host = "127.0.0.1"
+port = {sport}
+"""
+
+
+def decode(port: int, tokens: int = 512) -> dict[str, Any]:
+    """One greedy request of `tokens` tokens to the engine, rate from the stream and from /metrics."""
+    c = Client(f"http://127.0.0.1:{port}", KEY, engine="vllm", timeout_s=120)
+    before = Counters.from_text(c.metrics())
+    r = c.complete("The history of the printing press begins", max_tokens=tokens, stream=True,
+                   ignore_eos=True, **c.greedy())
+    delta = Counters.from_text(c.metrics()).minus(before)
+    steps = len(r.chunk_times) - 1
+    span = r.chunk_times[-1] - r.chunk_times[0] if steps > 0 else 0
+    return {"tokens": r.completion_tokens, "client_tok_s": round(steps / span, 2) if span else None,
+            "metrics_tok_s": round(delta.decode_tok_s, 2) if delta.decode_tok_s else None,
+            "metrics": delta.to_dict()}
+
+
+def supervised(a: argparse.Namespace, name: str, state: Path) -> dict[str, Any]:
+    port, sport = a.port, a.port + 1
+    cfg = a.out / f"deploy-{name}.toml"
+    cfg.write_text(config(a, state, port, sport))
+    env = {**os.environ, "KILN_API_KEY": KEY, "PYTHONPATH": str(REPO), "KILN_EXIT_ON_FAILURE": "1"}
+    logf = open(a.out / f"supervisor-{name}.log", "w")
+    t0 = time.monotonic()
+    proc = subprocess.Popen([sys.executable, "-m", "supervisor", "run", "--config", str(cfg)], cwd=str(REPO),
+                            env=env, stdout=logf, stderr=subprocess.STDOUT, start_new_session=True)
+    snaps: list[dict[str, Any]] = []
+
+    def ready() -> bool:
+        code, text = get(f"http://127.0.0.1:{sport}/status")
+        if code == 200:
+            snaps.append(json.loads(text))
+        return proc.poll() is not None or get(f"http://127.0.0.1:{sport}/ready")[0] == 200
+
+    waited = wait(ready, a.boot_deadline_s, 0.5)
+    rec: dict[str, Any] = {"ready_s": None if waited is None or proc.poll() is not None else round(time.monotonic() - t0, 2)}
+    status = json.loads(get(f"http://127.0.0.1:{sport}/status")[1] or "{}")
+    (a.out / f"status-{name}.json").write_text(json.dumps(status, indent=1))
+    states = []
+    for s in snaps:
+        st = s.get("state")
+        if not states or states[-1] != st:
+            states.append(st)
+    rec.update(states_seen=states, timings=status.get("timings"), selftest=status.get("selftest"),
+               last_failure=status.get("last_failure"), failures=status.get("counters", status.get("failures")),
+               history=[e for e in status.get("history", status.get("events", [])) if isinstance(e, dict)][-40:],
+               stalled=any("stall" in json.dumps(e).lower() for e in status.get("history", status.get("events", []))),
+               gpu_apps_serving=gpu_apps())
+    if rec["ready_s"] is not None:
+        rec["decode"] = decode(port)
+    rec["stop"] = stop(proc, a)
+    logf.close()
+    return rec
+
+
+def stop(proc: subprocess.Popen, a: argparse.Namespace) -> dict[str, Any]:
+    t0 = time.monotonic()
+    if proc.poll() is None:
+        proc.send_signal(signal.SIGTERM)
+    try:
+        code = proc.wait(60)
+    except subprocess.TimeoutExpired:
+        os.killpg(proc.pid, signal.SIGKILL)
+        code = proc.wait(10)
+    exited = time.monotonic() - t0
+    freed = wait(lambda: not gpu_apps(), 30, 0.5)
+    return {"exit": code, "exit_s": round(exited, 2), "gpu_free_after_s": None if freed is None else round(freed, 2),
+            "gpu_apps_left": gpu_apps()}
+
+
+def bare(a: argparse.Namespace, state: Path) -> dict[str, Any]:
+    from supervisor.config import load_config
+    from supervisor.engines import vllm
+
+    cfg = load_config(a.out / "deploy-A.toml", env={"KILN_API_KEY": KEY})
+    rung = next(r for r in cfg.ladder.rungs if r.name == "fits")
+    argv = vllm.build_argv(cfg, rung, model_path=str(Path(a.model) / "config.json"))
+    env = {**vllm.engine_defaults(cfg, rung), **os.environ, **rung.env, **vllm.engine_env(cfg, rung, KEY)}
+    logf = open(a.out / "vllm-bare.log", "w")
+    t0 = time.monotonic()
+    proc = subprocess.Popen(argv, env=env, stdout=logf, stderr=subprocess.STDOUT, start_new_session=True)
+    up = wait(lambda: proc.poll() is not None or get(f"http://127.0.0.1:{a.port}/health")[0] == 200, a.boot_deadline_s, 0.2)
+    rec: dict[str, Any] = {"argv": argv, "ready_s": None if up is None or proc.poll() is not None else round(time.monotonic() - t0, 2)}
+    if rec["ready_s"] is not None:
+        rec["decode"] = decode(a.port)
+    t1 = time.monotonic()
+    os.killpg(proc.pid, signal.SIGTERM)
+    try:
+        proc.wait(60)
+    except subprocess.TimeoutExpired:
+        os.killpg(proc.pid, signal.SIGKILL)
+        proc.wait(10)
+    freed = wait(lambda: not gpu_apps(), 30, 0.5)
+    rec["stop"] = {"exit_s": round(time.monotonic() - t1, 2), "gpu_free_after_s": freed, "gpu_apps_left": gpu_apps()}
+    logf.close()
+    return rec
+
+
+def ratio(x: float | None, y: float | None) -> float | None:
+    return round(x / y, 4) if x and y else None
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--root", type=Path, default=Path("/root/k"))
+    ap.add_argument("--out", type=Path, default=Path(os.environ.get("OUT", "/tmp/out")))
+    ap.add_argument("--vllm", help="default ROOT/bin/vllm")
+    ap.add_argument("--model", help="default ROOT/models/smollm2-bf16")
+    ap.add_argument("--snapshot", help="vLLM's --help=all; default: taken now from --vllm")
+    ap.add_argument("--fits", type=json.loads, default=["--max-model-len", "4096", "--gpu-memory-utilization", "0.85"])
+    ap.add_argument("--port", type=int, default=18180)
+    ap.add_argument("--stall-s", type=float, default=120.0)
+    ap.add_argument("--boot-deadline-s", type=float, default=420.0)
+    ap.add_argument("--steps", default="A,bare,B")
+    ap.add_argument("--no-selftest", dest="selftest", action="store_false",
+                    help="boot without the selftest (a dry run on a stand-in that cannot answer like the model)")
+    a = ap.parse_args()
+    a.out.mkdir(parents=True, exist_ok=True)
+    a.vllm = a.vllm or str(a.root / "bin" / "vllm")
+    a.model = a.model or str(a.root / "models" / "smollm2-bf16")
+    if not a.snapshot:
+        a.snapshot = str(a.out / "vllm-serve-help-all.txt")
+        with open(a.snapshot, "w") as f:
+            subprocess.run([a.vllm, "serve", "--help=all"], stdout=f, stderr=subprocess.DEVNULL, timeout=300)
+    state = a.root / "state-vllm"
+    steps = a.steps.split(",")
+    for name in steps:
+        log(f"step {name}")
+        RESULTS["steps"][name] = bare(a, state) if name == "bare" else supervised(a, name, state)
+        (a.out / "gpu-vllm.json").write_text(json.dumps(RESULTS, indent=1, default=str))
+    s = RESULTS["steps"]
+    A, B, bare_run = s.get("A", {}), s.get("B", {}), s.get("bare", {})
+    load = lambda r: (r.get("timings") or {}).get("last_load_s")  # noqa: E731
+    RESULTS["P2_supervised_over_bare_decode"] = ratio((A.get("decode") or {}).get("client_tok_s"),
+                                                      (bare_run.get("decode") or {}).get("client_tok_s"))
+    RESULTS["P11_warm_boot_over_cold"] = ratio(load(B), load(A))
+    (a.out / "gpu-vllm.json").write_text(json.dumps(RESULTS, indent=1, default=str))
+    for name, r in s.items():
+        d = r.get("decode") or {}
+        log(f"{name}: ready {r.get('ready_s')} s, load {load(r)} s, states {r.get('states_seen')}, "
+            f"failure {(r.get('last_failure') or {}).get('class')}, selftest "
+            f"{(r.get('selftest') or {}).get('passed')}, decode {d.get('client_tok_s')} tok/s "
+            f"(metrics {d.get('metrics_tok_s')}), stop {r.get('stop')}")
+    print(f"P2 supervised_over_bare_decode={RESULTS['P2_supervised_over_bare_decode']}")
+    print(f"P11 warm_boot_over_cold={RESULTS['P11_warm_boot_over_cold']}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

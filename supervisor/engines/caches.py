@@ -1,0 +1,42 @@
+"""Compile caches on the supervisor's state volume, so a pod's second boot skips the compiles.
+
+vLLM compiles its model with torch.compile and Triton at every start and keeps the results in
+VLLM_CACHE_ROOT (~/.cache/vllm), TORCHINDUCTOR_CACHE_DIR (/tmp/torchinductor_<user>) and
+TRITON_CACHE_DIR (~/.triton/cache): on a container disk that a restart wipes. The NVIDIA driver
+keeps the machine code it JIT-compiles from PTX (the A40 build's compute_86 PTX on a newer GPU) in
+CUDA_CACHE_PATH (~/.nv/ComputeCache, at most CUDA_CACHE_MAXSIZE bytes, 256 MiB by default). The
+supervisor's state_dir is on the volume (images/target.py checks that for Hub models), so the
+caches go there. A rung's own env setting of any of these wins.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Mapping
+
+from ..config import DeployConfig, Rung
+
+# The driver's JIT cache. NVIDIA's CUDA Programming Guide gives CUDA_CACHE_MAXSIZE a 256 MiB default
+# and a 4 GiB maximum (as recalled, not re-read from a copy here); a PTX-only build of llama.cpp's
+# many kernels may outgrow the default, and a binary too large for the cache is never cached. Issue
+# 13's device run measures the cache it fills (docs/research/device-plan-2026-12-01.md).
+CUDA_JIT = {"CUDA_CACHE_PATH": "cuda-jit", "CUDA_CACHE_MAXSIZE": "4294967296"}
+TORCH_COMPILE = {"VLLM_CACHE_ROOT": "vllm", "TORCHINDUCTOR_CACHE_DIR": "torchinductor", "TRITON_CACHE_DIR": "triton"}
+
+
+def cache_root(cfg: DeployConfig) -> Path:
+    return Path(cfg.state_dir) / "cache"
+
+
+def cache_env(cfg: DeployConfig, rung: Rung, names: Mapping[str, str]) -> dict[str, str]:
+    """{VAR: state_dir/cache/<dir>} for each cache the rung's env does not set itself. The tools
+    create their own directories; CUDA_CACHE_MAXSIZE is a size, passed as given."""
+    out: dict[str, str] = {}
+    for var, sub in names.items():
+        if var in rung.env:
+            continue
+        if sub.isdigit():
+            out[var] = sub
+            continue
+        out[var] = str(cache_root(cfg) / sub)
+    return out
