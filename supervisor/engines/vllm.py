@@ -41,6 +41,9 @@ _OPT_LEVEL = re.compile(r"-O\d?")
 
 SIGNATURES: tuple[Signature, ...] = (
     sig(F.OOM, r"torch\.OutOfMemoryError|CUDA out of memory", "CUDA out of memory (torch)"),
+    # vLLM 0.26.0 on an H200 (2026-12-01, Kiln's device run), a max_model_len of 20M tokens: its
+    # engine core's pinned host buffer failed with "torch.AcceleratorError: CUDA error: out of memory".
+    sig(F.OOM, r"CUDA error: out of memory|cudaErrorMemoryAllocation", "CUDA out of memory (torch)"),
     sig(F.OOM, r"No available memory for the cache blocks", "no GPU memory left for the KV cache"),
     # vllm/v1/core/kv_cache_utils.py (0.27.1): max_model_len needs more KV cache than is left
     sig(F.OOM, r"larger than the available KV cache memory", "max_model_len does not fit in the KV cache memory"),
