@@ -25,8 +25,13 @@ Routes (``{type}`` is ``models`` or ``datasets``; revisions are branch names, ta
     DELETE /api/{type}/{ns}/{name}/tag/{name}
     POST   /api/validate-yaml                              always valid (the client posts README.md here)
     GET    /api/agent-harnesses                            empty registry (fetched once per process when telemetry is on)
-    GET|HEAD /{ns}/{name}/resolve/{rev}/{path}             file content; Range -> 206
+    GET|HEAD /{ns}/{name}/resolve/{rev}/{path}             file content; Range -> 206; LFS/Xet files: 302 to /cdn
     GET|HEAD /datasets/{ns}/{name}/resolve/{rev}/{path}
+    GET|HEAD /cdn/{sha256}?expires={unix}                  the "CDN" (cdn-lfs / cas-bridge): Range -> 206; 403 once expired
+    GET    /api/{type}/{ns}/{name}/xet-read-token/{rev}    Xet CAS url + access token, in X-Xet-* headers (and JSON)
+    GET    /cas/v2/reconstructions/{xet_hash}              the Xet CAS (tests/support/xetcas.py); Range -> part of the file
+    GET    /cas/xorbs/{sha256}/{k}                         a xorb's framed chunks ("presigned": no token); Range -> 206
+    POST   /v1/telemetry                                   hf_xet's transfer telemetry; accepted and dropped
 
 Behaviour worth knowing:
 
@@ -34,16 +39,25 @@ Behaviour worth knowing:
   holds ``repo.json`` (privacy, branches, tags) and ``commits/<id>.json``, each an immutable snapshot
   ``{path: sha256}``. A new repo gets an initial commit with a ``.gitattributes``, as on the Hub.
   Commit ids are sha1 of (repo, sequence number, parent, files, title): 40 hex, never reused.
-* Every file is a regular git file: its oid (tree ``oid``, ``blobId``, ``ETag``) is the git blob
-  sha1 of its content, which is also what the client compares to skip unchanged uploads. No file is
-  reported as LFS and no Xet header is ever sent, so the client uses plain HTTP both ways.
+* A file is a regular git file unless it was seeded as LFS or Xet (``seed(..., storage=...)``):
+  a regular file's oid (tree ``oid``, ``blobId``, ``ETag``) is the git blob sha1 of its content,
+  which is also what the client compares to skip unchanged uploads. An LFS file is listed as the
+  Hub lists one (``lfs: {oid: sha256, size, pointerSize}``, its oid the git sha1 of its pointer
+  file) and its resolve URL answers 302 to the CDN route with ``X-Linked-Etag`` (the sha256) and
+  ``X-Linked-Size``, on another origin (``localhost`` instead of ``127.0.0.1``, same port) so the
+  client treats it as off-Hub, as it does cdn-lfs.hf.co. A Xet file is an LFS file that also has a
+  ``xetHash`` in listings and ``X-Xet-Hash`` + a ``Link: <...xet-read-token...>; rel="xet-auth"``
+  header on resolve, as on the Hub; ``hf_xet`` then downloads it from the CAS routes. Uploads are
+  always regular (preupload says so), so LFS and Xet files only come from ``seed``.
+* URLs the server hands out (CDN, CAS, xorbs) are built from the request's ``Host`` header, so a
+  client that talks through a relay (tests/support/throttle.py) keeps talking through it.
 * Auth: ``Authorization: Bearer <token>``. Private repos and all writes need the token; a wrong
   token gets 401 "Invalid credentials in Authorization header" on any route. Any namespace may be
   written with the token. The token is never logged (request logging is off).
 * Errors carry ``X-Error-Code`` (RepoNotFound, RevisionNotFound, EntryNotFound) and
   ``X-Error-Message`` so the client raises its typed errors. A missing or hidden repo answers 401
   without a token and 404 with one.
-* Not implemented: pull requests (``create_pr`` is refused with 400), LFS/Xet transfers, Spaces,
+* Not implemented: pull requests (``create_pr`` is refused with 400), LFS/Xet uploads, Spaces,
   pagination (every listing is one page), ``expand`` on tree/paths-info.
 
 Knobs for tests: ``fail_next(n, status, path_prefix)`` answers the next n matching requests with
@@ -51,9 +65,14 @@ that status; ``truncate_next_download(after_bytes)`` cuts the next file body sho
 resumes with a Range request); ``set_offline(True)`` closes the listening socket and every open
 connection so the client gets connection errors, as with no network, and ``set_offline(False)``
 listens again on the same port; ``counts`` counts requests per route name (``repo_info``,
-``resolve_head``, ``resolve_get``, ``tree``, ...) and ``log`` records each one. To arrange a test
-without HTTP, ``seed(repo_id, {path: bytes})`` commits files directly and ``resolve(repo_id, rev)``
-reads a ref.
+``resolve_head``, ``resolve_get``, ``cdn_get``, ``xorb_get``, ``tree``, ...) and ``log`` records each
+one; ``bytes_served`` counts the body bytes sent per route (what a download really cost).
+``corrupt_next_download(at)`` flips one byte of the next file body; ``cdn_ttl_s`` is how long a
+CDN URL stays valid (an hour, as a presigned URL might; tests shorten it). To arrange a test
+without HTTP, ``seed(repo_id, {path: bytes}, storage="regular"|"lfs"|"xet")`` commits files
+directly, ``seed_sparse(repo_id, path, size)`` commits a sparse LFS file of zeros of any size
+(its sha256 is declared, not computed: a test never downloads it whole), and
+``resolve(repo_id, rev)`` reads a ref.
 
 Point the client at the server with ``client_env(server, home)``: huggingface_hub reads HF_ENDPOINT,
 HF_HUB_CACHE, HF_HOME... once, at import, into ``huggingface_hub.constants`` (and the module-level
@@ -83,6 +102,8 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from typing import Any
 from urllib.parse import parse_qs, unquote, urlsplit
+
+from tests.support import xetcas
 
 TEST_TOKEN = "hf_kilnStandInTestTokenNotASecret0000"
 TEST_USER = "kiln-test"
@@ -133,17 +154,41 @@ class _Store:
         # One lock for every read-modify-write: request threads race otherwise.
         self.lock = threading.RLock()
         self._oids: dict[str, str] = {}
+        self._oid_lock = threading.Lock()
+        self.kinds: dict[str, str] = {}  # sha256 -> "lfs" | "xet"; absent: a regular git file
 
     # -- blobs
 
-    def put_blob(self, data: bytes) -> str:
+    def put_blob(self, data: bytes, kind: str = "regular") -> str:
         sha = hashlib.sha256(data).hexdigest()
         path = self.blob_path(sha)
         if not path.exists():
             tmp = path.with_name(f"{sha}.{threading.get_ident()}.tmp")
             tmp.write_bytes(data)
             os.replace(tmp, path)  # atomic, so a reader never sees half a blob
+        self._mark(sha, kind)
         return sha
+
+    def put_sparse(self, size: int) -> str:
+        """A file of `size` zero bytes that takes no disk, named by a declared (not computed) sha256."""
+        sha = hashlib.sha256(b"kiln-standin-sparse:%d" % size).hexdigest()
+        path = self.blob_path(sha)
+        if not path.exists():
+            with path.open("wb") as f:
+                f.truncate(size)
+        self._mark(sha, "lfs")
+        return sha
+
+    def _mark(self, sha: str, kind: str) -> None:
+        if kind not in ("regular", "lfs", "xet"):
+            raise ValueError(f"storage must be regular, lfs or xet, not {kind!r}")
+        if kind != "regular":
+            self.kinds[sha] = kind
+
+    def pointer(self, sha: str) -> bytes:
+        """The git-lfs pointer file git stores in place of an LFS file."""
+        return b"version https://git-lfs.github.com/spec/v1\noid sha256:%s\nsize %d\n" % (
+            sha.encode(), self.blob_size(sha))
 
     def has_blob(self, sha: str) -> bool:
         return bool(re.fullmatch(r"[0-9a-f]{64}", sha)) and self.blob_path(sha).is_file()
@@ -155,14 +200,21 @@ class _Store:
         return self.blob_path(sha).stat().st_size
 
     def blob_oid(self, sha: str) -> str:
-        """Git blob sha1 of the content: what the Hub reports as oid/ETag for a regular file."""
+        """Git blob sha1 of what git stores: the content of a regular file (what the Hub reports as its
+        oid/ETag), the pointer file of an LFS one. Computed once per blob, not once per request."""
         oid = self._oids.get(sha)
         if oid is None:
-            digest = hashlib.sha1(b"blob %d\0" % self.blob_size(sha))
-            with self.blob_path(sha).open("rb") as f:
-                for chunk in iter(lambda: f.read(_CHUNK), b""):
-                    digest.update(chunk)
-            oid = self._oids[sha] = digest.hexdigest()
+            with self._oid_lock:
+                oid = self._oids.get(sha)
+                if oid is None and sha in self.kinds:
+                    oid = _sha1(b"blob %d\0" % len(self.pointer(sha)) + self.pointer(sha))
+                elif oid is None:
+                    digest = hashlib.sha1(b"blob %d\0" % self.blob_size(sha))
+                    with self.blob_path(sha).open("rb") as f:
+                        for chunk in iter(lambda: f.read(_CHUNK), b""):
+                            digest.update(chunk)
+                    oid = digest.hexdigest()
+                self._oids[sha] = oid
         return oid
 
     # -- repos
@@ -294,6 +346,11 @@ class _Response:
     file: Path | None = None  # when set, send `length` bytes of it from `start` instead of body
     start: int = 0
     length: int = 0
+    chunks: Callable[[], Iterator[bytes]] | None = None  # or `length` bytes generated by this
+
+    @property
+    def streamed(self) -> bool:
+        return self.file is not None or self.chunks is not None
 
 
 def _json(data: Any, status: int = 200) -> _Response:
@@ -356,6 +413,9 @@ class _Api:
         self.base_url = base_url
         self.token = token
         self.user = user
+        # The short-lived token the Hub hands out for its Xet CAS (never the Hub token itself).
+        self.xet_token = "xet_" + hashlib.sha256(b"kiln-standin-xet-token:" + token.encode()).hexdigest()[:32]
+        self.cdn_ttl_s = 3600.0
 
     # -- routing
 
@@ -369,6 +429,14 @@ class _Api:
         if len(s) >= 5 and s[2] == "resolve" and m in ("GET", "HEAD"):
             key = RepoKey("model", f"{s[0]}/{s[1]}")
             return self._resolve_route(req, key, s[3], "/".join(s[4:]))
+        if len(s) == 2 and s[0] == "cdn" and m in ("GET", "HEAD"):
+            return ("cdn_head" if m == "HEAD" else "cdn_get"), lambda: self.cdn_file(req, s[1])
+        if s[:3] == ["cas", "v2", "reconstructions"] and len(s) == 4 and m == "GET":
+            return "reconstruction", lambda: self.reconstruction(req, s[3])
+        if s[:2] == ["cas", "xorbs"] and len(s) == 4 and m == "GET":
+            return "xorb_get", lambda: self.xorb(req, s[2], s[3])
+        if s == ["v1", "telemetry"] and m == "POST":
+            return "xet_telemetry", lambda: _json({})
         return "unknown", lambda: self._unknown(req)
 
     def _resolve_route(self, req: _Request, key: RepoKey, rev: str, path: str) -> tuple[str, Callable[[], _Response]]:
@@ -399,6 +467,7 @@ class _Api:
             ("GET", "refs"): ("refs", lambda: self.refs(req, key)),
             ("GET", "tree"): ("tree", lambda: self.tree(req, key, tree_rev, tree_path)),
             ("GET", "commits"): ("commits", lambda: self.commits(req, key, arg or "main")),
+            ("GET", "xet-read-token"): ("xet_read_token", lambda: self.xet_read_token(req, key, arg)),
             ("POST", "paths-info"): ("paths_info", lambda: self.paths_info(req, key, arg)),
             ("POST", "preupload"): ("preupload", lambda: self.preupload(req, key, arg)),
             ("POST", "commit"): ("commit", lambda: self.commit(req, key, arg)),
@@ -508,7 +577,11 @@ class _Api:
     def _sibling(self, path: str, sha: str, with_blobs: bool) -> dict[str, Any]:
         if not with_blobs:
             return {"rfilename": path}
-        return {"rfilename": path, "size": self.store.blob_size(sha), "blobId": self.store.blob_oid(sha)}
+        entry = {"rfilename": path, "size": self.store.blob_size(sha), "blobId": self.store.blob_oid(sha)}
+        if sha in self.store.kinds:
+            entry["lfs"] = {"sha256": sha, "size": self.store.blob_size(sha),
+                            "pointerSize": len(self.store.pointer(sha))}
+        return entry
 
     def refs(self, req: _Request, key: RepoKey) -> _Response:
         self._readable(req, key)
@@ -534,7 +607,13 @@ class _Api:
     # -- listings
 
     def _file_entry(self, path: str, sha: str) -> dict[str, Any]:
-        return {"type": "file", "path": path, "size": self.store.blob_size(sha), "oid": self.store.blob_oid(sha)}
+        entry = {"type": "file", "path": path, "size": self.store.blob_size(sha), "oid": self.store.blob_oid(sha)}
+        kind = self.store.kinds.get(sha)
+        if kind:
+            entry["lfs"] = {"oid": sha, "size": self.store.blob_size(sha), "pointerSize": len(self.store.pointer(sha))}
+        if kind == "xet":
+            entry["xetHash"] = xetcas.file_hash(sha)
+        return entry
 
     def _dir_entry(self, files: dict[str, str], path: str) -> dict[str, Any]:
         inside = sorted((p, self.store.blob_oid(s)) for p, s in files.items() if p.startswith(path + "/"))
@@ -703,12 +782,91 @@ class _Api:
             "ETag": f'"{self.store.blob_oid(sha)}"',
             "X-Repo-Commit": cid,
         }
+        kind = self.store.kinds.get(sha)
+        if kind is None:
+            return self._file_body(req, sha, headers)
+        # LFS and Xet content lives on the CDN: the Hub answers with where, and what (the sha256, the size).
+        expires = int(time.time() + self.cdn_ttl_s)
+        headers.update({"Location": f"{_cdn_origin(req)}/cdn/{sha}?expires={expires}",
+                        "X-Linked-Etag": f'"{sha}"', "X-Linked-Size": str(size)})
+        if kind == "xet":
+            refresh = f"{_origin(req)}/api/{key.type}s/{key.id}/xet-read-token/{cid}"
+            headers.update({"X-Xet-Hash": xetcas.file_hash(sha), "Link": f'<{refresh}>; rel="xet-auth"'})
+        return _Response(302, headers)
+
+    def _file_body(self, req: _Request, sha: str, headers: dict[str, str]) -> _Response:
+        size = self.store.blob_size(sha)
         span = _parse_range(req.headers.get("Range"), size) if req.method == "GET" else None
         if span is None:
             return _Response(200, headers, file=self.store.blob_path(sha), start=0, length=size)
         start, end = span
         headers["Content-Range"] = f"bytes {start}-{end}/{size}"
         return _Response(206, headers, file=self.store.blob_path(sha), start=start, length=end - start + 1)
+
+    def cdn_file(self, req: _Request, sha: str) -> _Response:
+        """The CDN behind LFS/Xet files: no Hub token, a URL that expires (403 then, as S3/CloudFront do)."""
+        if sha not in self.store.kinds or not self.store.has_blob(sha):
+            raise _HubError(404, "NoSuchKey")
+        try:
+            expires = float(req.query.get("expires", ["0"])[0])
+        except ValueError:
+            expires = 0.0
+        if time.time() > expires:
+            raise _HubError(403, "Request has expired")
+        return self._file_body(req, sha, {"Content-Type": "application/octet-stream", "Accept-Ranges": "bytes",
+                                          "ETag": f'"{sha}"'})
+
+    # -- Xet
+
+    def xet_read_token(self, req: _Request, key: RepoKey, rev: str) -> _Response:
+        """What huggingface_hub's refresh_xet_connection_info reads: the CAS URL and a short-lived token."""
+        self._readable(req, key)
+        self._commit_of(key, rev)
+        exp = int(time.time() + 3600)
+        cas = f"{_origin(req)}/cas"
+        body = _json({"casUrl": cas, "accessToken": self.xet_token, "exp": exp})
+        body.headers.update({"X-Xet-Cas-Url": cas, "X-Xet-Access-Token": self.xet_token,
+                             "X-Xet-Token-Expiration": str(exp)})
+        return body
+
+    def _xet_blob(self, xet_hash: str) -> str:
+        for sha, kind in list(self.store.kinds.items()):
+            if kind == "xet" and xetcas.file_hash(sha) == xet_hash:
+                return sha
+        raise _HubError(404, f"File not found: {xet_hash}")
+
+    def reconstruction(self, req: _Request, xet_hash: str) -> _Response:
+        if req.headers.get("Authorization") != f"Bearer {self.xet_token}":
+            raise _HubError(401, "Invalid or expired Xet access token")
+        sha = self._xet_blob(xet_hash)
+        size = self.store.blob_size(sha)
+        span = _parse_range(req.headers.get("Range"), size) or (0, size - 1)
+        origin = _cdn_origin(req)
+        return _json(xetcas.reconstruction(sha, size, span[0], span[1], lambda k: f"{origin}/cas/xorbs/{sha}/{k}"))
+
+    def xorb(self, req: _Request, sha: str, k: str) -> _Response:
+        if self.store.kinds.get(sha) != "xet" or not k.isdigit():
+            raise _HubError(404, "NoSuchKey")
+        size, index = self.store.blob_size(sha), int(k)
+        length = xetcas.xorb_length(size, index)
+        if length <= 0:
+            raise _HubError(404, "NoSuchKey")
+        start, end = _parse_range(req.headers.get("Range"), length) or (0, length - 1)
+        path = self.store.blob_path(sha)
+        return _Response(206, {"Content-Type": "application/octet-stream",
+                               "Content-Range": f"bytes {start}-{end}/{length}"},
+                         chunks=lambda: xetcas.xorb_bytes(path, size, index, start, end), length=end - start + 1)
+
+
+def _origin(req: _Request) -> str:
+    """The server as this client reached it (through a relay, the relay)."""
+    return f"http://{req.headers.get('Host') or '127.0.0.1'}"
+
+
+def _cdn_origin(req: _Request) -> str:
+    """The same server under another origin: huggingface_hub follows a redirect that stays on the Hub's
+    origin but stops at one to another (a CDN), exactly what it must see for LFS files."""
+    return _origin(req).replace("//127.0.0.1:", "//localhost:", 1)
 
 
 def _clean_path(path: str, folder: bool = False) -> str:
@@ -743,6 +901,7 @@ def _parse_range(header: str | None, size: int) -> tuple[int, int] | None:
 class _HTTPServer(ThreadingHTTPServer):
     daemon_threads = True
     allow_reuse_address = True  # so set_offline(False) can listen on the same port again
+    request_queue_size = 128  # a parallel downloader opens dozens of connections at once (the default is 5)
 
     def __init__(self, port: int, hub: HubServer) -> None:
         self.hub = hub
@@ -777,9 +936,9 @@ class _Handler(BaseHTTPRequestHandler):
         raw = split.path.strip("/")
         segs = [unquote(s) for s in raw.split("/")] if raw else []
         req = _Request(self.command, unquote(split.path), segs, parse_qs(split.query), self.headers, body)
-        resp, cut = hub._answer(req)
+        route, resp, cut, flip = hub._answer(req)
         try:
-            self._send(resp, cut)
+            self._send(route, resp, cut, flip)
         except (BrokenPipeError, ConnectionResetError):
             self.close_connection = True  # the client went away mid-answer; nothing to tell it
 
@@ -801,29 +960,48 @@ class _Handler(BaseHTTPRequestHandler):
             parts.append(self.rfile.read(size))
             self.rfile.readline()
 
-    def _send(self, resp: _Response, cut_after: int | None) -> None:
+    def _send(self, route: str, resp: _Response, cut_after: int | None, flip_at: int | None) -> None:
         self.send_response(resp.status)
         for name, value in resp.headers.items():
             self.send_header(name, value)
-        self.send_header("Content-Length", str(resp.length if resp.file else len(resp.body)))
+        self.send_header("Content-Length", str(resp.length if resp.streamed else len(resp.body)))
         self.end_headers()
         if self.command == "HEAD":
             return
-        if resp.file is None:
+        if not resp.streamed:
             self.wfile.write(resp.body)
             return
         remaining = resp.length if cut_after is None else min(cut_after, resp.length)
-        with resp.file.open("rb") as f:
-            f.seek(resp.start)
-            while remaining > 0:
-                chunk = f.read(min(_CHUNK, remaining))
-                if not chunk:
-                    break
-                self.wfile.write(chunk)
-                remaining -= len(chunk)
+        sent = 0
+        for chunk in self._body(resp):
+            chunk = chunk[:remaining - sent]
+            if not chunk:
+                break
+            if flip_at is not None and sent <= flip_at < sent + len(chunk):
+                i = flip_at - sent   # one wrong byte on the wire: what only a content hash can catch
+                chunk = chunk[:i] + bytes([chunk[i] ^ 0xFF]) + chunk[i + 1:]
+            self.wfile.write(chunk)
+            sent += len(chunk)
+            self.server.hub._served(route, len(chunk))
         if cut_after is not None:
             # Hang up with the body short of its Content-Length: the client sees a broken transfer.
             self.close_connection = True
+
+    @staticmethod
+    def _body(resp: _Response) -> Iterator[bytes]:
+        if resp.chunks is not None:
+            yield from resp.chunks()
+            return
+        assert resp.file is not None
+        with resp.file.open("rb") as f:
+            f.seek(resp.start)
+            left = resp.length
+            while left > 0:
+                chunk = f.read(min(_CHUNK, left))
+                if not chunk:
+                    return
+                left -= len(chunk)
+                yield chunk
 
 
 class HubServer:
@@ -846,7 +1024,9 @@ class HubServer:
         self._conns: set[socket.socket] = set()
         self._failures: list[_Failure] = []
         self._truncations: list[int] = []
+        self._corruptions: list[int] = []
         self.counts: Counter[str] = Counter()
+        self.bytes_served: Counter[str] = Counter()
         self.log: list[RequestRecord] = []
 
     # -- lifecycle
@@ -921,9 +1101,24 @@ class HubServer:
         with self._lock:
             self._truncations.append(after_bytes)
 
+    def corrupt_next_download(self, at: int = 0) -> None:
+        """Flip the byte at offset `at` of the next file body sent (any file route, ranged or not)."""
+        with self._lock:
+            self._corruptions.append(at)
+
+    @property
+    def cdn_ttl_s(self) -> float:
+        """How long a CDN URL handed out by resolve stays valid."""
+        return self._api.cdn_ttl_s
+
+    @cdn_ttl_s.setter
+    def cdn_ttl_s(self, value: float) -> None:
+        self._api.cdn_ttl_s = value
+
     def reset_counts(self) -> None:
         with self._lock:
             self.counts.clear()
+            self.bytes_served.clear()
             self.log.clear()
 
     # -- direct access, for arranging tests without HTTP
@@ -937,8 +1132,21 @@ class HubServer:
         branch: str = "main",
         private: bool = False,
         message: str = "seed",
+        storage: str = "regular",
     ) -> str:
-        """Create the repo if needed and commit `files` on top of `branch` (made from main if new)."""
+        """Create the repo if needed and commit `files` on top of `branch` (made from main if new),
+        stored as regular git files, LFS files or Xet files (`storage`)."""
+        return self._commit(repo_id, {p: self.store.put_blob(d, storage) for p, d in files.items()},
+                            repo_type, branch, private, message)
+
+    def seed_sparse(self, repo_id: str, path: str, size: int, **kw: Any) -> str:
+        """Commit a sparse LFS file of `size` zero bytes (any size: it takes no disk). Its sha256 in
+        listings is a declared name, not the content's hash: for a test that never downloads it whole."""
+        return self._commit(repo_id, {path: self.store.put_sparse(size)}, kw.get("repo_type", "model"),
+                            kw.get("branch", "main"), kw.get("private", False), kw.get("message", "seed"))
+
+    def _commit(self, repo_id: str, blobs: Mapping[str, str], repo_type: str, branch: str, private: bool,
+                message: str) -> str:
         key = RepoKey(repo_type, repo_id)
         if not _Api._valid_id(repo_id):
             raise ValueError(f"invalid repo id {repo_id!r}")
@@ -948,7 +1156,7 @@ class HubServer:
             if branch not in branches:
                 self.store.set_ref(key, "branches", branch, branches["main"])
             current = dict(self.store.commit(key, self.store.refs(key)[0][branch])["files"])
-            current.update({_clean_path(p): self.store.put_blob(data) for p, data in files.items()})
+            current.update({_clean_path(p): sha for p, sha in blobs.items()})
             return self.store.add_commit(key, branch, current, message, "")
 
     def resolve(self, repo_id: str, revision: str = "main", repo_type: str = "model") -> str | None:
@@ -961,7 +1169,7 @@ class HubServer:
         with self._lock:
             (self._conns.add if open_ else self._conns.discard)(conn)
 
-    def _answer(self, req: _Request) -> tuple[_Response, int | None]:
+    def _answer(self, req: _Request) -> tuple[str, _Response, int | None, int | None]:
         route, action = self._api.route(req)
         resp = self._injected_failure(req, route)
         if resp is None:
@@ -969,14 +1177,20 @@ class HubServer:
                 resp = action()
             except _HubError as err:
                 resp = err.response()
-        cut = None
+        cut = flip = None
         with self._lock:
-            if req.method == "GET" and resp.file is not None and self._truncations:
+            if req.method == "GET" and resp.streamed and self._truncations:
                 cut = self._truncations.pop(0)
+            if req.method == "GET" and resp.streamed and self._corruptions:
+                flip = self._corruptions.pop(0)
             # Recorded before the answer goes out, so a test that got its answer sees the count.
             self.counts[route] += 1
             self.log.append(RequestRecord(req.method, req.path, route, resp.status, req.headers.get("Range")))
-        return resp, cut
+        return route, resp, cut, flip
+
+    def _served(self, route: str, n: int) -> None:
+        with self._lock:
+            self.bytes_served[route] += n
 
     def _injected_failure(self, req: _Request, route: str) -> _Response | None:
         if route in _HOUSEKEEPING:
