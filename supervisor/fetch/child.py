@@ -65,9 +65,15 @@ class Child:
         except plan.PlanError as e:
             return self._error(e.kind, str(e))
         snap = layout.storage(self.cache, self.repo) / "snapshots" / commit
-        self.downloads = [FileDownload(self.cache, self.repo, item, snap, 0, self._source(item, commit), self.meters)
-                          for item in items]
-        total = sum(item.size for item in items)
+        by_blob: dict[str, FileDownload] = {}
+        for item in items:              # the same content under two names: one download (one blob lock)
+            if item.blob in by_blob:
+                by_blob[item.blob].paths.append(item.path)
+            else:
+                by_blob[item.blob] = FileDownload(self.cache, self.repo, item, snap, 0, self._source(item, commit),
+                                                  self.meters)
+        self.downloads = list(by_blob.values())
+        total = sum(d.item.size for d in self.downloads)
         have = [d.have() for d in self.downloads]
         need = total - sum(have)
         seg = plan.segment_size(need, self.connections, self.segment_mib)
@@ -75,7 +81,7 @@ class Child:
             d.seg = seg                 # for files with no journal yet; a journal keeps its own
         self.cache.mkdir(parents=True, exist_ok=True)
         free = self.free(self.cache)
-        self.emit("plan", commit=commit, files=len(items), total=total, need=need, free=free,
+        self.emit("plan", commit=commit, files=len(self.downloads), total=total, need=need, free=free,
                   connections=self.connections, segment=seg)
         if need + layout.DISK_MARGIN > free:
             missing = sum(1 for d, h in zip(self.downloads, have) if h < d.item.size)
@@ -99,7 +105,10 @@ class Child:
         layout.write_manifest(self.cache, self.repo, self.revision, self.allow, commit,
                               {item.path: item.size for item in items}, time.time())
         self._progress(total)
-        self.emit("done", snapshot=str(snap), commit=commit, total=total, from_cache=False, note="")
+        # How long after the last byte arrived the last file was verified: the hash kept up if this is small.
+        tail = time.monotonic() - self.meters.received.last if self.meters.received.last else 0.0
+        self.emit("done", snapshot=str(snap), commit=commit, total=total, from_cache=False, note="",
+                  verified_after_last_byte_s=round(tail, 3))
         return EXIT_OK
 
     def _source(self, item: plan.Planned, commit: str) -> Any:

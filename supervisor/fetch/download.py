@@ -62,6 +62,7 @@ class FileDownload:
     def __init__(self, cache: Path, repo: str, item: Planned, snapshot: Path, seg: int, source: Any, meters: Meters):
         self.cache, self.repo, self.item, self.snapshot, self.source = cache, repo, item, snapshot, source
         self.meters = meters
+        self.paths = [item.path]        # every path in the repo with this content: one download, all linked
         self.blob, self.part = layout.blob_paths(cache, repo, item.blob)
         self.journal_path = self.part.with_name(self.part.name + ".journal")
         self.seg = seg
@@ -166,7 +167,8 @@ class FileDownload:
 
     def _finish_link(self) -> None:
         self.complete = True
-        layout.link(self.blob, self.snapshot, self.item.path)
+        for rel in self.paths:
+            layout.link(self.blob, self.snapshot, rel)
         if self._lock_file is not None:
             self._lock_file.close()
             self._lock_file = None

@@ -24,6 +24,7 @@ from __future__ import annotations
 import hashlib
 import os
 import threading
+import time
 import zlib
 from typing import Any, Callable
 
@@ -33,15 +34,17 @@ READ = 8 << 20
 
 
 class Meter:
-    """A byte counter several threads add to."""
+    """A byte counter several threads add to; `last` is when it last moved (monotonic)."""
 
     def __init__(self) -> None:
         self._lock = threading.Lock()
         self.value = 0
+        self.last = 0.0
 
     def add(self, n: int) -> None:
         with self._lock:
             self.value += n
+            self.last = time.monotonic()
 
 
 def content_hash(blob: str, size: int) -> Any | None:

@@ -269,10 +269,25 @@ def test_a_cdn_url_that_expires_mid_download_is_resolved_again(hub, shards, tmp_
     assert hub.counts["resolve_head"] > 4                            # asked again where the file is
 
 
-def _child_argv(state: Path, connections: int, segment_mib: int) -> list[str]:
-    return [sys.executable, "-m", "supervisor.fetch", "--repo", REPO, "--cache", str(state / "hf"),
-            "--entry", "q4/*.gguf", "--allow", "q4/*", "--connections", str(connections),
-            "--segment-mib", str(segment_mib)]
+def start_child(state: Path, env: dict[str, str], *, entry: str = "q4/*.gguf", connections: int,
+                segment_mib: int = 1) -> subprocess.Popen:
+    """The fetch child on its own (what the supervisor runs), to be killed by a test."""
+    argv = [sys.executable, "-m", "supervisor.fetch", "--repo", REPO, "--cache", str(state / "hf"),
+            "--entry", entry, "--allow", "q4/*", "--connections", str(connections), "--segment-mib", str(segment_mib)]
+    return subprocess.Popen(argv, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+                            cwd=Path(fetch.__file__).parents[2])
+
+
+def finished_segments(journal: Path) -> set[int]:
+    """The segments a journal records as finished (and not dropped since)."""
+    try:
+        lines = journal.read_text().splitlines()[1:]
+    except OSError:
+        return set()
+    done: set[int] = set()
+    for line in lines:
+        (done.discard(int(line[1:])) if line.startswith("-") else done.add(int(line.split()[0])))
+    return done
 
 
 def test_sigkill_at_three_points_then_a_restart_downloads_at_most_the_segments_in_flight(hub, tmp_path):
@@ -281,23 +296,16 @@ def test_sigkill_at_three_points_then_a_restart_downloads_at_most_the_segments_i
     hub.seed(REPO, {"q4/big.gguf": body}, storage="lfs")
     state = tmp_path / "state"
     journal = blobs_dir(state) / f"{sha256(body)}.incomplete.journal"
-
-    def finished() -> int:
-        try:
-            return len(journal.read_text().splitlines()) - 1
-        except OSError:
-            return 0
-
     with Throttle(int(hub.url.rsplit(":", 1)[1]), bytes_per_s=1_000_000) as slow:
         env = fetch.child_env({**os.environ, "HF_ENDPOINT": slow.url}, hub.token)
         # 1: before any segment finished; 2: with a third done; 3: with two thirds done.
-        for point in (lambda: served(hub) > MIB // 2, lambda: finished() >= 4, lambda: finished() >= 9):
-            proc = subprocess.Popen(_child_argv(state, conns, 1), env=env, stdout=subprocess.DEVNULL,
-                                    stderr=subprocess.DEVNULL, cwd=Path(fetch.__file__).parents[2])
+        for point in (lambda: served(hub) > MIB // 2, lambda: len(finished_segments(journal)) >= 4,
+                      lambda: len(finished_segments(journal)) >= 9):
+            proc = start_child(state, env, connections=conns)
             wait_for(point, 60, "the kill point")
             proc.send_signal(signal.SIGKILL)
             proc.wait(10)
-    kept, before = finished(), served(hub)
+    kept, before = len(finished_segments(journal)), served(hub)
     assert 9 <= kept < 13
     res = run_fetch(cfg_for(state, connections=conns, segment_mib=1))
     assert res.path.read_bytes() == body and not journal.exists()
@@ -472,3 +480,12 @@ def test_a_file_over_50_gb_has_no_ceiling(hub, tmp_path):
         os.close(fd)
     assert hub.bytes_served["cdn_get"] == spans[-1][1] - spans[-1][0]     # one segment moved, not 60 GB
     assert part.stat().st_blocks * 512 < 2 * seg                         # and it landed in place, sparse
+
+
+def test_the_same_content_under_two_names_is_downloaded_once_and_linked_twice(hub, tmp_path):
+    """Regression guard: two files of one blob took huggingface_hub's blob lock twice in one process."""
+    body = os.urandom(1_500_000)
+    hub.seed(REPO, {"q4/a.gguf": body, "q4/copy/a.gguf": body}, storage="lfs")
+    res = run_fetch(cfg_for(tmp_path / "state", entry="q4/a.gguf"))
+    assert res.path.read_bytes() == body and (res.snapshot / "q4/copy/a.gguf").read_bytes() == body
+    assert served(hub) == len(body)

@@ -12,17 +12,15 @@ import inspect
 import os
 import re
 import signal
-import subprocess
-import sys
 from importlib.metadata import version
 from pathlib import Path
 
 import pytest
 
 from supervisor import fetch
-from tests.integration.test_fetch import MIB, REPO, blobs_dir, cfg_for, run_fetch
+from tests.integration.test_fetch import (MIB, REPO, blobs_dir, cfg_for, finished_segments, hub,  # noqa: F401
+                                          run_fetch, start_child)
 from tests.support import xetcas
-from tests.support.hubserver import HubServer, client_env
 from tests.support.supervised import wait_for
 from tests.support.throttle import Throttle
 
@@ -32,12 +30,6 @@ ROOT = Path(__file__).resolve().parents[2]
 def framed(n: int) -> int:
     """What n bytes of file cost as xorb ranges: an 8-byte header per (started) 64 KiB chunk."""
     return n + xetcas.HEADER * -(-n // xetcas.CHUNK)
-
-
-@pytest.fixture
-def hub(tmp_path):
-    with HubServer(tmp_path / "hub") as server, client_env(server, tmp_path / "home"):
-        yield server
 
 
 @pytest.fixture
@@ -73,24 +65,15 @@ def test_a_killed_xet_download_resumes_from_the_segments_on_disk(hub, mixed, tmp
     state = tmp_path / "state"
     xet = mixed["q4/model-00001-of-00002.gguf"]
     journal = blobs_dir(state) / f"{sha(xet)}.incomplete.journal"
-
-    def finished() -> int:
-        try:
-            return len(journal.read_text().splitlines()) - 1
-        except OSError:
-            return 0
-
     with Throttle(int(hub.url.rsplit(":", 1)[1]), bytes_per_s=500_000) as slow:
         env = fetch.child_env({**os.environ, "HF_ENDPOINT": slow.url}, hub.token)
-        argv = [sys.executable, "-m", "supervisor.fetch", "--repo", REPO, "--cache", str(state / "hf"),
-                "--entry", "q4/model-00001-*.gguf", "--allow", "q4/*", "--connections", "2", "--segment-mib", "1"]
-        proc = subprocess.Popen(argv, env=env, cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-        wait_for(lambda: finished() >= 2, 60, "two Xet segments on disk")
+        proc = start_child(state, env, entry="q4/model-00001-*.gguf", connections=2)
+        wait_for(lambda: len(finished_segments(journal)) >= 2, 60, "two Xet segments on disk")
         proc.send_signal(signal.SIGKILL)
         proc.wait(10)
-    kept = finished()
+    done = finished_segments(journal)
+    kept = len(done)
     assert 2 <= kept < 5
-    done = {int(line.split()[0]) for line in journal.read_text().splitlines()[1:]}
     missing = sum(min(MIB, len(xet) - i * MIB) for i in range(5) if i not in done)
     hub.reset_counts()
     res = run_fetch(cfg_for(state, entry="q4/model-00001-*.gguf"))

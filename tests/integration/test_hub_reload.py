@@ -18,6 +18,7 @@ from pathlib import Path
 import psutil
 import pytest
 
+from tests.integration.test_fetch import finished_segments
 from tests.support.hubserver import HubServer, client_env
 from tests.support.models import make_tiny_gguf
 from tests.support.supervised import Supervised, config, free_port, http, wait_for
@@ -129,18 +130,12 @@ def test_an_interrupted_model_download_resumes_after_the_pod_restarts(tmp_path, 
     text = pod_text(prefix, tmp_path, ports=ports)
     journal = tmp_path / "state/hf/models--kiln-test--tiny/blobs" / f"{hashlib.sha256(body).hexdigest()}.incomplete.journal"
 
-    def finished() -> dict[int, str]:
-        try:
-            return dict(line.split() for line in journal.read_text().splitlines()[1:])
-        except OSError:
-            return {}
-
     with Throttle(int(hub.url.rsplit(":", 1)[1]), bytes_per_s=1_000_000) as slow:
         # Two connections (the environment override a RunPod template would set), so the segments
         # finish one after another and the pod dies with some of them on disk.
         env = {**hub.env, "HF_ENDPOINT": slow.url, "KILN_MODEL_FETCH_CONNECTIONS": "2"}
         with Supervised(tmp_path, text, env=env) as sup:
-            wait_for(lambda: len(finished()) >= 2, 60, "two segments on disk")
+            wait_for(lambda: len(finished_segments(journal)) >= 2, 60, "two segments on disk")
             child = [p for p in psutil.Process(sup.proc.pid).children(recursive=True)
                      if "supervisor.fetch" in " ".join(p.cmdline())]
             sup.proc.send_signal(signal.SIGKILL)          # the container dies mid-download
@@ -149,7 +144,7 @@ def test_an_interrupted_model_download_resumes_after_the_pod_restarts(tmp_path, 
                 p.kill()
             psutil.wait_procs(child, timeout=10)
     seg = int(journal.read_text().split()[4])
-    done = {int(i) for i in finished()}
+    done = finished_segments(journal)
     missing = sum(min(seg, len(body) - i * seg) for i in range(-(-len(body) // seg)) if i not in done)
     assert 0 < missing < len(body)
     hub.reset_counts()
