@@ -108,9 +108,11 @@ class FileDownload:
             os.ftruncate(self.fd, 0)
             os.ftruncate(self.fd, self.item.size)
         self.journal, self.seg = journal, journal.seg
-        self.verifier = Verifier(self.fd, journal, self.meters.hashed, self._corrupt, self._verified)
+        # The missing segments before the verifier starts: it may send a recorded one back at once.
+        missing = [Task(self, i) for i in range(len(segments(self.item.size, self.seg))) if i not in journal.done]
+        self.verifier = Verifier(self.fd, journal, self.meters.hashed, self._corrupt, self._verified, self._broken)
         self.verifier.start()
-        return [Task(self, i) for i in range(len(segments(self.item.size, self.seg))) if i not in journal.done]
+        return missing
 
     def _blob_complete(self) -> bool:
         try:
@@ -164,6 +166,11 @@ class FileDownload:
         self.retried = True
         self.scheduler.note(why + "; discarding the file and fetching it again")
         self.scheduler.add(self._open())
+
+    def _broken(self, e: BaseException) -> None:
+        assert self.scheduler is not None
+        self.scheduler.fail(FetchError(f"{self.item.path}: verifying the partial failed: {hubclient.describe(e)}; "
+                                       "what arrived is kept"), "disk")
 
     def _finish_link(self) -> None:
         self.complete = True

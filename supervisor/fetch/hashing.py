@@ -58,9 +58,9 @@ def content_hash(blob: str, size: int) -> Any | None:
 
 class Verifier:
     def __init__(self, fd: int, journal: Journal, hashed: Meter, on_corrupt: Callable[[int], None],
-                 on_done: Callable[[bool, str], None]):
+                 on_done: Callable[[bool, str], None], on_error: Callable[[BaseException], None]):
         self.fd, self.journal, self.hashed = fd, journal, hashed
-        self.on_corrupt, self.on_done = on_corrupt, on_done
+        self.on_corrupt, self.on_done, self.on_error = on_corrupt, on_done, on_error
         self.count = -(-journal.size // journal.seg) if journal.size else 0
         self._ready: set[int] = set(journal.done)      # finished segments not hashed yet
         self._cond = threading.Condition()
@@ -81,6 +81,12 @@ class Verifier:
             self._cond.notify()
 
     def _run(self) -> None:
+        try:
+            self._verify()
+        except BaseException as e:  # noqa: BLE001 - a disk that cannot be read back: the fetch must end, not hang
+            self.on_error(e)
+
+    def _verify(self) -> None:
         h = content_hash(self.journal.blob, self.journal.size)
         i = 0
         while i < self.count:

@@ -486,6 +486,8 @@ def test_the_same_content_under_two_names_is_downloaded_once_and_linked_twice(hu
     """Regression guard: two files of one blob took huggingface_hub's blob lock twice in one process."""
     body = os.urandom(1_500_000)
     hub.seed(REPO, {"q4/a.gguf": body, "q4/copy/a.gguf": body}, storage="lfs")
+    hub.seed(REPO, {"q4/empty.txt": b""})                            # and a file of no bytes: no segment at all
     res = run_fetch(cfg_for(tmp_path / "state", entry="q4/a.gguf"))
     assert res.path.read_bytes() == body and (res.snapshot / "q4/copy/a.gguf").read_bytes() == body
+    assert (res.snapshot / "q4/empty.txt").read_bytes() == b""
     assert served(hub) == len(body)

@@ -907,6 +907,12 @@ class _HTTPServer(ThreadingHTTPServer):
         self.hub = hub
         super().__init__(("127.0.0.1", port), _Handler)
 
+    def handle_error(self, request: Any, client_address: Any) -> None:
+        import sys
+
+        if not isinstance(sys.exc_info()[1], ConnectionError):   # a client that hung up is no server error
+            super().handle_error(request, client_address)
+
 
 class _Handler(BaseHTTPRequestHandler):
     protocol_version = "HTTP/1.1"  # keep-alive, like the real Hub; every answer has a Content-Length

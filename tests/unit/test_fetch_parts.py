@@ -85,15 +85,18 @@ def test_the_verifier_hashes_in_order_and_sends_back_a_segment_the_disk_lost(tmp
     corrupt: list[int] = []
     result: list[tuple[bool, str]] = []
     finished = threading.Event()
-    v = Verifier(fd, j, Meter(), corrupt.append, lambda ok, got: (result.append((ok, got)), finished.set()))
+    v = Verifier(fd, j, Meter(), corrupt.append, lambda ok, got: (result.append((ok, got)), finished.set()),
+                 on_error=lambda e: result.append((False, repr(e))))
     v.start()
     try:
         for i in (2, 1, 0):                                          # out of order, as connections finish
             chunk = body[i * 4096:(i + 1) * 4096]
-            os.pwrite(fd, chunk if i != 1 else b"\0" + chunk[1:], i * 4096)   # segment 1 lands wrong on disk
+            wrong = bytes([chunk[0] ^ 0xFF]) + chunk[1:]
+            os.pwrite(fd, chunk if i != 1 else wrong, i * 4096)      # segment 1 lands wrong on disk
             j.finished(i, zlib.crc32(chunk))
             v.landed(i)
-        wait_for(lambda: corrupt == [1], 10, "segment 1 sent back")
+        wait_for(lambda: corrupt == [1] or result, 10, "segment 1 sent back")
+        assert corrupt == [1], result
         assert result == []                                          # held at segment 1: no verdict yet
         os.pwrite(fd, body[4096:8192], 4096)                         # fetched again
         j.finished(1, zlib.crc32(body[4096:8192]))
