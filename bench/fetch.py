@@ -17,6 +17,8 @@ fan-out: a CDN limits per connection). Ends with
     P10 fetch_over_library=<kiln's time / the faster library path's, on the throttled link>
 
     python bench/fetch.py [--runs 2] [--shard-mb 80] [--rate-mbps 5]
+    python bench/fetch.py --sweep 8 16 32 64     Kiln alone on the throttled link, by connection count:
+                                                 what this machine can serve at each fan-out
 """
 
 from __future__ import annotations
@@ -42,13 +44,14 @@ LIBRARY = {
 }
 
 
-def kiln_once(tmp: Path, endpoint: str, token: str, tails: list[float]) -> float:
+def kiln_once(tmp: Path, endpoint: str, token: str, tails: list[float], connections: int | None = None) -> float:
     from supervisor import fetch
     from supervisor.config import parse_config
 
     state = tmp / "kiln-state"
+    fan = f"fetch_connections = {connections}\n" if connections else ""     # None: the default a pod has
     cfg = parse_config(f'state_dir = "{state}"\n[model]\nsource = "hf://{BENCH_REPO}"\nentry = "*-00001-of-*"\n'
-                       '[ladder]\n[[ladder.rungs]]\nname = "a"\n', env={})
+                       f'{fan}[ladder]\n[[ladder.rungs]]\nname = "a"\n', env={})
     env = {**os.environ, "HF_ENDPOINT": endpoint}
     done: list[dict] = []
     t0 = time.monotonic()
@@ -87,6 +90,7 @@ def main() -> int:
     ap.add_argument("--runs", type=int, default=2, help="rounds per link (each round runs all three ways)")
     ap.add_argument("--shard-mb", type=int, default=80)
     ap.add_argument("--rate-mbps", type=float, default=5.0, help="per-connection cap of the throttled link, MB/s")
+    ap.add_argument("--sweep", type=int, nargs="+", metavar="N", help="only Kiln, throttled, at these connection counts")
     args = ap.parse_args()
     from tests.support.hubserver import HubServer
     from tests.support.throttle import Throttle
@@ -101,6 +105,13 @@ def main() -> int:
         times: dict[tuple[str, str], list[float]] = {}
         tails: list[float] = []
         port = int(hub.url.rsplit(":", 1)[1])
+        if args.sweep:
+            with Throttle(port, int(args.rate_mbps * 1e6)) as slow:
+                for n in args.sweep:
+                    took = statistics.median(kiln_once(tmp, slow.url, hub.token, [], n) for _ in range(args.runs))
+                    print(f"connections {n:3d}: {took:6.2f} s  {total / took / 1e6:7.1f} MB/s  "
+                          f"(the link allows {n * args.rate_mbps:g} MB/s)", flush=True)
+            return 0
         with Throttle(port, int(args.rate_mbps * 1e6)) as slow:
             for link, endpoint in (("unthrottled", hub.url), ("throttled", slow.url)):
                 for n in range(args.runs):
