@@ -16,8 +16,8 @@ hashed while it downloads.
                                                      as they land; verified → the blob, linked
                                      ─▶ layout.py    huggingface_hub's cache layout, refs, manifests
 
-A SIGKILL, a cut connection or a restarted container loses at most the segments in flight; a cut
-connection within a running fetch loses nothing (the segment resumes mid-way). Nothing here
+A SIGKILL or a restarted container loses at most the segments in flight; a cut connection within
+a running fetch loses at most one 256 KiB read (the segment resumes mid-way). Nothing here
 ever deletes a complete blob: a moved branch or a changed ETag only adds a snapshot beside the
 old one (llama.cpp deletes a cached 50 GB model when the ETag changes, llama.cpp#20005; a Hub 429
 blocks a cached model there, #21677), and a complete cached copy serves when the Hub is away.

@@ -7,7 +7,8 @@ Events, one JSON object per line on stdout, are all the parent (parent.py) sees:
               verified this run: only grows, what the stall deadline watches), verified, active
               (connections busy now), files_done, every PROGRESS_EVERY_S
     retry     why: a transient failure being ridden out (the segment resumes after a backoff)
-    done      snapshot, commit, total, from_cache, note
+    done      snapshot, commit, total, from_cache, note (and verified_after_last_byte_s: how long the
+              last verification trailed the last byte received)
     error     kind (hubclient's vocabulary, or entry / disk / verify), message
 
 A transient failure (no network, 429, 5xx) while listing ends the attempt (the parent retries
@@ -130,9 +131,10 @@ class Child:
                   active=self.scheduler.active if self.scheduler else 0,
                   files_done=sum(1 for d in self.downloads if d.complete), files=len(self.downloads))
 
-    def _note(self, why: str) -> None:
+    def _note(self, why: str, always: bool = False) -> None:
+        """A retry event; routine ones (a backoff) at most every RETRY_NOTE_EVERY_S."""
         now = time.monotonic()
-        if now - self._last_note >= RETRY_NOTE_EVERY_S:
+        if always or now - self._last_note >= RETRY_NOTE_EVERY_S:
             self._last_note = now
             self.emit("retry", why=why)
 

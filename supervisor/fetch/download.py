@@ -76,11 +76,8 @@ class FileDownload:
 
     def have(self) -> int:
         """Bytes of this file already on disk and known good or recorded: all (a blob) or the journal's."""
-        try:
-            if self.blob.stat().st_size == self.item.size:
-                return self.item.size
-        except OSError:
-            pass
+        if self._blob_complete():
+            return self.item.size
         j = Journal.load(self.journal_path, self.item.blob, self.item.size, self.part)
         return j.done_bytes() if j is not None else 0
 
@@ -164,7 +161,7 @@ class FileDownload:
             self.scheduler.fail(FetchError(why + "; fetched twice, both wrong, so the file was discarded"), "verify")
             return
         self.retried = True
-        self.scheduler.note(why + "; discarding the file and fetching it again")
+        self.scheduler.note(why + "; discarding the file and fetching it again", always=True)
         self.scheduler.add(self._open())
 
     def _broken(self, e: BaseException) -> None:
@@ -191,7 +188,7 @@ class Scheduler:
     """`connections` workers over one queue of segments; runs until every file is verified or one fails."""
 
     def __init__(self, connections: int, on_transient: Callable[[BaseException], bool],
-                 note: Callable[[str], None]):
+                 note: Callable[..., None]):
         self.connections = connections
         self.on_transient = on_transient     # True: stop (a complete cached copy will serve instead)
         self.note = note
