@@ -2,6 +2,11 @@
 bytes per second it sends back. Put it between a client and the Hub stand-in (HF_ENDPOINT pointed
 at the relay) to give a download a window in which a test can interrupt it, instead of sleeping
 and hoping. Stdlib only; every connection is relayed in both directions; `close()` drops them all.
+
+The cap is per connection, as a CDN applies it: N parallel connections get N times the rate, which
+is what a segmented downloader is for. Each connection keeps to a schedule (bytes sent so far over
+the rate) rather than sleeping after every read, so many connections on a busy CPU still get their
+rate; reads are 64 KiB, so dozens of relayed connections cost little CPU.
 """
 
 from __future__ import annotations
@@ -12,14 +17,14 @@ import time
 
 
 class Throttle:
-    def __init__(self, target_port: int, bytes_per_s: int, chunk: int = 16 * 1024):
+    def __init__(self, target_port: int, bytes_per_s: int, chunk: int = 64 * 1024):
         self.target_port = target_port
         self.bytes_per_s = bytes_per_s
         self.chunk = chunk
         self._listener = socket.socket()
         self._listener.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
         self._listener.bind(("127.0.0.1", 0))
-        self._listener.listen(32)
+        self._listener.listen(128)   # a parallel downloader connects dozens of times at once
         self.port = self._listener.getsockname()[1]
         self._socks: list[socket.socket] = []
         self._lock = threading.Lock()
@@ -48,6 +53,7 @@ class Throttle:
             threading.Thread(target=self._pipe, args=(upstream, client, True), daemon=True).start()
 
     def _pipe(self, src: socket.socket, dst: socket.socket, throttled: bool) -> None:
+        start, sent = time.monotonic(), 0
         try:
             while True:
                 data = src.recv(self.chunk)
@@ -55,7 +61,12 @@ class Throttle:
                     break
                 dst.sendall(data)
                 if throttled:
-                    time.sleep(len(data) / self.bytes_per_s)
+                    sent += len(data)
+                    ahead = start + sent / self.bytes_per_s - time.monotonic()
+                    if ahead > 0:
+                        time.sleep(ahead)
+                    elif ahead < -1.0:          # idle (keep-alive between requests): no burst credit
+                        start, sent = time.monotonic(), 0
         except OSError:
             pass
         finally:

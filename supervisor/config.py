@@ -42,6 +42,7 @@ ENV_OVERRIDES: dict[str, tuple[str, type]] = {
     "KILN_MODEL_REVISION": ("model.revision", str),
     "KILN_MODEL_ENTRY": ("model.entry", str),
     "KILN_MODEL_FAMILY": ("model.family", str),
+    "KILN_MODEL_FETCH_CONNECTIONS": ("model.fetch_connections", int),
     "KILN_SERVER_PORT": ("server.port", int),
     "KILN_TCP_PORT": ("server.tcp_port", int),
     "KILN_API_KEY_SOURCE": ("server.api_key", str),
@@ -84,6 +85,8 @@ class ModelSpec:
     entry: str | None = None         # file given to the engine, relative to the snapshot
     family: str = "generic"          # selects the selftest's probe set
     fetch_stall_s: float = 120.0     # hf only: a download that moves no byte for this long is stopped
+    fetch_connections: int = 32      # hf only: parallel connections to the Hub/CDN (ranges and files)
+    fetch_segment_mib: int = 0       # hf only: resume/parallelism unit; 0 = sized from the model (1-64 MiB)
 
     @property
     def hf_repo(self) -> str | None:
@@ -375,9 +378,12 @@ def _model(r: Reader) -> ModelSpec:
     d = ModelSpec(source="")
     family = r.str("family", d.family, pattern=r"[a-z0-9][a-z0-9.-]*", pattern_hint="lowercase name")
     stall = r.float("fetch_stall_s", d.fetch_stall_s, min=1.0, max=86400.0)
+    # 64: hf_xet's own ceiling (client.ac_max_download_concurrency) and within httpx's pool of 100.
+    connections = r.int("fetch_connections", d.fetch_connections, min=1, max=64)
+    segment_mib = r.int("fetch_segment_mib", d.fetch_segment_mib, min=0, max=1024)
     r.finish()
     return ModelSpec(source=source, revision=revision, allow_patterns=allow, entry=entry, family=family,
-                     fetch_stall_s=stall)
+                     fetch_stall_s=stall, fetch_connections=connections, fetch_segment_mib=segment_mib)
 
 
 def _glob_problem(pattern: str) -> str | None:

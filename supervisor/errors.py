@@ -7,6 +7,8 @@ this tree and listed here.
     ├── ConfigError              a config, target or published change is invalid (all problems at once)
     │   └── RunPodSchemaError    (images.runpod.schema) a RunPod request body breaks the vendored v2 schema
     ├── FetchError               a download failed or did not verify
+    │   ├── PlanError            (supervisor.fetch.plan) no file of the repo fits allow_patterns / model.entry
+    │   ├── RangeIgnored         (supervisor.fetch.sink) a server answered a range request with other bytes
     │   └── ArtifactError        (images.artifacts) a binaries tarball could not be fetched or trusted
     │       ├── ArtifactCorrupt  its bytes are not the published bytes
     │       ├── ArtifactUnsafe   it would write outside its destination

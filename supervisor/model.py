@@ -1,5 +1,5 @@
 """Find the model file the engine loads: a local path, or a file inside a fetched Hub snapshot
-(supervisor/fetch.py fetches hf:// sources into the volume).
+(supervisor/fetch/ fetches hf:// sources into the volume).
 
 `model.entry` may be a glob (a sharded GGUF's first part), which must match
 exactly one file: two matches mean the config is ambiguous, and guessing
@@ -39,5 +39,5 @@ def resolve_local(cfg: DeployConfig) -> Path:
 
 
 def resolve(cfg: DeployConfig) -> Path | None:
-    """The local model file, or None for an hf:// source (supervisor/fetch.py fetches those)."""
+    """The local model file, or None for an hf:// source (supervisor/fetch/ fetches those)."""
     return None if cfg.model.hf_repo else resolve_local(cfg)

@@ -29,8 +29,13 @@ Routes (``{type}`` is ``models`` or ``datasets``; revisions are branch names, ta
     DELETE /api/{type}/{ns}/{name}/tag/{name}
     POST   /api/validate-yaml                              always valid (the client posts README.md here)
     GET    /api/agent-harnesses                            empty registry (fetched once per process when telemetry is on)
-    GET|HEAD /{ns}/{name}/resolve/{rev}/{path}             file content; Range -> 206
+    GET|HEAD /{ns}/{name}/resolve/{rev}/{path}             file content; Range -> 206; LFS/Xet files: 302 to /cdn
     GET|HEAD /datasets/{ns}/{name}/resolve/{rev}/{path}
+    GET|HEAD /cdn/{sha256}?expires={unix}                  the "CDN" (cdn-lfs / cas-bridge): Range -> 206; 403 once expired
+    GET    /api/{type}/{ns}/{name}/xet-read-token/{rev}    Xet CAS url + access token, in X-Xet-* headers (and JSON)
+    GET    /cas/v2/reconstructions/{xet_hash}              the Xet CAS (kiln_dev/hub/xetcas.py); Range -> part of the file
+    GET    /cas/xorbs/{sha256}/{k}                         a xorb's framed chunks ("presigned": no token); Range -> 206
+    POST   /v1/telemetry                                   hf_xet's transfer telemetry; accepted and dropped
 
 Behaviour worth knowing:
 
@@ -38,16 +43,25 @@ Behaviour worth knowing:
   holds ``repo.json`` (privacy, branches, tags) and ``commits/<id>.json``, each an immutable snapshot
   ``{path: sha256}``. A new repo gets an initial commit with a ``.gitattributes``, as on the Hub.
   Commit ids are sha1 of (repo, sequence number, parent, files, title): 40 hex, never reused.
-* Every file is a regular git file: its oid (tree ``oid``, ``blobId``, ``ETag``) is the git blob
-  sha1 of its content, which is also what the client compares to skip unchanged uploads. No file is
-  reported as LFS and no Xet header is ever sent, so the client uses plain HTTP both ways.
+* A file is a regular git file unless it was seeded as LFS or Xet (``seed(..., storage=...)``):
+  a regular file's oid (tree ``oid``, ``blobId``, ``ETag``) is the git blob sha1 of its content,
+  which is also what the client compares to skip unchanged uploads. An LFS file is listed as the
+  Hub lists one (``lfs: {oid: sha256, size, pointerSize}``, its oid the git sha1 of its pointer
+  file) and its resolve URL answers 302 to the CDN route with ``X-Linked-Etag`` (the sha256) and
+  ``X-Linked-Size``, on another origin (``localhost`` instead of ``127.0.0.1``, same port) so the
+  client treats it as off-Hub, as it does cdn-lfs.hf.co. A Xet file is an LFS file that also has a
+  ``xetHash`` in listings and ``X-Xet-Hash`` + a ``Link: <...xet-read-token...>; rel="xet-auth"``
+  header on resolve, as on the Hub; ``hf_xet`` then downloads it from the CAS routes. Uploads are
+  always regular (preupload says so), so LFS and Xet files only come from ``seed``.
+* URLs the server hands out (CDN, CAS, xorbs) are built from the request's ``Host`` header, so a
+  client that talks through a relay (kiln_dev/throttle.py) keeps talking through it.
 * Auth: ``Authorization: Bearer <token>``. Private repos and all writes need the token; a wrong
   token gets 401 "Invalid credentials in Authorization header" on any route. Any namespace may be
   written with the token. The token is never logged (request logging is off).
 * Errors carry ``X-Error-Code`` (RepoNotFound, RevisionNotFound, EntryNotFound) and
   ``X-Error-Message`` so the client raises its typed errors. A missing or hidden repo answers 401
   without a token and 404 with one.
-* Not implemented: pull requests (``create_pr`` is refused with 400), LFS/Xet transfers, Spaces,
+* Not implemented: pull requests (``create_pr`` is refused with 400), LFS/Xet uploads, Spaces,
   pagination (every listing is one page), ``expand`` on tree/paths-info.
 
 Knobs for tests: ``fail_next(n, status, path_prefix)`` answers the next n matching requests with
@@ -55,9 +69,14 @@ that status; ``truncate_next_download(after_bytes)`` cuts the next file body sho
 resumes with a Range request); ``set_offline(True)`` closes the listening socket and every open
 connection so the client gets connection errors, as with no network, and ``set_offline(False)``
 listens again on the same port; ``counts`` counts requests per route name (``repo_info``,
-``resolve_head``, ``resolve_get``, ``tree``, ...) and ``log`` records each one. To arrange a test
-without HTTP, ``seed(repo_id, {path: bytes})`` commits files directly and ``resolve(repo_id, rev)``
-reads a ref.
+``resolve_head``, ``resolve_get``, ``cdn_get``, ``xorb_get``, ``tree``, ...) and ``log`` records each
+one; ``bytes_served`` counts the body bytes sent per route (what a download really cost).
+``corrupt_next_download(at)`` flips one byte of the next file body; ``cdn_ttl_s`` is how long a
+CDN URL stays valid (an hour, as a presigned URL might; tests shorten it). To arrange a test
+without HTTP, ``seed(repo_id, {path: bytes}, storage="regular"|"lfs"|"xet")`` commits files
+directly, ``seed_sparse(repo_id, path, size)`` commits a sparse LFS file of zeros of any size
+(its sha256 is declared, not computed: a test never downloads it whole), and
+``resolve(repo_id, rev)`` reads a ref.
 
 Point the client at the server with ``client_env(server, home)``: huggingface_hub reads HF_ENDPOINT,
 HF_HUB_CACHE, HF_HOME... once, at import, into ``huggingface_hub.constants`` (and the module-level

@@ -8,7 +8,7 @@ import socket
 import tempfile
 import threading
 from collections import Counter
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
@@ -43,10 +43,17 @@ class _Failure:
 class _HTTPServer(ThreadingHTTPServer):
     daemon_threads = True
     allow_reuse_address = True  # so set_offline(False) can listen on the same port again
+    request_queue_size = 128  # a parallel downloader opens dozens of connections at once (the default is 5)
 
     def __init__(self, port: int, hub: HubServer) -> None:
         self.hub = hub
         super().__init__(("127.0.0.1", port), _Handler)
+
+    def handle_error(self, request: Any, client_address: Any) -> None:
+        import sys
+
+        if not isinstance(sys.exc_info()[1], ConnectionError):   # a client that hung up is no server error
+            super().handle_error(request, client_address)
 
 
 class _Handler(BaseHTTPRequestHandler):
@@ -77,9 +84,9 @@ class _Handler(BaseHTTPRequestHandler):
         raw = split.path.strip("/")
         segs = [unquote(s) for s in raw.split("/")] if raw else []
         req = Request(self.command, unquote(split.path), segs, parse_qs(split.query), self.headers, body)
-        resp, cut = hub._answer(req)
+        route, resp, cut, flip = hub._answer(req)
         try:
-            self._send(resp, cut)
+            self._send(route, resp, cut, flip)
         except (BrokenPipeError, ConnectionResetError):
             self.close_connection = True  # the client went away mid-answer; nothing to tell it
 
@@ -101,29 +108,48 @@ class _Handler(BaseHTTPRequestHandler):
             parts.append(self.rfile.read(size))
             self.rfile.readline()
 
-    def _send(self, resp: Response, cut_after: int | None) -> None:
+    def _send(self, route: str, resp: Response, cut_after: int | None, flip_at: int | None) -> None:
         self.send_response(resp.status)
         for name, value in resp.headers.items():
             self.send_header(name, value)
-        self.send_header("Content-Length", str(resp.length if resp.file else len(resp.body)))
+        self.send_header("Content-Length", str(resp.length if resp.streamed else len(resp.body)))
         self.end_headers()
         if self.command == "HEAD":
             return
-        if resp.file is None:
+        if not resp.streamed:
             self.wfile.write(resp.body)
             return
         remaining = resp.length if cut_after is None else min(cut_after, resp.length)
-        with resp.file.open("rb") as f:
-            f.seek(resp.start)
-            while remaining > 0:
-                chunk = f.read(min(CHUNK, remaining))
-                if not chunk:
-                    break
-                self.wfile.write(chunk)
-                remaining -= len(chunk)
+        sent = 0
+        for chunk in self._body(resp):
+            chunk = chunk[:remaining - sent]
+            if not chunk:
+                break
+            if flip_at is not None and sent <= flip_at < sent + len(chunk):
+                i = flip_at - sent   # one wrong byte on the wire: what only a content hash can catch
+                chunk = chunk[:i] + bytes([chunk[i] ^ 0xFF]) + chunk[i + 1:]
+            self.wfile.write(chunk)
+            sent += len(chunk)
+            self.server.hub._served(route, len(chunk))
         if cut_after is not None:
             # Hang up with the body short of its Content-Length: the client sees a broken transfer.
             self.close_connection = True
+
+    @staticmethod
+    def _body(resp: Response) -> Iterator[bytes]:
+        if resp.chunks is not None:
+            yield from resp.chunks()
+            return
+        assert resp.file is not None
+        with resp.file.open("rb") as f:
+            f.seek(resp.start)
+            left = resp.length
+            while left > 0:
+                chunk = f.read(min(CHUNK, left))
+                if not chunk:
+                    return
+                left -= len(chunk)
+                yield chunk
 
 
 class HubServer:
@@ -146,7 +172,9 @@ class HubServer:
         self._conns: set[socket.socket] = set()
         self._failures: list[_Failure] = []
         self._truncations: list[int] = []
+        self._corruptions: list[int] = []
         self.counts: Counter[str] = Counter()
+        self.bytes_served: Counter[str] = Counter()
         self.log: list[RequestRecord] = []
 
     # -- lifecycle
@@ -221,9 +249,24 @@ class HubServer:
         with self._lock:
             self._truncations.append(after_bytes)
 
+    def corrupt_next_download(self, at: int = 0) -> None:
+        """Flip the byte at offset `at` of the next file body sent (any file route, ranged or not)."""
+        with self._lock:
+            self._corruptions.append(at)
+
+    @property
+    def cdn_ttl_s(self) -> float:
+        """How long a CDN URL handed out by resolve stays valid."""
+        return self._api.cdn_ttl_s
+
+    @cdn_ttl_s.setter
+    def cdn_ttl_s(self, value: float) -> None:
+        self._api.cdn_ttl_s = value
+
     def reset_counts(self) -> None:
         with self._lock:
             self.counts.clear()
+            self.bytes_served.clear()
             self.log.clear()
 
     # -- direct access, for arranging tests without HTTP
@@ -237,8 +280,21 @@ class HubServer:
         branch: str = "main",
         private: bool = False,
         message: str = "seed",
+        storage: str = "regular",
     ) -> str:
-        """Create the repo if needed and commit `files` on top of `branch` (made from main if new)."""
+        """Create the repo if needed and commit `files` on top of `branch` (made from main if new),
+        stored as regular git files, LFS files or Xet files (`storage`)."""
+        return self._commit(repo_id, {p: self.store.put_blob(d, storage) for p, d in files.items()},
+                            repo_type, branch, private, message)
+
+    def seed_sparse(self, repo_id: str, path: str, size: int, **kw: Any) -> str:
+        """Commit a sparse LFS file of `size` zero bytes (any size: it takes no disk). Its sha256 in
+        listings is a declared name, not the content's hash: for a test that never downloads it whole."""
+        return self._commit(repo_id, {path: self.store.put_sparse(size)}, kw.get("repo_type", "model"),
+                            kw.get("branch", "main"), kw.get("private", False), kw.get("message", "seed"))
+
+    def _commit(self, repo_id: str, blobs: Mapping[str, str], repo_type: str, branch: str, private: bool,
+                message: str) -> str:
         key = RepoKey(repo_type, repo_id)
         if not valid_repo_id(repo_id):
             raise ValueError(f"invalid repo id {repo_id!r}")
@@ -248,7 +304,7 @@ class HubServer:
             if branch not in branches:
                 self.store.set_ref(key, "branches", branch, branches["main"])
             current = dict(self.store.commit(key, self.store.refs(key)[0][branch])["files"])
-            current.update({clean_path(p): self.store.put_blob(data) for p, data in files.items()})
+            current.update({clean_path(p): sha for p, sha in blobs.items()})
             return self.store.add_commit(key, branch, current, message, "")
 
     def resolve(self, repo_id: str, revision: str = "main", repo_type: str = "model") -> str | None:
@@ -261,7 +317,7 @@ class HubServer:
         with self._lock:
             (self._conns.add if open_ else self._conns.discard)(conn)
 
-    def _answer(self, req: Request) -> tuple[Response, int | None]:
+    def _answer(self, req: Request) -> tuple[str, Response, int | None, int | None]:
         route, action = self._api.route(req)
         resp = self._injected_failure(req, route)
         if resp is None:
@@ -269,14 +325,20 @@ class HubServer:
                 resp = action()
             except HubError as err:
                 resp = err.response()
-        cut = None
+        cut = flip = None
         with self._lock:
-            if req.method == "GET" and resp.file is not None and self._truncations:
+            if req.method == "GET" and resp.streamed and self._truncations:
                 cut = self._truncations.pop(0)
+            if req.method == "GET" and resp.streamed and self._corruptions:
+                flip = self._corruptions.pop(0)
             # Recorded before the answer goes out, so a test that got its answer sees the count.
             self.counts[route] += 1
             self.log.append(RequestRecord(req.method, req.path, route, resp.status, req.headers.get("Range")))
-        return resp, cut
+        return route, resp, cut, flip
+
+    def _served(self, route: str, n: int) -> None:
+        with self._lock:
+            self.bytes_served[route] += n
 
     def _injected_failure(self, req: Request, route: str) -> Response | None:
         if route in HOUSEKEEPING:

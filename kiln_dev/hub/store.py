@@ -55,17 +55,41 @@ class Store:
         # One lock for every read-modify-write: request threads race otherwise.
         self.lock = threading.RLock()
         self._oids: dict[str, str] = {}
+        self._oid_lock = threading.Lock()
+        self.kinds: dict[str, str] = {}  # sha256 -> "lfs" | "xet"; absent: a regular git file
 
     # -- blobs
 
-    def put_blob(self, data: bytes) -> str:
+    def put_blob(self, data: bytes, kind: str = "regular") -> str:
         sha = hashlib.sha256(data).hexdigest()
         path = self.blob_path(sha)
         if not path.exists():
             tmp = path.with_name(f"{sha}.{threading.get_ident()}.tmp")
             tmp.write_bytes(data)
             os.replace(tmp, path)  # atomic, so a reader never sees half a blob
+        self._mark(sha, kind)
         return sha
+
+    def put_sparse(self, size: int) -> str:
+        """A file of `size` zero bytes that takes no disk, named by a declared (not computed) sha256."""
+        sha = hashlib.sha256(b"kiln-standin-sparse:%d" % size).hexdigest()
+        path = self.blob_path(sha)
+        if not path.exists():
+            with path.open("wb") as f:
+                f.truncate(size)
+        self._mark(sha, "lfs")
+        return sha
+
+    def _mark(self, sha: str, kind: str) -> None:
+        if kind not in ("regular", "lfs", "xet"):
+            raise ValueError(f"storage must be regular, lfs or xet, not {kind!r}")
+        if kind != "regular":
+            self.kinds[sha] = kind
+
+    def pointer(self, sha: str) -> bytes:
+        """The git-lfs pointer file git stores in place of an LFS file."""
+        return b"version https://git-lfs.github.com/spec/v1\noid sha256:%s\nsize %d\n" % (
+            sha.encode(), self.blob_size(sha))
 
     def has_blob(self, sha: str) -> bool:
         return bool(re.fullmatch(r"[0-9a-f]{64}", sha)) and self.blob_path(sha).is_file()
@@ -77,14 +101,21 @@ class Store:
         return self.blob_path(sha).stat().st_size
 
     def blob_oid(self, sha: str) -> str:
-        """Git blob sha1 of the content: what the Hub reports as oid/ETag for a regular file."""
+        """Git blob sha1 of what git stores: the content of a regular file (what the Hub reports as its
+        oid/ETag), the pointer file of an LFS one. Computed once per blob, not once per request."""
         oid = self._oids.get(sha)
         if oid is None:
-            digest = hashlib.sha1(b"blob %d\0" % self.blob_size(sha))
-            with self.blob_path(sha).open("rb") as f:
-                for chunk in iter(lambda: f.read(CHUNK), b""):
-                    digest.update(chunk)
-            oid = self._oids[sha] = digest.hexdigest()
+            with self._oid_lock:
+                oid = self._oids.get(sha)
+                if oid is None and sha in self.kinds:
+                    oid = sha1(b"blob %d\0" % len(self.pointer(sha)) + self.pointer(sha))
+                elif oid is None:
+                    digest = hashlib.sha1(b"blob %d\0" % self.blob_size(sha))
+                    with self.blob_path(sha).open("rb") as f:
+                        for chunk in iter(lambda: f.read(CHUNK), b""):
+                            digest.update(chunk)
+                    oid = digest.hexdigest()
+                self._oids[sha] = oid
         return oid
 
     # -- repos

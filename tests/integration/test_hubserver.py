@@ -334,3 +334,87 @@ def test_offline_serves_from_cache_then_comes_back(api: HfApi, hub: HubServer) -
         api.model_info(REPO)
     hub.set_offline(False)
     assert hub.url == url and api.model_info(REPO).id == REPO
+
+
+# ----------------------------------------------------------------------------- LFS, the CDN, Xet
+
+
+def test_an_lfs_file_is_listed_as_lfs_and_served_from_the_cdn(hub: HubServer, env: ClientEnv) -> None:
+    data = random.Random(11).randbytes(300_000)
+    commit = hub.seed(REPO, {"model.gguf": data}, storage="lfs")
+    (entry,) = [f for f in HfApi().list_repo_tree(REPO) if f.path == "model.gguf"]
+    assert entry.lfs is not None and entry.lfs.sha256 == hashlib.sha256(data).hexdigest() and entry.size == len(data)
+    assert entry.blob_id != _git_oid(data)                         # git stores the pointer, not the content
+    meta = file_download.get_hf_file_metadata(file_download.hf_hub_url(REPO, "model.gguf"))
+    assert meta.etag == entry.lfs.sha256 and meta.size == len(data) and meta.commit_hash == commit
+    assert meta.location.startswith(hub.url.replace("127.0.0.1", "localhost") + "/cdn/")    # another origin
+    assert _read(hf_hub_download(REPO, "model.gguf")) == data
+    assert hub.counts["cdn_get"] == 1 and hub.bytes_served["cdn_get"] == len(data)
+
+
+def test_a_cdn_url_expires(hub: HubServer, env: ClientEnv) -> None:
+    hub.seed(REPO, {"model.gguf": b"x" * 1000}, storage="lfs")
+    hub.cdn_ttl_s = -1.0
+    meta = file_download.get_hf_file_metadata(file_download.hf_hub_url(REPO, "model.gguf"))
+    with pytest.raises(HfHubHTTPError) as err:
+        file_download.http_get(meta.location, types.SimpleNamespace(write=lambda b: None, tell=lambda: 0))
+    assert err.value.response.status_code == 403
+
+
+def test_a_xet_file_downloads_through_the_real_hf_xet_client(
+    hub: HubServer, env: ClientEnv, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """hf_hub_download takes its Xet path (xet_get: read token, reconstruction, xorb ranges)."""
+    monkeypatch.setattr("kiln_dev.hub.xetcas.CHUNKS_PER_XORB", 4)      # 256 KiB xorbs: several per file
+    data = random.Random(5).randbytes(1_000_003)
+    hub.seed(REPO, {"model.safetensors": data}, storage="xet")
+    (entry,) = [f for f in HfApi().list_repo_tree(REPO) if f.path == "model.safetensors"]
+    assert entry.xet_hash and entry.lfs is not None
+    assert _read(hf_hub_download(REPO, "model.safetensors")) == data
+    assert hub.counts["xet_read_token"] == 1 and hub.counts["reconstruction"] >= 1 and hub.counts["xorb_get"] >= 4
+    assert hub.counts["cdn_get"] == 0                                  # not one byte over plain HTTP
+
+
+def test_hf_xet_streams_any_byte_range_of_a_xet_file(
+    hub: HubServer, env: ClientEnv, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from hf_xet import XetFileInfo
+    from huggingface_hub.utils import build_hf_headers
+    from huggingface_hub.utils._xet import get_xet_session, refresh_xet_connection_info
+
+    monkeypatch.setattr("kiln_dev.hub.xetcas.CHUNKS_PER_XORB", 4)
+    data = random.Random(6).randbytes(1_000_003)
+    hub.seed(REPO, {"w.bin": data}, storage="xet")
+    meta = file_download.get_hf_file_metadata(file_download.hf_hub_url(REPO, "w.bin"))
+    assert meta.xet_file_data is not None
+    headers = build_hf_headers()
+    info = refresh_xet_connection_info(file_data=meta.xet_file_data, headers=headers)
+    group = get_xet_session().new_download_stream_group(
+        endpoint=info.endpoint, token=info.access_token, token_expiry_unix_secs=info.expiration_unix_epoch,
+        token_refresh_url=meta.xet_file_data.refresh_route, token_refresh_headers=headers)
+    file = XetFileInfo(meta.xet_file_data.file_hash, len(data))
+    # Inside one chunk, across a chunk edge, across a xorb edge (4 x 64 KiB), to the end.
+    for start, end in [(0, 10), (65530, 65546), (262000, 530000), (999_000, 1_000_003)]:
+        assert b"".join(group.download_stream(file, start=start, end=end)) == data[start:end]
+
+
+def test_corrupt_next_download_flips_one_byte(hub: HubServer, env: ClientEnv) -> None:
+    data = bytes(1000)
+    hub.seed(REPO, {"w.bin": data})
+    hub.corrupt_next_download(at=10)
+    got = _read(hf_hub_download(REPO, "w.bin"))
+    assert got[:10] == data[:10] and got[10] == 0xFF and got[11:] == data[11:]
+
+
+def test_a_sparse_file_of_any_size_costs_no_disk(hub: HubServer, env: ClientEnv, tmp_path: Path) -> None:
+    size = 60 * 10**9                                                # over huggingface_hub's 50e9 ceiling
+    hub.seed_sparse(REPO, "huge.gguf", size)
+    (entry,) = [f for f in HfApi().list_repo_tree(REPO) if f.path == "huge.gguf"]
+    assert entry.size == size and entry.lfs is not None
+    meta = file_download.get_hf_file_metadata(file_download.hf_hub_url(REPO, "huge.gguf"))
+    out = tmp_path / "tail"
+    with out.open("wb") as f:
+        file_download.http_get(meta.location, f, headers={"Range": f"bytes={size - 100}-{size - 1}"},
+                               expected_size=100)
+    assert out.read_bytes() == bytes(100) and hub.log[-1].status == 206
+    assert sum(p.stat().st_blocks for p in hub.root.rglob("*") if p.is_file()) * 512 < 10**8

@@ -70,6 +70,18 @@ def test_env_overrides_named_fields_and_bad_env_values_are_named():
     assert "ladder.start: names no rung (got 'nope'); allowed: a" in str(e.value)
 
 
+def test_fetch_connections_default_range_and_env_override():
+    hf = GOOD.replace('source = "/models/m.gguf"', 'source = "hf://o/m"\nentry = "*.gguf"')
+    cfg = parse_config(hf, env={})
+    assert (cfg.model.fetch_connections, cfg.model.fetch_segment_mib) == (32, 0)
+    assert parse_config(hf, env={"KILN_MODEL_FETCH_CONNECTIONS": "8"}).model.fetch_connections == 8
+    bad = hf.replace('entry = "*.gguf"', 'entry = "*.gguf"\nfetch_connections = 0\nfetch_segment_mib = 2048')
+    with pytest.raises(ConfigError) as e:
+        parse_config(bad, env={})
+    assert "model.fetch_connections: is out of range (got 0); allowed: 1 .. 64" in str(e.value)
+    assert "model.fetch_segment_mib: is out of range (got 2048); allowed: 0 .. 1024" in str(e.value)
+
+
 def test_hash_is_stable_and_tracks_content():
     a, b = parse_config(GOOD, env={}), parse_config(GOOD, source="elsewhere", env={})
     assert a.hash == b.hash
