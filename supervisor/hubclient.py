@@ -41,6 +41,13 @@ def token(env: Mapping[str, str] | None = None) -> str | None:
     return value or None
 
 
+def token_or_file(token_file: str | None, env: Mapping[str, str] | None = None) -> str | None:
+    """A command's --token-file when given (OSError when it cannot be read), else token(env)."""
+    if token_file:
+        return Path(token_file).read_text(encoding="utf-8").strip() or None
+    return token(env)
+
+
 def classify(exc: BaseException) -> str:
     """OFFLINE, UNAVAILABLE, NOT_FOUND, AUTH or OTHER for an exception huggingface_hub raised."""
     from huggingface_hub import errors
