@@ -8,7 +8,7 @@ import socket
 import tempfile
 import threading
 from collections import Counter
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
@@ -80,8 +80,10 @@ class _Handler(BaseHTTPRequestHandler):
         resp, cut = hub._answer(req)
         try:
             self._send(resp, cut)
+            self.wfile.flush()
         except (BrokenPipeError, ConnectionResetError):
             self.close_connection = True  # the client went away mid-answer; nothing to tell it
+        hub._answered(req)
 
     def _read_body(self) -> bytes:
         # Always drain the body, even for answers that ignore it: keep-alive needs the stream aligned.
@@ -146,6 +148,7 @@ class HubServer:
         self._conns: set[socket.socket] = set()
         self._failures: list[_Failure] = []
         self._truncations: list[int] = []
+        self._after: list[tuple[str, str, Callable[[], None]]] = []
         self.counts: Counter[str] = Counter()
         self.log: list[RequestRecord] = []
 
@@ -221,6 +224,13 @@ class HubServer:
         with self._lock:
             self._truncations.append(after_bytes)
 
+    def after_answer(self, method: str, path_prefix: str, callback: Callable[[], None]) -> None:
+        """Call `callback` once, in the request's thread, right after the first `method` request whose
+        decoded path starts with `path_prefix` was answered: a test acts at an exact point of a client's
+        sequence (the Hub goes away just after a commit landed, a pod is killed the moment it could see it)."""
+        with self._lock:
+            self._after.append((method, path_prefix, callback))
+
     def reset_counts(self) -> None:
         with self._lock:
             self.counts.clear()
@@ -277,6 +287,13 @@ class HubServer:
             self.counts[route] += 1
             self.log.append(RequestRecord(req.method, req.path, route, resp.status, req.headers.get("Range")))
         return resp, cut
+
+    def _answered(self, req: Request) -> None:
+        with self._lock:
+            due = [a for a in self._after if req.method == a[0] and req.path.startswith(a[1])]
+            self._after = [a for a in self._after if a not in due]
+        for _, _, callback in due:
+            callback()
 
     def _injected_failure(self, req: Request, route: str) -> Response | None:
         if route in HOUSEKEEPING:
