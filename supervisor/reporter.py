@@ -127,24 +127,17 @@ class Reporter:
                         commit_message=f"kiln fleet: {self.pod} {record['state']} (report {seq})")
         with self._lock:
             st = self._status
-            if st["unreachable_since"]:
-                log.info("fleet report: the Hub takes %s again after %.1f s", self.where,
-                         time.time() - st["unreachable_since"])
             st["writes"] += 1
-            st.update(seq=seq, last_ok_at=round(time.time(), 3), consecutive_errors=0, unreachable_since=None,
-                      interval_s=self.spec.poll_s, state=record["state"])
+            st.update(seq=seq, state=record["state"])
+            down = hubclient.outage_over(st, self.spec.poll_s)
+        if down is not None:
+            log.info("fleet report: the Hub takes %s again after %.1f s", self.where, down)
 
     def _failed(self, e: BaseException, interval: float) -> None:
         kind = hubclient.classify(e)
         why = redact(hubclient.describe(e), self.secrets())
         with self._lock:
-            st = self._status
-            st["errors"] += 1
-            st["consecutive_errors"] += 1
-            first = st["unreachable_since"] is None
-            if first:
-                st["unreachable_since"] = round(time.time(), 3)
-            st.update(last_error=f"{kind}: {why}", interval_s=interval)
+            first = hubclient.outage_counted(self._status, kind, why, interval)
         if first:
             log.warning("fleet report: cannot write %s (%s: %s); the server keeps serving, retrying with backoff "
                         "up to %g s", self.where, kind, why, self.spec.max_backoff_s)

@@ -211,10 +211,10 @@ class Watcher:
         with self._lock:
             st = self._status["hub"]
             st["polls"] += 1
-            if st["unreachable_since"]:
-                log.info("watch: the Hub answers again after %.1f s", time.time() - st["unreachable_since"])
-            st.update(revision=sha, last_ok_at=round(time.time(), 3), consecutive_errors=0,
-                      unreachable_since=None, interval_s=self.spec.poll_s)
+            st["revision"] = sha
+            down = hubclient.outage_over(st, self.spec.poll_s)
+        if down is not None:
+            log.info("watch: the Hub answers again after %.1f s", down)
 
     def _hub_down(self, e: BaseException, interval: float) -> None:
         kind = hubclient.classify(e)
@@ -222,12 +222,7 @@ class Watcher:
         with self._lock:
             st = self._status["hub"]
             st["polls"] += 1
-            st["errors"] += 1
-            st["consecutive_errors"] += 1
-            first = st["unreachable_since"] is None
-            if first:
-                st["unreachable_since"] = round(time.time(), 3)
-            st.update(last_error=f"{kind}: {why}", interval_s=interval)
+            first = hubclient.outage_counted(st, kind, why, interval)
         if first:
             log.warning("watch: cannot poll %s (%s: %s); the server keeps serving, retrying with backoff up to %g s",
                         self.hub_origin, kind, why, self.spec.max_backoff_s)

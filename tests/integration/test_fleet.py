@@ -202,6 +202,7 @@ def test_a_hub_outage_during_the_rollout_leaves_every_pod_serving_and_the_publis
     # Writes resume (huggingface_hub retries a failed upload itself for ~20 s first).
     wait_for(lambda: all(records(hub)[p.id]["reported_at"] > back for p in pods), 60, "a record after the outage")
     assert all(p.status()["watch"]["report"]["unreachable_since"] is None for p in pods)
+    assert "kiln_fleet_report_consecutive_errors 0" in http(pods[0].sup.url("/metrics"))[1].decode()
 
 
 def test_a_killed_canary_makes_the_rollout_time_out_and_says_it_went_silent(pods, hub, tmp_path, prefix, tiny):
