@@ -215,7 +215,7 @@ class Supervisor:
         self.rec.transition(fx.state, fx.detail)
         log.info("state %s%s", fx.state.value, f": {fx.detail}" if fx.detail else "")
         if self.services is not None:
-            self.services.state_changed()
+            self.services.state_changed(fx.state)
 
     def _do_ShowConfig(self, fx: E.ShowConfig) -> None:
         self.services.show_config(fx.live)

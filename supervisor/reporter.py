@@ -5,7 +5,9 @@ when a reload is decided or the state changes; the thread builds the record from
 snapshot, masks every secret in it (supervisor/redact.py), and uploads it through huggingface_hub:
 
   * at most one write per `[watch] poll_s` (pokes in between are coalesced into the next write),
-    and at least one per `[watch] report_s` (the heartbeat a reader tells a silent pod by);
+    and at least one per `[watch] report_s` (the heartbeat a reader tells a silent pod by); the
+    loop pokes for verdicts and settled states (SERVING, FAILED, RESTARTING, STOPPED), not for the
+    steps of a walk;
   * a failed write (no network, 429, 5xx, auth) is retried with the interval doubled up to
     `max_backoff_s`, the first success resets it: a Hub outage changes nothing on the pod but
     this thread's own schedule, shows on /status (`watch.report`) and in one log line each way;
@@ -29,6 +31,7 @@ from .redact import redact, redact_data
 
 log = logging.getLogger("kiln.fleet")
 FINAL_WRITE_S = 3.0        # how long shutdown waits for the last record
+SETTLE_S = 0.05            # a poke's burst (SERVING, then the verdict) goes out as one write
 
 
 class Reporter:
@@ -95,6 +98,8 @@ class Reporter:
             now = time.monotonic()
             want = stopping or self._dirty or now >= heartbeat_at
             if want and (stopping or now >= earliest):
+                if not stopping:
+                    self._stop.wait(SETTLE_S)
                 self._dirty = False
                 try:
                     if not branch_ready:

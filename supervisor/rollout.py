@@ -34,7 +34,7 @@ from . import fleet, hubclient
 from .fleet_status import FleetReader, ago, table
 
 EXIT_OK, EXIT_HUB, EXIT_REFUSED, EXIT_NOT_TAKEN, EXIT_TIMEOUT = 0, 1, 2, 3, 4
-PACE_MIN_S, PACE_MAX_S = 0.2, 5.0        # how often the fleet is read: the pods' poll_s, within these
+PACE_MIN_S, PACE_MAX_S = 0.2, 5.0        # how often the fleet is read: see pace()
 
 
 @dataclass
@@ -82,8 +82,9 @@ def pods_on(t: Target, records: list[dict[str, Any]]) -> list[dict[str, Any]]:
 
 
 def pace(records: list[Mapping[str, Any]]) -> float:
+    """Half the pods' poll interval (one small request per read), within PACE_MIN_S..PACE_MAX_S."""
     polls = [float((r.get("watch") or {}).get("poll_s") or PACE_MAX_S) for r in records]
-    return min(max(min(polls, default=PACE_MAX_S), PACE_MIN_S), PACE_MAX_S)
+    return min(max(min(polls, default=PACE_MAX_S) / 2, PACE_MIN_S), PACE_MAX_S)
 
 
 def wait_until(t: Target, check: Callable[[list[dict[str, Any]]], Any], deadline: float, every_s: float) -> Waited:

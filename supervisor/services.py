@@ -17,12 +17,13 @@ from .config import DeployConfig
 from .errors import Cancelled, FetchError
 from .failure import Failure, FailureClass
 from .reload import HISTORY_KEEP, ReloadBook, adopt_last_good, record_decision, status_record
-from .state import Live, Origin
+from .state import Live, Origin, State
 
 if TYPE_CHECKING:
     from .lifecycle import Supervisor
 
 log = logging.getLogger("kiln")
+SETTLED = (State.SERVING, State.FAILED, State.RESTARTING, State.STOPPED)
 
 
 class Services:
@@ -94,9 +95,11 @@ class Services:
             if part is not None:
                 part.stop()
 
-    def state_changed(self) -> None:
-        """The loop entered a state: the fleet record is due (the reporter paces the writes)."""
-        if self.reporter is not None:
+    def state_changed(self, state: State) -> None:
+        """The loop entered a state. A settled one is news for the fleet record (the reporter paces
+        the writes); the steps of a walk are not: each would cost a commit and hold the verdict
+        that follows back by one write interval. The heartbeat shows a long walk."""
+        if self.reporter is not None and state in SETTLED:
             self.reporter.poke()
 
     def snapshot(self) -> dict[str, Any]:

@@ -26,7 +26,7 @@ import pytest
 
 from supervisor import fleet
 from kiln_dev.hub import HubServer, RepoKey, client_env
-from kiln_dev.supervised import Supervised, config, free_port, http, wait_for
+from kiln_dev.supervised import Supervised, config, fleet_published, free_port, http, wait_for
 
 pytestmark = pytest.mark.llama
 ROOT = Path(__file__).resolve().parents[2]
@@ -77,9 +77,6 @@ def deploy(prefix: Path, model: Path, *, port: int, sport: int, state: Path, ctx
                   snapshot=prefix / "share/kiln/llama-server.help.txt", rungs=rung, extra=WATCH + extra)
 
 
-def published(text: str) -> str:
-    """What a publisher sends the whole fleet: no state_dir, no [status] (each pod keeps its own)."""
-    return re.sub(r"^state_dir = .*\n", "", text, flags=re.MULTILINE).split("[status]")[0]
 
 
 @pytest.fixture
@@ -93,7 +90,7 @@ def hub(tmp_path):
 def pods(tmp_path, prefix, tiny, hub):
     """Three pods serving the config on main (their first verdict: unchanged), each reporting."""
     fleet_pods = [Pod(n, tmp_path, prefix, tiny, hub) for n in (1, 2, 3)]
-    hub.main0 = hub.seed(REPO, {"deploy.toml": published(fleet_pods[0].text).encode()})
+    hub.main0 = hub.seed(REPO, {"deploy.toml": fleet_published(fleet_pods[0].text).encode()})
     try:
         for p in fleet_pods:
             p.start()
@@ -130,7 +127,7 @@ def cli(hub: HubServer, tmp: Path, *args: str, text: str | None = None, timeout:
 
 def change(pods: list[Pod], prefix: Path, tiny: Path, **kv) -> str:
     p = pods[0]
-    return published(deploy(prefix, tiny, port=p.port, sport=p.sport, state=p.dir / "state", **kv))
+    return fleet_published(deploy(prefix, tiny, port=p.port, sport=p.sport, state=p.dir / "state", **kv))
 
 
 def test_a_good_change_goes_to_the_canary_first_then_the_others_apply_it_within_a_poll(pods, hub, tmp_path, prefix,
