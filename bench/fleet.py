@@ -91,6 +91,8 @@ def main() -> int:
     watch = f'[watch]\nrepo = "{HUB_REPO}"\npoll_s = {args.poll_s}\nreport_s = {max(10.0, args.poll_s)}\n'
     bare: list[float] = []
     converge: list[float] = []
+    detect: list[float] = []              # the slowest pod's: commit -> seen
+    reload_s: list[float] = []            # the slowest pod's: seen -> decided (serving it)
     canary: list[float] = []
     with tempfile.TemporaryDirectory(prefix="kiln-bench-fleet-") as t:
         tmp = Path(t)
@@ -109,8 +111,11 @@ def main() -> int:
                     bare.append(bare_restart(binary, model, args.threads))
                     text = fleet_published(pods[0].text(1024 if i % 2 == 0 else 2048))
                     commit = hub.seed(HUB_REPO, {"deploy.toml": text.encode()}, message=f"bench {i}")
-                    t0 = time.monotonic()                             # the commit exists now
+                    t0, wall0 = time.monotonic(), time.time()         # the commit exists now
                     converge.append(wait_until(lambda: all(p.serves(commit) for p in pods), 300) - t0)
+                    lasts = [status(p.sport)["reload"]["last"] for p in pods]
+                    detect.append(max(x["detected_at"] for x in lasts) - wall0)
+                    reload_s.append(max(x["t"] - x["detected_at"] for x in lasts))
                 for i in range(args.runs):
                     f = tmp / "canary.toml"
                     f.write_text(fleet_published(pods[0].text(1536 if i % 2 == 0 else 2048)))
@@ -129,6 +134,8 @@ def main() -> int:
     print(f"  bare llama-server reload                 {b:.3f} s   (runs: {', '.join(f'{x:.3f}' for x in bare)})")
     print(f"  publish -> all 3 serving it              {median(converge):.3f} s   (runs: "
           f"{', '.join(f'{x:.3f}' for x in converge)})")
+    print(f"    of which the slowest pod's detection   {median(detect):.3f} s, its reload {median(reload_s):.3f} s "
+          f"(three engines loading at once on this machine's cores)")
     print(f"  --canary 1 --wait: start -> all 3 took it {median(canary):.3f} s   (runs: "
           f"{', '.join(f'{x:.3f}' for x in canary)})")
     print(f"P12-canary converge_s={median(canary):.3f} over_bare={median(canary) / b:.2f}")
