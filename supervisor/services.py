@@ -71,7 +71,10 @@ class Services:
             from .watch import Watcher
 
             pod = None
-            if cfg.watch.reporting:
+            if cfg.watch.reporting and not self.rt.hub_token:
+                log.info("fleet report: off, no Hub token to write with (HF_TOKEN or a secret file); this pod "
+                         "reads configs but neither reports nor takes canaries")
+            elif cfg.watch.reporting:
                 from .fleet import pod_id
                 from .reporter import Reporter
 
