@@ -180,6 +180,22 @@ def test_a_change_that_fails_its_selftest_on_the_canary_is_rolled_back_there_and
     assert rec["last_reload"]["stderr_tail"] and rec["state"] == "SERVING"
 
 
+def test_a_plain_publish_with_wait_prints_every_pods_verdict_and_says_who_did_not_take_it(pods, hub, tmp_path,
+                                                                                          prefix, tiny):
+    r = cli(hub, tmp_path, "--wait", "--timeout", "90", text=change(pods, prefix, tiny, extra=SELFTEST_FAILS))
+    assert r.returncode == 3, r.stdout + r.stderr
+    main = hub.resolve(REPO)
+    assert f"waiting up to 90 s for 3 pod(s) to decide {main[:12]}: pod-1, pod-2, pod-3" in r.stdout
+    rows = [x for x in r.stdout.splitlines() if x.startswith("pod-")]
+    assert len(rows) == 3 and all(f"rolled_back {main[:12]}" in x and "selftest_failed" in x for x in rows), rows
+    assert r.stderr.startswith(f"publish-config: 3 of 3 pod(s) did not take {main[:12]}: pod-1 rolled_back: "
+                               "selftest_failed")
+    assert "stderr tail:" in r.stderr
+    for p in pods:                                  # each rolled back to what it served, and serves it
+        st = p.status()
+        assert st["state"] == "SERVING" and st["config"]["revision"] == hub.main0
+
+
 def test_a_hub_outage_during_the_rollout_leaves_every_pod_serving_and_the_publisher_says_so(pods, hub, tmp_path,
                                                                                             prefix, tiny):
     pids = {p.id: p.pid() for p in pods}
