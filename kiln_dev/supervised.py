@@ -147,3 +147,13 @@ binary = "{binary}"
 host = "127.0.0.1"
 port = {status_port}
 """
+
+
+def fleet_published(text: str) -> str:
+    """A deploy config from `config()` as a publisher sends it to a fleet: without state_dir and
+    [status], which each pod keeps from its own boot config (several pods on one host differ there;
+    their engine ports differ through KILN_SERVER_PORT)."""
+    import re
+
+    return re.sub(r"^state_dir = .*\n", "", text, flags=re.MULTILINE).split("[status]")[0]
+

@@ -6,6 +6,8 @@
     python -m supervisor check-model FILE [--engine-share DIR] [--draft FILE]
     python -m supervisor selftest --url http://host:port [--api-key-env NAME] [--family F] [--json OUT]
     python -m supervisor publish-config FILE --repo OWNER/NAME [--branch B] [--path deploy.toml]
+                                        [--canary N] [--wait] [--timeout S]
+    python -m supervisor fleet-status --repo OWNER/NAME [--branch B] [--path P] [--json]
 """
 
 from __future__ import annotations
@@ -49,6 +51,8 @@ def _parser() -> argparse.ArgumentParser:
     selftest_cli.add_parser(sub)
     from . import publish
     publish.add_parser(sub)
+    from . import fleet_status
+    fleet_status.add_parser(sub)
     return p
 
 
@@ -125,6 +129,9 @@ def main(argv: list[str] | None = None) -> int:
     if args.command == "publish-config":
         from . import publish
         return publish.main(args)
+    if args.command == "fleet-status":
+        from . import fleet_status
+        return fleet_status.main(args)
     if args.command in (None, "run"):
         from .config import load_config
         from .errors import ConfigError

@@ -22,6 +22,7 @@ from typing import Any, Mapping
 
 from .errors import ConfigError
 from .failure import FailureClass
+from .fleet import CANARY_PREFIX, FLEET_BRANCH
 from .validate import Problem, Reader, raise_if
 
 ENGINES = ("llamacpp", "vllm")       # the first is the default
@@ -214,10 +215,19 @@ class WatchSpec:
     max_backoff_s: float = 300.0     # errors double the interval up to this
     dir: str | None = None           # a local directory watched (watchdog) for `path`
     debounce_s: float = 0.2          # quiet time after the last event before the file is read
+    # With a repo: this pod's record (state, config, reload verdicts) on the repo's fleet branch
+    # (supervisor/fleet.py), at most one write per poll_s, and at least one per report_s (the
+    # heartbeat: the Hub limits commits, so it is slow; a pod silent for 3 of them shows stale).
+    report: bool = True
+    report_s: float = 600.0
 
     @property
     def enabled(self) -> bool:
         return bool(self.repo or self.dir)
+
+    @property
+    def reporting(self) -> bool:
+        return bool(self.repo and self.report)
 
 
 @dataclass(frozen=True)
@@ -576,12 +586,20 @@ def _watch(r: Reader) -> WatchSpec:
         max_backoff_s=r.float("max_backoff_s", d.max_backoff_s, min=0.1, max=86400.0),
         dir=r.str("dir", None, pattern=r"/.*", pattern_hint="an absolute path"),
         debounce_s=r.float("debounce_s", d.debounce_s, min=0.0, max=60.0),
+        report=r.bool("report", d.report),
+        report_s=r.float("report_s", d.report_s, min=1.0, max=86400.0),
     )
     r.finish()
     if w.dir and ".." in Path(w.dir).parts:
         r.problem("dir", "must not contain '..'", w.dir)
     if w.max_backoff_s < w.poll_s:
         r.problem("max_backoff_s", "must be >= poll_s", w.max_backoff_s)
+    if w.report_s < w.poll_s:
+        r.problem("report_s", "must be >= poll_s (a pod writes its record at most once per poll_s)", w.report_s,
+                  f"{w.poll_s:g} or more")
+    if branch == FLEET_BRANCH or branch.startswith(CANARY_PREFIX):
+        r.problem("branch", f"is where Kiln keeps the fleet's records or canary rollouts ({FLEET_BRANCH}, "
+                  f"{CANARY_PREFIX}...): pods watch the branch a publish goes to", branch, "main, or a branch of yours")
     return w
 
 

@@ -168,11 +168,13 @@ class RecordRestart(NamedTuple):
 
 
 class RecordReload(NamedTuple):
-    """One decision on a published config: applied, unchanged, rejected, rolled_back or failed."""
+    """One decision on a published config: applied, unchanged, rejected, rolled_back or failed;
+    `tail` is the stderr tail of the engine that made it fail (the fleet record carries it)."""
     candidate: Any
     outcome: str
     config_hash: str | None
     causes: tuple[str, ...] = ()
+    tail: tuple[str, ...] = ()
 
 
 class ShowConfig(NamedTuple):

@@ -41,6 +41,13 @@ def token(env: Mapping[str, str] | None = None) -> str | None:
     return value or None
 
 
+def token_or_file(token_file: str | None, env: Mapping[str, str] | None = None) -> str | None:
+    """A command's --token-file when given (OSError when it cannot be read), else token(env)."""
+    if token_file:
+        return Path(token_file).read_text(encoding="utf-8").strip() or None
+    return token(env)
+
+
 def classify(exc: BaseException) -> str:
     """OFFLINE, UNAVAILABLE, NOT_FOUND, AUTH or OTHER for an exception huggingface_hub raised."""
     from huggingface_hub import errors
@@ -72,3 +79,28 @@ def describe(exc: BaseException) -> str:
     """One line: the error's type and the first line of its message."""
     text = str(exc).strip().splitlines()
     return f"{type(exc).__name__}: {text[0][:300]}" if text else type(exc).__name__
+
+
+def outage_counted(st: dict, kind: str, why: str, interval_s: float) -> bool:
+    """Count one failed request in a status record (errors, consecutive_errors, unreachable_since,
+    last_error, interval_s: the watcher's and the reporter's); True when it starts an outage, which
+    the caller logs once. The caller holds the record's lock."""
+    import time
+
+    st["errors"] += 1
+    st["consecutive_errors"] += 1
+    first = st["unreachable_since"] is None
+    if first:
+        st["unreachable_since"] = round(time.time(), 3)
+    st.update(last_error=f"{kind}: {why}", interval_s=interval_s)
+    return first
+
+
+def outage_over(st: dict, interval_s: float) -> float | None:
+    """A request succeeded: reset the record; how long the Hub had been away, if it was."""
+    import time
+
+    down = time.time() - st["unreachable_since"] if st["unreachable_since"] else None
+    st.update(last_ok_at=round(time.time(), 3), consecutive_errors=0, unreachable_since=None, interval_s=interval_s)
+    return down
+

@@ -214,6 +214,8 @@ class Supervisor:
     def _do_Enter(self, fx: E.Enter) -> None:
         self.rec.transition(fx.state, fx.detail)
         log.info("state %s%s", fx.state.value, f": {fx.detail}" if fx.detail else "")
+        if self.services is not None:
+            self.services.state_changed(fx.state)
 
     def _do_ShowConfig(self, fx: E.ShowConfig) -> None:
         self.services.show_config(fx.live)

@@ -277,7 +277,8 @@ class Machine:
             if pend is not None and purpose == Purpose.RELOAD:
                 fx(RecordReload(pend.candidate, "applied", pend.live.cfg.hash))
             elif pend is not None and purpose == Purpose.ROLLBACK:
-                fx(RecordReload(pend.candidate, "rolled_back", pend.live.cfg.hash, (reload.cause(self.reload_cause),)))
+                fx(RecordReload(pend.candidate, "rolled_back", pend.live.cfg.hash, (reload.cause(self.reload_cause),),
+                                tail=reload.tail(self.reload_cause)))
             if pend is not None:
                 self.restarts, self.backoff = (), self.live.cfg.restart.backoff_initial_s   # a new config starts afresh
             self.good = self.live
@@ -298,7 +299,8 @@ class Machine:
             causes: tuple[str, ...] = (reload.cause(failure),)
             if self.purpose == Purpose.ROLLBACK:
                 causes = (reload.cause(self.reload_cause), "the rollback failed too: " + failure.reason)
-            fx(RecordReload(pend.candidate, "failed", pend.live.cfg.hash, causes))
+            fx(RecordReload(pend.candidate, "failed", pend.live.cfg.hash, causes,
+                            tail=reload.tail(self.reload_cause if self.purpose == Purpose.ROLLBACK else failure)))
             self.applying = None
         self._fail(fx, failure)
 

@@ -77,6 +77,14 @@ def cause(failure: "Failure | None") -> str:
     return f"{failure.failure_class.value}: {failure.reason}" if failure is not None else "unknown"
 
 
+TAIL_KEPT = 12      # stderr lines of a failed reload kept with its decision
+
+
+def tail(failure: "Failure | None") -> tuple[str, ...]:
+    """The last lines the engine printed before the published config failed."""
+    return tuple(failure.tail[-TAIL_KEPT:]) if failure is not None else ()
+
+
 # -- the book --------------------------------------------------------------------------------------
 
 HISTORY_KEEP = 500
@@ -165,21 +173,25 @@ class ReloadBook:
 
 
 def history_entry(cand: Any, outcome: str, cfg_hash: str | None, causes: list[str], *, took_s: float,
-                  live_hash: str) -> dict[str, Any]:
+                  live_hash: str, stderr_tail: list[str] | None = None) -> dict[str, Any]:
     """One line of history: what was published where, what became of it, and why."""
     now = time.time()
-    return {"t": round(now, 3), "outcome": outcome, "source": cand.source, "origin": cand.origin,
-            "revision": cand.revision, "content_sha256": cand.content_sha256, "config_hash": cfg_hash,
-            "live_hash": live_hash, "cause": causes[0] if causes else None, "problems": causes[:40],
-            "detected_at": round(cand.detected_at, 3) if cand.detected_at else None,
-            "detect_to_decided_s": round(now - cand.detected_at, 3) if cand.detected_at else None,
-            "took_s": round(took_s, 3)}
+    entry = {"t": round(now, 3), "outcome": outcome, "source": cand.source, "origin": cand.origin,
+             "revision": cand.revision, "content_sha256": cand.content_sha256, "config_hash": cfg_hash,
+             "live_hash": live_hash, "cause": causes[0] if causes else None, "problems": causes[:40],
+             "detected_at": round(cand.detected_at, 3) if cand.detected_at else None,
+             "detect_to_decided_s": round(now - cand.detected_at, 3) if cand.detected_at else None,
+             "took_s": round(took_s, 3)}
+    if stderr_tail:
+        entry["stderr_tail"] = stderr_tail[-TAIL_KEPT:]
+    return entry
 
 
 def record_decision(book: ReloadBook, cand: Any, outcome: str, cfg_hash: str | None, causes: list[str], *,
-                    took_s: float, live_hash: str) -> dict[str, Any]:
+                    took_s: float, live_hash: str, stderr_tail: list[str] | None = None) -> dict[str, Any]:
     """Write one decision to the book (history, and the source's seen marker); the new `reload` record."""
-    book.append(history_entry(cand, outcome, cfg_hash, causes, took_s=took_s, live_hash=live_hash))
+    book.append(history_entry(cand, outcome, cfg_hash, causes, took_s=took_s, live_hash=live_hash,
+                              stderr_tail=stderr_tail))
     book.mark_seen(cand.source, cand.origin, cand.seen_key)
     return status_record(book.history(HISTORY_KEEP))
 

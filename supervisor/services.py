@@ -1,5 +1,6 @@
 """What surrounds the lifecycle loop and reports to it: the status page, the TCP relay, the config
-watcher, the reload book and the model fetch. None of them decides anything; the machine does.
+watcher, the fleet reporter, the reload book and the model fetch. None of them decides anything;
+the machine does.
 
 They start once the engine is on its way (the loop calls `start()` the first time it has nothing
 else to do), so a boot pays for none of their imports before the engine is launched (P1).
@@ -16,12 +17,13 @@ from .config import DeployConfig
 from .errors import Cancelled, FetchError
 from .failure import Failure, FailureClass
 from .reload import HISTORY_KEEP, ReloadBook, adopt_last_good, record_decision, status_record
-from .state import Live, Origin
+from .state import Live, Origin, State
 
 if TYPE_CHECKING:
     from .lifecycle import Supervisor
 
 log = logging.getLogger("kiln")
+SETTLED = (State.SERVING, State.FAILED, State.RESTARTING, State.STOPPED)
 
 
 class Services:
@@ -34,6 +36,7 @@ class Services:
         self.status: Any = None
         self.tcp: Any = None
         self.watcher: Any = None
+        self.reporter: Any = None                 # supervisor/reporter.py, with a [watch] repo that reports
         self.base_hash = ""
         self._taken: dict[int, float] = {}        # id(candidate) -> when the loop took it
         self.terminator: Any = None               # runpod_self.Termination while FAILED with the option on
@@ -67,9 +70,23 @@ class Services:
             from .fetch import cache_dir
             from .watch import Watcher
 
+            pod = None
+            if cfg.watch.reporting and not self.rt.hub_token:
+                log.info("fleet report: off, no Hub token to write with (HF_TOKEN or a secret file); this pod "
+                         "reads configs but neither reports nor takes canaries")
+            elif cfg.watch.reporting:
+                from .fleet import pod_id
+                from .reporter import Reporter
+
+                pod = pod_id(self.rt.env)
+                self.reporter = Reporter(cfg.watch, pod=pod, token=self.rt.hub_token, snapshot=self.snapshot,
+                                         secrets=lambda: list(self.rt.secrets))
             self.watcher = Watcher(cfg.watch, cache=cache_dir(cfg), token=self.rt.hub_token, seen=self.book.seen(),
-                                   wake=lambda: self.sup.inbox.put(E.Tick()), secrets=lambda: list(self.rt.secrets))
+                                   wake=lambda: self.sup.inbox.put(E.Tick()), secrets=lambda: list(self.rt.secrets),
+                                   pod=pod)
             self.watcher.start()
+            if self.reporter is not None:
+                self.reporter.start()
 
     def stop(self, *, failed_for_good: bool = False) -> None:
         if self.terminator is not None:
@@ -77,14 +94,23 @@ class Services:
                 self.terminator.wait(self.terminator.grace_s + 60.0)
             else:
                 self.terminator.cancel()
-        for part in (self.watcher, self.tcp, self.status):
+        for part in (self.watcher, self.reporter, self.tcp, self.status):   # the reporter's last record: STOPPED
             if part is not None:
                 part.stop()
+
+    def state_changed(self, state: State) -> None:
+        """The loop entered a state. A settled one is news for the fleet record (the reporter paces
+        the writes); the steps of a walk are not: each would cost a commit and hold the verdict
+        that follows back by one write interval. The heartbeat shows a long walk."""
+        if self.reporter is not None and state in SETTLED:
+            self.reporter.poke()
 
     def snapshot(self) -> dict[str, Any]:
         snap = self.rec.snapshot()
         if self.watcher is not None:
             snap["watch"] = self.watcher.status()
+            if self.reporter is not None:
+                snap["watch"]["report"] = self.reporter.status()
         if self.tcp is not None and hasattr(self.tcp, "status"):
             snap["tcp_relay"] = self.tcp.status()
         return snap
@@ -186,8 +212,12 @@ class Services:
         taken = self._taken.pop(id(cand), time.monotonic())
         live_hash = self.sup.machine.live.cfg.hash if self.sup.machine else ""
         causes = [self.rt.secrets.redact(c) for c in fx.causes]
+        tail = [self.rt.secrets.redact(line) for line in fx.tail]
         self.rec.update(reload=record_decision(self.book, cand, fx.outcome, fx.config_hash, causes,
-                                               took_s=time.monotonic() - taken, live_hash=live_hash))
+                                               took_s=time.monotonic() - taken, live_hash=live_hash,
+                                               stderr_tail=tail))
+        if self.reporter is not None:            # the verdict goes to the fleet record
+            self.reporter.poke()
         self.rec.event(f"reload_{fx.outcome}", f"{cand.describe()}" + (f": {causes[0][:300]}" if causes else ""))
         level = logging.INFO if fx.outcome in ("applied", "unchanged") else logging.ERROR
         log.log(level, "reload %s: %s%s", fx.outcome, cand.describe(), "".join(f"\n  - {c}" for c in causes))

@@ -162,6 +162,9 @@ def render_metrics(snap: Snapshot) -> str:
     hub = _section(_section(snap, "watch"), "hub")
     m.one("watch_hub_consecutive_errors", "gauge", "Failed Hub polls in a row (0 = the Hub answers).",
           hub.get("consecutive_errors"))  # fmt: skip
+    report = _section(_section(snap, "watch"), "report")
+    m.one("fleet_report_consecutive_errors", "gauge", "Failed writes of this pod's fleet record in a row.",
+          report.get("consecutive_errors"))  # fmt: skip
 
     relay = _section(snap, "tcp_relay")  # TcpRelay.status(), when [server] tcp_port is set
     m.one("tcp_relay_listening", "gauge", "1 while the TCP relay accepts connections.", relay.get("listening"))

@@ -19,6 +19,11 @@ Two sources, each in its own daemon thread, both feeding one small queue the lif
   The file must resolve inside the directory: a symlink out of it (`deploy.toml -> /etc/shadow`)
   or a symlink loop is reported as an error, and its target is never read.
 
+* **A canary branch** (`kiln-canary/<branch>`, supervisor/fleet.py), for a pod that reports to
+  the fleet (`pod` given): polled in the same round; a new commit there is taken only when its
+  `kiln-canary.json` names this pod, is open and unexpired, and is for the same `path`. Such a
+  candidate's source is `hub-canary`. No canary branch is the normal case, not an error.
+
 A candidate is reported once per new commit or content; which ones were already decided comes
 from the reload book (supervisor/reload.py), so a restart does not report them again. Newer
 candidates from the same source replace an older one not yet taken: only the latest matters.
@@ -35,7 +40,7 @@ import time
 from pathlib import Path
 from typing import Any, Callable, Sequence
 
-from . import hubclient
+from . import fleet, hubclient
 from .candidate import MAX_BYTES, Candidate
 from .config import WatchSpec
 from .redact import redact
@@ -82,17 +87,22 @@ def _resolves_inside(target: Path) -> tuple[bool, str]:
 
 class Watcher:
     def __init__(self, spec: WatchSpec, *, cache: Path, token: str | None, seen: dict[str, dict[str, str]],
-                 wake: Callable[[], None] = lambda: None, secrets: Callable[[], Sequence[str]] = lambda: ()):
+                 wake: Callable[[], None] = lambda: None, secrets: Callable[[], Sequence[str]] = lambda: (),
+                 pod: str | None = None):
         self.spec = spec
         self.cache = cache
         self.token = token
         self.wake = wake
         self.secrets = secrets
+        self.pod = pod                      # this pod's fleet id: it may be a canary
         self.hub_origin = f"hf://{spec.repo}@{spec.branch}:{spec.path}" if spec.repo else None
+        self.canary_branch = fleet.canary_branch(spec.branch) if spec.repo and pod else None
+        self.canary_origin = f"hf://{spec.repo}@{self.canary_branch}:{spec.path}" if self.canary_branch else None
         self.local_path = Path(spec.dir) / spec.path if spec.dir else None
         # Only a key recorded for the same origin counts: a changed [watch] starts afresh.
         self._seen = {src: v.get("key") for src, v in seen.items()
-                      if v.get("origin") in (self.hub_origin, str(self.local_path))}
+                      if v.get("origin") in (self.hub_origin, self.canary_origin, str(self.local_path))}
+        self._canary_looked: str | None = None      # the canary commit whose assignment was read
         self._lock = threading.Lock()
         self._pending: dict[str, Candidate] = {}
         self._stop = threading.Event()
@@ -107,6 +117,9 @@ class Watcher:
                                    "polls": 0, "errors": 0, "consecutive_errors": 0, "revision": None,
                                    "last_ok_at": None, "last_error": None, "unreachable_since": None,
                                    "interval_s": spec.poll_s}
+            if self.canary_branch:
+                self._status["hub"]["canary"] = {"branch": self.canary_branch, "revision": None, "taken": None,
+                                                 "note": None}
         if self.local_path:
             self._status["local"] = {"file": str(self.local_path), "events": 0, "checks": 0, "present": None,
                                      "content_sha256": None, "last_error": None}
@@ -186,6 +199,8 @@ class Watcher:
                 self._hub_up(sha)
                 if sha and sha != self._seen.get("hub"):
                     self._report(self._read_hub(api, sha, detected))
+                if self.canary_branch:
+                    self._poll_canary(api, timeout)
                 interval = spec.poll_s
             except Exception as e:  # noqa: BLE001 - every failure is an outage to ride out
                 interval = min(max(interval * 2, spec.poll_s), spec.max_backoff_s)
@@ -196,10 +211,10 @@ class Watcher:
         with self._lock:
             st = self._status["hub"]
             st["polls"] += 1
-            if st["unreachable_since"]:
-                log.info("watch: the Hub answers again after %.1f s", time.time() - st["unreachable_since"])
-            st.update(revision=sha, last_ok_at=round(time.time(), 3), consecutive_errors=0,
-                      unreachable_since=None, interval_s=self.spec.poll_s)
+            st["revision"] = sha
+            down = hubclient.outage_over(st, self.spec.poll_s)
+        if down is not None:
+            log.info("watch: the Hub answers again after %.1f s", down)
 
     def _hub_down(self, e: BaseException, interval: float) -> None:
         kind = hubclient.classify(e)
@@ -207,33 +222,65 @@ class Watcher:
         with self._lock:
             st = self._status["hub"]
             st["polls"] += 1
-            st["errors"] += 1
-            st["consecutive_errors"] += 1
-            first = st["unreachable_since"] is None
-            if first:
-                st["unreachable_since"] = round(time.time(), 3)
-            st.update(last_error=f"{kind}: {why}", interval_s=interval)
+            first = hubclient.outage_counted(st, kind, why, interval)
         if first:
             log.warning("watch: cannot poll %s (%s: %s); the server keeps serving, retrying with backoff up to %g s",
                         self.hub_origin, kind, why, self.spec.max_backoff_s)
 
-    def _read_hub(self, api: Any, sha: str, detected: float) -> Candidate:
+    def _read_hub(self, api: Any, sha: str, detected: float, *, source: str = "hub",
+                  origin: str | None = None) -> Candidate:
         """The file at exactly that commit (size checked before any byte of it is downloaded)."""
+        spec = self.spec
+        assert spec.repo and self.hub_origin
+        base = dict(source=source, origin=origin or self.hub_origin, revision=sha, detected_at=detected)
+        data, why = self._hub_file(api, spec.path, sha)
+        if data is None:
+            return Candidate(**base, error=f"(file): {why}")
+        return Candidate(**base, data=data)
+
+    def _hub_file(self, api: Any, path: str, sha: str) -> tuple[bytes | None, str]:
+        """A small file of the repo at commit `sha`, or why not (missing, over the size cap)."""
         from huggingface_hub import hf_hub_download
         from huggingface_hub.hf_api import RepoFile
 
         spec = self.spec
-        assert spec.repo and self.hub_origin
-        base = dict(source="hub", origin=self.hub_origin, revision=sha, detected_at=detected)
-        infos = [i for i in api.get_paths_info(spec.repo, [spec.path], revision=sha) if isinstance(i, RepoFile)]
+        assert spec.repo
+        infos = [i for i in api.get_paths_info(spec.repo, [path], revision=sha) if isinstance(i, RepoFile)]
         if not infos:
-            return Candidate(**base, error=f"(file): {spec.path} is not in {spec.repo} at {sha[:12]}")
+            return None, f"{path} is not in {spec.repo} at {sha[:12]}"
         if (infos[0].size or 0) > MAX_BYTES:
-            return Candidate(**base, error=f"(file): is {infos[0].size} bytes; a deploy config is at most "
-                                           f"{MAX_BYTES} bytes (not downloaded)")
-        local = hf_hub_download(spec.repo, spec.path, revision=sha, cache_dir=str(self.cache),
-                                token=self.token or False)
-        return Candidate(**base, data=_read_capped(Path(local)))
+            return None, f"is {infos[0].size} bytes; a deploy config is at most {MAX_BYTES} bytes (not downloaded)"
+        local = hf_hub_download(spec.repo, path, revision=sha, cache_dir=str(self.cache), token=self.token or False)
+        return _read_capped(Path(local)), ""
+
+    def _poll_canary(self, api: Any, timeout: float) -> None:
+        """A new commit on the canary branch: taken only when its assignment names this pod."""
+        import json
+
+        spec = self.spec
+        assert spec.repo and self.canary_branch and self.pod
+        try:
+            sha = api.repo_info(spec.repo, revision=self.canary_branch, timeout=timeout).sha
+        except Exception as e:  # noqa: BLE001 - sorted below
+            if hubclient.classify(e) == hubclient.NOT_FOUND:
+                return                              # no rollout was ever made: the normal case
+            raise
+        if not sha or sha in (self._canary_looked, self._seen.get(fleet.CANARY_SOURCE)):
+            return
+        detected = time.time()
+        doc, why = self._hub_file(api, fleet.CANARY_FILE, sha)
+        if doc is not None:
+            try:
+                why = fleet.assigned(json.loads(doc), pod=self.pod, path=spec.path, now=time.time()) or ""
+            except ValueError:
+                why = f"{fleet.CANARY_FILE} is not JSON"
+        self._canary_looked = sha
+        taken = not why
+        self._set("hub", canary={"branch": self.canary_branch, "revision": sha, "taken": taken, "note": why or None})
+        log.info("watch: canary commit %s on %s: %s", sha[:12], self.canary_branch,
+                 "this pod is a canary: taking it" if taken else f"not taken ({why})")
+        if taken:
+            self._report(self._read_hub(api, sha, detected, source=fleet.CANARY_SOURCE, origin=self.canary_origin))
 
     # -- the local directory ---------------------------------------------------------------
     def _local_loop(self) -> None:

@@ -68,7 +68,9 @@ Knobs for tests: ``fail_next(n, status, path_prefix)`` answers the next n matchi
 that status; ``truncate_next_download(after_bytes)`` cuts the next file body short (the client then
 resumes with a Range request); ``set_offline(True)`` closes the listening socket and every open
 connection so the client gets connection errors, as with no network, and ``set_offline(False)``
-listens again on the same port; ``counts`` counts requests per route name (``repo_info``,
+listens again on the same port; ``after_answer(method, path_prefix, callback)`` calls callback once,
+right after the first matching request was answered (go offline just after a commit landed: the
+client got its answer, the next request finds no Hub); ``counts`` counts requests per route name (``repo_info``,
 ``resolve_head``, ``resolve_get``, ``cdn_get``, ``xorb_get``, ``tree``, ...) and ``log`` records each
 one; ``bytes_served`` counts the body bytes sent per route (what a download really cost).
 ``corrupt_next_download(at)`` flips one byte of the next file body; ``cdn_ttl_s`` is how long a

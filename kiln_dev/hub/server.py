@@ -8,7 +8,7 @@ import socket
 import tempfile
 import threading
 from collections import Counter
-from collections.abc import Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
@@ -87,8 +87,10 @@ class _Handler(BaseHTTPRequestHandler):
         route, resp, cut, flip = hub._answer(req)
         try:
             self._send(route, resp, cut, flip)
+            self.wfile.flush()
         except (BrokenPipeError, ConnectionResetError):
             self.close_connection = True  # the client went away mid-answer; nothing to tell it
+        hub._answered(req)
 
     def _read_body(self) -> bytes:
         # Always drain the body, even for answers that ignore it: keep-alive needs the stream aligned.
@@ -173,6 +175,7 @@ class HubServer:
         self._failures: list[_Failure] = []
         self._truncations: list[int] = []
         self._corruptions: list[int] = []
+        self._after: list[tuple[str, str, Callable[[], None]]] = []
         self.counts: Counter[str] = Counter()
         self.bytes_served: Counter[str] = Counter()
         self.log: list[RequestRecord] = []
@@ -263,6 +266,13 @@ class HubServer:
     def cdn_ttl_s(self, value: float) -> None:
         self._api.cdn_ttl_s = value
 
+    def after_answer(self, method: str, path_prefix: str, callback: Callable[[], None]) -> None:
+        """Call `callback` once, in the request's thread, right after the first `method` request whose
+        decoded path starts with `path_prefix` was answered: a test acts at an exact point of a client's
+        sequence (the Hub goes away just after a commit landed, a pod is killed the moment it could see it)."""
+        with self._lock:
+            self._after.append((method, path_prefix, callback))
+
     def reset_counts(self) -> None:
         with self._lock:
             self.counts.clear()
@@ -339,6 +349,13 @@ class HubServer:
     def _served(self, route: str, n: int) -> None:
         with self._lock:
             self.bytes_served[route] += n
+
+    def _answered(self, req: Request) -> None:
+        with self._lock:
+            due = [a for a in self._after if req.method == a[0] and req.path.startswith(a[1])]
+            self._after = [a for a in self._after if a not in due]
+        for _, _, callback in due:
+            callback()
 
     def _injected_failure(self, req: Request, route: str) -> Response | None:
         if route in HOUSEKEEPING:

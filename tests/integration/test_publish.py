@@ -88,3 +88,23 @@ def test_the_token_comes_from_a_secret_file_and_a_wrong_one_is_never_echoed(hub,
     assert wrong not in r.stdout + r.stderr
     r = publish(hub, tmp_path, GOOD, env=env)
     assert r.returncode == 2 and "no Hub token" in r.stderr
+
+
+def test_a_canary_needs_enough_reporting_pods_and_nothing_travels_without_them(hub, tmp_path):
+    hub.reset_counts()
+    r = publish(hub, tmp_path, GOOD, "--canary", "1", "--timeout", "5")
+    assert r.returncode == 2, r.stdout + r.stderr
+    assert r.stderr.startswith("publish-config: --canary 1: only 0 pod(s) report SERVING on "
+                               f"hf://{REPO}@main:deploy.toml (pods: none); nothing was published")
+    assert hub.counts["commit"] == 0 and hub.resolve(REPO, "kiln-canary/main") is None
+    for args, expect in ((("--canary", "0"), "--canary: 0 must be 1 or more"),
+                         (("--timeout", "0"), "--timeout: 0 must be more than 0"),
+                         (("--branch", "kiln-fleet"), "--branch: 'kiln-fleet' is Kiln's own")):
+        r = publish(hub, tmp_path, GOOD, *args)
+        assert r.returncode == 2 and expect in r.stderr and "nothing was uploaded" in r.stderr, r.stderr
+
+
+def test_wait_with_no_pod_reporting_publishes_and_says_there_is_nothing_to_wait_for(hub, tmp_path):
+    r = publish(hub, tmp_path, GOOD, "--wait", "--timeout", "5")
+    assert r.returncode == 0, r.stderr
+    assert f"commit {hub.resolve(REPO)}" in r.stdout and "nothing to wait for" in r.stdout

@@ -136,6 +136,63 @@ def test_a_revision_already_decided_before_a_restart_is_not_reported_again(hub, 
         w.stop()
 
 
+def test_a_canary_commit_is_taken_only_by_the_pod_its_assignment_names(hub, tmp_path):
+    import json
+
+    from supervisor import fleet
+
+    main = hub.seed(REPO, {"deploy.toml": b"# v1\n"})
+    seen = {"hub": {"origin": f"hf://{REPO}@main:deploy.toml", "key": main}}
+    spec = WatchSpec(repo=REPO, poll_s=0.1)
+    inboxes = {}
+    watchers = []
+    for pod in ("pod-1", "pod-2"):
+        inbox = Inbox()
+        w = Watcher(spec, cache=tmp_path / pod, token=hub.token, seen=seen, wake=inbox.wake, pod=pod)
+        inbox.watcher, inboxes[pod] = w, inbox
+        watchers.append(w)
+        w.start()
+    try:
+        def assign(pods: list[str], **kv) -> str:
+            doc = {**fleet.assignment(pods=pods, branch="main", path="deploy.toml", config_hash="c",
+                                      now=time.time(), expires_at=time.time() + 60), **kv}
+            return hub.seed(REPO, {"deploy.toml": b"# canary\n", fleet.CANARY_FILE: json.dumps(doc).encode()},
+                            branch=fleet.canary_branch("main"))
+
+        sha = assign(["pod-1"])
+        got = wait_for(lambda: inboxes["pod-1"].drain(), 10, "the canary candidate")
+        assert (got[0].source, got[0].revision, got[0].data) == ("hub-canary", sha, b"# canary\n")
+        assert got[0].origin == f"hf://{REPO}@kiln-canary/main:deploy.toml"
+        wait_for(lambda: (watchers[1].status()["hub"]["canary"] or {}).get("revision") == sha, 10, "pod-2 looked")
+        st = watchers[1].status()["hub"]["canary"]
+        assert st["taken"] is False and "not this pod" in st["note"] and inboxes["pod-2"].drain() == []
+        # Closed or expired, it is nobody's; main never saw any of it.
+        closed = assign(["pod-1"], state="closed", outcome="promoted")
+        wait_for(lambda: watchers[0].status()["hub"]["canary"]["revision"] == closed, 10, "the closed one read")
+        expired = assign(["pod-1"], expires_at=time.time() - 1)
+        wait_for(lambda: watchers[0].status()["hub"]["canary"]["revision"] == expired, 10, "the expired one read")
+        assert inboxes["pod-1"].drain() == got and "expired" in watchers[0].status()["hub"]["canary"]["note"]
+        assert hub.resolve(REPO) == main
+    finally:
+        for w in watchers:
+            w.stop()
+
+
+def test_no_canary_branch_is_the_normal_case_and_no_error(hub, tmp_path):
+    hub.seed(REPO, {"deploy.toml": b"# v1\n"})
+    inbox = Inbox()
+    w = Watcher(WatchSpec(repo=REPO, poll_s=0.1), cache=tmp_path / "c", token=hub.token, seen={}, wake=inbox.wake,
+                pod="pod-1")
+    inbox.watcher = w
+    w.start()
+    try:
+        wait_for(lambda: w.status()["hub"]["polls"] >= 3, 10, "three polls")
+        st = w.status()["hub"]
+        assert st["errors"] == 0 and st["canary"]["revision"] is None and len(inbox.drain()) == 1
+    finally:
+        w.stop()
+
+
 # -- the local directory -------------------------------------------------------------------
 
 

@@ -94,3 +94,28 @@ def test_regexes_and_json_in_args_stay_allowed(arg):
     toml_arg = arg.replace("\\", "\\\\").replace('"', '\\"')
     cfg = parse_config(BASE.replace('name = "a"', f'name = "a"\nargs = ["-x", "{toml_arg}"]'), env={})
     assert cfg.ladder.rungs[0].args[1] == arg
+
+
+def test_fleet_reporting_is_on_with_a_repo_and_its_heartbeat_is_validated():
+    cfg = parse_config(BASE + '[watch]\nrepo = "kiln-test/deploy"\n', env={})
+    assert cfg.watch.reporting and cfg.watch.report_s == WatchSpec.report_s
+    off = parse_config(BASE + '[watch]\nrepo = "kiln-test/deploy"\nreport = false\n', env={})
+    assert not off.watch.reporting
+    assert not parse_config(BASE + '[watch]\ndir = "/tmp/x"\n', env={}).watch.reporting   # no repo, no report
+    with pytest.raises(ConfigError) as e:
+        parse_config(BASE + '[watch]\nrepo = "kiln-test/deploy"\npoll_s = 30\nreport_s = 10\n', env={})
+    assert "watch.report_s: must be >= poll_s" in str(e.value) and "got 10.0" in str(e.value)
+    assert "allowed: 30 or more" in str(e.value)
+
+
+@pytest.mark.parametrize("branch", ["kiln-fleet", "kiln-canary/main"])
+def test_a_pod_cannot_watch_the_fleets_own_branches(branch):
+    with pytest.raises(ConfigError) as e:
+        parse_config(BASE + f'[watch]\nrepo = "kiln-test/deploy"\nbranch = "{branch}"\n', env={})
+    assert f"watch.branch: is where Kiln keeps the fleet's records" in str(e.value) and branch in str(e.value)
+
+
+def test_the_fleet_fields_stay_out_of_the_config_hash():
+    a = parse_config(BASE + '[watch]\nrepo = "kiln-test/deploy"\n', env={})
+    b = parse_config(BASE + '[watch]\nrepo = "kiln-test/deploy"\nreport = false\nreport_s = 60\n', env={})
+    assert a.hash == b.hash

@@ -304,7 +304,8 @@ def test_a_published_config_that_fails_rolls_back_and_says_why():
     assert m.state == State.RELOADING and any(isinstance(x, E.StopEngine) and x.token == token for x in effects)
     world.send(E.Prepared(m.waiting[1]))
     world.send(E.LaunchChecked(m.waiting[1], failure=Failure(FailureClass.CONFIG_REJECTED, "lint: --bad")))
-    world.send(E.LaunchChecked(m.waiting[1], failure=Failure(FailureClass.CONFIG_REJECTED, "lint: --bad")))
+    world.send(E.LaunchChecked(m.waiting[1], failure=Failure(FailureClass.CONFIG_REJECTED, "lint: --bad",
+                                                             tail=tuple(f"stderr {i}" for i in range(20)))))
     assert m.state == State.ROLLBACK
     world.send(E.Prepared(m.waiting[1]))
     world.send(E.LaunchChecked(m.waiting[1]))
@@ -316,3 +317,4 @@ def test_a_published_config_that_fails_rolls_back_and_says_why():
     recorded = [x for x in effects if isinstance(x, E.RecordReload)]
     assert m.state == State.SERVING and [r.outcome for r in recorded] == ["rolled_back"]
     assert recorded[0].causes[0].startswith("config_rejected: lint")
+    assert recorded[0].tail == tuple(f"stderr {i}" for i in range(8, 20))    # the fleet record carries it
