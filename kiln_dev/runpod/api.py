@@ -43,7 +43,7 @@ def _version_key(v: str) -> tuple[int, ...]:
     return tuple(int(x) for x in v.split("."))
 
 
-def gpu_type(gpu_id: str, *, cuda: tuple[tuple[str, bool], ...] = (("12.8", True),),
+def gpu_type(gpu_id: str, *, cuda: tuple[tuple[str, bool], ...] = (("12.8", True), ("13.0", True)),
              data_centers: tuple[tuple[str, str], ...] = (("EU-RO-1", "HIGH"),), memory: int = 48,
              price: tuple[float, float] = (0.44, 0.31), max_count: tuple[int, int] = (8, 4)) -> dict[str, Any]:
     """One catalog GpuType. The default prices are the document's own GpuType example figures

@@ -20,7 +20,7 @@ from kiln_dev.supervised import config, http
 
 pytestmark = pytest.mark.llama
 ROOT = Path(__file__).resolve().parents[2]
-TARGET = "a40-vllm-qwen3-coder"            # a GPU target with resolved pins: 1x A40, CUDA floor 12.8
+TARGET = "a40-vllm-qwen3-coder"            # a GPU target with resolved pins: 1x A40, CUDA floor 13.0 (torch cu13)
 ACCOUNT_KEY = "rpa_kiln-account-canary-93b1"
 SERVER_KEY = "kiln-server-key-canary-5d2e"
 HF_CANARY = "hf_kilnCanaryNeverSent0000"
@@ -79,9 +79,9 @@ def test_up_three_replicas_all_ready_a_second_up_creates_nothing_down_leaves_not
         assert standin.history[pid] == ["PROVISIONING", "STARTING", "RUNNING"]
         assert (pid, 8081, "/ready") in standin.proxy.forwarded, "up waited on the real /ready, through the proxy"
     create = [r["body"] for r in standin.requests if r["method"] == "POST" and r["path"] == "/v2/pods"]
-    assert len(create) == 3 and all(b["gpu"] == {"id": "NVIDIA A40", "count": 1, "minCudaVersion": "12.8"}
+    assert len(create) == 3 and all(b["gpu"] == {"id": "NVIDIA A40", "count": 1, "minCudaVersion": "13.0"}
                                     for b in create)
-    assert "catalog: NVIDIA A40 hosts with CUDA 12.8 have capacity" in up.stderr
+    assert "catalog: NVIDIA A40 hosts with CUDA 13.0 have capacity" in up.stderr
     assert "value of your RunPod secret 'kiln_api_key'" in up.stdout
 
     # The printed endpoints serve, with the key: over the proxy, and over the TCP port.
@@ -165,9 +165,9 @@ def bare():
 
 
 @pytest.mark.parametrize("catalog,says", [
-    ([gpu_type("NVIDIA A40", cuda=(("12.4", True), ("12.6", False)))],
-     "no NVIDIA A40 host (1x, SECURE cloud) reports a CUDA version this image runs on (>= 12.8); "
-     "on offer: 12.4 (available), 12.6 (full)"),
+    ([gpu_type("NVIDIA A40", cuda=(("12.4", True), ("12.8", True), ("12.6", False)))],
+     "no NVIDIA A40 host (1x, SECURE cloud) reports a CUDA version this image runs on (>= 13.0); "
+     "on offer: 12.4 (available), 12.8 (available), 12.6 (full)"),
     ([gpu_type("NVIDIA A40", cuda=(("12.8", False), ("13.0", False)))], "exist (1x, SECURE cloud) but are all full now"),
     ([gpu_type("NVIDIA A40", cuda=())], "on offer: no CUDA version reported"),
     ([gpu_type("NVIDIA GeForce RTX 4090")], "lists no GPU type 'NVIDIA A40' for pods (1x, SECURE cloud); "

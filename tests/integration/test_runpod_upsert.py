@@ -182,7 +182,7 @@ def test_runpod_gate_uses_the_v2_pod_code_and_always_terminates(standin, monkeyp
     (pod,) = standin.terminated.values()
     assert pod["gpu"] == {"id": "NVIDIA A40", "count": 1} and pod["image"] == "ghcr.io/kiln-llm/kiln:staging-x-1"
     create = next(r["body"] for r in standin.requests if r["method"] == "POST" and r["path"] == "/v2/pods")
-    assert create["gpu"]["minCudaVersion"] == "12.8" and create["templateId"] in standin.templates
+    assert create["gpu"]["minCudaVersion"] == "13.0" and create["templateId"] in standin.templates
     assert standin.pods == {} and not standin.stopped, "a pod is terminated, never stopped"
     assert not [r for r in standin.requests if r["path"].endswith("/action")]
 
