@@ -76,7 +76,8 @@ def test_an_engine_killed_while_a_reload_downloads_its_model_is_restarted_at_onc
         hub.seed("kiln-test/big", {"big.gguf": big.read_bytes()})
         with Throttle(int(hub.url.rsplit(":", 1)[1]), bytes_per_s=1_000_000) as slow:
             pod = Pod(tmp_path, prefix, tiny)
-            env = {**ce.env, "HF_ENDPOINT": slow.url}
+            # One connection at 1 MB/s: the ~9 MB download takes ~9 s (the fetch is parallel by default).
+            env = {**ce.env, "HF_ENDPOINT": slow.url, "KILN_MODEL_FETCH_CONNECTIONS": "1"}
             with Supervised(tmp_path, pod.text(), env=env) as sup:
                 first = sup.wait_state("SERVING")["engine"]["pid"]
                 pod.publish(pod.text(model="hf://kiln-test/big"))
