@@ -5,7 +5,7 @@
 
 One call, in this order (every boot's /status, the engine logs and the GPU's process list land in
 --out; the last lines printed are the figures):
-  A  supervised boot, empty state volume. Rung "too-long" asks --max-model-len 20,000,000
+  A  supervised boot, empty state volume (emptied first). Rung "too-long" asks --max-model-len 20,000,000
      (VLLM_ALLOW_LONG_MAX_MODEL_LEN=1, --enforce-eager so it fails without compiling): its KV cache
      (~23 KB a token for SmolLM2-135M: 460 GB) cannot fit the card, vLLM says so, Kiln classifies
      it from vLLM's words, waits at the reclaim barrier, falls through to rung "fits". The
@@ -26,6 +26,8 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import re
+import shutil
 import signal
 import subprocess
 import sys
@@ -216,6 +218,18 @@ def bare(a: argparse.Namespace, state: Path) -> dict[str, Any]:
     return rec
 
 
+# vLLM 0.26.0's own words for a torch.compile cache hit or miss, and the totals (compilation/backends.py,
+# compilation/monitor.py, v1/engine/core.py), as the H200 printed them
+COMPILE = re.compile(r"Directly load the compiled graph|Compiling a graph for compile range|torch\.compile took"
+                     r"|init engine \(profile")
+
+
+def compile_lines(log_path: Path) -> list[str]:
+    """Per boot in the log: whether torch.compile came from the cache, and how long it and init took."""
+    text = log_path.read_text(errors="replace") if log_path.exists() else ""
+    return [ln.split("] ", 1)[-1][:160] for ln in text.splitlines() if COMPILE.search(ln)]
+
+
 def ratio(x: float | None, y: float | None) -> float | None:
     return round(x / y, 4) if x and y else None
 
@@ -244,9 +258,15 @@ def main() -> int:
             subprocess.run([a.vllm, "serve", "--help=all"], stdout=f, stderr=subprocess.DEVNULL, timeout=300)
     state = a.root / "state-vllm"
     steps = a.steps.split(",")
+    if steps[0] == "A":
+        # A is the cold boot of P11: on 2026-12-01 the volume still held the compile caches of the
+        # call before, A loaded its graphs from them and P11 compared two warm boots
+        shutil.rmtree(state, ignore_errors=True)
     for name in steps:
         log(f"step {name}")
         RESULTS["steps"][name] = bare(a, state) if name == "bare" else supervised(a, name, state)
+        RESULTS["steps"][name]["torch_compile"] = compile_lines(a.out / ("vllm-bare.log" if name == "bare"
+                                                                          else f"supervisor-{name}.log"))
         (a.out / "gpu-vllm.json").write_text(json.dumps(RESULTS, indent=1, default=str))
     s = RESULTS["steps"]
     A, B, bare_run = s.get("A", {}), s.get("B", {}), s.get("bare", {})
