@@ -101,7 +101,7 @@ def test_the_ladder_falls_through_vllms_real_h200_oom_to_a_rung_that_serves(tmp_
         st = sup.wait_state("SERVING")
         assert st["rung"]["name"] == "fits" and st["launches"] == 2 and st["failures"] == {"oom": 1}
         f = st["last_failure"]
-        # what the H200's /status said (docs/research/device-run-2026-12-01/status-A.json)
+        # what the H200's /status said (docs/research/device-run-2026-12-01/call11/status-A.json)
         assert (f["class"], f["reason"], f["exit_code"], f["rung"]) == ("oom", "CUDA out of memory (torch)", 1, "too-long")
         assert f["evidence"] == ("(EngineCore pid=8054) ERROR 12-01 10:23:47 [core.py:1330] "
                                  "torch.AcceleratorError: CUDA error: out of memory")

@@ -201,7 +201,7 @@ def test_the_engine_environment_lets_the_pod_and_the_rung_override_the_cache_def
 # ---- what vLLM 0.26.0 really printed on the lent H200, 2026-12-01 (issue 14 phase B) ------------
 H200_OOM = HELP.parent / "vllm-0.26.0-oom-h200.log"
 H200_BOOT = HELP.parent / "vllm-0.26.0-serve-h200.log"
-# The failure as the H200's /status reported it (docs/research/device-run-2026-12-01/status-A.json)
+# The failure as the H200's /status reported it (docs/research/device-run-2026-12-01/call11/status-A.json)
 DEVICE_EVIDENCE = "(EngineCore pid=8054) ERROR 12-01 10:23:47 [core.py:1330] torch.AcceleratorError: CUDA error: out of memory"
 
 
