@@ -8,12 +8,18 @@ classified as a stall."""
 
 from __future__ import annotations
 
+import errno
 import json
+import os
+import socket
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
 
-from kiln_dev.supervised import FAKE_VLLM, SELFTEST_OFF, Supervised, free_port, http
+from kiln_dev.supervised import FAKE_VLLM, SELFTEST_OFF, Supervised, free_port, http, wait_for
+from supervisor.selftest.metrics import Counters
 
 pytestmark = pytest.mark.slow
 
@@ -113,3 +119,47 @@ def test_the_ladder_falls_through_vllms_real_h200_oom_to_a_rung_that_serves(tmp_
         assert sup.stop() == 0
     memory = json.loads((tmp_path / "state" / "ladder-memory.json").read_text())
     assert [v["rung"] for v in memory.values()] == ["fits"]
+
+
+def test_the_stand_in_binds_answers_and_counts_as_vllm_0_26_0_does(tmp_path):
+    # vLLM binds its port before it builds the engine and listens only once uvicorn runs
+    # (entrypoints/openai/api_server.py: setup_server): while "loading", the port is taken and refused.
+    port = free_port()
+    log = tmp_path / "engine.log"
+    env = {**os.environ, "KILN_FAKE_SCENARIO": "vllm-ok", "KILN_FAKE_LOAD_S": "30"}
+    with open(log, "w") as out:
+        p = subprocess.Popen([sys.executable, str(FAKE_VLLM), "serve", "/models/m", "--host", "127.0.0.1",
+                              "--port", str(port), "--served-model-name", "m"], env=env, stdout=out)
+    try:
+        wait_for(lambda: "Initializing a V1 LLM engine" in log.read_text(), 10, "the engine's first line")
+        with socket.socket() as s, pytest.raises(OSError) as taken:
+            s.bind(("127.0.0.1", port))
+        assert taken.value.errno == errno.EADDRINUSE
+        assert http(f"http://127.0.0.1:{port}/health", timeout=2)[0] == 0          # refused: not listening
+        assert "Starting vLLM server" not in log.read_text()
+    finally:
+        p.kill()
+        p.wait(10)
+    env["KILN_FAKE_LOAD_S"] = "0.01"
+    with open(log, "w") as out:
+        p = subprocess.Popen([sys.executable, str(FAKE_VLLM), "serve", "/models/m", "--host", "127.0.0.1",
+                              "--port", str(port), "--served-model-name", "m"], env=env, stdout=out)
+    try:
+        wait_for(lambda: http(f"http://127.0.0.1:{port}/health", timeout=1) == (200, b""), 10, "/health 200")
+        text = log.read_text()
+        assert f"Starting vLLM server on http://127.0.0.1:{port}" in text and "Application startup complete." in text
+        code, body = http(f"http://127.0.0.1:{port}/metrics")
+        c = Counters.from_text(body.decode())          # the names Kiln's selftest and benches read
+        assert code == 200 and (c.decode_tokens, c.decode_seconds, c.prompt_tokens, c.prompt_seconds,
+                                c.prompt_tokens_cached) == (0.0, 0.0, 0.0, 0.0, 0.0)
+        assert c.spec_drafts is None                    # only a speculating vLLM has those
+        assert http(f"http://127.0.0.1:{port}/v2/nothing") == (404, b'{"detail":"Not Found"}')
+        assert '"GET /health HTTP/1.1" 200 OK' in log.read_text()
+        p.terminate()
+        assert p.wait(10) == 0
+        text = log.read_text()                          # the real shutdown's lines, then exit 0
+        assert "EngineCore: trigger received signal=SIGTERM" in text and "Application shutdown complete." in text
+    finally:
+        if p.poll() is None:
+            p.kill()
+            p.wait(10)
