@@ -123,6 +123,8 @@ def main() -> int:
     RESULTS["smoke_with_stub"] = {"rc": smoke.returncode, "stub": str(stub), "output": (smoke.stdout + smoke.stderr).strip()[-400:]}
     floor = prefix / "share/kiln/cuda.json"
     RESULTS["floor"] = json.loads(floor.read_text()) if floor.exists() else None
+    why = a.root / "a40-floor.txt"      # cudafloor.py's stderr (build.sh): on 2026-12-01 the floor was null, why unknown
+    RESULTS["floor_stderr"] = why.read_text(errors="replace")[-1200:] if why.exists() else None
     cache = a.root / "state-a40" / "cache" / "cuda-jit"
     shutil.rmtree(cache, ignore_errors=True)
     base = {k: v for k, v in os.environ.items() if not k.startswith("CUDA_CACHE")}

@@ -5,15 +5,18 @@
 
 One call, in this order (every boot's /status, the engine logs and the GPU's process list land in
 --out; the last lines printed are the figures):
-  A  supervised boot, empty state volume. Rung "too-long" asks --max-model-len 20,000,000
+  A  supervised boot, empty state volume (emptied first). Rung "too-long" asks --max-model-len 20,000,000
      (VLLM_ALLOW_LONG_MAX_MODEL_LEN=1, --enforce-eager so it fails without compiling): its KV cache
-     (~23 KB a token for SmolLM2-135M: 460 GB) cannot fit the card, vLLM says so, Kiln classifies
-     it from vLLM's words, waits at the reclaim barrier, falls through to rung "fits". The
-     selftest runs on real vLLM output (probes, decode tok/s, prefill); then one 512-token greedy
-     request to the engine's port, tok/s from the stream and from vLLM's own /metrics (P2, supervised).
+     (~23 KB a token for SmolLM2-135M: 460 GB) cannot fit the card. vLLM 0.26.0 fails before its
+     KV-cache check: pinning a host buffer of max_num_reqs x max_model_len tokens, "CUDA error: out
+     of memory" (2026-12-01). Kiln classifies it from vLLM's words, waits at the reclaim barrier,
+     falls through to rung "fits". The
+     selftest runs on real vLLM output (probes, decode tok/s, prefill); then five 512-token greedy
+     requests to the engine's port, tok/s from the stream and from vLLM's own /metrics, the median
+     taken (P2, supervised).
   stop  SIGTERM to the supervisor; then no process may hold GPU memory (vLLM #55510: orphans hold VRAM).
   bare  the same argv as rung "fits", without Kiln, caches on the same volume (warm): the same
-        512-token request (P2, bare).
+        five 512-token requests (P2, bare).
   B  supervised boot again on the same state volume: the ladder starts at the remembered rung and
      vLLM's torch.compile / Inductor / Triton caches are warm (supervisor/engines/caches.py).
      P11 warm_boot_over_cold = B's engine load time / A's load time of the same rung.
@@ -26,6 +29,8 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import re
+import shutil
 import signal
 import subprocess
 import sys
@@ -121,18 +126,29 @@ port = {sport}
 """
 
 
-def decode(port: int, tokens: int = 512) -> dict[str, Any]:
-    """One greedy request of `tokens` tokens to the engine, rate from the stream and from /metrics."""
+def decode(port: int, tokens: int = 512, runs: int = 5) -> dict[str, Any]:
+    """`runs` greedy requests of `tokens` tokens to the engine, each rated from the stream and from
+    /metrics; the median is the figure. On 2026-12-01 one request a boot was taken, and two
+    consecutive requests of one engine differed by 27 % (409 and 520 tok/s): one is not a P2."""
     c = Client(f"http://127.0.0.1:{port}", KEY, engine="vllm", timeout_s=120)
-    before = Counters.from_text(c.metrics())
-    r = c.complete("The history of the printing press begins", max_tokens=tokens, stream=True,
-                   ignore_eos=True, **c.greedy())
-    delta = Counters.from_text(c.metrics()).minus(before)
-    steps = len(r.chunk_times) - 1
-    span = r.chunk_times[-1] - r.chunk_times[0] if steps > 0 else 0
-    return {"tokens": r.completion_tokens, "client_tok_s": round(steps / span, 2) if span else None,
-            "metrics_tok_s": round(delta.decode_tok_s, 2) if delta.decode_tok_s else None,
-            "metrics": delta.to_dict()}
+    samples = []
+    for _ in range(runs):
+        before = Counters.from_text(c.metrics())
+        r = c.complete("The history of the printing press begins", max_tokens=tokens, stream=True,
+                       ignore_eos=True, **c.greedy())
+        delta = Counters.from_text(c.metrics()).minus(before)
+        steps = len(r.chunk_times) - 1
+        span = r.chunk_times[-1] - r.chunk_times[0] if steps > 0 else 0
+        samples.append({"tokens": r.completion_tokens, "client_tok_s": round(steps / span, 2) if span else None,
+                        "metrics_tok_s": round(delta.decode_tok_s, 2) if delta.decode_tok_s else None,
+                        "metrics": delta.to_dict()})
+    return {"client_tok_s": median(s["client_tok_s"] for s in samples),
+            "metrics_tok_s": median(s["metrics_tok_s"] for s in samples), "samples": samples}
+
+
+def median(values) -> float | None:
+    xs = sorted(v for v in values if v is not None)
+    return xs[len(xs) // 2] if xs else None
 
 
 def supervised(a: argparse.Namespace, name: str, state: Path) -> dict[str, Any]:
@@ -216,6 +232,18 @@ def bare(a: argparse.Namespace, state: Path) -> dict[str, Any]:
     return rec
 
 
+# vLLM 0.26.0's own words for a torch.compile cache hit or miss, and the totals (compilation/backends.py,
+# compilation/monitor.py, v1/engine/core.py), as the H200 printed them
+COMPILE = re.compile(r"Directly load the compiled graph|Compiling a graph for compile range|torch\.compile took"
+                     r"|init engine \(profile")
+
+
+def compile_lines(log_path: Path) -> list[str]:
+    """Per boot in the log: whether torch.compile came from the cache, and how long it and init took."""
+    text = log_path.read_text(errors="replace") if log_path.exists() else ""
+    return [ln.split("] ", 1)[-1][:160] for ln in text.splitlines() if COMPILE.search(ln)]
+
+
 def ratio(x: float | None, y: float | None) -> float | None:
     return round(x / y, 4) if x and y else None
 
@@ -244,9 +272,15 @@ def main() -> int:
             subprocess.run([a.vllm, "serve", "--help=all"], stdout=f, stderr=subprocess.DEVNULL, timeout=300)
     state = a.root / "state-vllm"
     steps = a.steps.split(",")
+    if steps[0] == "A":
+        # A is the cold boot of P11: on 2026-12-01 the volume still held the compile caches of the
+        # call before, A loaded its graphs from them and P11 compared two warm boots
+        shutil.rmtree(state, ignore_errors=True)
     for name in steps:
         log(f"step {name}")
         RESULTS["steps"][name] = bare(a, state) if name == "bare" else supervised(a, name, state)
+        RESULTS["steps"][name]["torch_compile"] = compile_lines(a.out / ("vllm-bare.log" if name == "bare"
+                                                                          else f"supervisor-{name}.log"))
         (a.out / "gpu-vllm.json").write_text(json.dumps(RESULTS, indent=1, default=str))
     s = RESULTS["steps"]
     A, B, bare_run = s.get("A", {}), s.get("B", {}), s.get("bare", {})

