@@ -16,13 +16,13 @@ import resource
 import signal
 import sys
 import threading
-import time
 from pathlib import Path
 
 from supervisor.process import ManagedProcess
 
 DEADLINE_S = 20.0
 CHILD = Path(__file__).with_name("child.py")
+CHANGED = threading.Condition()        # notified on every engine line and every log record
 
 
 class Seen(logging.Handler):
@@ -31,16 +31,15 @@ class Seen(logging.Handler):
         self.messages: list[str] = []
 
     def emit(self, record: logging.LogRecord) -> None:
-        self.messages.append(record.getMessage())
+        with CHANGED:
+            self.messages.append(record.getMessage())
+            CHANGED.notify_all()
 
 
 def wait(cond, timeout: float = DEADLINE_S) -> bool:
-    deadline = time.monotonic() + timeout
-    while not cond():
-        if time.monotonic() > deadline:
-            return False
-        time.sleep(0.01)  # polling interval of a condition wait
-    return True
+    """Until cond() holds (woken by each line and log record), or the deadline."""
+    with CHANGED:
+        return CHANGED.wait_for(cond, timeout)
 
 
 def main() -> int:
@@ -48,11 +47,11 @@ def main() -> int:
     seen = Seen()
     logging.getLogger().addHandler(seen)
     lines: list[str] = []
-    cond = threading.Condition()
 
     def on_line(line: str) -> None:
-        with cond:
+        with CHANGED:
             lines.append(line)
+            CHANGED.notify_all()
 
     p = ManagedProcess.start([sys.executable, str(CHILD)], on_line=on_line)
     if not wait(lambda: any(x.startswith("ready") for x in lines)):
