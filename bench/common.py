@@ -90,3 +90,11 @@ def rung_toml(name: str, args: list[str], placement: str = "cpu", env: dict[str,
     if env:
         out += "[ladder.rungs.env]\n" + "".join(f'{k} = "{v}"\n' for k, v in env.items())
     return out
+
+
+def add_device_root(ap) -> None:  # type: ignore[no-untyped-def]
+    """--root: where the device scripts keep what lasts between calls (scripts/device/common.sh
+    exports it as KILN_DEVICE_ROOT); required when the environment does not say."""
+    env = os.environ.get("KILN_DEVICE_ROOT")
+    ap.add_argument("--root", type=Path, default=Path(env) if env else None, required=env is None,
+                    help="the device run's state directory (default: $KILN_DEVICE_ROOT)")

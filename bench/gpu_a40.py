@@ -2,7 +2,7 @@
 """The A40 build proven on the lent H200 (issue 13 item 4): the binary build.sh compiled with
 Kiln's compile script for CUDA arch 86, examined and served.
 
-    python3 bench/gpu_a40.py --root /root/k --out $OUT [--prefix ROOT/a40] [--model GGUF]
+    python3 bench/gpu_a40.py [--root ROOT] --out $OUT [--prefix ROOT/a40] [--model GGUF]
 
   listing  cuobjdump --list-elf / --list-ptx of bin/llama-server: sm_86 machine code and
            compute_86 PTX must both be there (an H200 is sm_90: it can run only the PTX, JIT-compiled)
@@ -30,7 +30,7 @@ import urllib.request
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from common import status_code  # noqa: E402
+from common import add_device_root, status_code  # noqa: E402
 
 RESULTS: dict = {"date": time.strftime("%Y-%m-%d")}
 
@@ -84,7 +84,7 @@ def serve(binary: Path, model: Path, env: dict, log: Path, port: int, deadline_s
 
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--root", type=Path, default=Path("/root/k"))
+    add_device_root(ap)
     ap.add_argument("--out", type=Path, default=Path(os.environ.get("OUT", "/tmp/out")))
     ap.add_argument("--prefix", type=Path)
     ap.add_argument("--model", type=Path)

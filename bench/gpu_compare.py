@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """vLLM against Kiln's CUDA llama-server on one card and one model (issue 14 item 4).
 
-    python3 bench/gpu_compare.py --root /root/k --out $OUT --hourly-usd 3.59
+    python3 bench/gpu_compare.py [--root ROOT] --out $OUT --hourly-usd 3.59
 
   llamacpp  llama-server (ROOT/h200 if build.sh made an sm_90 one, else the arch-86 A40 build,
             JIT cache warm from bench/gpu_a40.py) on the SmolLM2 Q4_1 GGUF, -ngl 99 --parallel 64
@@ -34,7 +34,7 @@ HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE.parent))
 sys.path.insert(0, str(HERE))
 
-from common import status_code  # noqa: E402
+from common import add_device_root, status_code  # noqa: E402
 from supervisor.selftest.client import Client  # noqa: E402
 from supervisor.selftest.metrics import Counters, parse  # noqa: E402
 
@@ -130,7 +130,7 @@ def regimes(port: int, runs: int = 3) -> dict:
 
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--root", type=Path, default=Path("/root/k"))
+    add_device_root(ap)
     ap.add_argument("--out", type=Path, default=Path(os.environ.get("OUT", "/tmp/out")))
     ap.add_argument("--hourly-usd", type=float, required=True)
     ap.add_argument("--max-streams", type=int, default=64)

@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """Kiln's supervisor boots a real vLLM on the lent H200 (issue 14, items 2, 5 and 6's P2/P11).
 
-    python3 bench/gpu_vllm.py --root /root/k --out $OUT [--vllm /root/k/bin/vllm] [--model DIR]
+    python3 bench/gpu_vllm.py [--root ROOT] --out $OUT [--vllm ROOT/bin/vllm] [--model DIR]
 
 One call, in this order (every boot's /status, the engine logs and the GPU's process list land in
 --out; the last lines printed are the figures):
@@ -42,7 +42,9 @@ from typing import Any
 HERE = Path(__file__).resolve().parent
 REPO = HERE.parent
 sys.path.insert(0, str(REPO))
+sys.path.insert(0, str(REPO / "bench"))
 
+from common import add_device_root  # noqa: E402
 from supervisor.selftest.client import Client  # noqa: E402
 from supervisor.selftest.metrics import Counters  # noqa: E402
 
@@ -250,7 +252,7 @@ def ratio(x: float | None, y: float | None) -> float | None:
 
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--root", type=Path, default=Path("/root/k"))
+    add_device_root(ap)
     ap.add_argument("--out", type=Path, default=Path(os.environ.get("OUT", "/tmp/out")))
     ap.add_argument("--vllm", help="default ROOT/bin/vllm")
     ap.add_argument("--model", help="default ROOT/models/smollm2-bf16")

@@ -7,6 +7,7 @@
 set -Eeuo pipefail
 C="$PWD/.carry/gpu"
 K="${KILN_DEVICE_ROOT:-/root/k}"   # overridable for the CPU dry run
+export KILN_DEVICE_ROOT="$K"       # the benches read it (bench/common.add_device_root)
 OUT="${OUT:-/tmp/out}"
 mkdir -p "$K/parts" "$OUT"
 export PYTHONUNBUFFERED=1
