@@ -43,3 +43,10 @@ def test_the_block_parser_sees_languages_and_skips_comments():
     md = "x\n```sh\n# c\nbash a.sh \\\n  --flag\n```\n```text\nnot shell\n```\n"
     assert fenced_blocks(md) == [("sh", "# c\nbash a.sh \\\n  --flag\n"), ("text", "not shell\n")]
     assert commands(fenced_blocks(md)[0][1]) == ["bash a.sh --flag"]
+
+
+def test_no_other_fenced_block_comes_before_the_test_command():
+    # A reader (or a tool) that treats every ``` as a shell block must meet the same two commands
+    # first: an explanatory ```text block between them was read as the second command.
+    blocks = fenced_blocks((ROOT / "README.md").read_text(encoding="utf-8"))
+    assert [commands(body) for _, body in blocks[:2]] == [[MAIN_JOB], [TEST_COMMAND]]
