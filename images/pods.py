@@ -2,7 +2,7 @@
 
     python -m images.pods up --target T [--replicas N] [--gpu ID] [--gpu-count N] [--cloud SECURE|COMMUNITY]
                              [--data-center DC ...] [--network-volume NAME [--network-volume-gb N]]
-                             [--image REPO | --runpod-image REF] [--allow-floating]
+                             [--image REPO | --image-ref REF] [--allow-floating]
                              [--terminate-on-failure] [--timeout S] [--cpu-flavor ID --vcpu N]
     python -m images.pods status [--target T]
     python -m images.pods logs POD [--tail N] [--source container|system] [--idle S]
@@ -55,14 +55,19 @@ def _common(p: argparse.ArgumentParser) -> None:
                    "https://api.runpod.io/v2)")
 
 
+def template_reference_options(p: argparse.ArgumentParser, *, name_flag: str = "--template-name") -> None:
+    """What names the template's image and the template itself: one spelling for `template` and `pods up`."""
+    p.add_argument("--image-ref", metavar="REF", help="the template's whole image reference (default: the target's "
+                   "immutable tag in --image or the target's repository)")
+    p.add_argument(name_flag, dest="template_name", metavar="NAME", help="template name (default: [runpod] "
+                   "template_name, kiln-<target>)")
+    p.add_argument("--registry-auth", metavar="ID", help="RunPod container registry credential id (the "
+                   "template's `registry`) for a private image")
+
+
 def _template_options(p: argparse.ArgumentParser) -> None:
     p.add_argument("--image", help="repository for the image's tag (default: the target's `image`)")
-    p.add_argument("--runpod-image", metavar="REF", help="the whole image reference (default: the target's "
-                   "immutable tag)")
-    p.add_argument("--template-name", metavar="NAME", help="template name (default: [runpod] template_name, "
-                   "kiln-<target>)")
-    p.add_argument("--registry-auth", metavar="ID", help="RunPod container registry credential id for a "
-                   "private image")
+    template_reference_options(p)
     p.add_argument("--allow-floating", action="store_true", help="deploy a target with unresolved pins "
                    "(its image is labelled floating)")
 
@@ -147,9 +152,9 @@ def parser() -> argparse.ArgumentParser:
 
 # -- commands ------------------------------------------------------------------------------
 def _template(args: argparse.Namespace, target, pins):
-    tpl = build_template(target, pins, repository=args.image, image=args.runpod_image,
+    tpl = build_template(target, pins, repository=args.image, image=args.image_ref,
                          name=args.template_name, registry=args.registry_auth)
-    if tpl.floating and not args.runpod_image and not args.allow_floating:
+    if tpl.floating and not args.image_ref and not args.allow_floating:
         raise render.FloatingRefused(target, [f for f in missing(target, pins)])
     return tpl
 

@@ -16,11 +16,9 @@ from .command import Command
 def _template_arguments(p: argparse.ArgumentParser) -> None:
     opt.target(p)
     opt.image(p)
-    p.add_argument("--image-ref", metavar="REF", help="image reference for the template's imageName (default: "
-                   "the target's immutable tag in --image or the target's repository)")
-    p.add_argument("--name", metavar="NAME", help="template name (default: [runpod] template_name, kiln-<target>)")
-    p.add_argument("--registry-auth", metavar="ID", help="RunPod container registry credential id (the "
-                   "template's `registry`) for a private image")
+    from ..pods import template_reference_options
+
+    template_reference_options(p, name_flag="--name")
     p.add_argument("--upsert", action="store_true", help="create or update the template by name through RunPod's "
                    "REST API v2 ($RUNPOD_API_KEY) instead of printing it; prints the template id")
     p.add_argument("--api", metavar="URL", help="with --upsert: REST API v2 base URL (default: $RUNPOD_API_URL or "
@@ -40,7 +38,7 @@ def _template(args: argparse.Namespace) -> int:
         raise KilnError(f"{' and '.join(only_upsert)} cannot be combined with printing the template (nothing is "
                         "sent; a floating template prints anyway): add --upsert or drop it")
     target, pins = opt.target_and_pins(args.target)
-    tpl = build_template(target, pins, repository=args.image, image=args.image_ref, name=args.name,
+    tpl = build_template(target, pins, repository=args.image, image=args.image_ref, name=args.template_name,
                          registry=args.registry_auth)
     if tpl.floating and not args.image_ref:
         print(f"note: FLOATING: {', '.join(tpl.floating)} unresolved; image is the tag "
