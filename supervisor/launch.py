@@ -22,8 +22,6 @@ import socket
 from pathlib import Path
 from typing import Any, Callable, Mapping
 
-import psutil
-
 from .config import DeployConfig, Rung
 from .errors import KilnError
 from .failure import Failure, FailureClass, classify
@@ -98,28 +96,17 @@ def engine_environment(engine: Any, cfg: DeployConfig, rung: Rung, pod_env: Mapp
 
 
 def port_holder(host: str, port: int) -> str | None:
-    """Who already listens on the engine's port, or None when it is free."""
+    """Who already listens on the engine's port, or None when it is free (a connect, then psutil
+    for a name: listen.holder, which never reads another process's command line)."""
+    from .listen import holder
+
     target = "127.0.0.1" if host in ("0.0.0.0", "::", "") else host
     try:
         with socket.create_connection((target, port), timeout=0.5):
             pass
     except OSError:
         return None
-    for conn in _listeners(port):
-        try:
-            p = psutil.Process(conn.pid) if conn.pid else None
-            return f"pid {conn.pid} ({' '.join(p.cmdline()[:3])[:120]})" if p else "another process"
-        except psutil.Error:
-            continue
-    return "another process"
-
-
-def _listeners(port: int) -> list[psutil._common.sconn]:
-    try:
-        return [c for c in psutil.net_connections(kind="inet")
-                if c.status == psutil.CONN_LISTEN and c.laddr and c.laddr.port == port]
-    except (psutil.Error, OSError):
-        return []
+    return holder(port) or "another process"
 
 
 def _balanced(rt: Runtime, cfg: DeployConfig, rung: Rung, model: Path) -> Rung:

@@ -111,7 +111,7 @@ class Services:
             snap["watch"] = self.watcher.status()
             if self.reporter is not None:
                 snap["watch"]["report"] = self.reporter.status()
-        if self.tcp is not None and hasattr(self.tcp, "status"):
+        if self.tcp is not None:
             snap["tcp_relay"] = self.tcp.status()
         return snap
 
