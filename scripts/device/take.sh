@@ -14,7 +14,7 @@ if ls "$C"/wheels/*.whl >/dev/null 2>&1 && [ -d "$K/site" ]; then
 fi
 # once the stream is checked its parts are gone: none is missing any more
 if [ -e "$K/stream-ok" ]; then left=0; else left="$(parts_missing)"; fi
-log "parts still missing: $left; build: $(cat "$K/build.done" 2>/dev/null || echo running)"
+log "parts still missing: $left; build: $(cat "$K/build.done" 2>/dev/null || { [ -e "$K/build.log" ] && echo running || echo none; })"
 if [ -e "$K/assembled" ]; then exit 0; fi
 if [ ! -e "$K/stream-ok" ]; then
   if [ "$left" != 0 ]; then tail -n 3 "$K/build.log" >&2 || true; exit 0; fi
