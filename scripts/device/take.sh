@@ -17,7 +17,7 @@ if [ -e "$K/stream-ok" ]; then left=0; else left="$(parts_missing)"; fi
 log "parts still missing: $left; build: $(cat "$K/build.done" 2>/dev/null || { [ -e "$K/build.log" ] && echo running || echo none; })"
 if [ -e "$K/assembled" ]; then exit 0; fi
 if [ ! -e "$K/stream-ok" ]; then
-  if [ "$left" != 0 ]; then tail -n 3 "$K/build.log" >&2 || true; exit 0; fi
+  if [ "$left" != 0 ]; then [ ! -e "$K/build.log" ] || tail -n 3 "$K/build.log" >&2; exit 0; fi
   cat $(ls "$K"/parts/p* | sort) > "$K/stream.tar"
   (cd "$K" && grep ' stream.tar$' MANIFEST.sha256 | sha256sum --check --strict --quiet)
   mkdir -p "$K/stream" && tar -xf "$K/stream.tar" -C "$K/stream"
