@@ -22,6 +22,9 @@ One call, in this order (every boot's /status, the engine logs and the GPU's pro
      P11 warm_boot_over_cold = B's engine load time / A's load time of the same rung.
   C  (optional) A again: the volume emptied once more, so the cold figure is taken twice and the
      page cache, warm by then, is not what makes B fast (P11 is also printed against C).
+Steps may repeat (--steps bare,B,bare,B,...: each boot keeps its own files, keyed B#2 ...); P2 is
+printed for boot A against bare, and pooled over every request of every supervised boot against
+every bare one (one argv's boots differed by up to 50 % on 2026-12-01: one boot a side is no P2).
 On a machine without a GPU the same steps run against any `vllm`-shaped executable (--vllm), to
 check the driver's flow; such figures mean nothing (docs/research/device-plan-2026-12-01.md).
 """
