@@ -115,7 +115,7 @@ def regimes(port: int, runs: int = 3) -> dict:
             # A speculating vLLM streams one chunk per engine step, holding every token accepted in it:
             # chunks/s is steps/s, tokens/s needs the usage count (2026-12-01 recorded chunks/s only)
             chunk_rates.append(round(steps / span, 2) if span else None)
-            rates.append(round((r.completion_tokens - 1) / span, 2) if span and r.completion_tokens else None)
+            rates.append(round(r.decode_steps / span, 2) if span else None)
         after = c.metrics()
         d = Counters.from_text(after).minus(Counters.from_text(before))
         per_pos = {}

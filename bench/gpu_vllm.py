@@ -144,8 +144,7 @@ def decode(port: int, tokens: int = 512, runs: int = 5) -> dict[str, Any]:
         r = c.complete("The history of the printing press begins", max_tokens=tokens, stream=True,
                        ignore_eos=True, **c.greedy())
         delta = Counters.from_text(c.metrics()).minus(before)
-        steps = len(r.chunk_times) - 1
-        span = r.chunk_times[-1] - r.chunk_times[0] if steps > 0 else 0
+        steps, span = r.decode_steps, r.decode_span_s
         samples.append({"tokens": r.completion_tokens, "client_tok_s": round(steps / span, 2) if span else None,
                         "metrics_tok_s": round(delta.decode_tok_s, 2) if delta.decode_tok_s else None,
                         "metrics": delta.to_dict()})

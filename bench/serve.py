@@ -63,12 +63,12 @@ class Stream:
 
     @property
     def steps(self) -> int:
-        return len(self.reply.chunk_times) - 1 if self.reply and len(self.reply.chunk_times) > 1 else 0
+        """Tokens decoded after the first chunk (several a chunk under speculation: Reply.decode_steps)."""
+        return self.reply.decode_steps if self.reply else 0
 
     @property
     def client_span(self) -> float:
-        r = self.reply
-        return r.chunk_times[-1] - r.chunk_times[0] if r and len(r.chunk_times) > 1 else 0.0
+        return self.reply.decode_span_s if self.reply else 0.0
 
     @property
     def engine(self) -> tuple[int, float] | None:

@@ -79,6 +79,28 @@ class Reply:
         return int(v) if isinstance(v, (int, float)) else None
 
     @property
+    def decode_steps(self) -> int:
+        """Tokens decoded after the first content chunk, i.e. within first chunk -> last chunk.
+        One a chunk where the server streams one token a chunk (llama.cpp; vLLM without
+        speculation). Under speculative decoding vLLM streams a step's accepted tokens as one
+        chunk: on the H200 (2026-12-01, n-gram, prose) 768 tokens came in ~396 chunks, so counting
+        chunks halved the rate. When the usage reports clearly more tokens than chunks, it counts
+        (less the first token, from the prompt pass, and an end-of-sequence token, which streams
+        no content)."""
+        n = len(self.chunk_times)
+        if n < 2:
+            return 0
+        t = self.completion_tokens
+        if t is None or t <= n + 1:
+            return n - 1
+        return t - 1 - (1 if self.finish_reason == "stop" else 0)
+
+    @property
+    def decode_span_s(self) -> float:
+        """First content chunk -> last content chunk: the time the decode steps took."""
+        return self.chunk_times[-1] - self.chunk_times[0] if len(self.chunk_times) > 1 else 0.0
+
+    @property
     def prompt_tokens(self) -> int | None:
         v = (self.usage or {}).get("prompt_tokens")
         return int(v) if isinstance(v, (int, float)) else None

@@ -4,7 +4,8 @@ Decode. The seed's 7.3 tok/s headline came from selftests whose replies were rep
 ("a repetition loop decodes cheap"); re-measured on 600 tokens of coherent prose it was 7.22.
 So decode is measured on prose prompts, greedy, streamed; a degenerate reply is void and the
 next prompt is tried until at least N tokens of non-degenerate output were timed. The client
-times each reply from its first content chunk to its last (chunks - 1 decode steps) and holds
+times each reply from its first content chunk to its last (the tokens after the first: one a
+chunk, or the usage's count when a chunk carries several, as under speculation) and holds
 that against the engine's own count of the same steps: llama.cpp's `timings` (predicted_n - 1
 steps in predicted_ms: the first token comes from the prompt pass), and the decode counters of
 `/metrics` (llama.cpp's tokens_predicted_*, vLLM's generation_tokens / request_decode_time).
@@ -46,6 +47,7 @@ DECODE_SHARE_OF_WALL = 0.7      # a decode request aims at this share of the wal
 class DecodeSample:
     prompt: str
     chunks: int                          # content chunks streamed (llama.cpp: one per token)
+    steps: int                           # tokens decoded within client_s (Reply.decode_steps)
     completion_tokens: int | None
     finish_reason: str | None
     client_s: float                      # first chunk -> last chunk
@@ -58,14 +60,15 @@ class DecodeSample:
 
     @property
     def client_tok_s(self) -> float | None:
-        return (self.chunks - 1) / self.client_s if self.chunks > 1 and self.client_s > 0 else None
+        return self.steps / self.client_s if self.steps > 0 and self.client_s > 0 else None
 
     @property
     def engine_tok_s(self) -> float | None:
         return self.engine_steps / self.engine_s if self.engine_steps and self.engine_s else None
 
     def to_dict(self) -> dict[str, Any]:
-        return {"prompt": self.prompt[:60], "chunks": self.chunks, "completion_tokens": self.completion_tokens,
+        return {"prompt": self.prompt[:60], "chunks": self.chunks, "steps": self.steps,
+                "completion_tokens": self.completion_tokens,
                 "finish_reason": self.finish_reason, "client_s": round(self.client_s, 4),
                 "client_tok_s": _r(self.client_tok_s), "engine_tok_s": _r(self.engine_tok_s),
                 "void": self.void, "degeneracy": self.verdict.to_dict() if self.verdict else None,
@@ -84,12 +87,12 @@ class DecodeResult:
 
     @property
     def tokens(self) -> int:
-        return sum(s.chunks for s in self.valid)
+        return sum(s.steps + 1 for s in self.valid if s.chunks)
 
     @property
     def client_tok_s(self) -> float | None:
         """The selftest's decode tok/s: decode steps over the client's own clock, valid replies."""
-        steps = sum(s.chunks - 1 for s in self.valid)
+        steps = sum(s.steps for s in self.valid)
         secs = sum(s.client_s for s in self.valid)
         return steps / secs if steps > 0 and secs > 0 else None
 
@@ -159,16 +162,15 @@ def measure_decode(client: Client, target_tokens: int, *, wall_s: float, prompts
         t = r.timings or {}
         pred_n, pred_ms = t.get("predicted_n"), t.get("predicted_ms")
         sample = DecodeSample(
-            prompt=prompt, chunks=len(r.chunk_times), completion_tokens=r.completion_tokens,
-            finish_reason=r.finish_reason,
-            client_s=(r.chunk_times[-1] - r.chunk_times[0]) if len(r.chunk_times) > 1 else 0.0,
+            prompt=prompt, chunks=len(r.chunk_times), steps=r.decode_steps, completion_tokens=r.completion_tokens,
+            finish_reason=r.finish_reason, client_s=r.decode_span_s,
             engine_steps=int(pred_n) - 1 if isinstance(pred_n, (int, float)) and pred_n > 1 else None,
             engine_s=pred_ms / 1000.0 if isinstance(pred_ms, (int, float)) and pred_ms > 0 else None,
             metrics=delta, verdict=degeneracy.check(r.text), text=r.text)
         if sample.verdict and sample.verdict.degenerate:
             sample.void = "degenerate: " + "; ".join(sample.verdict.reasons)
-        elif sample.chunks < MIN_REPLY_CHUNKS:
-            sample.void = f"only {sample.chunks} tokens"
+        elif sample.steps + 1 < MIN_REPLY_CHUNKS:
+            sample.void = f"only {sample.steps + 1} tokens"
         out.samples.append(sample)
         if sample.client_tok_s:
             rate = sample.client_tok_s
