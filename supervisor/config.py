@@ -129,7 +129,7 @@ class SelftestSpec:
     probes: str | None = None           # probe set; None = model.family (unknown -> "generic")
     tools: bool = False                 # the target serves tool calls: probe them (fatal)
     decode_tokens: int = 256            # decode measured on at least this many non-degenerate tokens
-    min_decode_tok_s: float = 0.0       # floor; 0 = report only
+    min_decode_tok_s: float = 0.0       # floor; 0 = report the rate only (a failed decode request fails anyway)
     prefill_tokens: int = 3000          # long-prompt prefill, cold and warm; 0 = skip
     min_prefill_tok_s: float = 0.0      # floor on cold prefill; 0 = report only
     request_wall_s: float = 100.0       # no request longer than this (RunPod's proxy cuts at ~125 s)

@@ -146,7 +146,8 @@ def _judge_decode(report: Report, spec: SelftestSpec) -> None:
     assert d is not None
     rate = d.client_tok_s if d.valid else None
     if d.error:
-        report.notes.append(d.error)
+        # a streamed chat request that errors is a broken engine, floor or not (as a failed prefill is)
+        report.failures.append(d.error)
     if not d.enough:
         why = f"only {d.tokens} of {spec.decode_tokens} tokens of non-degenerate output were timed"
         void = [s.void for s in d.samples if s.void]

@@ -167,3 +167,66 @@ def test_a_chunk_over_the_wall_limit_is_an_error_not_a_number(smol):
     # first_tokens well above what one request can prefill in 0.3 s on one core (~100 tok/s)
     out = prefill_in_chunks(client, 400, 0.3, nonce=f"w{time.time_ns()}", first_tokens=400)
     assert out.error and "within 0.3 s" in out.error and not out.chunks
+
+
+class _FailStreams:
+    """A relay in front of the real server that answers every streamed request with HTTP 500 and
+    forwards the rest: only the selftest's decode streams, so its probes and prefill still pass."""
+
+    def __init__(self, upstream: str):
+        import http.server
+        import urllib.request
+
+        class Handler(http.server.BaseHTTPRequestHandler):
+            def do_GET(self):
+                self._forward(None)
+
+            def do_POST(self):
+                body = self.rfile.read(int(self.headers.get("Content-Length") or 0))
+                if json.loads(body or b"{}").get("stream"):
+                    self.send_response(500)
+                    self.send_header("Content-Type", "application/json")
+                    self.end_headers()
+                    self.wfile.write(b'{"error": {"code": 500, "message": "injected"}}')
+                    return
+                self._forward(body)
+
+            def _forward(self, body):
+                req = urllib.request.Request(upstream + self.path, data=body, method=self.command,
+                                             headers={k: v for k, v in self.headers.items() if k.lower() != "host"})
+                try:
+                    with urllib.request.urlopen(req, timeout=60) as r:
+                        status, data = r.status, r.read()
+                except urllib.error.HTTPError as e:
+                    status, data = e.code, e.read()
+                self.send_response(status)
+                self.send_header("Content-Type", "application/json")
+                self.send_header("Content-Length", str(len(data)))
+                self.end_headers()
+                self.wfile.write(data)
+
+            def log_message(self, *a):
+                pass
+
+        self.server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self.url = f"http://127.0.0.1:{self.server.server_address[1]}"
+        threading.Thread(target=self.server.serve_forever, daemon=True).start()
+
+    def close(self):
+        self.server.shutdown()
+        self.server.server_close()
+
+
+def test_a_failed_decode_request_fails_the_selftest_even_without_a_floor(smol):
+    """min_decode_tok_s = 0 means "report the rate, gate nothing": it never meant that an engine
+    whose streamed replies fail is healthy (it passed until 2026-12-01, with the error as a note)."""
+    relay = _FailStreams(smol.url)
+    try:
+        spec = SelftestSpec(probes="smollm2", decode_tokens=64, prefill_tokens=0, request_wall_s=30, timeout_s=120,
+                            min_decode_tok_s=0)
+        report = run_selftest(Client(relay.url, KEY), spec)
+    finally:
+        relay.close()
+    assert all(p.passed for p in report.probes), report.table()       # only the decode was broken
+    assert not report.passed
+    assert any("decode request failed" in f and "500" in f for f in report.failures), report.failures
