@@ -37,6 +37,12 @@ TAIL_LINES = 12                   # stderr lines a verdict carries
 LINE_CHARS = 240
 MAX_RECORD_BYTES = 256 * 1024     # a reader skips anything larger: no pod writes that much
 POD_ID = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]{0,63}")
+# The Hub's commit limit as its own 429 states it: "You have exceeded the rate limit for repository
+# commits (128 per hour)" (quoted on a public dataset page and in braindecode/braindecode#947,
+# 2026-03-12). The rate-limit docs (huggingface.co/docs/hub/rate-limits) give no commit figure, nor
+# whether it counts per repository or per account; pods sharing a repo and a token share it either way.
+HUB_COMMITS_PER_HOUR = 128
+COMMIT_BUDGET_SHARE = 0.5         # heartbeats may take this share; verdicts and publishes need the rest
 OK_OUTCOMES = ("applied", "unchanged")
 BAD_OUTCOMES = ("rejected", "rolled_back", "failed")
 
@@ -116,6 +122,32 @@ def is_stale(rec: Mapping[str, Any], now: float) -> bool:
 def live(rec: Mapping[str, Any], now: float) -> bool:
     """Reporting and not shut down: a pod a rollout can count on to answer."""
     return not is_stale(rec, now) and rec.get("state") not in ("STOPPING", "STOPPED")
+
+
+def heartbeat_commits_per_hour(records: list[Mapping[str, Any]], now: float) -> float:
+    """What the live pods' heartbeats alone commit to the Hub in an hour (at least one a report_s)."""
+    total = 0.0
+    for r in records:
+        if live(r, now):
+            try:
+                total += 3600.0 / max(1.0, float((r.get("watch") or {}).get("report_s") or 600.0))
+            except (TypeError, ValueError):
+                total += 3600.0 / 600.0
+    return total
+
+
+def commit_budget_warning(records: list[Mapping[str, Any]], now: float) -> str | None:
+    """One line when the heartbeats take more than their share of the Hub's commit limit, with the
+    report_s that would bring them back under it; None otherwise."""
+    rate = heartbeat_commits_per_hour(records, now)
+    budget = HUB_COMMITS_PER_HOUR * COMMIT_BUDGET_SHARE
+    if rate <= budget:
+        return None
+    n = sum(1 for r in records if live(r, now))
+    need = int(-(-3600.0 * n // budget))
+    return (f"heartbeats: {n} live pod(s) commit ~{rate:.0f} records an hour, more than {budget:.0f} "
+            f"(half of the Hub's {HUB_COMMITS_PER_HOUR} commits an hour, as its 429 states it): writes will be "
+            f"refused and verdicts delayed; set [watch] report_s >= {need} on every pod")
 
 
 def watches(rec: Mapping[str, Any], branch: str, path: str) -> bool:

@@ -162,4 +162,7 @@ def main(args: argparse.Namespace) -> int:
     stale = sum(1 for r in records if fleet.is_stale(r, now) and r.get("state") != "STOPPED")
     print(f"{len(records)} pod(s) on hf://{args.repo}" + (f", {stale} stale (silent for more than "
                                                            f"{fleet.STALE_HEARTBEATS} heartbeats)" if stale else ""))
+    warning = fleet.commit_budget_warning(records, now)
+    if warning:
+        print(f"fleet-status: {warning}", file=sys.stderr)
     return EXIT_OK

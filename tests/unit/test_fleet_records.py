@@ -95,3 +95,23 @@ def test_the_table_lists_every_pod_and_marks_the_silent_one_stale():
     assert out[0].split()[:4] == ["POD", "STATE", "REVISION", "CONFIG"]
     assert out[1].startswith("pod-1") and "STALE (SERVING)" in out[1] and "30s ago" in out[1]
     assert out[2].startswith("pod-2") and "STALE" not in out[2] and ("r" * 12) in out[2]
+
+
+def test_heartbeats_that_outrun_the_hubs_commit_limit_are_named_with_the_report_s_that_fits():
+    """128 commits an hour (the Hub's 429): heartbeats may take half. 10 pods at the default 600 s
+    commit 60 an hour; 11 commit 66, and 3600 * 11 / 64 = 618.75 s would bring them back."""
+    w600 = {"repo": "kiln-test/deploy", "branch": "main", "path": "deploy.toml", "poll_s": 30.0, "report_s": 600.0}
+    ten = [rec(pod=f"pod-{i}", watch=w600) for i in range(10)]
+    assert fleet.heartbeat_commits_per_hour(ten, NOW) == pytest.approx(60.0)
+    assert fleet.commit_budget_warning(ten, NOW) is None
+    eleven = ten + [rec(pod="pod-10", watch=w600)]
+    line = fleet.commit_budget_warning(eleven, NOW)
+    assert line and "11 live pod(s)" in line and "~66" in line and "report_s >= 619" in line
+    # stale and stopped pods commit nothing
+    gone = eleven[:10] + [rec(pod="pod-10", watch=w600, reported_at=NOW - 10_000)]
+    assert fleet.commit_budget_warning(gone, NOW) is None
+    stopped = eleven[:10] + [rec(pod="pod-10", watch=w600, state="STOPPED")]
+    assert fleet.commit_budget_warning(stopped, NOW) is None
+    # one pod with a fast heartbeat is enough
+    fast = [rec(pod="solo", watch={**w600, "report_s": 30.0})]
+    assert "report_s >= 57" in fleet.commit_budget_warning(fast, NOW)
