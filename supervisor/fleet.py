@@ -107,11 +107,16 @@ def age_s(rec: Mapping[str, Any], now: float) -> float | None:
     return max(0.0, now - float(t)) if isinstance(t, (int, float)) else None
 
 
-def stale_after_s(rec: Mapping[str, Any]) -> float:
+def report_s(rec: Mapping[str, Any]) -> float:
+    """The pod's heartbeat as its record says ([watch] report_s), 600 s when it says nothing usable."""
     try:
-        return STALE_HEARTBEATS * float((rec.get("watch") or {}).get("report_s") or 600.0)
+        return max(1.0, float((rec.get("watch") or {}).get("report_s") or 600.0))
     except (TypeError, ValueError):
-        return STALE_HEARTBEATS * 600.0
+        return 600.0
+
+
+def stale_after_s(rec: Mapping[str, Any]) -> float:
+    return STALE_HEARTBEATS * report_s(rec)
 
 
 def is_stale(rec: Mapping[str, Any], now: float) -> bool:
@@ -126,14 +131,7 @@ def live(rec: Mapping[str, Any], now: float) -> bool:
 
 def heartbeat_commits_per_hour(records: list[Mapping[str, Any]], now: float) -> float:
     """What the live pods' heartbeats alone commit to the Hub in an hour (at least one a report_s)."""
-    total = 0.0
-    for r in records:
-        if live(r, now):
-            try:
-                total += 3600.0 / max(1.0, float((r.get("watch") or {}).get("report_s") or 600.0))
-            except (TypeError, ValueError):
-                total += 3600.0 / 600.0
-    return total
+    return sum(3600.0 / report_s(r) for r in records if live(r, now))
 
 
 def commit_budget_warning(records: list[Mapping[str, Any]], now: float) -> str | None:
