@@ -110,8 +110,7 @@ def regimes(port: int, runs: int = 3) -> dict:
         before = c.metrics()
         for _ in range(runs):
             r = c.chat(messages, max_tokens=256, stream=True, **c.greedy())
-            steps = len(r.chunk_times) - 1
-            span = r.chunk_times[-1] - r.chunk_times[0] if steps > 0 else 0.0
+            steps, span = len(r.chunk_times) - 1, r.decode_span_s     # chunk steps, and their span
             # A speculating vLLM streams one chunk per engine step, holding every token accepted in it:
             # chunks/s is steps/s, tokens/s needs the usage count (2026-12-01 recorded chunks/s only)
             chunk_rates.append(round(steps / span, 2) if span else None)

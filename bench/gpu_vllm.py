@@ -302,13 +302,15 @@ def main() -> int:
             subprocess.run([a.vllm, "serve", "--help=all"], stdout=f, stderr=subprocess.DEVNULL, timeout=300)
     state = a.root / "state-vllm"
     steps = a.steps.split(",")
+    seen: dict[str, int] = {}
     for name in steps:
         log(f"step {name}")
         if name in COLD:
             # A and C are the cold boots of P11: on 2026-12-01 the volume still held the compile caches
             # of the call before, A loaded its graphs from them and P11 compared two warm boots
             shutil.rmtree(state, ignore_errors=True)
-        key = name if name not in RESULTS["steps"] else f"{name}#{sum(k.split('#')[0] == name for k in RESULTS['steps']) + 1}"
+        seen[name] = seen.get(name, 0) + 1
+        key = name if seen[name] == 1 else f"{name}#{seen[name]}"
         tag = key.replace("#", "-")    # a step may repeat (bare,B,bare,B): each boot keeps its own files
         RESULTS["steps"][key] = bare(a, state, tag) if name == "bare" else supervised(a, tag, state)
         RESULTS["steps"][key]["torch_compile"] = compile_lines(a.out / (f"vllm-{tag}.log" if name == "bare"
