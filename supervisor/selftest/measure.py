@@ -39,7 +39,7 @@ PROSE_PROMPTS = (
     "Describe the water cycle in detail, from the ocean to the clouds and back.",
     "Explain how vaccines train the immune system.",
 )
-MIN_REPLY_CHUNKS = 8            # fewer decode steps than this time nothing but overhead
+MIN_REPLY_TOKENS = 8            # fewer tokens than this time nothing but overhead
 DECODE_SHARE_OF_WALL = 0.7      # a decode request aims at this share of the wall limit
 
 
@@ -146,7 +146,7 @@ def measure_decode(client: Client, target_tokens: int, *, wall_s: float, prompts
             break
         need = target_tokens - out.tokens
         cap = int(rate * wall_s * DECODE_SHARE_OF_WALL) if rate else 128
-        max_tokens = max(MIN_REPLY_CHUNKS * 2, min(need + 1, cap))
+        max_tokens = max(MIN_REPLY_TOKENS * 2, min(need + 1, cap))
         timeout = wall_s if remaining_s is None else max(0.1, min(wall_s, remaining_s()))
         before = Counters.from_text(client.metrics())
         try:
@@ -169,7 +169,7 @@ def measure_decode(client: Client, target_tokens: int, *, wall_s: float, prompts
             metrics=delta, verdict=degeneracy.check(r.text), text=r.text)
         if sample.verdict and sample.verdict.degenerate:
             sample.void = "degenerate: " + "; ".join(sample.verdict.reasons)
-        elif sample.steps + 1 < MIN_REPLY_CHUNKS:
+        elif sample.steps + 1 < MIN_REPLY_TOKENS:
             sample.void = f"only {sample.steps + 1} tokens"
         out.samples.append(sample)
         if sample.client_tok_s:
