@@ -28,9 +28,9 @@ def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--jobs", type=int, default=os.cpu_count() or 2)
     args = ap.parse_args()
-    from images import artifacts, binaries
-    from images.lock import load_lock, pins_for
-    from images.stores import HubStore
+    from images.binaries import artifacts, obtain as binaries
+    from images.pins.lock import load_lock, pins_for
+    from images.binaries.stores import HubStore
     from images.target import load_target
     from kiln_dev.hub import HubServer, client_env
 

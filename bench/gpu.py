@@ -56,8 +56,8 @@ def sh(*argv: str) -> str:
 
 # -- steps ------------------------------------------------------------------------------
 def step_compile(sdist: Path, archs: str, prefix: Path, jobs: int) -> None:
-    from images.lock import load_lock
-    from images.render import COMPILE_SCRIPT
+    from images.pins.lock import load_lock
+    from images.build.render import COMPILE_SCRIPT
 
     sha = load_lock()["cpu-llamacpp"]["source.sha256"].value
     work = Path(tempfile.mkdtemp(prefix="kiln-gpu-build-"))
@@ -88,7 +88,7 @@ def step_model(path: Path, layers: int, width: int) -> None:
 
 
 def step_probe() -> None:
-    from supervisor import hardware
+    from supervisor.host import hardware
 
     hw = hardware.probe()
     RESULTS["probe"] = hw.to_dict()

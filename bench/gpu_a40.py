@@ -8,7 +8,7 @@ Kiln's compile script for CUDA arch 86, examined and served.
            compute_86 PTX must both be there (an H200 is sm_90: it can run only the PTX, JIT-compiled)
   smoke    `llama-server --version` against the driver stub, exactly as the image's fetch path
            runs it (a dir holding libcuda.so.1 -> the toolkit's stubs/libcuda.so, on LD_LIBRARY_PATH)
-  floor    the CUDA the binary needs, measured by images/cudafloor.py (share/kiln/cuda.json)
+  floor    the CUDA the binary needs, measured by images/pins/cudafloor.py (share/kiln/cuda.json)
   serve    llama-server -ngl 99 on the model three times: JIT cache empty (CUDA_CACHE_PATH in the
            state volume), the same cache again (warm), and with CUDA_CACHE_DISABLE=1 (no cache,
            a second cold JIT as the control). Each: seconds to /health 200, one 256-token greedy

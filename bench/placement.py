@@ -52,7 +52,7 @@ def log(msg: str) -> None:
 
 
 def used_mib() -> list[int]:
-    from supervisor.hardware import gpu_memory_used_mib
+    from supervisor.host.hardware import gpu_memory_used_mib
 
     return gpu_memory_used_mib() or []
 
@@ -113,8 +113,8 @@ def main() -> int:
             gpu.step_compile(args.sdist, args.archs, args.prefix, os.cpu_count() or 8)
         if not args.model.exists():
             gpu.step_model(args.model, 28, 3072)
-    from supervisor import hardware
-    from supervisor.gguf_layout import read_layout
+    from supervisor.host import hardware
+    from supervisor.model.gguf_layout import read_layout
 
     args.out.mkdir(parents=True, exist_ok=True)
     hw = hardware.probe()

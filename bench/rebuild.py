@@ -26,9 +26,10 @@ def main() -> int:
     ap.add_argument("--base-image", default="kiln-local/debian:bookworm")
     ap.add_argument("--ca-bundle", type=Path, default=Path("/etc/ssl/certs/ca-certificates.crt"))
     args = ap.parse_args()
-    from images import binaries, docker_build, render
-    from images.lock import load_lock, pins_for
-    from images.stores import LocalStore
+    from images.binaries import obtain as binaries
+    from images.build import docker as docker_build, render
+    from images.pins.lock import load_lock, pins_for
+    from images.binaries.stores import LocalStore
     from images.target import load_target
 
     docker_build.ping()

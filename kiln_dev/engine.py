@@ -17,8 +17,8 @@ def cpu_prefix() -> Path | None:
     explicit = os.environ.get("KILN_LLAMA_PREFIX")
     if explicit:
         return Path(explicit) if (Path(explicit) / "bin" / "llama-server").is_file() else None
-    from images import artifacts, binaries
-    from images.lock import load_lock, pins_for
+    from images.binaries import artifacts, obtain as binaries
+    from images.pins.lock import load_lock, pins_for
     from images.target import load_target
 
     target = load_target("cpu-llamacpp")

@@ -292,8 +292,8 @@ def echo_key(a: Args) -> int:
 
 def vram_budget(a: Args) -> int:
     sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
-    from supervisor.gguf_layout import read_layout
-    from supervisor.placement import kv_bytes_per_layer
+    from supervisor.model.gguf_layout import read_layout
+    from supervisor.ladder.balanced import kv_bytes_per_layer
 
     argv = a.argv
     free = [float(x) for x in os.environ.get("KILN_FAKE_VRAM_MIB", "0").split(",")]

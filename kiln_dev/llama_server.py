@@ -8,8 +8,8 @@ from __future__ import annotations
 import time
 from pathlib import Path
 
-from supervisor.health import wait_healthy
-from supervisor.process import ManagedProcess
+from supervisor.engines.health import wait_healthy
+from supervisor.process.managed import ManagedProcess
 
 from .children import with_death_signal
 from .supervised import free_port

@@ -45,13 +45,13 @@ def _parser() -> argparse.ArgumentParser:
                      help="exit 2 when something could not be checked here (no flag snapshot, --skip-binary)")
     chk.add_argument("--skip-binary", action="store_true",
                      help="do not require server.binary on this machine (a config for an image, checked elsewhere)")
-    from . import model_check
+    from .model import check as model_check
     model_check.add_parser(sub)
     from .selftest import cli as selftest_cli
     selftest_cli.add_parser(sub)
-    from . import publish
+    from images.fleet import publish
     publish.add_parser(sub)
-    from . import fleet_status
+    from images.fleet import status as fleet_status
     fleet_status.add_parser(sub)
     return p
 
@@ -121,21 +121,21 @@ def main(argv: list[str] | None = None) -> int:
     if args.command == "check-config":
         return check_config(args.file, args.flags, args.gpus, strict=args.strict, skip_binary=args.skip_binary)
     if args.command == "check-model":
-        from . import model_check
+        from .model import check as model_check
         return model_check.main(args)
     if args.command == "selftest":
         from .selftest import cli as selftest_cli
         return selftest_cli.main(args)
     if args.command == "publish-config":
-        from . import publish
+        from images.fleet import publish
         return publish.main(args)
     if args.command == "fleet-status":
-        from . import fleet_status
+        from images.fleet import status as fleet_status
         return fleet_status.main(args)
     if args.command in (None, "run"):
         from .config import load_config
         from .errors import ConfigError
-        from .lifecycle import Options, run, setup_logging
+        from .lifecycle.loop import Options, run, setup_logging
 
         setup_logging()
         config = getattr(args, "config", os.environ.get("KILN_CONFIG", DEFAULT_CONFIG))

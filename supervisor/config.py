@@ -4,7 +4,7 @@ TOML → validated (every problem at once) → frozen dataclasses. The image bak
 the target's default at /etc/kiln/deploy.toml; a few named fields can be
 overridden from the environment (ENV_OVERRIDES), which RunPod templates use;
 a published config replaces the whole file through the watcher ([watch],
-supervisor/watch.py), except what says where updates come from ([watch],
+supervisor/reload/watch.py), except what says where updates come from ([watch],
 state_dir, [status]): those stay as the boot config set them.
 """
 
@@ -22,7 +22,7 @@ from typing import Any, Mapping
 
 from .errors import ConfigError
 from .failure import FailureClass
-from .fleet import CANARY_PREFIX, FLEET_BRANCH
+from .fleet.record import CANARY_PREFIX, FLEET_BRANCH
 from .validate import Problem, Reader, raise_if
 
 ENGINES = ("llamacpp", "vllm")       # the first is the default
@@ -206,7 +206,7 @@ class StatusSpec:
 
 @dataclass(frozen=True)
 class WatchSpec:
-    """Where published configs come from (supervisor/watch.py). Boot-only: a published config
+    """Where published configs come from (supervisor/reload/watch.py). Boot-only: a published config
     cannot move it (it would change where the next update comes from)."""
     repo: str | None = None          # Hub repo "owner/name" whose `branch` is polled for `path`
     branch: str = "main"
@@ -216,7 +216,7 @@ class WatchSpec:
     dir: str | None = None           # a local directory watched (watchdog) for `path`
     debounce_s: float = 0.2          # quiet time after the last event before the file is read
     # With a repo: this pod's record (state, config, reload verdicts) on the repo's fleet branch
-    # (supervisor/fleet.py), at most one write per poll_s, and at least one per report_s (the
+    # (supervisor/fleet/record.py), at most one write per poll_s, and at least one per report_s (the
     # heartbeat: the Hub limits commits, so it is slow; a pod silent for 3 of them shows stale).
     report: bool = True
     report_s: float = 600.0
@@ -232,7 +232,7 @@ class WatchSpec:
 
 @dataclass(frozen=True)
 class SelfTerminateSpec:
-    """[runpod]: what the supervisor does about the RunPod pod it runs in (supervisor/runpod_self.py).
+    """[runpod]: what the supervisor does about the RunPod pod it runs in (supervisor/fleet/self_terminate.py).
     A supervisor FAILED for good (it can never serve) terminates its own pod, so it stops billing:
     off by default; needs RUNPOD_POD_ID and RUNPOD_API_KEY, which RunPod sets in every pod."""
     terminate_on_terminal_failure: bool = False
@@ -357,7 +357,7 @@ def _build(r: Reader, source: str) -> DeployConfig | None:
 
 def cross_problems(cfg: DeployConfig) -> list[Problem]:
     """Checks across tables, on the config as it will run (a published config is checked again
-    after the boot-only tables it cannot change were put back: supervisor/candidate.py)."""
+    after the boot-only tables it cannot change were put back: supervisor/reload/candidate.py)."""
     out = []
     if cfg.server.tcp_port is not None and cfg.server.tcp_port == cfg.status.port:
         out.append(Problem("server.tcp_port", "must differ from status.port", cfg.server.tcp_port))

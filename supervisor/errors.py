@@ -7,9 +7,9 @@ this tree and listed here.
     ├── ConfigError              a config, target or published change is invalid (all problems at once)
     │   └── RunPodSchemaError    (images.runpod.schema) a RunPod request body breaks the vendored v2 schema
     ├── FetchError               a download failed or did not verify
-    │   ├── PlanError            (supervisor.fetch.plan) no file of the repo fits allow_patterns / model.entry
-    │   ├── RangeIgnored         (supervisor.fetch.sink) a server answered a range request with other bytes
-    │   └── ArtifactError        (images.artifacts) a binaries tarball could not be fetched or trusted
+    │   ├── PlanError            (supervisor.model.fetch.plan) no file of the repo fits allow_patterns / model.entry
+    │   ├── RangeIgnored         (supervisor.model.fetch.sink) a server answered a range request with other bytes
+    │   └── ArtifactError        (images.binaries.artifacts) a binaries tarball could not be fetched or trusted
     │       ├── ArtifactCorrupt  its bytes are not the published bytes
     │       ├── ArtifactUnsafe   it would write outside its destination
     │       ├── ArtifactMismatch it is intact but not the one the target names
@@ -17,22 +17,22 @@ this tree and listed here.
     ├── Cancelled                a stop was requested while a task ran (the task is gone)
     ├── ClientError              (supervisor.selftest.client) a request to the engine failed
     │   └── RequestCancelled     the selftest was told to stop (also a Cancelled)
-    ├── GGUFError                (supervisor.gguf_layout) a model file's header cannot be read
-    ├── DoesNotFit               (supervisor.placement) no split of the model fits the free VRAM
-    ├── IllegalTransition        (supervisor.state) a lifecycle transition the state machine forbids (a bug)
-    ├── CannotListen             (supervisor.listen) a port the supervisor serves on cannot be bound
+    ├── GGUFError                (supervisor.model.gguf_layout) a model file's header cannot be read
+    ├── DoesNotFit               (supervisor.ladder.balanced) no split of the model fits the free VRAM
+    ├── IllegalTransition        (supervisor.lifecycle.state) a lifecycle transition the state machine forbids (a bug)
+    ├── CannotListen             (supervisor.status.listen) a port the supervisor serves on cannot be bound
     │   └── PortBusy             another process already listens on it (named when psutil can tell)
-    ├── FloatingRefused          (images.render) a target has unresolved pins and floating was not allowed
-    ├── CudaMismatch             (images.render) a target's [cuda] version is not the CUDA its engine runs
-    ├── FloorError               (images.cudafloor) the engine's CUDA could not be measured, or disagrees
-    ├── CudaUnknown              (images.cuda) the index did not say which CUDA the engine runs
-    ├── ClosureIncomplete        (images.resolve) the index lacks a package the engine's tree needs
-    ├── BinariesError            (images.binaries) engine binaries could not be compiled or published
-    ├── FactsError               (images.engine_facts) the pinned engine source cannot be read for its facts
-    ├── EngineUnavailable        (images.docker_build) no Docker engine answers
-    ├── BuildFailed              (images.docker_build) the image build failed
-    ├── GateFailed               (images.gate) the GPU selftest gate did not pass
-    ├── PromoteError             (images.promote) staging tags could not be promoted
+    ├── FloatingRefused          (images.build.render) a target has unresolved pins and floating was not allowed
+    ├── CudaMismatch             (images.build.render) a target's [cuda] version is not the CUDA its engine runs
+    ├── FloorError               (images.pins.cudafloor) the engine's CUDA could not be measured, or disagrees
+    ├── CudaUnknown              (images.pins.cuda) the index did not say which CUDA the engine runs
+    ├── ClosureIncomplete        (images.pins.resolve) the index lacks a package the engine's tree needs
+    ├── BinariesError            (images.binaries.obtain) engine binaries could not be compiled or published
+    ├── FactsError               (images.build.engine_facts) the pinned engine source cannot be read for its facts
+    ├── EngineUnavailable        (images.build.docker) no Docker engine answers
+    ├── BuildFailed              (images.build.docker) the image build failed
+    ├── GateFailed               (images.ci.gate) the GPU selftest gate did not pass
+    ├── PromoteError             (images.ci.promote) staging tags could not be promoted
     ├── RunPodAPIError           (images.runpod.api) RunPod's API refused or failed a request
     └── NoMatchingHost           (images.runpod.pods) RunPod's catalog offers no host the image runs on
 """

@@ -53,7 +53,7 @@ def sig(failure_class: FailureClass, pattern: str, reason: str) -> Signature:
 
 
 # A driver too old for the CUDA the engine runs, in the words every CUDA engine can print. The
-# supervisor's preflight (supervisor/cuda.py) refuses such a driver before the engine starts; these
+# supervisor's preflight (supervisor/host/cuda.py) refuses such a driver before the engine starts; these
 # catch what gets past it (an image without a floor file, a driver NVML would not describe).
 # Where each string comes from:
 _DRIVER = "the host's NVIDIA driver is too old for this image's CUDA"

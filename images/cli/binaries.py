@@ -16,8 +16,8 @@ def _llamacpp_only(target, what: str) -> None:
 
 
 def _refuse_floating(target, pins, allow: bool) -> None:
-    from ..lock import missing
-    from ..render import FloatingRefused
+    from ..pins.lock import missing
+    from ..build.render import FloatingRefused
 
     gaps = [m for m in missing(target, pins) if not m.startswith("base.")]
     if gaps and not allow:
@@ -35,7 +35,7 @@ def _compile_arguments(p: argparse.ArgumentParser) -> None:
 
 
 def _compile(args: argparse.Namespace) -> int:
-    from .. import binaries
+    from ..binaries import obtain as binaries
 
     target, pins = opt.target_and_pins(args.target)
     _llamacpp_only(target, "nothing to compile")
@@ -64,7 +64,7 @@ def _publish_arguments(p: argparse.ArgumentParser) -> None:
 
 
 def _publish(args: argparse.Namespace) -> int:
-    from .. import binaries
+    from ..binaries import obtain as binaries
 
     if args.build_network and not args.in_build:
         raise KilnError("--build-network cannot be combined with a host compile (no build runs); add --in-build "

@@ -138,7 +138,7 @@ def readable_file(option: str, path: Path | None) -> Path | None:
 
 
 def target_and_pins(name: str):
-    from ..lock import load_lock, pins_for
+    from ..pins.lock import load_lock, pins_for
     from ..target import load_target
 
     t = load_target(name)
@@ -147,8 +147,8 @@ def target_and_pins(name: str):
 
 def open_binaries_store(spec: str | None, target):
     """--binaries-store / --store / --publish, then $KILN_BINARIES_STORE, the target's repo, the local cache."""
-    from .. import binaries
-    from ..stores import open_store
+    from ..binaries import obtain as binaries
+    from ..binaries.stores import open_store
 
     choice = spec or os.environ.get("KILN_BINARIES_STORE") or target.binaries_repo
     return open_store(choice or str(binaries.local_store_dir()), token=os.environ.get("HF_TOKEN") or None,

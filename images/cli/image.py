@@ -38,7 +38,7 @@ def _tag_arguments(p: argparse.ArgumentParser) -> None:
 
 
 def _tag(args: argparse.Namespace) -> int:
-    from .. import tags
+    from ..build import tags
 
     target, pins = opt.target_and_pins(args.target)
     keys = [k for k in tags.floating_keys(target, pins) if not (args.base_image and k.startswith("base."))]
@@ -58,8 +58,8 @@ def _render_arguments(p: argparse.ArgumentParser) -> None:
 
 
 def _render(args: argparse.Namespace) -> int:
-    from .. import outdir, render
-    from ..lock import missing
+    from ..build import outdir, render
+    from ..pins.lock import missing
 
     target, pins = opt.target_and_pins(args.target)
     patch_files = opt.parse_patch_files(args.patch_file)
@@ -114,7 +114,7 @@ def _build_arguments(p: argparse.ArgumentParser) -> None:
 
 
 def _build(args: argparse.Namespace) -> int:
-    from .. import docker_build, render, tags
+    from ..build import docker as docker_build, render, tags
 
     if args.binaries == "compile":
         extra = [o for o, given in (("--fallback-compile", args.fallback_compile),
@@ -162,8 +162,9 @@ def _build(args: argparse.Namespace) -> int:
 
 def _prepare_binaries(args: argparse.Namespace, target, pins, out: Path) -> tuple[str, str]:
     """Decide compile vs fetch; for fetch, put a verified tarball into the context."""
-    from .. import binaries, docker_build
-    from ..artifacts import ArtifactError
+    from ..binaries import obtain as binaries
+    from ..build import docker as docker_build
+    from ..binaries.artifacts import ArtifactError
 
     if target.engine != "llamacpp" or args.binaries == "compile":
         return "compile", "compiled-in-build"
@@ -200,7 +201,7 @@ COMMANDS = (
             _render, _render_arguments,
             description="Write the Dockerfile and build context of a target (no Docker engine needed) and "
             "print the Dockerfile's path.\nThe committed goldens (images/rendered/) are regenerated with "
-            "`python -m images.golden`, not with this."),
+            "`python -m images.build.golden`, not with this."),
     Command("list", "list the targets", _list),
     Command("tag", "print the immutable tag of a target's image", _tag, _tag_arguments,
             description="Print the immutable tag of a target's image: "

@@ -15,9 +15,9 @@ def _lock_arguments(p: argparse.ArgumentParser) -> None:
 
 
 def _lock(args: argparse.Namespace) -> int:
-    from .. import lock as lockfile
-    from .. import resolve
-    from ..lock import load_lock, missing, pins_for, refresh, save_lock
+    from ..pins import lock as lockfile
+    from ..pins import resolve
+    from ..pins.lock import load_lock, missing, pins_for, refresh, save_lock
     from ..target import load_target
 
     target = load_target(args.target)

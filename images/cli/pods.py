@@ -1,5 +1,5 @@
 """`pods up|status|logs|down|volumes`: RunPod pods from a target's template. Thin wiring only:
-what each does is images/runpod/pods.py and images/pods.py (also `python -m images.pods`)."""
+what each does is images/runpod/pods.py and images/runpod/pods_cli.py (also `python -m images.pods`)."""
 
 from __future__ import annotations
 
@@ -11,7 +11,7 @@ from .command import Command
 
 def _runner(name: str) -> Callable[[argparse.Namespace], int]:
     def run(args: argparse.Namespace) -> int:
-        from .. import pods
+        from ..runpod import pods_cli as pods
 
         args.command = name
         return pods.run(args)
@@ -19,7 +19,7 @@ def _runner(name: str) -> Callable[[argparse.Namespace], int]:
 
 
 def _commands() -> tuple[Command, ...]:
-    from .. import pods
+    from ..runpod import pods_cli as pods
 
     return tuple(Command(name, summary, _runner(name), arguments)
                  for name, (summary, arguments) in pods.SUBCOMMANDS.items())

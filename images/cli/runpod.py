@@ -16,7 +16,7 @@ from .command import Command
 def _template_arguments(p: argparse.ArgumentParser) -> None:
     opt.target(p)
     opt.image(p)
-    from ..pods import template_reference_options
+    from ..runpod.pods_cli import template_reference_options
 
     template_reference_options(p, name_flag="--name")
     p.add_argument("--upsert", action="store_true", help="create or update the template by name through RunPod's "
@@ -28,8 +28,8 @@ def _template_arguments(p: argparse.ArgumentParser) -> None:
 
 def _template(args: argparse.Namespace) -> int:
     """Print the template (a v2 CreateTemplateRequest, JSON), or with --upsert create or update it by name."""
-    from ..lock import missing
-    from ..render import FloatingRefused
+    from ..pins.lock import missing
+    from ..build.render import FloatingRefused
     from ..runpod.api import RunPodAPI
     from ..runpod.template import build_template, upsert
 

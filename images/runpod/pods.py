@@ -25,7 +25,7 @@ import requests
 
 from supervisor.errors import KilnError
 
-from .. import probe
+from ..fleet import probe
 from ..target import Target
 from . import volumes
 from .api import RunPodAPI

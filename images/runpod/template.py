@@ -4,7 +4,7 @@ The seed created a pod with no start command, so the container ran the image's d
 start command cannot be fixed in place, only a template's. So Kiln deploys from a template that
 says everything explicitly, as a v2 CreateTemplateRequest:
 
-- image: the target's immutable tag (images/tags.py), the one `build.py` gives the image;
+- image: the target's immutable tag (images/build/tags.py), the one `build.py` gives the image;
 - args: the CMD of the Dockerfile Kiln renders for the target (`run`), never empty. v2 has no
   entrypoint field, so the image's ENTRYPOINT (the supervisor, checked here) receives it;
 - env: secrets as RunPod secret references ({{ RUNPOD_SECRET_<name> }}), never values: this
@@ -18,7 +18,7 @@ says everything explicitly, as a v2 CreateTemplateRequest:
 - startJupyter and startSsh false: they default to true, and Kiln's image runs neither.
 
 Checked against the vendored schema (images/runpod/schema.py) before anyone prints or sends it.
-Committed goldens: images/rendered/<target>/runpod-template.json (`python -m images.golden`).
+Committed goldens: images/rendered/<target>/runpod-template.json (`python -m images.build.golden`).
 `upsert` creates the template or brings the one with its name to this body; a second run writes
 nothing.
 """
@@ -32,8 +32,8 @@ from typing import Any, Mapping
 
 from supervisor.errors import KilnError
 
-from .. import render, tags
-from ..lock import Pin
+from ..build import render, tags
+from ..pins.lock import Pin
 from ..target import Target
 from . import schema
 from .api import RunPodAPI, RunPodAPIError

@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # The A40 build on the device (issue 13 item 4): Kiln's own compile script, unedited, with CUDA
 # arch 86 and the driver-stub smoke exactly as the image build passes it; then the steps the image
-# template adds (nvcc --version into the prefix, the CUDA floor measured by images/cudafloor.py).
+# template adds (nvcc --version into the prefix, the CUDA floor measured by images/pins/cudafloor.py).
 # Started by call1.sh under setsid; writes $K/build.done (exit status and seconds) when it ends.
 # With KILN_ALSO_SM90=1 in $K/build.env it builds an sm_90 llama-server after, for the sweep.
 set -Eeuo pipefail
@@ -16,7 +16,7 @@ nice -n 5 bash "$K/kiln/images/scripts/compile-llama-server.sh" --prefix "$K/a40
   --cuda-archs 86 --smoke-cuda-stubs "$stubs" --jobs "$(nproc)" || rc=$?
 if [ "$rc" = 0 ]; then
   nvcc --version > "$K/a40/share/kiln/nvcc-version.txt"
-  python3 "$K/kiln/images/cudafloor.py" --engine llamacpp --prefix "$K/a40" --measure-only \
+  python3 "$K/kiln/images/pins/cudafloor.py" --engine llamacpp --prefix "$K/a40" --measure-only \
     --out "$K/a40/share/kiln/cuda.json" 2> "$K/a40-floor.txt" || true   # this host's nvcc 13.0: measured, reported
 fi
 echo "rc=$rc seconds=$((SECONDS - started)) stubs=$stubs" > "$K/build.done"

@@ -22,7 +22,7 @@ from typing import Sequence
 
 from ..config import DeployConfig, Rung
 from ..failure import CUDA_DRIVER_SIGNATURES, FailureClass as F, Signature, sig
-from ..gguf_layout import FileHeader
+from ..model.gguf_layout import FileHeader
 from .caches import CUDA_JIT, cache_env
 from .flags import FlagSnapshot, load_llama_snapshot
 
@@ -72,7 +72,7 @@ SIGNATURES: tuple[Signature, ...] = (
     # The seed's fast parameter rejection: no allocator line, context refused.
     sig(F.CONFIG_REJECTED, r"failed to create llama_context", "the engine refused the context parameters"),
     sig(F.CONFIG_REJECTED, r"requires flash_attn", "the engine refused the context parameters"),
-    # The loader's own words for a file this build cannot load (what supervisor/model_check.py
+    # The loader's own words for a file this build cannot load (what supervisor/model/check.py
     # refuses before launch, should a file get past it): terminal, not worth a retry.
     sig(F.MODEL_INCOMPATIBLE, r"unknown model architecture|unsupported model architecture",
         "this llama.cpp build does not know the model's architecture"),

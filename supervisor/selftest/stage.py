@@ -14,9 +14,9 @@ from typing import Any
 
 from ..config import DeployConfig, Rung
 from ..failure import Failure, FailureClass
-from ..process import ManagedProcess
-from ..runtime import Runtime
-from ..tasks import Task
+from ..process.managed import ManagedProcess
+from ..lifecycle.runtime import Runtime
+from ..lifecycle.tasks import Task
 
 log = logging.getLogger("kiln")
 HARD_DEADLINE_SLACK_S = 30.0     # the runner keeps timeout_s itself; this only catches a hang

@@ -17,7 +17,7 @@ from pathlib import Path
 
 import pytest
 
-from images import artifacts
+from images.binaries import artifacts
 from kiln_dev.docker import docker_cli, local_base_image, require_docker
 from kiln_dev.engine import require_prefix
 from kiln_dev.models import make_tiny_gguf

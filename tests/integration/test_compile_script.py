@@ -14,9 +14,9 @@ from pathlib import Path
 
 import pytest
 
-from images import binaries
-from images.lock import load_lock, pins_for
-from images.render import COMPILE_SCRIPT
+from images.binaries import obtain as binaries
+from images.pins.lock import load_lock, pins_for
+from images.build.render import COMPILE_SCRIPT
 from images.target import load_target
 
 ROOT = Path(__file__).resolve().parents[2]

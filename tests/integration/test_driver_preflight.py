@@ -1,7 +1,7 @@
 """The supervisor refuses a driver too old for its image's CUDA before any engine starts (issue 13):
 the real `python -m supervisor run` with the NVML stand-in (tests/support/hw/nvml_shim: one A40,
 the driver branch chosen per test, standing for libnvidia-ml) and an engine share holding the
-image's measured floor (share/kiln/cuda.json, as images/cudafloor.py writes it at build)."""
+image's measured floor (share/kiln/cuda.json, as images/pins/cudafloor.py writes it at build)."""
 
 from __future__ import annotations
 

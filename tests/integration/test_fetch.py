@@ -1,4 +1,4 @@
-"""Model fetch into the volume's cache (supervisor/fetch/), with the real huggingface_hub client in a
+"""Model fetch into the volume's cache (supervisor/model/fetch/), with the real huggingface_hub client in a
 real child process, against kiln_dev/hub/: a local stand-in for huggingface.co (and its
 CDN) that speaks the HTTP routes huggingface_hub 2.4 uses (repo info, tree, resolve with its
 redirect to the CDN, Range). Where a test needs more than the stand-in's knobs: a real tmpfs stands
@@ -26,10 +26,10 @@ import certifi
 import psutil
 import pytest
 
-from supervisor import fetch
+from supervisor.model import fetch
 from supervisor.config import parse_config
 from supervisor.errors import FetchError
-from supervisor.fetch import child as fetch_child
+from supervisor.model.fetch import child as fetch_child
 from kiln_dev.hub import HubServer, client_env
 from kiln_dev.supervised import wait_for
 from kiln_dev.throttle import Throttle
@@ -63,7 +63,7 @@ def run_fetch(cfg, *, env=None, stop=lambda: False, report=lambda e: None):
 
 
 def fetch_children() -> list[psutil.Process]:
-    return [p for p in psutil.Process().children(recursive=True) if "supervisor.fetch" in " ".join(p.cmdline())]
+    return [p for p in psutil.Process().children(recursive=True) if "supervisor.model.fetch" in " ".join(p.cmdline())]
 
 
 def served(hub: HubServer) -> int:
@@ -272,7 +272,7 @@ def test_a_cdn_url_that_expires_mid_download_is_resolved_again(hub, shards, tmp_
 def start_child(state: Path, env: dict[str, str], *, entry: str = "q4/*.gguf", connections: int,
                 segment_mib: int = 1) -> subprocess.Popen:
     """The fetch child on its own (what the supervisor runs), to be killed by a test."""
-    argv = [sys.executable, "-m", "supervisor.fetch", "--repo", REPO, "--cache", str(state / "hf"),
+    argv = [sys.executable, "-m", "supervisor.model.fetch", "--repo", REPO, "--cache", str(state / "hf"),
             "--entry", entry, "--allow", "q4/*", "--connections", str(connections), "--segment-mib", str(segment_mib)]
     return subprocess.Popen(argv, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
                             cwd=Path(fetch.__file__).parents[2])
@@ -448,10 +448,10 @@ def test_a_file_over_50_gb_has_no_ceiling(hub, tmp_path):
     from huggingface_hub import constants
     from huggingface_hub.file_download import http_get
 
-    from supervisor.fetch import plan
-    from supervisor.fetch.hashing import Meter
-    from supervisor.fetch.http_source import HttpSource
-    from supervisor.fetch.sink import Sink
+    from supervisor.model.fetch import plan
+    from supervisor.model.fetch.hashing import Meter
+    from supervisor.model.fetch.http_source import HttpSource
+    from supervisor.model.fetch.sink import Sink
 
     size = 60 * 10**9
     assert size > constants.MAX_HTTP_DOWNLOAD_SIZE

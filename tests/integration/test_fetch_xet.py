@@ -1,4 +1,4 @@
-"""The Xet path of the model fetch (supervisor/fetch/xet_source.py): files the Hub lists with a Xet
+"""The Xet path of the model fetch (supervisor/model/fetch/xet_source.py): files the Hub lists with a Xet
 hash go through the real hf_xet client, a segment per download stream, against the Hub stand-in's
 Xet CAS (kiln_dev/hub/xetcas.py stands for cas-server.xethub.hf.co: the V2 reconstruction API and
 ranged xorb fetches, read from xet-core's source). Everything else in the same repo still goes
@@ -17,7 +17,7 @@ from pathlib import Path
 
 import pytest
 
-from supervisor import fetch
+from supervisor.model import fetch
 from tests.integration.test_fetch import (MIB, REPO, blobs_dir, cfg_for, finished_segments, hub,  # noqa: F401
                                           run_fetch, start_child)
 from kiln_dev.hub import xetcas

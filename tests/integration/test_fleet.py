@@ -24,7 +24,7 @@ from pathlib import Path
 
 import pytest
 
-from supervisor import fleet
+from supervisor.fleet import record as fleet
 from kiln_dev.hub import HubServer, RepoKey, client_env
 from kiln_dev.supervised import Supervised, config, fleet_published, free_port, http, wait_for
 

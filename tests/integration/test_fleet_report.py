@@ -1,4 +1,4 @@
-"""The fleet reporter (supervisor/reporter.py) and reader (supervisor/fleet_status.py) on their own:
+"""The fleet reporter (supervisor/fleet/reporter.py) and reader (images/fleet/status.py) on their own:
 the real huggingface_hub client writing and reading records against kiln_dev/hub/, the local
 stand-in for huggingface.co (repo, branch, preupload, commit, tree and resolve routes of
 huggingface_hub 2.4). The snapshot is a plain dict standing where the supervisor's /status is.
@@ -12,10 +12,10 @@ import time
 
 import pytest
 
-from supervisor import fleet
+from supervisor.fleet import record as fleet
 from supervisor.config import WatchSpec
-from supervisor.fleet_status import FleetReader
-from supervisor.reporter import Reporter
+from images.fleet.status import FleetReader
+from supervisor.fleet.reporter import Reporter
 from kiln_dev.hub import HubServer, RepoKey, client_env
 from kiln_dev.supervised import wait_for
 

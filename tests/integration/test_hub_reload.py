@@ -137,7 +137,7 @@ def test_an_interrupted_model_download_resumes_after_the_pod_restarts(tmp_path, 
         with Supervised(tmp_path, text, env=env) as sup:
             wait_for(lambda: len(finished_segments(journal)) >= 2, 60, "two segments on disk")
             child = [p for p in psutil.Process(sup.proc.pid).children(recursive=True)
-                     if "supervisor.fetch" in " ".join(p.cmdline())]
+                     if "supervisor.model.fetch" in " ".join(p.cmdline())]
             sup.proc.send_signal(signal.SIGKILL)          # the supervisor dies mid-download
             sup.proc.wait(10)
             # Its fetch child goes with it (parent-death signal): nothing downloads unsupervised.

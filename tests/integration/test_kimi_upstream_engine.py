@@ -19,8 +19,8 @@ import pytest
 
 from supervisor.engines import llamacpp
 from supervisor.failure import FailureClass, classify
-from supervisor.model_check import check_model, load_facts
-from supervisor.process import ManagedProcess
+from supervisor.model.check import check_model, load_facts
+from supervisor.process.managed import ManagedProcess
 from kiln_dev import gguf_kimi
 from kiln_dev.llama_server import LlamaServer
 from kiln_dev.models import make_tiny_gguf

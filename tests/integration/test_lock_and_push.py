@@ -16,8 +16,8 @@ from pathlib import Path
 
 import pytest
 
-from images.lock import missing, pins_for, refresh
-from images.resolve import default_resolvers, registry_digest
+from images.pins.lock import missing, pins_for, refresh
+from images.pins.resolve import default_resolvers, registry_digest
 from images.target import load_target
 from kiln_dev.docker import docker_cli, local_base_image, require_docker
 from kiln_dev.registry import Registry
@@ -144,8 +144,9 @@ def test_no_reachable_engine_says_how_to_start_one(tmp_path):
 def test_build_py_lock_that_changes_no_pin_leaves_the_lock_byte_identical(tmp_path, pypi, monkeypatch, capsys):
     """Issue 18: `build.py lock` rewrote resolved_on when no value changed. The sdist's sha256 comes
     from the PEP 691 stand-in; the registry is unreachable (a dead proxy), so the bases are kept."""
-    from images import cli, resolve
-    from images import lock as lockfile
+    from images import cli
+    from images.pins import resolve
+    from images.pins import lock as lockfile
 
     lock_path = tmp_path / "lock.toml"
     lock_path.write_bytes(lockfile.LOCK_PATH.read_bytes())

@@ -8,10 +8,10 @@ import dataclasses
 
 import pytest
 
-from images.cuda import engine_cuda
-from images.lock import dump_lock, load_lock, pins_for, refresh
-from images.pyclosure import walk
-from images.resolve import default_resolvers
+from images.pins.cuda import engine_cuda
+from images.pins.lock import dump_lock, load_lock, pins_for, refresh
+from images.pins.pyclosure import walk
+from images.pins.resolve import default_resolvers
 from images.target import load_target
 from tests.support.cuda_elf import TORCH_2_13_0_REQUIRES
 from tests.support.pypi_index import PackageIndex, Wheel

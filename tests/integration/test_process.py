@@ -1,4 +1,4 @@
-"""supervisor.process and supervisor.pid1 against real processes (helpers in tests/support/proc).
+"""supervisor.process.managed and supervisor.process.pid1 against real processes (helpers in tests/support/proc).
 
 No mocks of fork/exec/kill and no fixed sleeps: every wait reads a `ready (pid: N)` line or
 polls a condition against a generous deadline (the test machine is small and busy).
@@ -22,8 +22,8 @@ from pathlib import Path
 import psutil
 import pytest
 
-from supervisor.pid1 import become_subreaper, exit_code_for, reap_orphans
-from supervisor.process import REGISTRY, ManagedProcess, ProcessRegistry
+from supervisor.process.pid1 import become_subreaper, exit_code_for, reap_orphans
+from supervisor.process.managed import REGISTRY, ManagedProcess, ProcessRegistry
 
 REPO = Path(__file__).resolve().parents[2]
 PROC = REPO / "tests" / "support" / "proc"

@@ -11,9 +11,10 @@ from pathlib import Path
 import pytest
 import requests
 
-from images import promote, tags
-from images.lock import load_lock, pins_for
-from images.promote import Promotion, PromoteError, RegistryClient
+from images.ci import promote
+from images.build import tags
+from images.pins.lock import load_lock, pins_for
+from images.ci.promote import Promotion, PromoteError, RegistryClient
 from images.target import load_target
 from kiln_dev.registry import Registry
 

@@ -20,7 +20,7 @@ from kiln_dev import children
 from kiln_dev.engine import require_prefix
 from kiln_dev.models import make_tiny_gguf
 from kiln_dev.supervised import free_port, http, wait_for
-from supervisor.relay import TcpRelay
+from supervisor.status.relay import TcpRelay
 from tests.support.listener_child import ListenerChild
 
 

@@ -16,7 +16,7 @@ from pathlib import Path
 import psutil
 import pytest
 
-from supervisor.candidate import MAX_BYTES
+from supervisor.reload.candidate import MAX_BYTES
 from kiln_dev.llama_server import LlamaServer
 from kiln_dev.supervised import FAKE, Supervised, config, free_port, http, wait_for
 

@@ -1,4 +1,4 @@
-"""A pod that can never serve stops billing: supervisor/runpod_self.py terminates its own pod through
+"""A pod that can never serve stops billing: supervisor/fleet/self_terminate.py terminates its own pod through
 RunPod's REST API v2, against kiln_dev/runpod (a stand-in for RunPod's v2 API, not RunPod: it
 checks the schema, answers RFC 9457 problems and accepts a pod-scoped key for its own pod only)."""
 
@@ -8,7 +8,7 @@ import time
 
 import pytest
 
-from supervisor import runpod_self
+from supervisor.fleet import self_terminate as runpod_self
 from supervisor.config import SelfTerminateSpec, parse_config
 from kiln_dev.runpod import RunPodStandIn
 from kiln_dev.supervised import wait_for

@@ -12,8 +12,8 @@ from pathlib import Path
 
 import pytest
 
-from images import gate
-from images.lock import load_lock, pins_for
+from images.ci import gate
+from images.pins.lock import load_lock, pins_for
 from images.runpod import schema, template
 from images.runpod.api import RunPodAPI, RunPodAPIError
 from images.runpod.pods import NoMatchingHost

@@ -1,4 +1,4 @@
-"""supervisor.status over real sockets on 127.0.0.1 (port 0), with a snapshot the test mutates.
+"""supervisor.status.server over real sockets on 127.0.0.1 (port 0), with a snapshot the test mutates.
 
 No sleeps: the socket listens when start() returns, and each request is a plain blocking call.
 """
@@ -21,8 +21,8 @@ from typing import Any
 import pytest
 
 from supervisor.errors import KilnError
-from supervisor.listen import CannotListen, PortBusy
-from supervisor.status import METRICS_CONTENT_TYPE, STATES, StatusServer
+from supervisor.status.listen import CannotListen, PortBusy
+from supervisor.status.server import METRICS_CONTENT_TYPE, STATES, StatusServer
 from tests.support.listener_child import ListenerChild
 from kiln_dev.supervised import wait_for
 
@@ -308,7 +308,7 @@ def test_snapshot_raising_is_a_500_without_detail(
 ) -> None:
     source.error = RuntimeError(f"boom {CANARY}")
     source.secrets = [CANARY]
-    with caplog.at_level(logging.ERROR, logger="supervisor.status"):
+    with caplog.at_level(logging.ERROR, logger="supervisor.status.server"):
         for path in ROUTES:
             status, _, body = request(server, path)
             assert status == 500, path
@@ -340,9 +340,9 @@ def test_unknown_path_404_and_other_methods_405(server: StatusServer) -> None:
 def test_requests_log_at_debug_without_headers(
     server: StatusServer, caplog: pytest.LogCaptureFixture
 ) -> None:
-    with caplog.at_level(logging.DEBUG, logger="supervisor.status"):
+    with caplog.at_level(logging.DEBUG, logger="supervisor.status.server"):
         request(server, "/live", headers={"Authorization": f"Bearer {CANARY}"})
-    records = [r for r in caplog.records if r.name == "supervisor.status"]
+    records = [r for r in caplog.records if r.name == "supervisor.status.server"]
     assert any("/live" in r.getMessage() and r.levelno == logging.DEBUG for r in records)
     assert all(CANARY not in r.getMessage() for r in records)
 
@@ -412,7 +412,7 @@ def test_200_concurrent_clients_are_all_answered_and_hang_ups_log_one_line_not_a
     assert child.proc.returncode == 0
     assert "Traceback" not in log and "Exception occurred" not in log, log[-3000:]
     hangups = [line for line in log.splitlines() if "went away mid-request" in line]
-    assert hangups and all(line.startswith("INFO supervisor.status: status: client 127.0.0.1") for line in hangups)
+    assert hangups and all(line.startswith("INFO supervisor.status.server: status: client 127.0.0.1") for line in hangups)
 
 
 def test_a_busy_status_port_is_port_busy_naming_the_holder_and_the_fix(source: Source) -> None:

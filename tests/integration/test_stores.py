@@ -21,7 +21,7 @@ if str(ROOT) not in sys.path:  # plain `pytest` (not `python -m pytest`) from an
 
 from huggingface_hub import HfApi  # noqa: E402
 
-from images.artifacts import (  # noqa: E402
+from images.binaries.artifacts import (
     ArtifactError,
     ArtifactSpec,
     Packed,
@@ -32,7 +32,7 @@ from images.artifacts import (  # noqa: E402
     sha256_name,
     verify,
 )
-from images.stores import HubStore, LocalStore, Store, open_store  # noqa: E402
+from images.binaries.stores import HubStore, LocalStore, Store, open_store  # noqa: E402
 from kiln_dev.hub import ClientEnv, HubServer, client_env  # noqa: E402
 
 REPO = "kiln-test/binaries"

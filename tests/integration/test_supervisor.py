@@ -186,8 +186,8 @@ def test_the_hardware_guard_refuses_a_gpu_config_on_a_cpu_host(tmp_path, prefix,
 
 
 def test_100_start_stop_cycles_of_the_real_server_leave_nothing_behind(tmp_path, prefix, tiny):
-    from supervisor.health import wait_healthy
-    from supervisor.process import ManagedProcess
+    from supervisor.engines.health import wait_healthy
+    from supervisor.process.managed import ManagedProcess
 
     me = psutil.Process()
     fds_before = len(os.listdir("/proc/self/fd"))

@@ -1,4 +1,4 @@
-"""The config watcher (supervisor/watch.py) on its own: it reports candidates, it decides nothing.
+"""The config watcher (supervisor/reload/watch.py) on its own: it reports candidates, it decides nothing.
 
 The Hub side runs the real huggingface_hub client against kiln_dev/hub/, a local
 stand-in for huggingface.co speaking the routes huggingface_hub 2.4 uses (repo info, paths-info,
@@ -14,9 +14,9 @@ from pathlib import Path
 
 import pytest
 
-from supervisor.candidate import MAX_BYTES
+from supervisor.reload.candidate import MAX_BYTES
 from supervisor.config import WatchSpec
-from supervisor.watch import Watcher
+from supervisor.reload.watch import Watcher
 from kiln_dev.hub import HubServer, client_env
 from kiln_dev.supervised import wait_for
 
@@ -139,7 +139,7 @@ def test_a_revision_already_decided_before_a_restart_is_not_reported_again(hub, 
 def test_a_canary_commit_is_taken_only_by_the_pod_its_assignment_names(hub, tmp_path):
     import json
 
-    from supervisor import fleet
+    from supervisor.fleet import record as fleet
 
     main = hub.seed(REPO, {"deploy.toml": b"# v1\n"})
     seen = {"hub": {"origin": f"hf://{REPO}@main:deploy.toml", "key": main}}

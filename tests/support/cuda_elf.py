@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-from images.cudafloor import NVCC_FILE
+from images.pins.cudafloor import NVCC_FILE
 
 # torch 2.13.0's Requires-Dist, copied from PyPI's metadata of
 # torch-2.13.0-cp312-cp312-manylinux_2_28_x86_64.whl (PEP 658, read 2026-12-01).

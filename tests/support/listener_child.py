@@ -31,8 +31,8 @@ import threading
 import time
 from pathlib import Path
 
-from supervisor.relay import TcpRelay
-from supervisor.status import StatusServer
+from supervisor.status.relay import TcpRelay
+from supervisor.status.server import StatusServer
 
 _HUGE_STACK = 1 << 30  # no thread gets this much stack under the RLIMIT_AS set by threads-fail
 REPO_ROOT = Path(__file__).resolve().parents[2]

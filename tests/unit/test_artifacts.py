@@ -2,7 +2,7 @@
 
 The seed published compiled llama-server to the Hub as a tarball whose name pins base image, CUDA
 version and GPU arch "so a mismatched tarball can never be picked up silently", smoke-tested with
-`llama-server --version` before it is trusted. These tests hold images/artifacts.py to that: a
+`llama-server --version` before it is trusted. These tests hold images/binaries/artifacts.py to that: a
 fake prefix (a shell script standing in for llama-server) for the mechanics, and the real binary
 where one has been compiled (kiln_dev.engine: $KILN_LLAMA_PREFIX, else the cached CPU compile).
 """
@@ -25,7 +25,7 @@ ROOT = Path(__file__).resolve().parents[2]
 if str(ROOT) not in sys.path:  # `pytest` without `python -m` doesn't put the repo root on sys.path
     sys.path.insert(0, str(ROOT))
 
-from images.artifacts import (  # noqa: E402
+from images.binaries.artifacts import (
     ArtifactCorrupt,
     ArtifactError,
     ArtifactMismatch,

@@ -12,9 +12,9 @@ from pathlib import Path
 
 import pytest
 
-from supervisor.candidate import MAX_BYTES, Candidate, decode, validate
+from supervisor.reload.candidate import MAX_BYTES, Candidate, decode, validate
 from supervisor.config import parse_config
-from supervisor.hardware import Hardware
+from supervisor.host.hardware import Hardware
 
 ROOT = Path(__file__).resolve().parents[2]
 HELP = ROOT / "tests/fixtures/engine-logs/llama-server-help-cpu-11434.txt"

@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 
 from images import cli
-from images import lock as lockfile
+from images.pins import lock as lockfile
 from images.cli import legacy, reference
 from supervisor import __version__
 
@@ -45,7 +45,7 @@ TAKES = {
     "publish-binaries": {"--target", "--store", "--patch-file", "--allow-floating", "--in-build", "--build-network"},
     "template": {"--target", "--image", "--image-ref", "--name", "--registry-auth", "--upsert", "--api",
                  "--allow-floating"},
-    "pods": set(),          # a group: up, status, logs, down, volumes (their options: images/pods.py)
+    "pods": set(),          # a group: up, status, logs, down, volumes (their options: images/runpod/pods_cli.py)
 }
 
 

@@ -14,15 +14,15 @@ from pathlib import Path
 
 import pytest
 
-from images import golden
-from images.lock import Pin, load_lock, pins_for
-from images.render import CudaMismatch, make_context
+from images.build import golden
+from images.pins.lock import Pin, load_lock, pins_for
+from images.build.render import CudaMismatch, make_context
 from images.target import load_target, target_names
-from supervisor.cuda import load_floor
+from supervisor.host.cuda import load_floor
 from tests.support import cuda_elf
 
 ROOT = Path(__file__).resolve().parents[2]
-SCRIPT = ROOT / "images" / "cudafloor.py"
+SCRIPT = ROOT / "images" / "pins" / "cudafloor.py"
 RENDERED = golden.render_all()
 
 

@@ -1,4 +1,4 @@
-"""The CUDA floor measured at build time (images/cudafloor.py), on real ELF files and real metadata.
+"""The CUDA floor measured at build time (images/pins/cudafloor.py), on real ELF files and real metadata.
 
 The ELF files are made by gcc and the real linker (tests/support/cuda_elf.py): a library whose
 SONAME is libcudart.so.NN stands for CUDA's runtime, which this machine does not have. torch's
@@ -17,13 +17,13 @@ from pathlib import Path
 
 import pytest
 
-from images import cudafloor
-from images.cudafloor import FloorError, Measured, cuda_from_requirements, needed_libraries
-from supervisor.cuda import load_floor
+from images.pins import cudafloor
+from images.pins.cudafloor import FloorError, Measured, cuda_from_requirements, needed_libraries
+from supervisor.host.cuda import load_floor
 from tests.support import cuda_elf
 
 ROOT = Path(__file__).resolve().parents[2]
-SCRIPT = ROOT / "images" / "cudafloor.py"
+SCRIPT = ROOT / "images" / "pins" / "cudafloor.py"
 
 TORCH_2_13_0_REQUIRES = cuda_elf.TORCH_2_13_0_REQUIRES
 # torch 2.8.0's CUDA 12.8 form on PyPI: per-library cu12 wheels, the runtime's version exact.

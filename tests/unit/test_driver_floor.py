@@ -1,5 +1,5 @@
 """The supervisor refuses a driver older than the image's CUDA floor, before any engine starts
-(supervisor/cuda.py), and engine stderr that says the same maps to the same failure class.
+(supervisor/host/cuda.py), and engine stderr that says the same maps to the same failure class.
 
 NVML is the stand-in tests/support/hw/fake_pynvml.py, with the CUDA version each real driver
 branch reports (R550: 12040, R570: 12080, R580: 13000). The engine lines are real text; where
@@ -12,7 +12,7 @@ import json
 
 import pytest
 
-from supervisor import cuda
+from supervisor.host import cuda
 from supervisor.engines import llamacpp, vllm
 from supervisor.failure import FailureClass, classify
 from tests.support.hw import fake_pynvml

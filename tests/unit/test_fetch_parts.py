@@ -10,10 +10,10 @@ import zlib
 
 import pytest
 
-from supervisor.fetch import child_env, plan
-from supervisor.fetch.hashing import Meter, Verifier
-from supervisor.fetch.journal import Journal
-from supervisor.fetch.sink import RangeIgnored, Sink
+from supervisor.model.fetch import child_env, plan
+from supervisor.model.fetch.hashing import Meter, Verifier
+from supervisor.model.fetch.journal import Journal
+from supervisor.model.fetch.sink import RangeIgnored, Sink
 from kiln_dev.supervised import wait_for
 
 MIB = plan.MIB

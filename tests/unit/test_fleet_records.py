@@ -1,4 +1,4 @@
-"""The fleet's records and canary assignments (supervisor/fleet.py): what a record carries from a
+"""The fleet's records and canary assignments (supervisor/fleet/record.py): what a record carries from a
 pod's /status, when a pod counts as stale, which pods a canary goes to, who takes an assignment."""
 
 from __future__ import annotations
@@ -7,9 +7,9 @@ import time
 
 import pytest
 
-from supervisor import fleet
+from supervisor.fleet import record as fleet
 from supervisor.config import WatchSpec
-from supervisor.fleet_status import table
+from images.fleet.status import table
 
 NOW = 1_800_000_000.0
 WATCH = WatchSpec(repo="kiln-test/deploy", poll_s=0.5, report_s=2.0)

@@ -1,4 +1,4 @@
-"""supervisor.hardware: the probe reads GPUs, vCPU and RAM as a container sees them, and check()
+"""supervisor.host.hardware: the probe reads GPUs, vCPU and RAM as a container sees them, and check()
 refuses a machine the config was not made for, saying what, where and how to fix it.
 
 The seed's case drives the messages: a 5-GPU pod ran the 2-GPU placement before the guard
@@ -21,9 +21,9 @@ ROOT = Path(__file__).resolve().parents[2]
 if str(ROOT) not in sys.path:  # `pytest` without `python -m` doesn't put the repo root on sys.path
     sys.path.insert(0, str(ROOT))
 
-from supervisor import hardware  # noqa: E402
+from supervisor.host import hardware  # noqa: E402
 from supervisor.config import HardwareSpec  # noqa: E402
-from supervisor.hardware import GPU, Hardware, check, host_resident_warning, probe  # noqa: E402
+from supervisor.host.hardware import GPU, Hardware, check, host_resident_warning, probe  # noqa: E402
 from tests.support.hw import NVIDIA_SMI, SYSROOTS  # noqa: E402
 from tests.support.hw import fake_pynvml  # noqa: E402
 

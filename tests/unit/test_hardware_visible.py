@@ -5,7 +5,7 @@ import os
 from pathlib import Path
 
 from supervisor.config import HardwareSpec
-from supervisor.hardware import GPU, check, probe, visible_gpus
+from supervisor.host.hardware import GPU, check, probe, visible_gpus
 
 HW = Path(__file__).resolve().parents[1] / "support" / "hw"
 GPUS = [GPU(0, "NVIDIA H200", 143771, 143000, 771, "9.0", "GPU-f49d0000"),

@@ -10,7 +10,7 @@ from supervisor.engines import llamacpp
 from supervisor.engines.flags import load_llama_snapshot
 from supervisor.errors import ConfigError
 from supervisor.failure import FailureClass, classify
-from supervisor.gguf_layout import FileHeader, read_header
+from supervisor.model.gguf_layout import FileHeader, read_header
 
 HELP = Path(__file__).resolve().parents[1] / "fixtures" / "engine-logs" / "llama-server-help-cpu-11434.txt"
 
@@ -110,7 +110,7 @@ args = ["-c", "512"]
 
 # -- the seed's placement lessons that need the model's header or only cost speed -------------------
 def _header(arch: str, **meta) -> FileHeader:
-    """A GGUF header as supervisor.gguf_layout.read_header returns it (data, not a stand-in)."""
+    """A GGUF header as supervisor.model.gguf_layout.read_header returns it (data, not a stand-in)."""
     return FileHeader(Path("/m.gguf"), 3, {"general.architecture": arch, **meta}, {}, [], 0, 0)
 
 

@@ -14,12 +14,12 @@ from pathlib import Path
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from supervisor import events as E
-from supervisor.candidate import Candidate
+from supervisor.lifecycle import events as E
+from supervisor.reload.candidate import Candidate
 from supervisor.config import parse_config
 from supervisor.failure import Failure, FailureClass
-from supervisor.machine import Machine
-from supervisor.state import ALLOWED, Live, Origin, State
+from supervisor.lifecycle.machine import Machine
+from supervisor.lifecycle.state import ALLOWED, Live, Origin, State
 
 CONFIG = """
 engine = "llamacpp"

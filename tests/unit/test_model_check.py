@@ -1,4 +1,4 @@
-"""Model preflight (supervisor/model_check.py) on real generated GGUF files: the seed's three DSpark
+"""Model preflight (supervisor/model/check.py) on real generated GGUF files: the seed's three DSpark
 blockers refused with the seed's diagnosis, truncated files and missing splits refused, and the
 files the engine loads passed. tests/integration/test_kimi_upstream_engine.py runs the real
 llama-server on the same files to show it fails (and loads) the same way."""
@@ -15,8 +15,8 @@ from pathlib import Path
 import pytest
 
 from supervisor.failure import FailureClass
-from supervisor.gguf_layout import GGML_BLOCKS
-from supervisor.model_check import ArchFacts, EngineFacts, check_model, failure, load_facts
+from supervisor.model.gguf_layout import GGML_BLOCKS
+from supervisor.model.check import ArchFacts, EngineFacts, check_model, failure, load_facts
 from kiln_dev import gguf_kimi
 from kiln_dev.models import make_tiny_gguf
 
@@ -161,7 +161,7 @@ def test_check_model_cli_refuses_the_seed_files_and_passes_a_loadable_one(models
 
 def test_a_rungs_preflight_checks_the_draft_it_names_and_its_overrides(models, facts, tmp_path):
     from supervisor.config import parse_config
-    from supervisor.model_check import check_rung
+    from supervisor.model.check import check_rung
 
     shutil.copy(FACTS, tmp_path / "gguf-facts.json")      # beside the flag snapshot, as in the image
     cfg = parse_config(f"""

@@ -98,7 +98,7 @@ def test_selection_covers_shell_templates_and_ci() -> None:
     for rel in ("images/entrypoint.sh", "images/x/Dockerfile.j2", "images/t.jinja", "Dockerfile",
                 "images/Dockerfile.cuda", ".ci/run"):
         assert is_checked(rel), rel
-    assert not is_checked("supervisor/process.py")
+    assert not is_checked("supervisor/process/managed.py")
 
 
 def test_no_bare_wait_in_shell_scripts() -> None:

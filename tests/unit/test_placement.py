@@ -5,8 +5,8 @@ from pathlib import Path
 import gguf
 import pytest
 
-from supervisor.gguf_layout import Layout, read_layout, shards
-from supervisor.placement import DoesNotFit, Split, kv_bytes_per_layer, plan, recalibrate, shortfalls
+from supervisor.model.gguf_layout import Layout, read_layout, shards
+from supervisor.ladder.balanced import DoesNotFit, Split, kv_bytes_per_layer, plan, recalibrate, shortfalls
 from kiln_dev.models import make_tiny_gguf
 
 LOGS = Path(__file__).resolve().parents[1] / "fixtures" / "engine-logs"

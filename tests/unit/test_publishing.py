@@ -11,8 +11,10 @@ from pathlib import Path
 
 import pytest
 
-from images import artifacts, binaries, ci, docker_build, tags
-from images.lock import load_lock, pins_for
+from images.binaries import artifacts, obtain as binaries
+from images.ci import commands as ci
+from images.build import docker as docker_build, tags
+from images.pins.lock import load_lock, pins_for
 from images.target import load_target
 from supervisor import __version__
 from supervisor.errors import KilnError
@@ -120,7 +122,7 @@ def test_promote_speaks_the_bearer_token_flow_registries_use(monkeypatch):
     import threading
     from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
-    from images import promote
+    from images.ci import promote
 
     seen = {}
     manifest = b'{"schemaVersion": 2}'

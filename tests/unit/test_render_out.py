@@ -11,7 +11,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-from images.outdir import MARKER
+from images.build.outdir import MARKER
 
 ROOT = Path(__file__).resolve().parents[2]
 

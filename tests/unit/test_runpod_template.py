@@ -12,9 +12,9 @@ from pathlib import Path
 import jsonschema
 import pytest
 
-from images import golden
-from images.lock import load_lock, pins_for
-from images.render import make_context, render_dockerfile
+from images.build import golden
+from images.pins.lock import load_lock, pins_for
+from images.build.render import make_context, render_dockerfile
 from images.runpod import schema, template
 from images.runpod.cuda import cuda_floor
 from images.target import load_target, parse_target, target_names
@@ -45,11 +45,11 @@ def published(name):
 
 @pytest.mark.parametrize("name", target_names())
 def test_printed_template_matches_the_committed_golden_byte_for_byte(name):
-    """Regenerate with `python -m images.golden` after changing a target, the lock or images/runpod/."""
+    """Regenerate with `python -m images.build.golden` after changing a target, the lock or images/runpod/."""
     r = run_build("--target", name, "--runpod-template")
     assert r.returncode == 0, r.stderr
     committed = (ROOT / "images" / "rendered" / name / golden.TEMPLATE_FILE).read_text(encoding="utf-8")
-    assert r.stdout == committed, f"images/rendered/{name}/{golden.TEMPLATE_FILE} drifted: run `python -m images.golden`"
+    assert r.stdout == committed, f"images/rendered/{name}/{golden.TEMPLATE_FILE} drifted: run `python -m images.build.golden`"
     assert golden.render_templates()[name] == committed
 
 

@@ -9,8 +9,8 @@ from pathlib import Path
 import jinja2
 import pytest
 
-from images import golden, render
-from images.lock import Pin, dump_lock, load_lock, missing, pins_for, refresh, save_lock
+from images.build import golden, render
+from images.pins.lock import Pin, dump_lock, load_lock, missing, pins_for, refresh, save_lock
 from images.target import parse_target, target_names, load_target
 from supervisor.errors import ConfigError
 
@@ -117,7 +117,7 @@ def test_committed_rendered_dockerfiles_match_a_fresh_render():
     fresh = golden.render_all()
     for name, text in fresh.items():
         committed = (render.RENDERED_DIR / name / "Dockerfile").read_text()
-        assert committed == text, f"images/rendered/{name}/Dockerfile drifted: run `python -m images.golden`"
+        assert committed == text, f"images/rendered/{name}/Dockerfile drifted: run `python -m images.build.golden`"
 
 
 def test_every_rendered_dockerfile_is_hadolint_clean():
@@ -229,7 +229,7 @@ def test_upstream_kimi_target_deploys_what_the_fork_target_deploys():
 def test_the_fork_target_has_no_engine_facts_and_renders_as_before():
     """Its source (a branch, no pinned commit) has no facts file: nothing is baked, and the
     supervisor then runs only the checks that need none."""
-    from images.engine_facts import facts_path
+    from images.build.engine_facts import facts_path
 
     assert facts_path(load_target("a40-llamacpp")) is None
     assert "gguf-facts.json" not in golden.render_all()["a40-llamacpp"]

@@ -186,7 +186,7 @@ def test_compile_caches_live_on_the_state_volume_and_a_rungs_own_setting_wins(tm
 
 
 def test_the_engine_environment_lets_the_pod_and_the_rung_override_the_cache_defaults_never_the_key():
-    from supervisor.launch import engine_environment
+    from supervisor.engines.launch import engine_environment
 
     c = cfg(["--max-model-len", "4096"], env={"TRITON_CACHE_DIR": "/rung/triton"})
     pod = {"TORCHINDUCTOR_CACHE_DIR": "/pod/inductor", "HF_TOKEN": "hf_canary", "KILN_API_KEY": "k-canary",

@@ -1,6 +1,6 @@
 """Stand-in for the `pynvml` module (nvidia-ml-py), for the NVML path on hosts without a driver.
 
-Only the calls supervisor.hardware and supervisor.cuda make exist. Install it with
+Only the calls supervisor.host.hardware and supervisor.host.cuda make exist. Install it with
 `monkeypatch.setitem(sys.modules, "pynvml", FakeNVML(...))`. It records init/shutdown so tests
 can check NVML is always shut down, and `fail_on` makes a named call raise an NVMLError the way
 the real binding does (no library -> NVMLError_LibraryNotFound at nvmlInit).

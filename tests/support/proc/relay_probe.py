@@ -1,4 +1,4 @@
-"""A tiny PID-1-style main loop on supervisor.pid1, printing what it sees.
+"""A tiny PID-1-style main loop on supervisor.process.pid1, printing what it sees.
 
 The relay covers TERM, INT, HUP and USR1. Handlers only record; this loop prints
 `got NAME` for each signal and exits 0 on SIGUSR1 (so TERM/INT/HUP must leave it running).
@@ -10,7 +10,7 @@ import os
 import signal
 import sys
 
-from supervisor.pid1 import SignalRelay, reap_orphans
+from supervisor.process.pid1 import SignalRelay, reap_orphans
 
 relay = SignalRelay()
 relay.install((signal.SIGTERM, signal.SIGINT, signal.SIGHUP, signal.SIGUSR1))

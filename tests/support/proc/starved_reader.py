@@ -18,7 +18,7 @@ import sys
 import threading
 from pathlib import Path
 
-from supervisor.process import ManagedProcess
+from supervisor.process.managed import ManagedProcess
 
 DEADLINE_S = 20.0
 CHILD = Path(__file__).with_name("child.py")

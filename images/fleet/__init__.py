@@ -1,0 +1,1 @@
+"""(the map of this package is written in the next commit)"""

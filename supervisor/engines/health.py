@@ -1,0 +1,137 @@
+"""Wait for a launched server to become healthy, racing everything that can end the wait.
+
+Three things race (llama-swap's `doStart` shape): the server answering
+`/health` 200 — from a socket our engine's process tree owns, so a foreign listener on the port
+is never taken for our engine —, the server exiting (its stderr tail is how an OOM is
+recognised), and a shutdown request. The deadline is progress-based: it moves
+while the server shows life — new output, CPU time, bytes read from disk — and
+fires on a stall, not after a fixed total. A 181 GiB model takes minutes to
+load and a deadlocked NCCL init takes forever; only progress tells them apart.
+(llama-server prints nothing while loading at its default verbosity, so CPU
+and I/O counters carry most of the signal.)
+"""
+
+from __future__ import annotations
+
+import http.client
+import re
+import time
+from dataclasses import dataclass
+from typing import Callable
+
+import psutil
+
+from ..process.managed import ManagedProcess
+
+# Poll fast at first (small models are ready in tens of ms), then settle.
+FAST_POLL_S = 0.01
+FAST_PHASE_S = 2.0
+CPU_PROGRESS_S = 0.05      # CPU seconds that count as "doing something"
+IO_PROGRESS_BYTES = 1 << 20
+
+
+@dataclass(frozen=True)
+class HealthOutcome:
+    ready: bool
+    exited: bool = False
+    stalled: bool = False
+    stopped: bool = False
+    elapsed_s: float = 0.0
+    returncode: int | None = None
+    reason: str | None = None         # why a stall was declared, when it was not plain silence
+
+
+def probe_health(host: str, port: int, timeout: float = 1.0) -> int | None:
+    """HTTP status of GET /health, or None when nothing answers."""
+    conn = http.client.HTTPConnection(host, port, timeout=timeout)
+    try:
+        conn.request("GET", "/health")
+        resp = conn.getresponse()
+        resp.read()
+        return resp.status
+    except (OSError, http.client.HTTPException):
+        return None
+    finally:
+        conn.close()
+
+
+def owns_port(proc: ManagedProcess, port: int) -> bool:
+    """A process of the engine's tree listens on `port` (psutil): the answer came from our engine."""
+    for pid in proc.tree_pids():
+        try:
+            conns = psutil.Process(pid).net_connections(kind="inet")
+        except (psutil.Error, OSError):
+            continue
+        if any(c.status == psutil.CONN_LISTEN and c.laddr and c.laddr.port == port for c in conns):
+            return True
+    return False
+
+
+class ProgressMeter:
+    """Notices whether a process tree did anything since the last look."""
+
+    def __init__(self, proc: ManagedProcess):
+        self.proc = proc
+        self._cpu = 0.0
+        self._io = 0
+        self._out = proc.last_output_at()
+
+    def _counters(self) -> tuple[float, int]:
+        cpu, io = 0.0, 0
+        for pid in self.proc.tree_pids():
+            try:
+                p = psutil.Process(pid)
+                t = p.cpu_times()
+                cpu += t.user + t.system
+                c = p.io_counters()
+                io += c.read_chars + c.read_bytes
+            except (psutil.Error, AttributeError):
+                continue
+        return cpu, io
+
+    def moved(self) -> bool:
+        cpu, io = self._counters()
+        out = self.proc.last_output_at()
+        moved = (cpu - self._cpu >= CPU_PROGRESS_S) or (io - self._io >= IO_PROGRESS_BYTES) or out != self._out
+        if moved:
+            self._cpu, self._io, self._out = cpu, io, out
+        return moved
+
+
+def wait_healthy(proc: ManagedProcess, host: str, port: int, *, stall_s: float, max_s: float,
+                 poll_s: float, should_stop: Callable[[], bool],
+                 sleep: Callable[[float], None],
+                 stall_lines: tuple[re.Pattern[str], int] | None = None) -> HealthOutcome:
+    """Block until healthy, exited, stalled or asked to stop. `sleep` may return early on a signal.
+
+    `stall_lines` is (pattern, n): output the engine repeats while stuck (vLLM's "No available
+    shared memory broadcast block"); n such lines end the wait as a stall even though they are output.
+    """
+    start = time.monotonic()
+    last_progress = start
+    meter = ProgressMeter(proc)
+    next_meter = start
+    # A wildcard bind address is reached on loopback.
+    target = "127.0.0.1" if host in ("0.0.0.0", "::", "") else host
+    while True:
+        now = time.monotonic()
+        elapsed = now - start
+        if should_stop():
+            return HealthOutcome(False, stopped=True, elapsed_s=elapsed)
+        rc = proc.poll()
+        if rc is not None:
+            return HealthOutcome(False, exited=True, elapsed_s=elapsed, returncode=rc)
+        if probe_health(target, port, timeout=max(poll_s, 0.5)) == 200 and owns_port(proc, port):
+            return HealthOutcome(True, elapsed_s=time.monotonic() - start)
+        if now >= next_meter:
+            if meter.moved():
+                last_progress = now
+            next_meter = now + 0.5
+            repeats = [line for line in proc.tail() if stall_lines and stall_lines[0].search(line)]
+            if stall_lines and len(repeats) >= stall_lines[1]:
+                return HealthOutcome(False, stalled=True, elapsed_s=elapsed,
+                                     reason=f"the engine repeated {len(repeats)}x without getting ready: "
+                                            f"{repeats[-1].strip()[:200]}")
+        if now - last_progress > stall_s or (max_s and elapsed > max_s):
+            return HealthOutcome(False, stalled=True, elapsed_s=elapsed)
+        sleep(FAST_POLL_S if elapsed < FAST_PHASE_S else poll_s)

@@ -1,0 +1,167 @@
+"""Launching one rung: the checks before anything starts, the start itself, and what an exit means.
+
+    check()     the rung's flags linted against the engine's own --help        -> config_rejected
+                the model's GGUF header against what this engine build knows  -> model_incompatible
+                (a draft the rung names that the engine cannot load           -> config_rejected: next rung)
+    start()     the port is free (a foreign listener is not our engine)        -> port_in_use
+                a balanced rung's split planned from the GGUF layout + free VRAM -> config_rejected
+                argv (a list; no shell), the environment without secrets the engine does not need,
+                the process in its own session, with a parent-death signal  -> engine_missing
+    down()      why an engine that exited or stalled failed: ONE classify call, with the engine's
+                signatures and hints, for every way an engine goes down
+
+All on the loop thread: the process is started from it, so its parent-death signal is tied to
+the thread that lives as long as the supervisor (PR_SET_PDEATHSIG follows the forking thread).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+import socket
+from pathlib import Path
+from typing import Any, Callable, Mapping
+
+from ..config import DeployConfig, Rung
+from ..errors import KilnError
+from ..failure import Failure, FailureClass, classify
+from ..process.managed import ManagedProcess
+from ..lifecycle.runtime import Runtime
+from ..lifecycle.state import Live
+
+log = logging.getLogger("kiln")
+
+
+def check(rt: Runtime, live: Live, index: int) -> Failure | None:
+    """The rung's pre-launch checks: its flags, and the model file (and a draft it names) against
+    what this engine build knows. Nothing is started; a failure names what and the fix."""
+    cfg = live.cfg
+    rung = cfg.ladder.rungs[index]
+    rt.rec.update(rung={"name": rung.name, "index": index, "count": len(cfg.ladder.rungs)})
+    assert rt.engine is not None
+    header = _header(live.model_path) if cfg.engine == "llamacpp" else None
+    gpus = len(rt.hw.gpus) if rt.hw else None
+    issues = [str(i) for i in rt.engine.lint_rung(cfg, index, rung, rt.snapshot,
+                                                  gpu_count=cfg.hardware.gpu_count or gpus, model=header)]
+    if issues:
+        return Failure(FailureClass.CONFIG_REJECTED, "lint: " + " | ".join(issues), rung=rung.name)
+    for w in rt.engine.lint_rung_warnings(cfg, index, rung, rt.snapshot, model=header):
+        rt.warn(str(w))
+    if live.model_path is None:
+        return None
+    from ..model import check as model_check
+
+    problems = model_check.check_rung(cfg, rung, live.model_path, rt.snapshot)
+    if not problems:
+        return None
+    if all(p.role == "draft" for p in problems):
+        # The rung's draft, not the model: a rung without the draft may still load (the seed's DSpark).
+        return Failure(FailureClass.CONFIG_REJECTED, "draft: " + " | ".join(str(p) for p in problems),
+                       rung=rung.name)
+    return model_check.failure(problems, rung.name)
+
+
+def _header(path: Path | None):  # type: ignore[no-untyped-def]
+    """The model's GGUF header for the lint, or None when it cannot be read (the model check says why)."""
+    if path is None:
+        return None
+    from ..errors import KilnError
+    from ..model.gguf_layout import read_header
+
+    try:
+        return read_header(path)
+    except (KilnError, OSError):
+        return None
+
+
+def secret_env_names(cfg: DeployConfig) -> set[str]:
+    """Variables holding secrets the engine has no use for (least privilege)."""
+    names = {"HF_TOKEN", "HUGGING_FACE_HUB_TOKEN", "RUNPOD_API_KEY"}
+    kind, _, ref = cfg.server.api_key.partition(":")
+    if kind == "env":
+        names.add(ref)
+    return names
+
+
+def engine_environment(engine: Any, cfg: DeployConfig, rung: Rung, pod_env: Mapping[str, str],
+                       api_key: str | None) -> dict[str, str]:
+    """The engine's environment: its defaults (the compile caches) < the pod's environment, without
+    the secrets the engine has no use for < the rung's env < what the engine must have (vLLM's key)."""
+    secret_names = secret_env_names(cfg)
+    env = engine.engine_defaults(cfg, rung)
+    env.update({k: v for k, v in pod_env.items() if k not in secret_names})
+    env.update(rung.env)
+    env.update(engine.engine_env(cfg, rung, api_key))
+    return env
+
+
+def port_holder(host: str, port: int) -> str | None:
+    """Who already listens on the engine's port, or None when it is free (a connect, then psutil
+    for a name: listen.holder, which never reads another process's command line)."""
+    from ..status.listen import holder
+
+    target = "127.0.0.1" if host in ("0.0.0.0", "::", "") else host
+    try:
+        with socket.create_connection((target, port), timeout=0.5):
+            pass
+    except OSError:
+        return None
+    return holder(port) or "another process"
+
+
+def _balanced(rt: Runtime, cfg: DeployConfig, rung: Rung, model: Path) -> Rung:
+    from ..ladder import balanced as placement                      # only balanced rungs pay for these imports
+    from ..model.gguf_layout import read_layout
+
+    if rung.name not in rt.balancers:
+        hw = rt.hardware_probe()                 # fresh: free memory now, visible GPUs only
+        layout = read_layout(model)
+        rt.balancers[rung.name] = placement.Balancer(
+            layout, [g.memory_free_mib for g in hw.gpus], reserve_mib=rung.reserve_mib,
+            n_ctx=placement.context_from_args(list(cfg.server.extra_args) + list(rung.args), layout),
+            rounds=rung.calibration_rounds, slack_mib=rung.calibration_slack_mib)
+    bal = rt.balancers[rung.name]
+    split = bal.plan()
+    rt.rec.update(placement={"rung": rung.name, "rounds": bal.history})
+    rt.rec.event("placement", f"{rung.name}: {split.describe()}")
+    return dataclasses.replace(rung, args=tuple(split.args()) + tuple(rung.args))
+
+
+def start(rt: Runtime, cfg: DeployConfig, index: int, model: Path,
+          on_line: Callable[[str], None]) -> ManagedProcess | Failure:
+    """The rung's engine, started; or why it could not be (nothing runs then)."""
+    rung = cfg.ladder.rungs[index]
+    holder = port_holder(cfg.server.host, cfg.server.port)
+    if holder is not None:
+        return Failure(FailureClass.PORT_IN_USE, f"port {cfg.server.port} is already in use by {holder}: it is "
+                       "not our engine; free the port or move the engine (server.port / KILN_SERVER_PORT)",
+                       rung=rung.name)
+    if rung.placement == "balanced":
+        try:
+            rung = _balanced(rt, cfg, rung, model)
+        except KilnError as e:                   # DoesNotFit, GGUFError
+            return Failure(FailureClass.CONFIG_REJECTED, f"balanced placement: {e}", rung=rung.name)
+    assert rt.engine is not None
+    argv = rt.engine.build_argv(cfg, rung, model_path=str(model),
+                                api_key_file=str(rt.key_file) if rt.key_file else None,
+                                vcpus=rt.hw.vcpus if rt.hw else None)
+    env = engine_environment(rt.engine, cfg, rung, rt.env, rt.api_key)
+    try:
+        proc = ManagedProcess.start(argv, env=env, on_line=on_line, redact=list(rt.secrets),
+                                    log_file=str(rt.run_dir / "engine.log"), role="engine")
+    except OSError as e:                         # no such binary, not executable, a bad interpreter line
+        return Failure(FailureClass.ENGINE_MISSING, f"cannot start {argv[0]!r}: {e.strerror or e}; "
+                       "use an image built for this engine, or point server.binary at its executable",
+                       rung=rung.name)
+    rt.rec.bump("launches")
+    rt.rec.update(engine={"pid": proc.pid, "port": cfg.server.port, "argv": [rt.secrets.redact(a) for a in argv]})
+    return proc
+
+
+def down(rt: Runtime, proc: ManagedProcess, rung: Rung, *, returncode: int | None, elapsed_s: float | None,
+         stall_reason: str | None = None) -> Failure:
+    """Why the engine failed, from its exit, its timing and its own words."""
+    assert rt.engine is not None
+    return classify(returncode=returncode, elapsed_s=elapsed_s, tail=proc.tail(), signatures=rt.engine.SIGNATURES,
+                    hint_signatures=rt.engine.HINTS, stalled=stall_reason is not None, stall_reason=stall_reason,
+                    rung=rung.name)

@@ -1,0 +1,131 @@
+"""The placement ladder's helpers: where to start, and the barrier between rungs.
+
+A rung that fails with a class in `fall_through` (OOM, config rejection)
+hands over to the next rung. Before the next rung starts, a reclaim barrier
+makes sure nothing of the previous one holds memory: no process of ours
+survives (vLLM workers that outlive their API server keep VRAM and make the
+next start OOM, vllm#55510) and GPU memory is back near the baseline taken
+before the first launch.
+
+The rung that won is remembered in the volume, keyed by what makes it the
+right answer — GPU model x count, driver, image and config — so the next boot
+on the same kind of machine starts there instead of re-learning the OOMs.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Callable, Sequence
+
+import psutil
+
+from ..config import DeployConfig
+from ..host.hardware import Hardware
+from ..process.managed import ProcessRegistry
+
+BUILD_INFO = Path("/opt/kiln/build-info.json")
+
+
+def image_identity(path: Path = BUILD_INFO) -> str:
+    """What image this is: the build info baked at build time (labels, versions), hashed."""
+    try:
+        return "sha256:" + hashlib.sha256(path.read_bytes()).hexdigest()
+    except OSError:
+        return "dev"
+
+
+def memory_key(cfg: DeployConfig, hw: Hardware, image: str) -> str:
+    parts = {"gpus": sorted(g.name for g in hw.gpus), "count": len(hw.gpus), "driver": hw.driver,
+             "image": image, "config": cfg.hash}
+    return hashlib.sha256(json.dumps(parts, sort_keys=True).encode()).hexdigest()
+
+
+class LadderMemory:
+    """key -> winning rung name, in one small JSON file written atomically."""
+
+    def __init__(self, path: Path):
+        self.path = path
+
+    def _load(self) -> dict[str, dict[str, object]]:
+        try:
+            data = json.loads(self.path.read_text(encoding="utf-8"))
+            return data if isinstance(data, dict) else {}
+        except (OSError, ValueError):
+            return {}  # a missing or damaged memory only costs a full walk
+
+    def recall(self, key: str) -> str | None:
+        entry = self._load().get(key)
+        rung = entry.get("rung") if isinstance(entry, dict) else None
+        return rung if isinstance(rung, str) else None
+
+    def remember(self, key: str, rung: str) -> None:
+        data = self._load()
+        data[key] = {"rung": rung, "at": time.time()}
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        tmp = self.path.with_name(self.path.name + f".{os.getpid()}.tmp")
+        tmp.write_text(json.dumps(data, indent=2, sort_keys=True), encoding="utf-8")
+        tmp.replace(self.path)
+
+
+def start_index(cfg: DeployConfig, remembered: str | None) -> tuple[int, str]:
+    """Where the walk begins, and why."""
+    names = [r.name for r in cfg.ladder.rungs]
+    if cfg.ladder.start:
+        return names.index(cfg.ladder.start), f"ladder.start = {cfg.ladder.start}"
+    if cfg.ladder.remember and remembered in names:
+        return names.index(remembered), f"remembered winner on this hardware: {remembered}"
+    return 0, "first rung"
+
+
+@dataclass(frozen=True)
+class ReclaimReport:
+    killed: tuple[int, ...]
+    vram_back: bool | None        # None: no GPU to check
+    waited_s: float
+    used_mib: tuple[int, ...] = ()
+
+    def describe(self) -> str:
+        parts = [f"reclaim {self.waited_s:.3f}s"]
+        if self.killed:
+            parts.append(f"killed survivors {list(self.killed)}")
+        if self.vram_back is False:
+            parts.append(f"GPU memory NOT back to baseline (used MiB {list(self.used_mib)})")
+        return ", ".join(parts)
+
+
+def reclaim(registry: ProcessRegistry, *, baseline_mib: Sequence[int] | None,
+            gpu_used: Callable[[], list[int] | None], timeout_s: float, slack_mib: int,
+            sleep: Callable[[float], None] = time.sleep) -> ReclaimReport:
+    start = time.monotonic()
+    killed: list[int] = []
+    for pid in registry.survivors(role="engine"):
+        try:
+            psutil.Process(pid).kill()
+            killed.append(pid)
+        except psutil.Error:
+            pass
+    if killed:
+        psutil.wait_procs([p for p in (_proc(pid) for pid in killed) if p], timeout=5)
+    if not baseline_mib:
+        return ReclaimReport(tuple(killed), None, time.monotonic() - start)
+    deadline = start + timeout_s
+    used: list[int] = []
+    while True:
+        used = gpu_used() or []
+        if used and all(u <= b + slack_mib for u, b in zip(used, baseline_mib)):
+            return ReclaimReport(tuple(killed), True, time.monotonic() - start, tuple(used))
+        if time.monotonic() >= deadline:
+            return ReclaimReport(tuple(killed), False, time.monotonic() - start, tuple(used))
+        sleep(0.05)
+
+
+def _proc(pid: int) -> psutil.Process | None:
+    try:
+        return psutil.Process(pid)
+    except psutil.Error:
+        return None

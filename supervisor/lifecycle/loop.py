@@ -1,0 +1,388 @@
+"""The lifecycle loop: wait for an event, let the machine decide, run the effects.
+
+    signal / child exit / task answer / published config / timer
+        -> Machine.step (supervisor/lifecycle/machine.py: pure; the decisions live in policy.py and reload.py)
+        -> effects: state transitions, checks, launches, stops, tasks started beside the loop
+
+One thread (the main one) owns the engine process and the state; downloads, health waits,
+selftests and the reclaim barrier run as tasks (supervisor/lifecycle/tasks.py) and answer with events, so
+the loop keeps watching the engine while they run. Where things live:
+
+    preflight.py  what must hold before a config runs      launch.py  checks, start, why it went down
+    ladder.py     rung memory and the reclaim barrier      selftest/stage.py  the SELFTEST stage
+    reload.py     published configs: decide, the book      fetch.py   the model into the volume
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import queue
+import signal
+import sys
+import threading
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Callable, Mapping
+
+from .. import __version__
+from . import events as E, preflight
+from ..host import hardware
+from ..engines import launch
+from ..process import leftovers
+from ..config import DeployConfig
+from ..errors import KilnError
+from ..failure import Failure, FailureClass
+from ..ladder.memory import LadderMemory, reclaim
+from .machine import Machine
+from ..process.pid1 import SignalRelay, become_subreaper, exit_code_for, reap_orphans
+from .policy import EXIT_NOTHING_SERVED
+from ..process.managed import REGISTRY, ManagedProcess
+from ..redact import Secrets
+from .runtime import Runtime
+from .state import Live, Origin, Record, State
+from .tasks import Task, Tasks
+
+log = logging.getLogger("kiln")
+ENGINE_LOG = logging.getLogger("kiln.engine")
+EXIT_USAGE = 2            # the supervisor could not even start (a busy status port, say)
+_IDLE_WAKE_S = 1.0        # the loop looks around at least this often (reap orphans, candidates)
+
+
+@dataclass
+class Options:
+    exit_on_failure: bool = False
+    hardware_probe: Callable[[], hardware.Hardware] = hardware.probe
+    gpu_used: Callable[[], list[int] | None] = hardware.gpu_memory_used_mib
+    env: Mapping[str, str] | None = None
+    status: bool = True
+
+
+@dataclass(frozen=True)
+class _Exited:
+    """Internal: the engine process of a launch exited (the loop classifies it)."""
+    token: int
+
+
+@dataclass(frozen=True)
+class _Wake:
+    """Internal: a signal arrived, or the watcher has a candidate."""
+
+
+@dataclass
+class _Engine:
+    proc: ManagedProcess
+    live: Live
+    index: int
+    argv: list[str]
+    stopping: bool = False         # we stopped it: its exit is not news
+
+
+class Supervisor:
+    def __init__(self, cfg: DeployConfig, opts: Options | None = None):
+        self.opts = opts or Options()
+        env = dict(os.environ if self.opts.env is None else self.opts.env)
+        self.boot_cfg = cfg
+        self.state_dir = Path(cfg.state_dir)
+        self.rec = Record(__version__)
+        self.rt = Runtime(env=env, state_dir=self.state_dir, rec=self.rec, secrets=Secrets(),
+                          hardware_probe=self.opts.hardware_probe, gpu_used=self.opts.gpu_used)
+        self.inbox: queue.Queue[Any] = queue.Queue()
+        self.relay = SignalRelay(notify=lambda: self.inbox.put(_Wake()))
+        self.tasks = Tasks(self.inbox.put)
+        self.memory = LadderMemory(self.state_dir / "ladder-memory.json")
+        self.engines: dict[int, _Engine] = {}
+        self.last_engine: _Engine | None = None
+        self.last_exit_at: float | None = None      # when the last failed engine exited (rung switch time)
+        self.machine: Machine | None = None
+        self.exit_code: int | None = None
+        self.services: Any = None                   # supervisor/lifecycle/services.py, started once the engine is on its way
+        self.model_records: dict[str, dict[str, Any]] = {}
+
+    # -- the loop ----------------------------------------------------------------------------------
+    def run(self) -> int:
+        self.relay.install()
+        become_subreaper()
+        self.rt.run_dir.mkdir(parents=True, exist_ok=True)
+        leftovers.end_leftovers(self.rt.run_dir, log)
+        REGISTRY.journal_to(self.rt.run_dir)
+        from .. import hubclient
+        self.rt.hub_token = hubclient.token(self.rt.env)
+        self.rt.secrets.add(self.rt.hub_token, self.rt.env.get("HF_TOKEN"), self.rt.env.get("RUNPOD_API_KEY"))
+        if self.opts.status:        # a busy status port is one clear line before anything starts
+            from ..status.listen import STATUS_PORT_FIX, check_free
+            check_free("status.port", self.boot_cfg.status.host, self.boot_cfg.status.port, STATUS_PORT_FIX)
+        from .services import Services
+        self.services = Services(self)
+        live = self.services.boot_live(self.boot_cfg)
+        self.machine = Machine(live, exit_on_failure=self.opts.exit_on_failure)
+        try:
+            self._apply(self.machine.start())
+            while self.exit_code is None:
+                self._drain_signals()
+                self._offer_candidate()
+                if self.exit_code is not None:
+                    break
+                try:
+                    ev = self.inbox.get(timeout=self._timeout())
+                except queue.Empty:
+                    if not self.services.started:
+                        continue
+                    ev = E.Tick()
+                if isinstance(ev, _Wake):
+                    continue
+                if isinstance(ev, E.SelftestDone) and ev.token in self.engines \
+                        and not self.engines[ev.token].proc.alive():
+                    # The engine died under the selftest: its death decides, not the report the
+                    # selftest finished with (its last request failed with the connection).
+                    self.engines[ev.token].proc.exited().wait(5.0)
+                    ev = _Exited(ev.token)
+                if isinstance(ev, _Exited):
+                    ev = self._exited(ev.token)
+                    if ev is None:
+                        continue
+                self._step(ev)
+                if not self.services.started and self.inbox.empty():
+                    self.services.start()           # the engine is on its way: now the status page and the rest
+        except KilnError as e:
+            log.error("%s", e)
+            self.exit_code = EXIT_USAGE
+        finally:
+            self.tasks.cancel_all()
+            for eng in list(self.engines.values()):
+                eng.proc.stop(self.boot_cfg.health.stop_grace_s)
+            REGISTRY.stop_all(1.0)
+            failed = self.opts.exit_on_failure and self.machine is not None and self.machine.last_failure is not None \
+                and self.rec.state == State.STOPPED and self.services.terminator is not None
+            self.services.stop(failed_for_good=failed)
+        return self.exit_code
+
+    def _timeout(self) -> float:
+        deadline = self.machine.next_deadline() if self.machine else None
+        if deadline is None:
+            return _IDLE_WAKE_S if self.services.started else 0.05
+        return max(0.0, min(deadline - time.monotonic(), _IDLE_WAKE_S))
+
+    def _step(self, ev: Any) -> None:
+        assert self.machine is not None
+        self._apply(self.machine.step(ev, time.monotonic()))
+
+    def _drain_signals(self) -> None:
+        for sig in self.relay.pending():
+            if sig in (signal.SIGTERM, signal.SIGINT):
+                log.info("received %s: stopping", signal.Signals(sig).name)
+            elif sig == signal.SIGHUP:
+                log.info("received SIGHUP: forwarding to the engine's process group")
+            self._step(E.Signal(sig))
+            if self.exit_code is not None:
+                return
+        reap_orphans(REGISTRY.pids())
+
+    def _offer_candidate(self) -> None:
+        """A published config the watcher found, validated while the server keeps serving."""
+        if self.machine is None or not self.machine.accepts_candidates() or self.services is None:
+            return
+        checked = self.services.take_candidate(self.machine.live)
+        if checked is not None:
+            self._step(checked)
+
+    def _exited(self, token: int) -> E.EngineDown | None:
+        eng = self.engines.get(token)
+        if eng is None or eng.stopping:
+            return None
+        rc = eng.proc.stop(0.0)                   # reaps and drains the rest of the output
+        self.last_exit_at = eng.proc.exited_at
+        rung = eng.live.cfg.ladder.rungs[eng.index]
+        elapsed = (eng.proc.exited_at or time.monotonic()) - eng.proc.started_at
+        failure = launch.down(self.rt, eng.proc, rung, returncode=rc, elapsed_s=elapsed)
+        if self.rec.state == State.SELFTEST:
+            from ..selftest.stage import crashed_record
+            crashed_record(self.rt, rung, rc)
+        del self.engines[token]
+        recalibrated = False
+        if rung.placement == "balanced" and failure.failure_class == FailureClass.OOM:
+            bal = self.rt.balancers.get(rung.name)
+            recalibrated = bal is not None and bal.calibrate(failure.tail) is not None
+            if recalibrated:
+                self.rec.update(placement={"rung": rung.name, "rounds": bal.history})
+                self.rec.event("calibrate", f"{rung.name}: new budgets {bal.budgets} MiB after "
+                                            f"{bal.history[-1]['shortfall_mib']}")
+        return E.EngineDown(token, failure, recalibrated=recalibrated)
+
+    # -- effects -----------------------------------------------------------------------------------
+    def _apply(self, effects: list[E.Effect]) -> None:
+        for fx in effects:
+            getattr(self, "_do_" + type(fx).__name__)(fx)
+
+    def _do_Enter(self, fx: E.Enter) -> None:
+        self.rec.transition(fx.state, fx.detail)
+        log.info("state %s%s", fx.state.value, f": {fx.detail}" if fx.detail else "")
+        if self.services is not None:
+            self.services.state_changed(fx.state)
+
+    def _do_ShowConfig(self, fx: E.ShowConfig) -> None:
+        self.services.show_config(fx.live)
+
+    def _do_Prepare(self, fx: E.Prepare) -> None:
+        if fx.probe:
+            preflight.probe(self.rt)
+        failure, first = preflight.prepare(self.rt, fx.live.cfg, self.memory)
+        self.inbox.put(E.Prepared(fx.token, failure, first))
+
+    def _do_Fetch(self, fx: E.Fetch) -> None:
+        self.services.fetch(fx.token, fx.live, candidate=fx.candidate)
+
+    def _do_CheckLaunch(self, fx: E.CheckLaunch) -> None:
+        self.inbox.put(E.LaunchChecked(fx.token, launch.check(self.rt, fx.live, fx.index)))
+
+    def _do_Barrier(self, fx: E.Barrier) -> None:
+        spec = self.machine.live.cfg.ladder if self.machine else self.boot_cfg.ladder
+
+        def work(task: Task) -> E.BarrierDone:
+            rep = reclaim(REGISTRY, baseline_mib=self.rt.baseline_mib, gpu_used=self.rt.gpu_used_visible,
+                          timeout_s=spec.reclaim_timeout_s, slack_mib=spec.reclaim_slack_mib,
+                          sleep=task.cancelled.wait)
+            self.rec.event("reclaim", rep.describe())
+            if rep.vram_back is False:
+                self.rt.warn(f"GPU memory did not return to its baseline between rungs: {rep.describe()}")
+            return E.BarrierDone(fx.token)
+
+        self.tasks.start(fx.token, "reclaim", work, on_error=lambda e: E.BarrierDone(fx.token))
+
+    def _do_Launch(self, fx: E.Launch) -> None:
+        assert fx.live.model_path is not None
+        started = launch.start(self.rt, fx.live.cfg, fx.index, fx.live.model_path, on_line=_engine_line)
+        if isinstance(started, Failure):
+            self.inbox.put(E.EngineDown(fx.token, started, started=False))
+            return
+        proc = started
+        if self.last_exit_at is not None:      # from the failed rung's exit to this one's start (P6)
+            switch = proc.started_at - self.last_exit_at
+            self.rt.timing(last_rung_switch_s=switch)
+            log.info("rung switch took %.3f s", switch)
+            self.last_exit_at = None
+        eng = _Engine(proc, fx.live, fx.index, list(self.rec.snapshot()["engine"]["argv"]))
+        self.engines[fx.token] = eng
+        self.last_engine = eng
+
+        def wake_on_exit() -> None:
+            proc.exited().wait()
+            self.inbox.put(_Exited(fx.token))
+
+        threading.Thread(target=wake_on_exit, name=f"kiln-exit-{proc.pid}", daemon=True).start()
+        self.inbox.put(E.Launched(fx.token, proc.pid))
+
+    def _do_WaitHealthy(self, fx: E.WaitHealthy) -> None:
+        from ..engines.health import wait_healthy
+
+        eng = self.engines[fx.token]
+        cfg = eng.live.cfg
+
+        def work(task: Task) -> E.HealthDone | None:
+            out = wait_healthy(eng.proc, cfg.server.host, cfg.server.port, stall_s=cfg.health.stall_s,
+                               max_s=cfg.health.max_s, poll_s=cfg.health.poll_s,
+                               should_stop=task.cancelled.is_set, sleep=task.cancelled.wait,
+                               stall_lines=self.rt.engine.STALL_LINES if self.rt.engine else None)
+            if out.ready:
+                self.rt.timing(last_load_s=out.elapsed_s)
+                return E.HealthDone(fx.token, True, out.elapsed_s)
+            if out.stalled:
+                return E.HealthDone(fx.token, False, out.elapsed_s, out.reason or "no loading progress (output, "
+                                    "CPU or disk reads) within the stall deadline")
+            return None                            # exited (the exit event tells) or cancelled
+
+        self.tasks.start(fx.token, "health", work,
+                         on_error=lambda e: E.HealthDone(fx.token, False, 0.0, f"health wait failed: {e}"))
+
+    def _do_RunSelftest(self, fx: E.RunSelftest) -> None:
+        from ..selftest.stage import run_stage
+
+        eng = self.engines[fx.token]
+        rung = eng.live.cfg.ladder.rungs[fx.index]
+        self.tasks.start(fx.token, "selftest",
+                         lambda task: E.SelftestDone(fx.token, run_stage(self.rt, eng.live.cfg, rung, eng.proc,
+                                                                         eng.argv, task)),
+                         on_error=lambda e: E.SelftestDone(fx.token, Failure(
+                             FailureClass.SELFTEST_FAILED, f"selftest: {type(e).__name__}: {e}", rung=rung.name)))
+
+    def _do_StopEngine(self, fx: E.StopEngine) -> None:
+        eng = self.engines.pop(fx.token, None)
+        if eng is None:
+            return
+        eng.stopping = True
+        rc = eng.proc.stop(eng.live.cfg.health.stop_grace_s)   # reaps and drains the rest of the output
+        if fx.stall_reason is not None:
+            self.last_exit_at = eng.proc.exited_at
+            rung = eng.live.cfg.ladder.rungs[eng.index]
+            failure = launch.down(self.rt, eng.proc, rung, returncode=None, elapsed_s=eng.proc.exited_at
+                                  and eng.proc.exited_at - eng.proc.started_at, stall_reason=fx.stall_reason)
+            self.inbox.put(E.EngineDown(fx.token, failure))
+        del rc
+
+    def _do_CancelTask(self, fx: E.CancelTask) -> None:
+        self.tasks.cancel(fx.token)
+
+    def _do_ForwardSignal(self, fx: E.ForwardSignal) -> None:
+        for eng in self.engines.values():
+            eng.proc.signal_group(fx.signum)
+
+    def _do_RecordFailure(self, fx: E.RecordFailure) -> None:
+        self.rt.record_failure(fx.failure)
+
+    def _do_RecordRestart(self, fx: E.RecordRestart) -> None:
+        self.rec.bump("restarts")
+        log.info("restarting rung %s in %.2f s", fx.rung, fx.delay_s)
+
+    def _do_RecordReload(self, fx: E.RecordReload) -> None:
+        self.services.record_reload(fx)
+
+    def _do_MarkGood(self, fx: E.MarkGood) -> None:
+        self.services.mark_good(fx.live)
+
+    def _do_Serving(self, fx: E.Serving) -> None:
+        self.services.serving(fx.index)
+
+    def _do_Failed(self, fx: E.Failed) -> None:
+        self.services.failed(fx.failure)
+
+    def _do_Shutdown(self, fx: E.Shutdown) -> None:
+        self.tasks.cancel_all()
+        rc = 0
+        for token, eng in list(self.engines.items()):
+            eng.stopping = True
+            rc = eng.proc.stop(eng.live.cfg.health.stop_grace_s)
+            del self.engines[token]
+        if not self.engines and self.last_engine is not None and fx.code is None:
+            rc = self.last_engine.proc.stop(0.0)   # already stopped: its status
+        REGISTRY.stop_all(self.boot_cfg.health.stop_grace_s)
+        self.exit_code = fx.code if fx.code is not None else exit_code_for(rc)
+
+
+def _engine_line(line: str) -> None:
+    ENGINE_LOG.info("%s", line)
+
+
+def setup_logging() -> None:
+    handler = logging.StreamHandler(sys.stderr)
+    handler.setFormatter(logging.Formatter("%(asctime)s %(name)s %(levelname)s %(message)s"))
+    root = logging.getLogger("kiln")
+    root.handlers[:] = [handler]
+    root.setLevel(logging.INFO)
+    root.propagate = False
+
+
+def run(cfg: DeployConfig, opts: Options | None = None) -> int:
+    from ..status.listen import CannotListen
+
+    try:
+        return Supervisor(cfg, opts).run()
+    except CannotListen as e:            # the status port: a usage error, said in one line
+        log.error("%s", e)
+        return EXIT_USAGE
+    except KilnError as e:
+        log.error("%s", e)
+        return EXIT_NOTHING_SERVED
+
+
+__all__ = ["Options", "Supervisor", "run", "setup_logging", "Origin"]

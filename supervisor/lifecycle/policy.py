@@ -1,0 +1,89 @@
+"""The supervisor's decisions, as pure functions: no I/O, no clock of their own, no state.
+
+    where the ladder falls through     next_rung()
+    whether a failure is ever retried  TERMINAL, is_terminal()
+    where a restart is decided         after_crash(), backoff_after_uptime()
+    what the supervisor exits with     failed_exit_code(), exit_code_for()
+
+The machine (supervisor/lifecycle/machine.py) calls these; tests/unit/test_policy.py pins them down.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from ..config import LadderSpec, RestartSpec
+from ..failure import Failure, FailureClass
+from ..process.pid1 import exit_code_for
+
+__all__ = ["TERMINAL", "is_terminal", "next_rung", "Restart", "CrashLoop", "GiveUp", "after_crash",
+           "backoff_after_uptime", "failed_exit_code", "exit_code_for", "EXIT_NOTHING_SERVED"]
+
+EXIT_NOTHING_SERVED = 3   # FAILED before any server ran (config, hardware, driver, model, fetch)
+
+# Never retried by a restart: the same launch would fail the same way (a selftest runs at
+# temperature 0, a driver does not grow newer, a model file does not change under a restart).
+TERMINAL = frozenset({
+    FailureClass.CONFIG_REJECTED, FailureClass.LOAD_ERROR, FailureClass.PORT_IN_USE,
+    FailureClass.SELFTEST_FAILED, FailureClass.DRIVER_INCOMPATIBLE, FailureClass.MODEL_INCOMPATIBLE,
+    FailureClass.ENGINE_MISSING,
+})
+
+
+def is_terminal(failure: Failure | None) -> bool:
+    return failure is not None and failure.failure_class in TERMINAL
+
+
+def next_rung(ladder: LadderSpec, index: int, failure: Failure, *, recalibrated: bool = False) -> int | None:
+    """The rung to try after rung `index` failed, or None when the walk is over.
+
+    A balanced rung that re-planned its split from an OOM's shortfall lines tries again; any
+    other failure falls through to the next rung when its class is in `ladder.fall_through`."""
+    if recalibrated:
+        return index
+    if failure.failure_class in ladder.fall_through and index + 1 < len(ladder.rungs):
+        return index + 1
+    return None
+
+
+@dataclass(frozen=True)
+class Restart:
+    delay_s: float                   # wait this long, then relaunch the same rung
+    restarts: tuple[float, ...]      # monotonic times of the restarts inside the window, this one last
+    next_backoff_s: float
+
+
+@dataclass(frozen=True)
+class CrashLoop:
+    failure: Failure                 # the last failure, retold as a crash loop
+
+
+@dataclass(frozen=True)
+class GiveUp:
+    failure: Failure                 # terminal: a restart would fail the same way
+
+
+def after_crash(spec: RestartSpec, failure: Failure, *, now: float, restarts: tuple[float, ...],
+                backoff_s: float, relaunch: bool) -> Restart | CrashLoop | GiveUp:
+    """What to do when the serving engine died (`relaunch` False) or a relaunch after such a death
+    failed (`relaunch` True)."""
+    if relaunch and is_terminal(failure):
+        return GiveUp(failure)
+    recent = tuple(t for t in restarts if now - t <= spec.window_s) + (now,)
+    if len(recent) > spec.max_restarts:
+        reason = (f"crash loop: {len(recent)} failures within {spec.window_s:.0f} s "
+                  f"(restart.max_restarts = {spec.max_restarts}); last: {failure.reason}")
+        return CrashLoop(Failure(failure.failure_class, reason, exit_code=failure.exit_code, tail=failure.tail,
+                                 rung=failure.rung))
+    return Restart(delay_s=backoff_s, restarts=recent,
+                   next_backoff_s=min(max(backoff_s * 2, 0.001), spec.backoff_max_s))
+
+
+def backoff_after_uptime(spec: RestartSpec, uptime_s: float, backoff_s: float) -> float:
+    """An engine that ran for `stable_s` earned a fresh start: the backoff goes back to its first step."""
+    return spec.backoff_initial_s if uptime_s >= spec.stable_s else backoff_s
+
+
+def failed_exit_code(last_returncode: int | None) -> int:
+    """Leaving FAILED: the engine's own status when one ran and failed with it, else 3."""
+    return exit_code_for(last_returncode) if last_returncode else EXIT_NOTHING_SERVED

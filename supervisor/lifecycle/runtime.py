@@ -1,0 +1,77 @@
+"""What the loop knows about the machine it runs on and the config it prepared: one place, so the
+stage modules (preflight, launch, selftest stage) take it as an argument instead of reaching into
+the loop. Only the loop thread writes it; tasks read what they were started with.
+"""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass, field
+from pathlib import Path
+from types import ModuleType
+from typing import Any, Callable, Mapping
+
+from ..host import cuda
+from ..config import DeployConfig
+from ..engines.flags import FlagSnapshot
+from ..failure import Failure
+from ..host.hardware import Hardware
+from ..redact import Secrets
+from .state import Record
+
+log = logging.getLogger("kiln")
+
+
+@dataclass
+class Runtime:
+    env: Mapping[str, str]
+    state_dir: Path
+    rec: Record
+    secrets: Secrets
+    hardware_probe: Callable[[], Hardware]
+    gpu_used: Callable[[], list[int] | None]
+    driver_probe: Callable[[], Any] = cuda.driver_cuda   # the driver's CUDA version (NVML)
+    hw: Hardware | None = None
+    baseline_mib: list[int] | None = None     # GPU memory in use before our first launch
+    # set by preflight.prepare for the config about to be walked
+    cfg: DeployConfig | None = None
+    engine: ModuleType | None = None          # supervisor/engines/<name>
+    snapshot: FlagSnapshot | None = None
+    api_key: str | None = None
+    key_file: Path | None = None
+    balancers: dict[str, Any] = field(default_factory=dict)   # rung name -> placement.Balancer
+    hub_token: str | None = None
+
+    @property
+    def run_dir(self) -> Path:
+        return self.state_dir / "run"
+
+    def gpu_used_visible(self) -> list[int] | None:
+        """Used MiB on the GPUs the engine can see, in the probe's order (the baseline's order)."""
+        used = self.gpu_used()
+        if used is None or self.hw is None:
+            return None
+        try:
+            return [used[g.index] for g in self.hw.gpus]
+        except IndexError:
+            return None
+
+    def record_failure(self, fail: Failure) -> None:
+        """The failure on /status (masked), in the history and in the log, with its hints."""
+        self.rec.bump("failures", fail.failure_class.value)
+        d = fail.to_dict()
+        d["reason"] = self.secrets.redact(str(d["reason"]))
+        d["stderr_tail"] = [self.secrets.redact(x) for x in d["stderr_tail"]][-40:]
+        self.rec.update(last_failure=d)
+        self.rec.event("failure", f"{fail.failure_class.value}: {d['reason'][:300]}")
+        log.error("failure %s%s: %s", fail.failure_class.value, f" on rung {fail.rung}" if fail.rung else "",
+                  d["reason"])
+        for hint in fail.hints:
+            log.error("  hint: %s", self.secrets.redact(hint))
+
+    def warn(self, message: str) -> None:
+        self.rec.warn(message)
+        log.warning("%s", message)
+
+    def timing(self, **kv: float) -> None:
+        self.rec.merge("timings", **{k: round(v, 4) for k, v in kv.items()})

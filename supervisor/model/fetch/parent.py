@@ -1,0 +1,166 @@
+"""The supervisor's side of a model fetch: run the child, watch its events, enforce the deadlines.
+
+The download runs in a child process (`python -m supervisor.model.fetch`, child.py) that prints one JSON
+event per line; `fetch()` (called by the lifecycle, which may run it on a thread beside its event
+loop) watches those events: a download that moves no byte on any connection for
+`model.fetch_stall_s` is killed (a stall-based deadline, not a total one: a slow link that keeps
+moving is fine), and a stop request kills it at once. A transient failure (no network, 429, 5xx)
+that ends an attempt, with no complete cached copy to serve, is retried with backoff, resuming,
+for as long as the stall deadline allows.
+
+The child gets only the environment it needs (`child_env`): never the engine's API key, the
+RunPod key or anything else the supervisor holds; the Hub token travels as HF_TOKEN.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import queue
+import sys
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Callable, Mapping, Sequence
+
+from ... import hubclient
+from ...config import DeployConfig
+from ...errors import Cancelled, FetchError
+from ...redact import redact
+from .layout import cache_dir
+
+# What the child may inherit: locale, home, paths, proxies and CA bundles (a proxy with its own
+# CA is common on pods and in companies), huggingface_hub's and hf_xet's own settings (HF_*),
+# and what Python itself needs. Everything else stays with the supervisor.
+CHILD_ENV_NAMES = {"PATH", "HOME", "USER", "LOGNAME", "TMPDIR", "TZ", "LANG", "LANGUAGE", "LD_LIBRARY_PATH",
+                   "PYTHONHOME", "PYTHONDONTWRITEBYTECODE", "PYTHONPYCACHEPREFIX",
+                   "HTTP_PROXY", "HTTPS_PROXY", "ALL_PROXY", "NO_PROXY", "http_proxy", "https_proxy", "all_proxy",
+                   "no_proxy", "SSL_CERT_FILE", "SSL_CERT_DIR", "REQUESTS_CA_BUNDLE", "CURL_CA_BUNDLE"}
+CHILD_ENV_PREFIXES = ("LC_", "XDG_", "HF_")
+NEVER_TO_CHILD = {"HF_TOKEN", "HUGGING_FACE_HUB_TOKEN"}     # the token goes in explicitly, or not at all
+
+
+@dataclass
+class FetchResult:
+    path: Path                  # the file the engine loads
+    snapshot: Path
+    commit: str | None
+    from_cache: bool
+    note: str = ""
+    total_bytes: int | None = None
+    attempts: int = 1
+    events: list[dict[str, Any]] = field(default_factory=list, repr=False)
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"path": str(self.path), "commit": self.commit, "from_cache": self.from_cache, "note": self.note,
+                "total_bytes": self.total_bytes, "attempts": self.attempts}
+
+
+def child_env(env: Mapping[str, str], token: str | None) -> dict[str, str]:
+    """The fetch child's environment: an allowlist of `env`, plus the token and Kiln's settings."""
+    out = {k: v for k, v in env.items()
+           if (k in CHILD_ENV_NAMES or k.startswith(CHILD_ENV_PREFIXES)) and k not in NEVER_TO_CHILD}
+    root = str(Path(__file__).resolve().parents[3])
+    out["PYTHONPATH"] = root + (os.pathsep + env["PYTHONPATH"] if env.get("PYTHONPATH") else "")
+    if token:
+        out["HF_TOKEN"] = token
+    out.setdefault("HF_HUB_DISABLE_TELEMETRY", "1")
+    if out["HF_HUB_DISABLE_TELEMETRY"] not in ("0", "false", "False"):
+        out.setdefault("HF_XET_TELEMETRY_ENABLED", "false")   # hf_xet reports transfers unless told not to
+    out["HF_HUB_DISABLE_PROGRESS_BARS"] = "1"
+    out["PYTHONUNBUFFERED"] = "1"
+    return out
+
+
+def fetch(cfg: DeployConfig, env: Mapping[str, str], *, token: str | None, should_stop: Callable[[], bool],
+          sleep: Callable[[float], None], report: Callable[[dict[str, Any]], None] = lambda e: None,
+          secrets: Sequence[str] = (), python: str = sys.executable) -> FetchResult:
+    """Fetch cfg.model (an hf:// source) into the cache; the file to load, or FetchError/Cancelled."""
+    from ..resolve import pick_entry
+    from ...process.managed import ManagedProcess
+
+    spec = cfg.model
+    assert spec.hf_repo and spec.entry
+    revision = spec.revision or "main"
+    argv = [python, "-m", "supervisor.model.fetch", "--repo", spec.hf_repo, "--revision", revision,
+            "--cache", str(cache_dir(cfg)), "--entry", spec.entry,
+            "--connections", str(spec.fetch_connections), "--segment-mib", str(spec.fetch_segment_mib)]
+    for pattern in spec.allow_patterns:
+        argv += ["--allow", pattern]
+    env_for_child = child_env(env, token)
+    stall_s = spec.fetch_stall_s
+    last_move = time.monotonic()
+    backoff = 1.0
+    attempts = 0
+    last_error: str | None = None      # the latest transient failure, if any
+    while True:
+        attempts += 1
+        best = 0                       # `moved` only grows within one child
+        events: queue.Queue[str] = queue.Queue()
+        proc = ManagedProcess.start(argv, env=env_for_child, on_line=events.put, redact=list(secrets),
+                                    tail_lines=50)
+        final: dict[str, Any] | None = None
+        try:
+            while final is None:
+                while True:
+                    try:
+                        line = events.get_nowait()
+                    except queue.Empty:
+                        break
+                    try:
+                        ev = json.loads(line)
+                    except ValueError:
+                        continue          # a library's stray print; the tail keeps it
+                    if not isinstance(ev, dict):
+                        continue
+                    if ev.get("event") in ("done", "error"):
+                        final = ev
+                    elif ev.get("event") in ("plan", "progress"):
+                        moved = int(ev.get("moved") or 0)
+                        if moved > best:
+                            best, last_move = moved, time.monotonic()
+                        report(ev)
+                    elif ev.get("event") == "retry":
+                        last_error = redact(str(ev.get("why")), secrets)
+                        report({"event": "retry", "why": last_error})
+                if final is not None:
+                    break
+                if proc.poll() is not None:
+                    proc.stop(0)          # joins the reader: every line it printed is queued now
+                    if events.empty():
+                        tail = " | ".join(proc.tail()[-3:])
+                        final = {"event": "error", "kind": "other",
+                                 "message": f"the fetch process exited with status {proc.poll()}: {tail}"}
+                    continue
+                if should_stop():
+                    raise Cancelled("stop requested during the model fetch")
+                if time.monotonic() - last_move > stall_s:
+                    if last_error:
+                        raise FetchError(f"could not fetch {spec.source}@{revision} and no complete copy is cached: "
+                                         f"{last_error} (no progress for {stall_s:g} s, model.fetch_stall_s)")
+                    raise FetchError(f"the download of {spec.source}@{revision} moved no byte for {stall_s:g} s "
+                                     "(model.fetch_stall_s); what arrived is kept and resumes next time")
+                sleep(0.1)
+        finally:
+            proc.stop(2.0)
+        if final["event"] == "done":
+            report(final)
+            snap = Path(final["snapshot"])
+            return FetchResult(pick_entry(snap, spec.entry), snap, final.get("commit"), bool(final.get("from_cache")),
+                               redact(final.get("note") or "", secrets), final.get("total"), attempts)
+        kind, message = final.get("kind"), redact(str(final.get("message")), secrets)
+        if kind not in hubclient.TRANSIENT:
+            raise FetchError(f"could not fetch {spec.source}@{revision}: {message}")
+        # No complete copy in the cache, and the Hub is away: retry (resuming) until the stall deadline.
+        last_error = message
+        left = stall_s - (time.monotonic() - last_move)
+        if left <= 0:
+            raise FetchError(f"could not fetch {spec.source}@{revision} and no complete copy is cached: {message} "
+                             f"(no progress for {stall_s:g} s, model.fetch_stall_s)")
+        report({"event": "retry", "in_s": min(backoff, left), "why": message})
+        deadline = time.monotonic() + min(backoff, left)
+        while time.monotonic() < deadline:
+            if should_stop():
+                raise Cancelled("stop requested during the model fetch")
+            sleep(min(0.2, max(0.0, deadline - time.monotonic())))
+        backoff = min(backoff * 2, 30.0)

@@ -1,0 +1,467 @@
+"""One managed server process: own session and group, merged output, a stop that leaves nothing.
+
+Stop follows llama-swap/TGI: SIGTERM to the process group, a grace measured on the monotonic
+clock, SIGKILL to the group, reap. Descendants are tracked with psutil while the tree is intact,
+so a grandchild that called setsid (and so escaped the group) is still found and killed.
+"""
+
+from __future__ import annotations
+
+import collections
+import logging
+import os
+import select
+import shutil
+import signal
+import subprocess
+import threading
+import time
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from pathlib import Path
+from typing import TextIO
+
+import psutil
+
+from .leftovers import Journal
+from ..redact import ordered
+from ..redact import redact as redact_text
+
+__all__ = ["ManagedProcess", "ProcessRegistry", "REGISTRY"]
+
+log = logging.getLogger(__name__)
+
+_REFRESH_S = 0.5  # how often the reader thread re-scans the tree while it runs
+_KILL_WAIT_S = 10.0  # after SIGKILL only an uninterruptible (D state) process takes this long
+_READER_JOIN_S = 2.0  # after the tree is dead its pipe reaches EOF at once; this is a backstop
+_MAX_LINE = 64 * 1024  # a line without newline (progress dots) is cut here, not buffered forever
+# util-linux's setpriv sets PR_SET_PDEATHSIG and execs (Python's preexec_fn is unsafe with threads).
+_SETPRIV = None if os.environ.get("KILN_NO_PDEATHSIG") else shutil.which("setpriv")
+
+
+def _running(p: psutil.Process) -> bool:
+    """Alive and not a zombie; is_running() also guards against pid reuse (create time)."""
+    try:
+        return p.is_running() and p.status() != psutil.STATUS_ZOMBIE
+    except psutil.Error:
+        return False
+    except OSError:  # /proc cannot be read right now (EMFILE): assume alive, the safe side
+        return True
+
+
+def _reap_if_ours(p: psutil.Process) -> None:
+    """Reap a tracked descendant that became our zombie child (we are a subreaper)."""
+    try:
+        if p.ppid() == os.getpid():
+            os.waitpid(p.pid, os.WNOHANG)
+    except (psutil.Error, ChildProcessError):
+        pass
+
+
+def _wait_gone(procs: Iterable[psutil.Process], deadline: float) -> list[psutil.Process]:
+    """Poll until every process is dead or a zombie, or the deadline; return those still alive.
+
+    Not psutil.wait_procs: for a non-child it waits for the pid to vanish, and a zombie
+    re-parented to a non-reaping init never vanishes.
+    """
+    pending = list(procs)
+    delay = 0.005
+    while True:
+        alive = []
+        for p in pending:
+            if _running(p):
+                alive.append(p)
+            else:
+                _reap_if_ours(p)
+        pending = alive
+        now = time.monotonic()
+        if not pending or now >= deadline:
+            return pending
+        time.sleep(min(delay, deadline - now))
+        delay = min(delay * 2, 0.1)
+
+
+class ManagedProcess:
+    """One server process, started in its own session and process group."""
+
+    pid: int
+    pgid: int
+    started_at: float
+    exited_at: float | None = None   # monotonic time the leader was reaped
+
+    def __init__(
+        self,
+        popen: subprocess.Popen[bytes],
+        *,
+        on_line: Callable[[str], None] | None,
+        tail_lines: int,
+        redact: Sequence[str],
+        log: TextIO | None,
+    ) -> None:
+        # Use start(); the constructor only wires an already started Popen.
+        self._popen = popen
+        self.pid = popen.pid
+        try:
+            self.pgid = os.getpgid(popen.pid)
+        except ProcessLookupError:  # cannot happen before we reap it; keep the session's id
+            self.pgid = popen.pid
+        self.started_at = time.monotonic()
+        self._on_line = on_line
+        self._redact = ordered(redact)
+        self._log = log
+        self._tail: collections.deque[str] = collections.deque(maxlen=max(tail_lines, 0))
+        self._tail_lock = threading.Lock()
+        self._last_output_at = self.started_at
+        # Created before anything can reap the child, so it is never a stale pid.
+        self._ps = psutil.Process(popen.pid)
+        self._desc: dict[int, psutil.Process] = {}
+        self._tree_lock = threading.Lock()
+        self._scan_failed = False  # a failed scan is logged once, until one succeeds again
+        self._exited = threading.Event()
+        self._reader_done = threading.Event()
+        self._abandon_pipe = threading.Event()
+        self._stop_lock = threading.Lock()
+        self._stopped = False
+        self._waiter = threading.Thread(target=self._wait_exit, name=f"kiln-wait-{self.pid}", daemon=True)
+        self._reader = threading.Thread(target=self._read_loop, name=f"kiln-read-{self.pid}", daemon=True)
+        self._waiter.start()
+        self._reader.start()
+
+    @classmethod
+    def start(
+        cls,
+        argv: Sequence[str],
+        *,
+        env: Mapping[str, str] | None = None,
+        cwd: str | None = None,
+        on_line: Callable[[str], None] | None = None,
+        tail_lines: int = 200,
+        redact: Sequence[str] = (),
+        log_file: str | None = None,
+        role: str = "child",
+        pdeathsig: bool = True,
+    ) -> ManagedProcess:
+        """Start argv (a list, never a shell string) and track it in REGISTRY.
+
+        With `pdeathsig` the kernel KILLs the child when the thread that started it exits
+        (PR_SET_PDEATHSIG, through `setpriv`, which then execs argv: same pid). It follows the
+        *thread*: start long-lived children from a thread that lives as long as they should."""
+        if isinstance(argv, (str, bytes)):
+            raise TypeError("argv must be a sequence of arguments, not a string (no shell)")
+        args = [str(a) for a in argv]
+        if not args:
+            raise ValueError("argv is empty")
+        if isinstance(redact, str):  # a lone str would redact each of its characters
+            raise TypeError("redact must be a sequence of strings, not a string")
+        if pdeathsig and _SETPRIV:
+            args = [_SETPRIV, "--pdeathsig", "KILL", "--", *args]
+        # Opened before the child exists, so a bad path cannot leave an orphan behind.
+        log = open(log_file, "a", encoding="utf-8", buffering=1) if log_file else None
+        try:
+            popen = subprocess.Popen(
+                args,
+                stdin=subprocess.DEVNULL,
+                stdout=subprocess.PIPE,
+                stderr=subprocess.STDOUT,
+                env=dict(env) if env is not None else None,
+                cwd=cwd,
+                start_new_session=True,  # own session and group: setsid in the child, thread-safe
+                close_fds=True,  # another child's pipe must not keep this one's EOF away
+            )
+        except BaseException:
+            if log:
+                log.close()
+            raise
+        proc = cls(popen, on_line=on_line, tail_lines=tail_lines, redact=redact, log=log)
+        REGISTRY.track(proc, role, [str(a) for a in argv])
+        return proc
+
+    # -- state ---------------------------------------------------------------------------------
+
+    def poll(self) -> int | None:
+        """Return code once exited: >= 0 exit status, < 0 = -signal (Popen convention)."""
+        return self._popen.returncode if self._exited.is_set() else None
+
+    def alive(self) -> bool:
+        """Running, as far as the kernel says now (a dead leader not yet reaped is not alive)."""
+        return not self._exited.is_set() and _running(self._ps)
+
+    def wait(self, timeout: float | None) -> int | None:
+        """Wait for the process to exit; None on timeout."""
+        return self._popen.returncode if self._exited.wait(timeout) else None
+
+    def exited(self) -> threading.Event:
+        """Set once the process has exited and been reaped (poll() is then not None)."""
+        return self._exited
+
+    def tail(self) -> list[str]:
+        """The last tail_lines lines of output, already redacted."""
+        with self._tail_lock:
+            return list(self._tail)
+
+    def last_output_at(self) -> float:
+        """Monotonic time output last arrived, a partial line included (started_at before any)."""
+        return self._last_output_at
+
+    # -- the tree ------------------------------------------------------------------------------
+
+    def tree_pids(self) -> set[int]:
+        """Every pid ever seen in this tree, after a fresh scan."""
+        self._refresh_tree()
+        with self._tree_lock:
+            return {self.pid, *self._desc}
+
+    def survivors(self) -> list[int]:
+        """Tracked pids still alive (zombies do not count)."""
+        with self._tree_lock:
+            procs = [self._ps, *self._desc.values()]
+        return sorted(p.pid for p in procs if _running(p))
+
+    def _refresh_tree(self) -> None:
+        # Children are found through parent links, which break when an intermediate process
+        # dies; so scan from every tracked process still alive, not only from the leader.
+        with self._tree_lock:
+            roots = [p for p in (self._ps, *self._desc.values()) if _running(p)]
+            covered: set[int] = set()
+            for root in roots:  # the leader first: usually its one scan covers everything
+                if root.pid in covered:
+                    continue
+                try:
+                    found = root.children(recursive=True)  # one /proc scan per call
+                except psutil.Error:
+                    continue
+                except OSError as e:
+                    # EMFILE: reading /proc needs a descriptor. What is tracked stays tracked;
+                    # the next scan (every _REFRESH_S, and at stop) tries again.
+                    if not self._scan_failed:
+                        log.warning("pid %d: cannot scan its process tree (%s); retrying", self.pid, e)
+                    self._scan_failed = True
+                    return
+                if self._scan_failed:
+                    log.warning("pid %d: scanning its process tree again", self.pid)
+                    self._scan_failed = False
+                for child in found:
+                    covered.add(child.pid)
+                    known = self._desc.get(child.pid)
+                    if child.pid != self.pid and (known is None or not _running(known)):
+                        self._desc[child.pid] = child
+
+    def _descendants(self) -> list[psutil.Process]:
+        with self._tree_lock:
+            return list(self._desc.values())
+
+    # -- signals and stop ----------------------------------------------------------------------
+
+    def signal_group(self, sig: int) -> None:
+        """Send sig to the whole process group (a no-op once the group is gone)."""
+        if self._exited.is_set() and not self._group_has_members():
+            # An empty group's id can be reused by an unrelated new session: do not signal it.
+            return
+        try:
+            os.killpg(self.pgid, sig)
+        except ProcessLookupError:
+            pass
+
+    def _group_has_members(self) -> bool:
+        self._refresh_tree()
+        for p in self._descendants():
+            try:
+                if _running(p) and os.getpgid(p.pid) == self.pgid:
+                    return True
+            except ProcessLookupError:
+                continue
+        return False
+
+    def _escapees(self) -> list[psutil.Process]:
+        """Tracked live descendants outside our group (they called setsid or setpgid)."""
+        out = []
+        for p in self._descendants():
+            try:
+                if _running(p) and os.getpgid(p.pid) != self.pgid:
+                    out.append(p)
+            except ProcessLookupError:
+                continue
+        return out
+
+    def stop(self, grace_s: float = 10.0) -> int:
+        """TERM the group, wait grace_s, KILL the group and every tracked escapee, reap.
+
+        Idempotent. Returns the process's return code (Popen convention).
+        """
+        with self._stop_lock:
+            if self._stopped:
+                return self._popen.returncode
+            deadline = time.monotonic() + max(grace_s, 0.0)
+            self._refresh_tree()  # last look while parent links are intact
+            self.signal_group(signal.SIGTERM)
+            for p in self._escapees():
+                _send(p, signal.SIGTERM)
+            self._exited.wait(max(0.0, deadline - time.monotonic()))
+            self._refresh_tree()  # shutdown may have spawned helpers
+            left = _wait_gone(self._descendants(), deadline)
+            if not self._exited.is_set() or left:
+                self.signal_group(signal.SIGKILL)
+                self._refresh_tree()
+                for p in self._descendants():
+                    if _running(p):
+                        _send(p, signal.SIGKILL)
+            if not self._exited.wait(_KILL_WAIT_S):
+                raise TimeoutError(f"pid {self.pid} still alive {_KILL_WAIT_S:.0f} s after SIGKILL")
+            left = _wait_gone(self._descendants(), time.monotonic() + _KILL_WAIT_S)
+            if left:
+                log.error("pids %s survived SIGKILL (uninterruptible?)", [p.pid for p in left])
+            self._close_pipe()
+            self._stopped = True
+            return self._popen.returncode
+
+    def _close_pipe(self) -> None:
+        # With the tree dead the pipe is at EOF. A writer we never saw (spawned and detached
+        # between scans) could hold it open; then stop reading rather than hang stop().
+        if threading.current_thread() is self._reader:  # stop() called from on_line
+            self._abandon_pipe.set()
+            return
+        self._reader.join(_READER_JOIN_S)
+        if self._reader.is_alive():
+            log.warning("pid %d: output pipe still open after stop; closing it", self.pid)
+            self._abandon_pipe.set()
+            self._reader.join(_READER_JOIN_S)
+
+    # -- threads -------------------------------------------------------------------------------
+
+    def _wait_exit(self) -> None:
+        # The only place that reaps the leader: Popen keeps its exit status.
+        self._popen.wait()
+        self.exited_at = time.monotonic()
+        self._exited.set()
+        REGISTRY.forget(self.pid)
+
+    def _read_loop(self) -> None:
+        assert self._popen.stdout is not None
+        fd = self._popen.stdout.fileno()
+        poller = select.poll()
+        poller.register(fd, select.POLLIN | select.POLLHUP | select.POLLERR)
+        buf = b""
+        next_refresh = time.monotonic() + _REFRESH_S
+        try:
+            while not self._abandon_pipe.is_set():
+                if poller.poll(_REFRESH_S * 1000):
+                    chunk = os.read(fd, 65536)
+                    if not chunk:
+                        break
+                    # Any bytes are progress, even without a newline (loading dots).
+                    self._last_output_at = time.monotonic()
+                    buf += chunk
+                    *lines, buf = buf.split(b"\n")
+                    for raw in lines:
+                        self._emit(raw)
+                    while len(buf) >= _MAX_LINE:
+                        self._emit(buf[:_MAX_LINE])
+                        buf = buf[_MAX_LINE:]
+                if time.monotonic() >= next_refresh and not self._exited.is_set():
+                    self._refresh_tree()
+                    next_refresh = time.monotonic() + _REFRESH_S
+            if buf:
+                self._emit(buf)
+        except Exception:
+            # Only reading the pipe itself gets here (tree scans and callbacks catch their own):
+            # nothing more can be read from it, so close it rather than spin.
+            log.exception("pid %d: output reader failed", self.pid)
+        finally:
+            self._popen.stdout.close()
+            self._close_log()
+            self._reader_done.set()
+
+    def _close_log(self) -> None:
+        log_file, self._log = self._log, None
+        if log_file:
+            try:
+                log_file.close()
+            except OSError:
+                pass
+
+    def _emit(self, raw: bytes) -> None:
+        line = raw.decode("utf-8", errors="replace").rstrip("\r")
+        line = redact_text(line, self._redact)
+        with self._tail_lock:
+            self._tail.append(line)
+        self._last_output_at = time.monotonic()
+        if self._log:
+            try:
+                self._log.write(line + "\n")
+            except (OSError, ValueError) as e:  # a full disk: keep draining, stop writing the file
+                log.warning("pid %d: output log not written any more (%s)", self.pid, e)
+                self._close_log()
+        if self._on_line:
+            try:
+                self._on_line(line)
+            except Exception:  # a callback bug must not stop the draining of the pipe
+                log.exception("pid %d: on_line callback failed", self.pid)
+
+
+def _send(p: psutil.Process, sig: int) -> None:
+    try:
+        p.send_signal(sig)  # psutil refuses if the pid was reused
+    except (psutil.Error, OSError):  # OSError: the reuse check could not read /proc (EMFILE)
+        pass
+
+
+class ProcessRegistry:
+    """Every process Kiln starts, so nothing escapes: the ladder's reclaim barrier asks it."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._procs: list[ManagedProcess] = []
+        self._journal: Journal | None = None
+        self._roles: dict[int, str] = {}
+
+    def journal_to(self, run_dir: Path) -> None:
+        """Record every child started from now on in run_dir (supervisor/process/leftovers.py)."""
+        self._journal = Journal(run_dir)
+
+    def track(self, p: ManagedProcess, role: str = "child", argv: Sequence[str] = ()) -> None:
+        with self._lock:
+            # Forget finished trees so a long-lived supervisor does not grow without bound.
+            self._procs = [q for q in self._procs if not q.exited().is_set() or q.survivors()]
+            self._procs.append(p)
+            self._roles = {q.pid: self._roles.get(q.pid, role) for q in self._procs}
+            self._roles[p.pid] = role
+        if self._journal is not None:
+            self._journal.add(p.pid, role, list(argv))
+
+    def forget(self, pid: int) -> None:
+        if self._journal is not None:
+            self._journal.remove(pid)
+
+    def pids(self) -> set[int]:
+        """Leader pids of tracked processes: pass them to reap_orphans so Popen keeps their status."""
+        with self._lock:
+            return {p.pid for p in self._procs}
+
+    def survivors(self, role: str | None = None) -> list[int]:
+        """Live pids of tracked trees (of one role: "engine" for the reclaim barrier, which must not
+        kill a model download running beside the engine)."""
+        with self._lock:
+            procs = [p for p in self._procs if role is None or self._roles.get(p.pid) == role]
+        return sorted({pid for p in procs for pid in p.survivors()})
+
+    def stop_all(self, grace_s: float) -> None:
+        """Stop every tracked process in parallel, so the total wait is one grace, not n."""
+        with self._lock:
+            procs = list(self._procs)
+        errors: list[BaseException] = []
+
+        def stop(p: ManagedProcess) -> None:
+            try:
+                p.stop(grace_s)
+            except Exception as e:
+                errors.append(e)
+
+        threads = [threading.Thread(target=stop, args=(p,), daemon=True) for p in procs]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+        if errors:
+            raise errors[0]
+
+
+REGISTRY = ProcessRegistry()

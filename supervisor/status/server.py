@@ -1,0 +1,526 @@
+"""The supervisor's own status endpoint: /live, /ready, /status, /metrics and a small HTML page.
+
+It serves on its own port, never the engine's, so it answers while the engine is loading,
+restarting or dead. It only reads a snapshot (a plain dict from the lifecycle) per request and
+never changes state. Every body is redacted with the current secrets before it is sent: the
+lifecycle already redacts, this is the second net. Stdlib only: it ships inside the image.
+"""
+
+from __future__ import annotations
+
+import datetime
+import html
+import json
+import logging
+import math
+import socket
+import sys
+import threading
+import traceback
+from collections.abc import Callable, Mapping, Sequence
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from typing import Any
+from urllib.parse import urlsplit
+
+from .listen import STATUS_PORT_FIX as _FIX
+from .listen import AcceptErrors, bind_error
+from ..redact import ordered, redact_data
+from ..redact import redact as _mask_text
+from ..lifecycle.state import State
+
+__all__ = ["StatusServer", "STATES", "render_metrics", "render_html", "ready_text"]
+
+log = logging.getLogger(__name__)
+
+# Every lifecycle state, so /metrics has one kiln_state series per state (0 for all but one):
+# PromQL can then alert on `kiln_state{state="FAILED"} == 1` without absent() tricks.
+STATES = tuple(s.value for s in State)
+
+METRICS_CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
+_HISTORY_SHOWN = 30  # the HTML page shows the newest history entries, newest first
+_REQUEST_TIMEOUT_S = 10.0  # a client that connects and says nothing must not pin a thread forever
+_POLL_S = 0.05  # serve_forever checks for shutdown this often: stop() waits up to this long
+# The stdlib's listen backlog is 5: 200 clients at once lost SYNs and 68 of 600 requests timed
+# out at 30 s (issue 18). The kernel caps the backlog at net.core.somaxconn (4096 on Debian 12).
+_BACKLOG = 1024
+# Requests served at once. More wait in the backlog (costing no thread); a slow client holds one
+# worker for at most _REQUEST_TIMEOUT_S, so it takes _WORKERS of them to stall the endpoint.
+_WORKERS = 32
+
+Snapshot = Mapping[str, Any]
+
+
+# --- redaction: supervisor/redact.py --------------------------------------------------------
+
+
+# --- snapshot helpers: tolerant of missing keys, None and wrong types ---------------------------
+
+
+def _section(snap: Mapping[str, Any], key: str) -> Mapping[str, Any]:
+    v = snap.get(key)
+    return v if isinstance(v, Mapping) else {}
+
+
+def _list(v: Any) -> list[Any]:
+    return list(v) if isinstance(v, (list, tuple)) else []
+
+
+def _number(v: Any) -> str | None:
+    """A sample value in exposition format, or None when `v` is not a number (no series then)."""
+    if isinstance(v, bool):
+        return "1" if v else "0"
+    if isinstance(v, int):
+        return str(v)
+    if isinstance(v, float):
+        if math.isnan(v):
+            return "NaN"
+        if math.isinf(v):
+            return "+Inf" if v > 0 else "-Inf"
+        return repr(v)
+    return None
+
+
+# --- /ready --------------------------------------------------------------------------------------
+
+
+def _one_line(v: Any) -> str:
+    return " ".join(str(v).split())
+
+
+def ready_text(snap: Snapshot) -> tuple[int, str]:
+    """(status, body) for /ready: the lifecycle decides readiness, this only reports it."""
+    if snap.get("ready") is True:
+        return 200, "ready\n"
+    reason = f"not ready: state={_one_line(snap.get('state'))}"
+    failure_class = _section(snap, "last_failure").get("class")
+    if failure_class:
+        reason += f" last_failure={_one_line(failure_class)}"
+    return 503, reason + "\n"
+
+
+# --- /metrics ------------------------------------------------------------------------------------
+
+
+def _label_value(v: Any) -> str:
+    # Exposition format 0.0.4: in label values only backslash, double quote and newline escape.
+    return str(v).replace("\\", "\\\\").replace('"', '\\"').replace("\n", "\\n")
+
+
+class _Exposition:
+    def __init__(self) -> None:
+        self.lines: list[str] = []
+
+    def family(
+        self, name: str, kind: str, help_text: str, samples: Sequence[tuple[Mapping[str, Any], Any]]
+    ) -> None:
+        rendered = [(labels, n) for labels, v in samples if (n := _number(v)) is not None]
+        if not rendered:  # a missing section yields no series, not an empty family
+            return
+        self.lines.append(f"# HELP kiln_{name} {help_text}")
+        self.lines.append(f"# TYPE kiln_{name} {kind}")
+        for labels, n in rendered:
+            text = ",".join(f'{k}="{_label_value(v)}"' for k, v in labels.items())
+            self.lines.append(f"kiln_{name}{{{text}}} {n}" if text else f"kiln_{name} {n}")
+
+    def one(self, name: str, kind: str, help_text: str, value: Any, **labels: Any) -> None:
+        self.family(name, kind, help_text, [(labels, value)])
+
+
+def render_metrics(snap: Snapshot) -> str:
+    m = _Exposition()
+    m.one("up", "gauge", "1 while the supervisor process answers.", 1)
+    m.one("ready", "gauge", "1 when the engine is serving and passed its selftest.",
+          snap.get("ready") is True)  # fmt: skip
+    state = snap.get("state")
+    states = list(STATES) + ([str(state)] if state is not None and state not in STATES else [])
+    m.family("state", "gauge", "1 for the lifecycle state the supervisor is in.",
+             [({"state": s}, s == state) for s in states])  # fmt: skip
+    m.one("restarts_total", "counter", "Engine restarts after a crash.", snap.get("restarts"))
+    m.one("launches_total", "counter", "Engine launches, any cause.", snap.get("launches"))
+    failures = _section(snap, "failures")
+    m.family("failures_total", "counter", "Engine failures by class.",
+             [({"class": c}, failures[c]) for c in sorted(failures, key=str)])  # fmt: skip
+
+    rung = _section(snap, "rung")
+    m.one("rung_index", "gauge", "Index of the ladder rung in use (0 = first).", rung.get("index"))
+    if rung.get("name") is not None:
+        m.one("rung_info", "gauge", "The ladder rung in use.", 1, rung=rung["name"])
+
+    timings = _section(snap, "timings")
+    m.one("boot_to_ready_seconds", "gauge", "Seconds from supervisor start to first ready.",
+          timings.get("boot_to_ready_s"))  # fmt: skip
+    m.one("last_rung_switch_seconds", "gauge", "Seconds the last rung switch took.",
+          timings.get("last_rung_switch_s"))  # fmt: skip
+
+    m.one("engine_pid", "gauge", "PID of the engine process.", _section(snap, "engine").get("pid"))
+    config_hash = _section(snap, "config").get("hash")
+    if config_hash is not None:
+        m.one("config_info", "gauge", "Hash of the live deploy config.", 1, hash=config_hash)
+    decided = _section(_section(snap, "reload"), "counts")
+    m.family("reload_decisions", "gauge", "Published configs decided, by outcome (the history kept in the volume).",
+             [({"outcome": o}, decided[o]) for o in sorted(decided, key=str)])  # fmt: skip
+    hub = _section(_section(snap, "watch"), "hub")
+    m.one("watch_hub_consecutive_errors", "gauge", "Failed Hub polls in a row (0 = the Hub answers).",
+          hub.get("consecutive_errors"))  # fmt: skip
+    report = _section(_section(snap, "watch"), "report")
+    m.one("fleet_report_consecutive_errors", "gauge", "Failed writes of this pod's fleet record in a row.",
+          report.get("consecutive_errors"))  # fmt: skip
+
+    relay = _section(snap, "tcp_relay")  # TcpRelay.status(), when [server] tcp_port is set
+    m.one("tcp_relay_listening", "gauge", "1 while the TCP relay accepts connections.", relay.get("listening"))
+    m.one("tcp_relay_connections", "gauge", "Connections the TCP relay holds open.", relay.get("connections"))
+    m.one("tcp_relay_refused_total", "counter", "Connections refused over the TCP relay's cap.",
+          relay.get("refused_total"))  # fmt: skip
+    m.one("tcp_relay_accept_errors_total", "counter", "TCP relay accepts that failed (EMFILE, no thread).",
+          relay.get("accept_errors"))  # fmt: skip
+
+    gpus = [g for g in _list(_section(snap, "hardware").get("gpus")) if isinstance(g, Mapping)]
+
+    def gpu_samples(key: str) -> list[tuple[Mapping[str, Any], Any]]:
+        return [
+            ({"gpu": g.get("index", i), "name": g.get("name") or ""}, g.get(key))
+            for i, g in enumerate(gpus)
+        ]
+
+    m.family("gpu_memory_used_mib", "gauge", "GPU memory in use, MiB.",
+             gpu_samples("memory_used_mib"))  # fmt: skip
+    m.family("gpu_memory_total_mib", "gauge", "GPU memory in total, MiB.",
+             gpu_samples("memory_total_mib"))  # fmt: skip
+
+    selftest = _section(snap, "selftest")
+    m.one("selftest_passed", "gauge", "1 when the last selftest passed.", selftest.get("passed"))
+    m.one("selftest_decode_tokens_per_second", "gauge", "Decode speed measured by the selftest.",
+          selftest.get("decode_tok_s"))  # fmt: skip
+    return "\n".join(m.lines) + "\n"
+
+
+# --- / (HTML) ------------------------------------------------------------------------------------
+
+
+def _e(v: Any) -> str:
+    return "—" if v is None else html.escape(str(v), quote=True)
+
+
+def _when(t: Any) -> Any:
+    """A Unix time as UTC text (unescaped); anything else as it came."""
+    if isinstance(t, (int, float)) and not isinstance(t, bool) and math.isfinite(t):
+        try:
+            return datetime.datetime.fromtimestamp(t, datetime.UTC).strftime("%Y-%m-%d %H:%M:%SZ")
+        except (OverflowError, OSError, ValueError):
+            pass
+    return t
+
+
+def _rows(pairs: Sequence[tuple[str, Any]]) -> str:
+    return "".join(f"<tr><th>{_e(k)}</th><td>{_e(v)}</td></tr>" for k, v in pairs)
+
+
+_CSS = (
+    "body{font-family:system-ui,sans-serif;margin:1.5em;max-width:70em}"
+    "table{border-collapse:collapse}th,td{text-align:left;padding:.15em .8em .15em 0;"
+    "vertical-align:top}pre{background:#f4f4f4;padding:.6em;overflow-x:auto}"
+    ".ok{color:#070}.bad{color:#b00}"
+)
+
+
+def render_html(snap: Snapshot) -> str:
+    ready = snap.get("ready") is True
+    rung, engine = _section(snap, "rung"), _section(snap, "engine")
+    config = _section(snap, "config")
+    rung_text = rung.get("name")
+    if isinstance(rung.get("index"), int) and isinstance(rung.get("count"), int):
+        rung_text = f"{rung.get('name')} ({rung['index'] + 1} of {rung['count']})"
+    parts = [
+        "<!doctype html><html><head><meta charset=\"utf-8\">",
+        '<meta http-equiv="refresh" content="5">',
+        f"<title>Kiln — {_e(snap.get('state'))}</title><style>{_CSS}</style></head><body>",
+        f"<h1>Kiln supervisor {_e(snap.get('version'))}</h1>",
+        f'<p class="{"ok" if ready else "bad"}"><b>{_e(snap.get("state"))}</b> — '
+        f"{'ready' if ready else 'not ready'}</p>",
+        "<table>",
+        _rows([
+            ("since", _when(snap.get("since"))),
+            ("uptime (s)", snap.get("uptime_s")),
+            ("rung", rung_text),
+            ("engine pid", engine.get("pid")),
+            ("engine port", engine.get("port")),
+            ("restarts", snap.get("restarts")),
+            ("launches", snap.get("launches")),
+            ("config hash", config.get("hash")),
+            ("config source", config.get("source")),
+            ("config revision", config.get("revision")),
+        ]),
+        "</table>",
+    ]
+    warnings = [w for w in _list(snap.get("warnings")) if w]
+    if warnings:
+        parts.append("<h2>Warnings</h2><ul>" + "".join(f"<li>{_e(w)}</li>" for w in warnings)
+                     + "</ul>")  # fmt: skip
+
+    failure = _section(snap, "last_failure")
+    if failure:
+        parts += [
+            "<h2>Last failure</h2><table>",
+            _rows([
+                ("class", failure.get("class")),
+                ("reason", failure.get("reason")),
+                ("exit code", failure.get("exit_code")),
+                ("after (s)", failure.get("elapsed_s")),
+                ("rung", failure.get("rung")),
+                ("evidence", failure.get("evidence")),
+            ]),
+            "</table>",
+        ]
+        hints = [h for h in _list(failure.get("hints")) if h]
+        if hints:
+            parts.append("<ul>" + "".join(f"<li>{_e(h)}</li>" for h in hints) + "</ul>")
+        tail = _list(failure.get("stderr_tail"))
+        if tail:
+            parts.append("<pre>" + _e("\n".join(str(x) for x in tail)) + "</pre>")
+
+    reload = _section(snap, "reload")
+    shown = [(label, _section(reload, key)) for label, key in
+             (("last rejection", "last_rejection"), ("last rollback", "last_rollback"))]
+    if any(entry for _, entry in shown):
+        parts.append("<h2>Published configs</h2><table>")
+        for label, entry in shown:
+            if entry:
+                what = f"{entry.get('outcome')} {entry.get('origin')}" + (
+                    f" @ {str(entry.get('revision'))[:12]}" if entry.get("revision") else "")
+                parts.append(_rows([(label, f"{_when(entry.get('t'))}: {what}: {entry.get('cause')}")]))
+        parts.append("</table>")
+
+    selftest = _section(snap, "selftest")
+    if selftest:
+        parts += [
+            "<h2>Selftest</h2><table>",
+            _rows([
+                ("passed", selftest.get("passed")),
+                ("decode tok/s", selftest.get("decode_tok_s")),
+                ("summary", selftest.get("summary")),
+            ]),
+            "</table>",
+        ]
+
+    hardware = _section(snap, "hardware")
+    if hardware:
+        parts += [
+            "<h2>Hardware</h2><table>",
+            _rows([
+                ("source", hardware.get("source")),
+                ("driver", hardware.get("driver")),
+                ("vCPUs", hardware.get("vcpus")),
+                ("RAM (GiB)", hardware.get("ram_total_gib")),
+            ]),
+            "</table>",
+        ]
+        gpus = [g for g in _list(hardware.get("gpus")) if isinstance(g, Mapping)]
+        if gpus:
+            parts.append("<table><tr><th>GPU</th><th>name</th><th>used MiB</th>"
+                         "<th>total MiB</th><th>compute</th></tr>")  # fmt: skip
+            for g in gpus:
+                cells = (g.get("index"), g.get("name"), g.get("memory_used_mib"),
+                         g.get("memory_total_mib"), g.get("compute_capability"))  # fmt: skip
+                parts.append("<tr>" + "".join(f"<td>{_e(c)}</td>" for c in cells) + "</tr>")
+            parts.append("</table>")
+
+    history = [h for h in _list(snap.get("history")) if isinstance(h, Mapping)]
+    if history:
+        parts.append("<h2>Recent history</h2><table>")
+        for h in reversed(history[-_HISTORY_SHOWN:]):
+            parts.append(f"<tr><td>{_e(_when(h.get('t')))}</td><td>{_e(h.get('event'))}</td>"
+                         f"<td>{_e(h.get('detail'))}</td></tr>")  # fmt: skip
+        parts.append("</table>")
+    parts.append("</body></html>\n")
+    return "".join(parts)
+
+
+# --- the server ----------------------------------------------------------------------------------
+
+
+class _Handler(BaseHTTPRequestHandler):
+    server: _Server
+    server_version = "kiln-supervisor"
+    timeout = _REQUEST_TIMEOUT_S
+
+    def do_GET(self) -> None:
+        path = urlsplit(self.path).path
+        if path == "/live":  # never touches the snapshot: up means the process answers
+            self._send(200, "text/plain; charset=utf-8", "ok\n", ())
+            return
+        render = _ROUTES.get(path)
+        if render is None:
+            self._send(404, "text/plain; charset=utf-8", "not found\n", ())
+            return
+        secrets: list[str] = []
+        try:
+            secrets = list(ordered(self.server.kiln_secrets()))
+            snap = redact_data(dict(self.server.kiln_snapshot()), secrets)
+            status, content_type, body = render(snap)
+        except Exception:
+            # The client gets no detail (it could leak state); the log gets the traceback,
+            # masked as well as we can (if secrets() itself failed there is nothing to mask).
+            log.error("status %s failed:\n%s", path, _mask_text(traceback.format_exc(), secrets))
+            self._send(500, "text/plain; charset=utf-8", "internal error\n", ())
+            return
+        self._send(status, content_type, body, secrets)
+
+    def _not_allowed(self) -> None:
+        self._send(405, "text/plain; charset=utf-8", "method not allowed\n", (), allow="GET")
+
+    def __getattr__(self, name: str) -> Any:
+        # BaseHTTPRequestHandler answers 501 for a method without a do_X; every method but GET
+        # is a 405 here, whatever its name.
+        if name.startswith("do_"):
+            return self._not_allowed
+        raise AttributeError(name)
+
+    def _send(
+        self, status: int, content_type: str, body: str, secrets: Sequence[str], allow: str = ""
+    ) -> None:
+        data = _mask_text(body, secrets).encode("utf-8")  # second pass, on the bytes that leave
+        self.send_response(status)
+        self.send_header("Content-Type", content_type)
+        self.send_header("Content-Length", str(len(data)))
+        self.send_header("Cache-Control", "no-store")
+        if allow:
+            self.send_header("Allow", allow)
+        self.end_headers()
+        if self.command != "HEAD":
+            self.wfile.write(data)
+
+    def log_message(self, format: str, *args: Any) -> None:  # noqa: A002 (stdlib signature)
+        # Request line and status only (never headers: they can carry an API key), at DEBUG so
+        # probes every few seconds do not flood the container log.
+        log.debug("%s " + format, self.address_string(), *args)
+
+
+def _ready(snap: Snapshot) -> tuple[int, str, str]:
+    status, text = ready_text(snap)
+    return status, "text/plain; charset=utf-8", text
+
+
+def _json(snap: Snapshot) -> tuple[int, str, str]:
+    return 200, "application/json", json.dumps(snap, indent=2, sort_keys=True, default=str) + "\n"
+
+
+_ROUTES: dict[str, Callable[[Snapshot], tuple[int, str, str]]] = {
+    "/ready": _ready,
+    "/status": _json,
+    "/metrics": lambda s: (200, METRICS_CONTENT_TYPE, render_metrics(s)),
+    "/": lambda s: (200, "text/html; charset=utf-8", render_html(s)),
+}
+
+
+class _Server(ThreadingHTTPServer):
+    daemon_threads = True  # a stuck client must not hold up the supervisor's exit
+    request_queue_size = _BACKLOG
+
+    def __init__(
+        self,
+        address: tuple[str, int],
+        snapshot: Callable[[], Snapshot],
+        secrets: Callable[[], Sequence[str]],
+    ) -> None:
+        if ":" in address[0]:  # "::" or another IPv6 literal
+            self.address_family = socket.AF_INET6
+        self.kiln_snapshot = snapshot
+        self.kiln_secrets = secrets
+        self.kiln_closing = threading.Event()
+        self._workers = threading.BoundedSemaphore(_WORKERS)
+        self._accept_errors = AcceptErrors("status endpoint", log)
+        super().__init__(address, _Handler)
+
+    def get_request(self) -> tuple[socket.socket, Any]:
+        # The stdlib drops a failed accept and selects again at once: with EMFILE that spins.
+        try:
+            request = super().get_request()
+        except OSError as e:
+            self.kiln_closing.wait(self._accept_errors.failed(e))
+            raise
+        self._accept_errors.succeeded()
+        return request
+
+    def process_request(self, request: Any, client_address: Any) -> None:
+        # Wait for a free worker here, in the accepting thread: meanwhile new clients queue in
+        # the backlog instead of each starting a thread.
+        while not self._workers.acquire(timeout=_POLL_S):
+            if self.kiln_closing.is_set():
+                self.shutdown_request(request)
+                return
+        try:
+            super().process_request(request, client_address)
+        except BaseException:  # the thread did not start: its slot is ours to give back
+            self._workers.release()
+            raise
+
+    def process_request_thread(self, request: Any, client_address: Any) -> None:
+        try:
+            super().process_request_thread(request, client_address)
+        finally:
+            self._workers.release()
+
+    def handle_error(self, request: Any, client_address: Any) -> None:
+        # The stdlib prints a traceback to stderr for every client that hangs up mid-request.
+        e = sys.exc_info()[1]
+        client = client_address[0] if isinstance(client_address, tuple) else client_address
+        if isinstance(e, (ConnectionError, TimeoutError)):
+            log.info("status: client %s went away mid-request (%s)", client, type(e).__name__)
+            return
+        try:
+            secrets = list(ordered(self.kiln_secrets()))
+        except Exception:  # logged unmasked rather than not at all; do_GET already answered 500
+            secrets = []
+        log.error("status: request from %s failed:\n%s", client, _mask_text(traceback.format_exc(), secrets))
+
+
+class StatusServer:
+    """The status endpoint on (host, port); port 0 picks a free one, read back from `.port`."""
+
+    def __init__(
+        self,
+        host: str,
+        port: int,
+        snapshot: Callable[[], dict[str, Any]],
+        *,
+        secrets: Callable[[], Sequence[str]] = lambda: (),
+    ) -> None:
+        self._address = (host, port)
+        self._snapshot = snapshot
+        self._secrets = secrets
+        self._server: _Server | None = None
+        self._thread: threading.Thread | None = None
+
+    def start(self) -> None:
+        """Bind and serve in a daemon thread; the socket listens when this returns.
+
+        Raises CannotListen (PortBusy when another process holds the port) as one clear line."""
+        if self._server is not None:
+            raise RuntimeError("status server already started")
+        try:
+            self._server = _Server(self._address, self._snapshot, self._secrets)
+        except OSError as e:
+            raise bind_error(e, "status.port", *self._address, _FIX) from None
+        self._thread = threading.Thread(
+            target=self._server.serve_forever, args=(_POLL_S,), name="kiln-status", daemon=True
+        )
+        self._thread.start()
+        log.info("status endpoint on %s:%d", self._address[0], self.port)
+
+    def stop(self) -> None:
+        """Stop serving and close the socket; safe to call twice or before start."""
+        server, thread = self._server, self._thread
+        self._server = self._thread = None
+        if server is None:
+            return
+        server.kiln_closing.set()
+        server.shutdown()
+        server.server_close()
+        if thread is not None:
+            thread.join()
+
+    @property
+    def port(self) -> int:
+        if self._server is None:
+            raise RuntimeError("status server not started")
+        return int(self._server.server_address[1])
