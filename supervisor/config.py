@@ -76,6 +76,8 @@ COMMIT = re.compile(r"[0-9a-f]{40}")
 SHELL_META = re.compile(r"[`;&<>]|\$[A-Za-z_({]|\|\|")
 # Names of files Kiln reads from or publishes to a repo or directory: relative, plain segments.
 SAFE_PATH = r"[A-Za-z0-9_][A-Za-z0-9_.-]*(/[A-Za-z0-9_][A-Za-z0-9_.-]*)*"
+# Upper bounds of durations: every number has a range (a huge one overflows a wait, as nan broke it).
+DAY_S, WEEK_S = 86400.0, 604800.0
 
 
 @dataclass(frozen=True)
@@ -439,7 +441,7 @@ def _sampler(r: Reader) -> SamplerSpec:
         temperature=r.float("temperature", None, min=0.0, max=5.0),
         min_p=r.float("min_p", None, min=0.0, max=1.0),
         top_p=r.float("top_p", None, min=0.0, max=1.0),
-        top_k=r.int("top_k", None, min=0),
+        top_k=r.int("top_k", None, min=0, max=2**31 - 1),       # llama.cpp holds it in an int32
         repeat_penalty=r.float("repeat_penalty", None, min=0.0, max=5.0),
     )
     r.finish()
@@ -455,12 +457,12 @@ def _selftest(r: Reader) -> SelftestSpec:
         probes=r.str("probes", None, choices=sorted(SETS)),
         tools=r.bool("tools", d.tools),
         decode_tokens=r.int("decode_tokens", d.decode_tokens, min=0, max=100_000),
-        min_decode_tok_s=r.float("min_decode_tok_s", d.min_decode_tok_s, min=0.0),
+        min_decode_tok_s=r.float("min_decode_tok_s", d.min_decode_tok_s, min=0.0, max=1_000_000.0),
         prefill_tokens=r.int("prefill_tokens", d.prefill_tokens, min=0, max=10_000_000),
-        min_prefill_tok_s=r.float("min_prefill_tok_s", d.min_prefill_tok_s, min=0.0),
+        min_prefill_tok_s=r.float("min_prefill_tok_s", d.min_prefill_tok_s, min=0.0, max=1_000_000.0),
         request_wall_s=r.float("request_wall_s", d.request_wall_s, min=0.1, max=3600.0),
         min_probe_pass=r.float("min_probe_pass", d.min_probe_pass, min=0.0, max=1.0),
-        timeout_s=r.float("timeout_s", d.timeout_s, min=1.0),
+        timeout_s=r.float("timeout_s", d.timeout_s, min=1.0, max=DAY_S),
     )
     r.finish()
     if 0 < s.decode_tokens < 16:
@@ -510,7 +512,7 @@ def _ladder(r: Reader, engine: str) -> LadderSpec:
                        f"is not a failure class ({', '.join(FAILURE_CLASSES)})")
     d = LadderSpec(rungs=())
     remember = lr.bool("remember", d.remember)
-    reclaim_timeout = lr.float("reclaim_timeout_s", d.reclaim_timeout_s, min=0.0)
+    reclaim_timeout = lr.float("reclaim_timeout_s", d.reclaim_timeout_s, min=0.0, max=3600.0)
     slack = lr.int("reclaim_slack_mib", d.reclaim_slack_mib, min=0)
     lr.finish()
     if start is not None and start not in {x.name for x in rungs}:
@@ -527,8 +529,9 @@ def _hardware(r: Reader) -> HardwareSpec:
         min_vram_mib=r.int("min_vram_mib", None, min=0),
         min_compute_capability=cc,
         min_vcpu=r.int("min_vcpu", None, min=1),
-        min_ram_gib=r.float("min_ram_gib", None, min=0.0),
-        warn_vcpu_per_host_gib=r.float("warn_vcpu_per_host_gib", HardwareSpec.warn_vcpu_per_host_gib, min=0.0),
+        min_ram_gib=r.float("min_ram_gib", None, min=0.0, max=1_000_000.0),
+        warn_vcpu_per_host_gib=r.float("warn_vcpu_per_host_gib", HardwareSpec.warn_vcpu_per_host_gib, min=0.0,
+                                       max=1000.0),
     )
     r.finish()
     return h
@@ -536,8 +539,8 @@ def _hardware(r: Reader) -> HardwareSpec:
 
 def _health(r: Reader) -> HealthSpec:
     h = HealthSpec(
-        stall_s=r.float("stall_s", HealthSpec.stall_s, min=0.5),
-        max_s=r.float("max_s", HealthSpec.max_s, min=0.0),
+        stall_s=r.float("stall_s", HealthSpec.stall_s, min=0.5, max=DAY_S),
+        max_s=r.float("max_s", HealthSpec.max_s, min=0.0, max=WEEK_S),
         poll_s=r.float("poll_s", HealthSpec.poll_s, min=0.01, max=10.0),
         stop_grace_s=r.float("stop_grace_s", HealthSpec.stop_grace_s, min=0.0, max=600.0),
     )
@@ -548,10 +551,10 @@ def _health(r: Reader) -> HealthSpec:
 def _restart(r: Reader) -> RestartSpec:
     s = RestartSpec(
         max_restarts=r.int("max_restarts", RestartSpec.max_restarts, min=0),
-        window_s=r.float("window_s", RestartSpec.window_s, min=1.0),
-        backoff_initial_s=r.float("backoff_initial_s", RestartSpec.backoff_initial_s, min=0.0),
-        backoff_max_s=r.float("backoff_max_s", RestartSpec.backoff_max_s, min=0.0),
-        stable_s=r.float("stable_s", RestartSpec.stable_s, min=0.0),
+        window_s=r.float("window_s", RestartSpec.window_s, min=1.0, max=WEEK_S),
+        backoff_initial_s=r.float("backoff_initial_s", RestartSpec.backoff_initial_s, min=0.0, max=DAY_S),
+        backoff_max_s=r.float("backoff_max_s", RestartSpec.backoff_max_s, min=0.0, max=DAY_S),
+        stable_s=r.float("stable_s", RestartSpec.stable_s, min=0.0, max=WEEK_S),
     )
     r.finish()
     if s.backoff_max_s < s.backoff_initial_s:

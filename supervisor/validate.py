@@ -9,6 +9,7 @@ the caller raises once with all of them. Used by the deploy config and by
 from __future__ import annotations
 
 import difflib
+import math
 import re
 from dataclasses import dataclass
 from typing import Any, Callable, Iterable, TypeVar
@@ -43,6 +44,17 @@ def raise_if(problems: list[Problem], what: str) -> None:
 def nearest(word: str, choices: Iterable[str]) -> str | None:
     hits = difflib.get_close_matches(word, list(choices), n=1, cutoff=0.6)
     return hits[0] if hits else None
+
+
+def _bounds(lo: Any, hi: Any) -> str:
+    """The allowed range as a person reads it: "1 .. 64", "0.5 or more", "at most 10", "any number"."""
+    if lo is not None and hi is not None:
+        return f"{lo} .. {hi}"
+    if lo is not None:
+        return f"{lo} or more"
+    if hi is not None:
+        return f"at most {hi}"
+    return "any finite number"
 
 
 class Reader:
@@ -130,12 +142,18 @@ class Reader:
         value = self._typed(key, _MISSING, required, (int, float), "a number")
         if value is _MISSING:
             return default
-        return self._range(key, float(value), default, min, max)
+        value = float(value)
+        if not math.isfinite(value):
+            # TOML has nan and inf, and every comparison with nan is false: a range check alone
+            # lets it through (stall_s = nan turned stall detection off; a nan backoff raised in PID 1).
+            self._add(key, "must be a finite number (nan and inf are no setting's value): write a number",
+                      value, _bounds(min, max))
+            return default
+        return self._range(key, value, default, min, max)
 
     def _range(self, key: str, value: Any, default: Any, lo: Any, hi: Any) -> Any:
         if (lo is not None and value < lo) or (hi is not None and value > hi):
-            bounds = f"{lo if lo is not None else '-inf'} .. {hi if hi is not None else 'inf'}"
-            self._add(key, "is out of range", value, bounds)
+            self._add(key, "is out of range", value, _bounds(lo, hi))
             return default
         return value
 

@@ -132,6 +132,53 @@ def test_check_config_lints_rungs_against_a_flag_snapshot(tmp_path):
     assert "-ngl pins n_gpu_layers, which aborts llama.cpp's autofit" in r.stderr
 
 
+NON_FINITE = """
+[health]
+stall_s = nan
+max_s = inf
+[restart]
+backoff_initial_s = nan
+backoff_max_s = +inf
+stable_s = -inf
+[sampler]
+temperature = nan
+[selftest]
+timeout_s = inf
+"""
+
+
+def test_nan_and_inf_are_refused_in_every_number_naming_field_value_and_fix(tmp_path):
+    # Was: every comparison with nan is false, so `stall_s = nan` passed the range check and turned stall
+    # detection off; a nan backoff reached threading waits inside PID 1 and raised there.
+    path = tmp_path / "c.toml"
+    path.write_text(HERE + NON_FINITE)
+    r = _check(path, "--skip-binary")
+    assert r.returncode == 2, r.stdout
+    for field, got, allowed in (("health.stall_s", "nan", "0.5 .. 86400.0"), ("health.max_s", "inf", "0.0 .. 604800.0"),
+                                ("restart.backoff_initial_s", "nan", "0.0 .. 86400.0"),
+                                ("restart.backoff_max_s", "inf", "0.0 .. 86400.0"),
+                                ("restart.stable_s", "-inf", "0.0 .. 604800.0"),
+                                ("sampler.temperature", "nan", "0.0 .. 5.0"),
+                                ("selftest.timeout_s", "inf", "1.0 .. 86400.0")):
+        line = f"{field}: must be a finite number (nan and inf are no setting's value): write a number (got {got}); " \
+               f"allowed: {allowed}"
+        assert line in r.stderr, (field, r.stderr)
+    assert "Traceback" not in r.stderr
+
+
+def test_a_non_finite_number_from_the_environment_is_refused_too():
+    with pytest.raises(ConfigError) as e:
+        parse_config(GOOD, env={"KILN_WATCH_POLL_S": "nan"})
+    assert "watch.poll_s: must be a finite number" in str(e.value) and "(got nan)" in str(e.value)
+
+
+def test_a_finite_number_past_a_bound_says_the_bound_in_words():
+    with pytest.raises(ConfigError) as e:
+        parse_config(GOOD + "[health]\nstall_s = 1e300\n[hardware]\nmin_ram_gib = -1\n", env={})
+    assert "health.stall_s: is out of range (got 1e+300); allowed: 0.5 .. 86400.0" in str(e.value)
+    assert "hardware.min_ram_gib: is out of range (got -1.0); allowed: 0.0 .. 1000000.0" in str(e.value)
+
+
 def test_every_baked_deploy_config_is_valid():
     logs = ROOT / "tests/fixtures/engine-logs"
     for path in sorted((ROOT / "images/deploy").glob("*.toml")):
