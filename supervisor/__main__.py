@@ -16,6 +16,7 @@ import argparse
 import os
 import sys
 from pathlib import Path
+from typing import Any
 
 from . import __version__
 
@@ -72,6 +73,7 @@ def check_config(path: str, flags: str | None, gpus: int | None, *, strict: bool
         return EXIT_INVALID
     problems: list[str] = []
     warnings: list[str] = []
+    notes: list[str] = []
     unchecked: list[str] = []
     if flags and not Path(flags).is_file():
         problems.append(f"--flags {flags}: no such file (give the engine's --help output saved to a file)")
@@ -88,6 +90,7 @@ def check_config(path: str, flags: str | None, gpus: int | None, *, strict: bool
         for i, rung in enumerate(cfg.ladder.rungs):
             problems += [str(x) for x in engine.lint_rung(cfg, i, rung, snapshot, gpu_count=gpus)]
             warnings += [str(x) for x in engine.lint_rung_warnings(cfg, i, rung, snapshot)]
+            notes += _sampler_notes(cfg, i, rung, engine.sampler_overrides(cfg, rung, snapshot))
     if skip_binary:
         unchecked.append("engine binary NOT checked (--skip-binary)")
     elif not binary_present(cfg.server.binary):
@@ -105,7 +108,21 @@ def check_config(path: str, flags: str | None, gpus: int | None, *, strict: bool
     print(f"{path}: ok (config hash {cfg.hash[:12]}, {len(cfg.ladder.rungs)} rung(s){note})")
     for w in warnings:               # runs, but costs speed (the seed's measured slow-downs)
         print(f"  {w}")
+    for n in notes:                  # what a rung changes of [sampler]: on purpose, but never silently
+        print(f"  {n}")
     return 0
+
+
+def _sampler_notes(cfg: Any, index: int, rung: Any, overrides: dict[str, str]) -> list[str]:
+    """One line per rung that sets [sampler] defaults itself: which it replaces, and which still apply."""
+    if not overrides:
+        return []
+    fields = ("temperature", "min_p", "top_p", "top_k", "repeat_penalty")
+    replaced = ", ".join(f"{f} = {getattr(cfg.sampler, f)} with {overrides[f]}" for f in fields if f in overrides)
+    kept = [f"{f} = {getattr(cfg.sampler, f)}" for f in fields
+            if getattr(cfg.sampler, f) is not None and f not in overrides]
+    rest = f"{', '.join(kept)} still apply" if kept else "no other [sampler] default is set"
+    return [f"ladder.rungs[{index}] ({rung.name}): replaces [sampler] {replaced}; {rest}"]
 
 
 def main(argv: list[str] | None = None) -> int:

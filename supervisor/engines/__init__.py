@@ -9,6 +9,9 @@ never asks which engine it is:
     build_argv(cfg, rung, *, model_path, api_key_file, vcpus=None) -> list[str]
     engine_env(cfg, rung, api_key) -> dict        environment the engine must have (vLLM's key)
     engine_defaults(cfg, rung) -> dict           environment defaults the pod or rung may override (caches)
+    sampler_overrides(cfg, rung, snapshot=None) -> dict
+                                                  [sampler] defaults the rung sets itself (field -> how);
+                                                  build_argv replaces those, one by one, and keeps the rest
     SIGNATURES, HINTS                             stderr lines that decide a failure's class
     STALL_LINES                                   (pattern, count): repeated output that is a stall
 """

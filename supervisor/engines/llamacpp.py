@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import re
 from dataclasses import dataclass
-from typing import Sequence
+from typing import Iterable, Sequence
 
 from ..config import DeployConfig, Rung
 from ..failure import CUDA_DRIVER_SIGNATURES, FailureClass as F, Signature, sig
@@ -300,14 +300,47 @@ def _lint_placement(where: str, rung: Rung, flags: list[tuple[int, str, str | No
     return issues
 
 
-def sampler_args(cfg: DeployConfig) -> list[str]:
-    s = cfg.sampler
-    pairs = [("--temp", s.temperature), ("--min-p", s.min_p), ("--top-p", s.top_p),
-             ("--top-k", s.top_k), ("--repeat-penalty", s.repeat_penalty)]
+# [sampler] field -> every spelling of its llama-server flag (the first is the one Kiln writes) and the
+# variable it is read from (the flag snapshot: tests/fixtures/engine-logs/llama-server-help-cpu-11434.txt).
+# A flag on the command line wins over the variable (llama.cpp's server README), so a default Kiln
+# wrote as a flag would silently beat a rung's LLAMA_ARG_TEMPERATURE.
+SAMPLER_FLAGS: dict[str, tuple[tuple[str, ...], str]] = {
+    "temperature": (("--temp", "--temperature"), "LLAMA_ARG_TEMPERATURE"),
+    "min_p": (("--min-p",), "LLAMA_ARG_MIN_P"),
+    "top_p": (("--top-p",), "LLAMA_ARG_TOP_P"),
+    "top_k": (("--top-k",), "LLAMA_ARG_TOP_K"),
+    "repeat_penalty": (("--repeat-penalty",), "LLAMA_ARG_REPEAT_PENALTY"),
+}
+
+
+def sampler_defaults(cfg: DeployConfig) -> dict[str, float | int]:
+    """The [sampler] fields the config sets (field -> value)."""
+    return {f: v for f in SAMPLER_FLAGS if (v := getattr(cfg.sampler, f)) is not None}
+
+
+def sampler_overrides(cfg: DeployConfig, rung: Rung, snapshot: FlagSnapshot | None = None) -> dict[str, str]:
+    """The [sampler] defaults a rung (or server.extra_args) sets itself, field -> how ("--temp 0.7",
+    "env LLAMA_ARG_TOP_K=20"). Each replaces only its own default; the others still apply."""
+    flags = split_flags(list(cfg.server.extra_args) + list(rung.args), snapshot)
+    out: dict[str, str] = {}
+    for field_name in sampler_defaults(cfg):
+        spellings, var = SAMPLER_FLAGS[field_name]
+        given = [(name, value) for _, name, value in flags if name in spellings]
+        if given:
+            name, value = given[-1]                   # the last one wins, as in llama.cpp's parser
+            out[field_name] = f"{name} {value}" if value is not None else name
+        elif var in rung.env:
+            out[field_name] = f"env {var}={rung.env[var]}"
+    return out
+
+
+def sampler_args(cfg: DeployConfig, skip: Iterable[str] = ()) -> list[str]:
+    """[sampler] as flags, but for the fields in `skip` (those a rung sets itself)."""
+    skipped = set(skip)
     out: list[str] = []
-    for flag, value in pairs:
-        if value is not None:
-            out += [flag, _num(value)]
+    for field_name, value in sampler_defaults(cfg).items():
+        if field_name not in skipped:
+            out += [SAMPLER_FLAGS[field_name][0][0], _num(value)]
     return out
 
 
@@ -325,7 +358,7 @@ def build_argv(cfg: DeployConfig, rung: Rung, *, model_path: str, api_key_file: 
         argv += ["--api-key-file", api_key_file]
     user = list(cfg.server.extra_args) + list(rung.args)
     user_flags = {name for _, name, _ in split_flags(user, None)}
-    argv += [a for a in sampler_args(cfg)] if not user_flags & {"--temp", "--min-p", "--repeat-penalty"} else []
+    argv += sampler_args(cfg, skip=sampler_overrides(cfg, rung))   # a rung's flag replaces its own default only
     if "--metrics" not in user_flags:
         argv.append("--metrics")      # Prometheus counters: the selftest cross-checks them
     if rung.placement == "cpu" and not user_flags & set(NGL_FLAGS):

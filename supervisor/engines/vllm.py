@@ -19,8 +19,9 @@ from __future__ import annotations
 
 import json
 import re
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Sequence
+from typing import Any, Sequence
 
 from ..config import DeployConfig, Rung
 from ..failure import CUDA_DRIVER_SIGNATURES, FailureClass as F, Signature, sig
@@ -140,6 +141,89 @@ def lint_rung_warnings(cfg: DeployConfig, index: int, rung: Rung, snapshot: Flag
     return []
 
 
+# [sampler] field -> its key in --override-generation-config (the names of a generation config).
+SAMPLER_KEYS = {"temperature": "temperature", "min_p": "min_p", "top_p": "top_p", "top_k": "top_k",
+                "repeat_penalty": "repetition_penalty"}
+GENERATION_CONFIG = "--override-generation-config"
+
+
+@dataclass(frozen=True)
+class _GenerationArg:
+    """One --override-generation-config of a rung: the whole JSON object, or one dotted key of it
+    (`--override-generation-config.temperature 0.7`, which vLLM's parser merges into one object)."""
+    at: int                    # index of the token holding the value
+    inline: str | None         # the flag's own spelling when the value came after "=" in the same token
+    key: str | None            # the dotted key, None for the whole object
+    value: str
+
+
+def _generation_args(user: Sequence[str]) -> list[_GenerationArg]:
+    out = []
+    for i, tok in enumerate(user):
+        if not tok.startswith("--"):
+            continue
+        name, eq, inline = tok.partition("=")
+        base, dot, key = name.partition(".")
+        if "--" + base[2:].replace("_", "-") != GENERATION_CONFIG:   # vLLM reads _ as - in a flag's name
+            continue
+        if eq:
+            out.append(_GenerationArg(i, name, key or None, inline))
+        elif i + 1 < len(user):
+            out.append(_GenerationArg(i + 1, None, key or None, user[i + 1]))
+    return out
+
+
+def _rung_generation(given: list[_GenerationArg]) -> tuple[dict[str, Any] | None, bool]:
+    """(the object the rung's --override-generation-config amounts to, whether it is dotted keys).
+    vLLM's parser (vllm/utils/argparse_utils.py, FlexibleArgumentParser.parse_args) merges every dotted
+    key into one object and appends it last; the option itself is a plain store of json.loads
+    (vllm/engine/arg_utils.py, _compute_kwargs), so the last value wins: once there is a dotted key a
+    whole-object value is overridden, and of whole objects the last one counts. None: not a JSON object."""
+    dotted = [g for g in given if g.key]
+    if dotted:
+        return {g.key.split(".", 1)[0]: g.value for g in dotted if g.key}, True
+    try:
+        obj = json.loads(given[-1].value)
+    except ValueError:
+        return None, False
+    return (obj if isinstance(obj, dict) else None), False
+
+
+def sampler_overrides(cfg: DeployConfig, rung: Rung, snapshot: FlagSnapshot | None = None) -> dict[str, str]:
+    """The [sampler] defaults a rung (or server.extra_args) sets itself in --override-generation-config,
+    field -> how. Each replaces only its own default; the others still apply."""
+    given = _generation_args(list(cfg.server.extra_args) + list(rung.args))
+    if not given:
+        return {}
+    obj, _ = _rung_generation(given)
+    if obj is None:
+        return {}
+    return {f: f"{GENERATION_CONFIG} {k}={json.dumps(obj[k]) if not isinstance(obj[k], str) else obj[k]}"
+            for f, k in SAMPLER_KEYS.items() if getattr(cfg.sampler, f) is not None and k in obj}
+
+
+def _with_sampler_defaults(cfg: DeployConfig, user: list[str]) -> list[str]:
+    """The rung's args with [sampler] merged in: one key at a time, the rung's own keys winning."""
+    s = cfg.sampler
+    defaults = {k: v for f, k in SAMPLER_KEYS.items() if (v := getattr(s, f)) is not None}
+    if not defaults:
+        return user
+    given = _generation_args(user)
+    if not given:
+        return [GENERATION_CONFIG, json.dumps(defaults, sort_keys=True), *user]
+    obj, dotted = _rung_generation(given)
+    if obj is None:               # not a JSON object: vLLM says why at start; Kiln adds nothing to it
+        return user
+    missing = {k: v for k, v in defaults.items() if k not in obj}
+    if dotted:                    # more dotted keys, which vLLM merges with the rung's
+        return user + [a for k, v in sorted(missing.items()) for a in (f"{GENERATION_CONFIG}.{k}", json.dumps(v))]
+    out = list(user)
+    last = given[-1]
+    merged = json.dumps({**missing, **obj}, sort_keys=True)
+    out[last.at] = f"{last.inline}={merged}" if last.inline else merged
+    return out
+
+
 def model_dir(model_path: str) -> str:
     """vLLM serves a directory; the deploy config's entry names a file in it (config.json)."""
     p = Path(model_path)
@@ -155,12 +239,7 @@ def build_argv(cfg: DeployConfig, rung: Rung, *, model_path: str, api_key_file: 
     if "--served-model-name" not in user_flags:
         # Clients name the model; a path in the volume would leak into every request they write.
         argv += ["--served-model-name", cfg.model.hf_repo or Path(cfg.model.source).name]
-    s = cfg.sampler
-    overrides = {k: v for k, v in (("temperature", s.temperature), ("min_p", s.min_p), ("top_p", s.top_p),
-                                   ("top_k", s.top_k), ("repetition_penalty", s.repeat_penalty)) if v is not None}
-    if overrides and "--override-generation-config" not in user_flags:
-        argv += ["--override-generation-config", json.dumps(overrides, sort_keys=True)]
-    return argv + user
+    return argv + _with_sampler_defaults(cfg, user)
 
 
 def engine_env(cfg: DeployConfig, rung: Rung, api_key: str | None) -> dict[str, str]:

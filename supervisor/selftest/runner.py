@@ -12,6 +12,7 @@ import time
 from typing import Any, Callable
 
 from ..config import SamplerSpec, SelftestSpec
+from ..engines.llamacpp import SAMPLER_FLAGS as LLAMA_SAMPLER_FLAGS
 from .client import Client, ClientError, RequestCancelled
 from .measure import measure_decode, measure_prefill
 from .probes import COMPLETION, FATAL, SCORED, Outcome, Probe, probe_set
@@ -22,9 +23,8 @@ SAMPLER_PROPS = {"temperature": "temperature", "min_p": "min_p", "top_p": "top_p
                  "repeat_penalty": "repeat_penalty"}
 
 
-# llama-server's sampler flags (as engines/llamacpp.sampler_args writes them) -> [sampler] field
-SAMPLER_FLAGS = {"--temp": "temperature", "--min-p": "min_p", "--top-p": "top_p", "--top-k": "top_k",
-                 "--repeat-penalty": "repeat_penalty"}
+# llama-server's sampler flags, every spelling (engines/llamacpp.SAMPLER_FLAGS) -> [sampler] field
+SAMPLER_FLAGS = {flag: field_name for field_name, (flags, _) in LLAMA_SAMPLER_FLAGS.items() for flag in flags}
 
 
 def sampler_from_argv(argv: list[str]) -> SamplerSpec:

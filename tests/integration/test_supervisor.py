@@ -212,3 +212,19 @@ def test_100_start_stop_cycles_of_the_real_server_leave_nothing_behind(tmp_path,
     # cycle above re-bound the same port, which is what a restarted server needs)
     assert [c for c in psutil.net_connections("tcp") if c.laddr and c.laddr.port == port
             and c.status == psutil.CONN_LISTEN] == []
+
+
+def test_a_rung_that_sets_its_temperature_keeps_every_other_sampler_default(tmp_path, prefix, tiny):
+    # Was: a rung with --temp dropped min_p, top_k and repeat_penalty too, and check-config said ok
+    # (issue 24, item 6). The real llama-server says what it runs with: GET /props.
+    sampler = "[sampler]\ntemperature = 0.3\nmin_p = 0.1\ntop_k = 20\nrepeat_penalty = 1.05\n"
+    rungs = rung("cpu", ["-t", "1", "-c", "512", "--temp", "0.7"], env={"LLAMA_ARG_TOP_K": "30"})
+    with setup(tmp_path, prefix, tiny, rungs, extra=sampler, env={"KILN_API_KEY": "k-sampler"}) as sup:
+        sup.wait_state("SERVING")
+        code, body = http(f"http://127.0.0.1:{sup.engine_port}/props", headers={"Authorization": "Bearer k-sampler"})
+        assert code == 200, body[:300]
+        params = json.loads(body)["default_generation_settings"]["params"]
+        assert round(params["temperature"], 4) == 0.7                       # the rung's own
+        assert params["top_k"] == 30                                          # the rung's variable, not beaten by a flag
+        assert round(params["min_p"], 4) == 0.1 and round(params["repeat_penalty"], 4) == 1.05   # the defaults kept
+        assert sup.stop() == 0

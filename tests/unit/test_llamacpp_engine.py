@@ -219,3 +219,68 @@ def test_the_engines_own_refusals_are_model_incompatible(line):
     f = classify(returncode=1, elapsed_s=0.1, tail=[line, "llama_model_load_from_file_impl: failed to load model"],
                  signatures=llamacpp.SIGNATURES)
     assert f.failure_class is FailureClass.MODEL_INCOMPATIBLE
+
+
+SAMPLER = "[sampler]\ntemperature = 0.3\nmin_p = 0.1\ntop_k = 40\nrepeat_penalty = 1.05\n"
+
+
+def _sampler_argv(cfg):
+    argv = llamacpp.build_argv(cfg, cfg.ladder.rungs[0], model_path="/m.gguf", api_key_file=None)
+    return {flag: argv[i + 1] for i, flag in enumerate(argv) if flag in ("--temp", "--temperature", "--min-p",
+                                                                          "--top-p", "--top-k", "--repeat-penalty")}
+
+
+@pytest.mark.parametrize("args,env,expected", [
+    # Was: a rung that set --temp (or --min-p, --repeat-penalty) dropped EVERY sampler default silently.
+    (["--temp", "0.7"], None, {"--temp": "0.7", "--min-p": "0.1", "--top-k": "40", "--repeat-penalty": "1.05"}),
+    (["--temperature", "0.7"], None, {"--temperature": "0.7", "--min-p": "0.1", "--top-k": "40",
+                                      "--repeat-penalty": "1.05"}),
+    (["--top-k=20"], None, {"--temp": "0.3", "--min-p": "0.1", "--repeat-penalty": "1.05"}),
+    (["--min-p", "0.05", "--repeat-penalty", "1.0"], None, {"--temp": "0.3", "--min-p": "0.05", "--top-k": "40",
+                                                            "--repeat-penalty": "1.0"}),
+    # a variable the flag would beat (the flag wins in llama.cpp): the default is not written then
+    ([], {"LLAMA_ARG_TEMPERATURE": "0.9"}, {"--min-p": "0.1", "--top-k": "40", "--repeat-penalty": "1.05"}),
+])
+def test_a_rungs_sampler_flag_replaces_only_its_own_default(args, env, expected):
+    assert _sampler_argv(cfg_with(args, placement="cpu", env=env, extra=SAMPLER)) == expected
+
+
+def test_sampler_overrides_name_the_spelling_the_rung_used(snap):
+    c = cfg_with(["--temperature", "0.7", "--top-k", "20"], env={"LLAMA_ARG_MIN_P": "0.2"}, extra=SAMPLER)
+    assert llamacpp.sampler_overrides(c, c.ladder.rungs[0], snap) == {
+        "temperature": "--temperature 0.7", "min_p": "env LLAMA_ARG_MIN_P=0.2", "top_k": "--top-k 20"}
+    plain = cfg_with(["--temp", "0.7"])                            # no [sampler]: nothing is replaced
+    assert llamacpp.sampler_overrides(plain, plain.ladder.rungs[0], snap) == {}
+
+
+def test_every_sampler_spelling_is_a_flag_of_the_pinned_llama_server(snap):
+    for spellings, var in llamacpp.SAMPLER_FLAGS.values():
+        assert all(snap.get(s) is not None for s in spellings), spellings
+        assert var in snap.by_env and snap.by_env[var] is snap.get(spellings[0])
+
+
+def test_check_config_lists_which_sampler_defaults_a_rung_replaces(tmp_path):
+    import subprocess
+    import sys
+
+    path = tmp_path / "c.toml"
+    path.write_text(f"""
+[model]
+source = "/m.gguf"
+[server]
+binary = "/bin/true"
+{SAMPLER}
+[ladder]
+[[ladder.rungs]]
+name = "hot"
+args = ["--temp", "0.7"]
+[[ladder.rungs]]
+name = "plain"
+args = ["-c", "512"]
+""")
+    r = subprocess.run([sys.executable, "-m", "supervisor", "check-config", str(path), "--flags", str(HELP)],
+                       capture_output=True, text=True, cwd=HELP.parents[3])
+    assert r.returncode == 0, r.stderr
+    assert ("ladder.rungs[0] (hot): replaces [sampler] temperature = 0.3 with --temp 0.7; "
+            "min_p = 0.1, top_k = 40, repeat_penalty = 1.05 still apply") in [x.strip() for x in r.stdout.splitlines()[1:]]
+    assert "(plain)" not in r.stdout

@@ -253,3 +253,42 @@ def test_the_h200s_own_0_26_0_parser_gives_the_same_snapshot_as_the_cpu_made_one
     cpu_text = (HELP.parent / "vllm-0.26.0-serve-help-all.txt").read_text()
     gpu_text = (HELP.parent / "vllm-0.26.0-serve-help-all-h200.txt").read_text()
     assert cpu_text != gpu_text and "'combo_kernels': True" in gpu_text and "combo_kernels" not in cpu_text
+
+
+SAMPLER = "[sampler]\ntemperature = 0.3\nmin_p = 0.1\nrepeat_penalty = 1.05\n"
+
+
+def _argv(args):
+    c = cfg(args, sampler=SAMPLER)
+    return c, vllm.build_argv(c, c.ladder.rungs[0], model_path="/models/x/config.json")
+
+
+def test_a_rungs_generation_config_object_keeps_the_other_sampler_defaults():
+    # Was: a rung with its own --override-generation-config dropped every [sampler] default silently.
+    c, argv = _argv(["--override-generation-config", '{"temperature": 0.7, "max_new_tokens": 64}'])
+    assert argv.count("--override-generation-config") == 1
+    assert json.loads(argv[argv.index("--override-generation-config") + 1]) == {
+        "temperature": 0.7, "max_new_tokens": 64, "min_p": 0.1, "repetition_penalty": 1.05}
+    assert vllm.sampler_overrides(c, c.ladder.rungs[0]) == {"temperature": "--override-generation-config temperature=0.7"}
+
+
+def test_an_inline_generation_config_is_merged_in_place():
+    _, argv = _argv(["--override_generation_config={\"min_p\": 0}"])
+    merged = [a for a in argv if a.startswith("--override_generation_config=")]
+    assert len(merged) == 1 and "--override-generation-config" not in argv
+    assert json.loads(merged[0].split("=", 1)[1]) == {"min_p": 0, "temperature": 0.3, "repetition_penalty": 1.05}
+
+
+def test_dotted_generation_keys_get_the_missing_defaults_as_dotted_keys():
+    # vLLM merges every --override-generation-config.KEY into one object: the defaults join that way.
+    c, argv = _argv(["--override-generation-config.temperature", "0.7"])
+    assert "--override-generation-config" not in argv
+    assert argv[-6:] == ["--override-generation-config.temperature", "0.7",
+                         "--override-generation-config.min_p", "0.1",
+                         "--override-generation-config.repetition_penalty", "1.05"]
+    assert set(vllm.sampler_overrides(c, c.ladder.rungs[0])) == {"temperature"}
+
+
+def test_a_generation_config_that_is_not_an_object_is_left_to_vllm():
+    _, argv = _argv(["--override-generation-config", "not json"])
+    assert argv[-2:] == ["--override-generation-config", "not json"] and argv.count("--override-generation-config") == 1
