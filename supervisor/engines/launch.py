@@ -31,6 +31,15 @@ from ..lifecycle.state import Live
 
 log = logging.getLogger("kiln")
 
+# The engine's output in the volume (<state_dir>/run/engine.log), rotated by size: engine.log and
+# ENGINE_LOG_KEEP older files, ENGINE_LOG_MAX_BYTES each (256 MiB in all, next to a model of tens of
+# GiB). Constants, not config: the same lines reach the container log through the supervisor, so
+# this file is the volume's short memory for a post-mortem, and a new deploy-config field would
+# change every config's hash (the ladder memory's key, a published config's "unchanged").
+ENGINE_LOG = "engine.log"
+ENGINE_LOG_MAX_BYTES = 64 * 1024 * 1024
+ENGINE_LOG_KEEP = 3
+
 
 def check(rt: Runtime, live: Live, index: int) -> Failure | None:
     """The rung's pre-launch checks: its flags, and the model file (and a draft it names) against
@@ -146,15 +155,17 @@ def start(rt: Runtime, cfg: DeployConfig, index: int, model: Path,
                                 api_key_file=str(rt.key_file) if rt.key_file else None,
                                 vcpus=rt.hw.vcpus if rt.hw else None)
     env = engine_environment(rt.engine, cfg, rung, rt.env, rt.api_key)
+    log_path = rt.run_dir / ENGINE_LOG
     try:
-        proc = ManagedProcess.start(argv, env=env, on_line=on_line, redact=list(rt.secrets),
-                                    log_file=str(rt.run_dir / "engine.log"), role="engine")
+        proc = ManagedProcess.start(argv, env=env, on_line=on_line, redact=list(rt.secrets), log_file=str(log_path),
+                                    log_max_bytes=ENGINE_LOG_MAX_BYTES, log_keep=ENGINE_LOG_KEEP, role="engine")
     except OSError as e:                         # no such binary, not executable, a bad interpreter line
         return Failure(FailureClass.ENGINE_MISSING, f"cannot start {argv[0]!r}: {e.strerror or e}; "
                        "use an image built for this engine, or point server.binary at its executable",
                        rung=rung.name)
     rt.rec.bump("launches")
-    rt.rec.update(engine={"pid": proc.pid, "port": cfg.server.port, "argv": [rt.secrets.redact(a) for a in argv]})
+    rt.rec.update(engine={"pid": proc.pid, "port": cfg.server.port, "argv": [rt.secrets.redact(a) for a in argv],
+                          "log": {"path": str(log_path), "max_bytes": ENGINE_LOG_MAX_BYTES, "keep": ENGINE_LOG_KEEP}})
     return proc
 
 

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import math
 import os
 import time
 from dataclasses import dataclass
@@ -46,10 +47,14 @@ def memory_key(cfg: DeployConfig, hw: Hardware, image: str) -> str:
 
 
 class LadderMemory:
-    """key -> winning rung name, in one small JSON file written atomically."""
+    """key -> winning rung name, in one small JSON file written atomically. Every published config
+    is a new key, so only the KEEP most recently won entries stay (it grew one entry per config)."""
 
-    def __init__(self, path: Path):
+    KEEP = 32
+
+    def __init__(self, path: Path, keep: int = KEEP):
         self.path = path
+        self.keep = keep
 
     def _load(self) -> dict[str, dict[str, object]]:
         try:
@@ -65,11 +70,21 @@ class LadderMemory:
 
     def remember(self, key: str, rung: str) -> None:
         data = self._load()
+        data.pop(key, None)
         data[key] = {"rung": rung, "at": time.time()}
+        if len(data) > self.keep:                 # the newest win (by its time; this one last on a tie)
+            order = sorted(data, key=lambda k: (k == key, self._at(data[k])))
+            data = {k: data[k] for k in order[-self.keep:]}
         self.path.parent.mkdir(parents=True, exist_ok=True)
         tmp = self.path.with_name(self.path.name + f".{os.getpid()}.tmp")
         tmp.write_text(json.dumps(data, indent=2, sort_keys=True), encoding="utf-8")
         tmp.replace(self.path)
+
+    @staticmethod
+    def _at(entry: object) -> float:
+        at = entry.get("at") if isinstance(entry, dict) else None
+        ok = isinstance(at, (int, float)) and not isinstance(at, bool) and math.isfinite(at)
+        return float(at) if ok else 0.0
 
 
 def start_index(cfg: DeployConfig, remembered: str | None) -> tuple[int, str]:

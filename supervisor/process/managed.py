@@ -18,11 +18,10 @@ import threading
 import time
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from pathlib import Path
-from typing import TextIO
-
 import psutil
 
 from .leftovers import Journal
+from .logfile import RotatingFile
 from ..redact import ordered
 from ..redact import redact as redact_text
 
@@ -95,7 +94,7 @@ class ManagedProcess:
         on_line: Callable[[str], None] | None,
         tail_lines: int,
         redact: Sequence[str],
-        log: TextIO | None,
+        log: RotatingFile | None,
     ) -> None:
         # Use start(); the constructor only wires an already started Popen.
         self._popen = popen
@@ -137,6 +136,8 @@ class ManagedProcess:
         tail_lines: int = 200,
         redact: Sequence[str] = (),
         log_file: str | None = None,
+        log_max_bytes: int | None = None,
+        log_keep: int = 3,
         role: str = "child",
         pdeathsig: bool = True,
     ) -> ManagedProcess:
@@ -144,7 +145,9 @@ class ManagedProcess:
 
         With `pdeathsig` the kernel KILLs the child when the thread that started it exits
         (PR_SET_PDEATHSIG, through `setpriv`, which then execs argv: same pid). It follows the
-        *thread*: start long-lived children from a thread that lives as long as they should."""
+        *thread*: start long-lived children from a thread that lives as long as they should.
+        `log_file` gets every output line (redacted), rotated past `log_max_bytes` with `log_keep`
+        old files (supervisor/process/logfile.py)."""
         if isinstance(argv, (str, bytes)):
             raise TypeError("argv must be a sequence of arguments, not a string (no shell)")
         args = [str(a) for a in argv]
@@ -155,7 +158,7 @@ class ManagedProcess:
         if pdeathsig and _SETPRIV:
             args = [_SETPRIV, "--pdeathsig", "KILL", "--", *args]
         # Opened before the child exists, so a bad path cannot leave an orphan behind.
-        log = open(log_file, "a", encoding="utf-8", buffering=1) if log_file else None
+        log = RotatingFile(log_file, max_bytes=log_max_bytes, keep=log_keep) if log_file else None
         try:
             popen = subprocess.Popen(
                 args,
@@ -386,7 +389,7 @@ class ManagedProcess:
         self._last_output_at = time.monotonic()
         if self._log:
             try:
-                self._log.write(line + "\n")
+                self._log.write_line(line)
             except (OSError, ValueError) as e:  # a full disk: keep draining, stop writing the file
                 log.warning("pid %d: output log not written any more (%s)", self.pid, e)
                 self._close_log()

@@ -243,6 +243,20 @@ def test_redaction_canary_never_leaks(spawn, tmp_path: Path) -> None:
     assert written.splitlines() == p.tail() == lines.lines
 
 
+def test_the_output_log_is_rotated_by_size_and_keeps_every_recent_line(spawn, tmp_path: Path) -> None:
+    # Was: the log was appended to forever (issue 24: engine.log would outgrow the volume).
+    log_file = tmp_path / "engine.log"
+    p, lines = spawn(helper("child.py", "--lines", "2000", "--exit", "0"), log_file=str(log_file),
+                     log_max_bytes=4096, log_keep=2)
+    assert p.wait(DEADLINE) == 0
+    p.stop()
+    files = [log_file, tmp_path / "engine.log.1", tmp_path / "engine.log.2"]
+    assert sorted(tmp_path.iterdir()) == files                     # older ones dropped, nothing else left
+    assert all(f.stat().st_size <= 4096 for f in files)
+    kept = "".join(f.read_text() for f in reversed(files)).splitlines()
+    assert kept == lines.lines[-len(kept):] and kept[-1].startswith("ready")   # the newest, in order, no gap
+
+
 def test_tail_is_bounded_decoded_and_marks_progress(spawn) -> None:
     p, lines = spawn(helper("child.py", "--raw", "ff41", "--lines", "50"), tail_lines=5)
     lines.wait_for(r"^ready")

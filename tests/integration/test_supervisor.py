@@ -228,3 +228,29 @@ def test_a_rung_that_sets_its_temperature_keeps_every_other_sampler_default(tmp_
         assert params["top_k"] == 30                                          # the rung's variable, not beaten by a flag
         assert round(params["min_p"], 4) == 0.1 and round(params["repeat_penalty"], 4) == 1.05   # the defaults kept
         assert sup.stop() == 0
+
+
+def test_an_engine_log_past_its_cap_is_rotated_and_the_ladder_memory_stays_bounded(tmp_path, prefix, tiny):
+    # Was: <state_dir>/run/engine.log was appended to forever and ladder-memory.json kept one entry per
+    # config (issue 24, item 5). A previous boot's log at the cap (sparse: no 64 MiB written) and 40
+    # remembered configs are in the volume before this boot.
+    from supervisor.engines.launch import ENGINE_LOG_KEEP, ENGINE_LOG_MAX_BYTES
+    from supervisor.ladder.memory import LadderMemory
+
+    run = tmp_path / "state" / "run"
+    run.mkdir(parents=True)
+    with open(run / "engine.log", "wb") as f:
+        f.truncate(ENGINE_LOG_MAX_BYTES)
+    (tmp_path / "state" / "ladder-memory.json").write_text(
+        json.dumps({f"{i:064x}": {"rung": "gone", "at": 1000.0 + i} for i in range(40)}))
+    with setup(tmp_path, prefix, tiny, rung("cpu", ["-t", "1", "-c", "512"])) as sup:
+        st = sup.wait_state("SERVING")
+        assert st["engine"]["log"] == {"path": str(run / "engine.log"), "max_bytes": ENGINE_LOG_MAX_BYTES,
+                                       "keep": ENGINE_LOG_KEEP}
+        assert (run / "engine.log.1").stat().st_size == ENGINE_LOG_MAX_BYTES      # the old one, rotated away
+        current = (run / "engine.log").read_text(errors="replace")
+        assert 0 < len(current) < 1 << 20 and "\0" not in current               # this boot's engine output only
+        assert sup.stop() == 0
+    memory = json.loads((tmp_path / "state" / "ladder-memory.json").read_text())
+    rungs = [v["rung"] for v in memory.values()]
+    assert len(memory) == LadderMemory.KEEP and rungs.count("cpu") == 1         # this boot's winner, and the newest old
