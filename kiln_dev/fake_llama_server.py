@@ -14,6 +14,9 @@ the environment, so argv stays what the supervisor would give the real binary:
       ok                       load, serve /health 200; SIGTERM -> exit 0
       crash-after-ready        serve, then SIGSEGV itself (returncode -11)
       hang-loading             one loading line, then silence; /health 503 forever
+      spin-loading             one loading line, then a CPU busy-spin with no output, no reads and
+                               no new memory (a hung NCCL initialisation); /health 503 for
+                               KILN_FAKE_SPIN_S (default: forever), then serve
       slow-loading-progress    progress dots for KILN_FAKE_LOAD_S, then serve
       ignore-sigterm           serve; SIGTERM only logs a line; needs SIGKILL
       spawn-orphan             double-fork a sleeper in a new session, print its pid, serve
@@ -36,6 +39,7 @@ the environment, so argv stays what the supervisor would give the real binary:
                            for slow-loading-progress default 1.0)
   KILN_FAKE_DOT_S          slow-loading-progress: seconds between progress dots (default 0.1)
   KILN_FAKE_CRASH_AFTER_S  crash-after-ready: seconds after ready until SIGSEGV (default 0.5)
+  KILN_FAKE_SPIN_S         spin-loading: seconds of busy CPU before /health turns 200 (default: forever)
   KILN_FAKE_ORPHAN_S       spawn-orphan: how long the orphan lives (default 60)
   KILN_FAKE_LOG_DIR        where the recorded logs are (default tests/fixtures/engine-logs)
 
@@ -228,6 +232,18 @@ def hang_loading(a: Args) -> int:
     return serve_forever()
 
 
+def spin_loading(a: Args) -> int:
+    # NCCL's bootstrap and proxy threads poll in a loop while a peer never answers: a core busy,
+    # nothing printed, nothing read, no memory touched (the seed's A40 pair sat 22 minutes so).
+    begin_loading(a)
+    end = time.monotonic() + env_s("KILN_FAKE_SPIN_S", float("inf"))
+    n = 0
+    while time.monotonic() < end:
+        n = (n + 1) & 0xFFFF
+    become_ready(a)
+    return serve_forever()
+
+
 def slow_loading_progress(a: Args) -> int:
     # The real line (seen with -lv 4; the default verbosity 3 prints nothing while loading),
     # then llama.cpp's default progress callback: one dot per percent, no newline till 100%.
@@ -350,6 +366,7 @@ SCENARIOS: dict[str, Callable[[Args], int]] = {
     "removed-flag": recorded("llama-server-removed-flag-cpu.log"),
     "crash-after-ready": crash_after_ready,
     "hang-loading": hang_loading,
+    "spin-loading": spin_loading,
     "slow-loading-progress": slow_loading_progress,
     "ignore-sigterm": ignore_sigterm,
     "spawn-orphan": spawn_orphan,

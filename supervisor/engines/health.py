@@ -4,11 +4,20 @@ Three things race (llama-swap's `doStart` shape): the server answering
 `/health` 200 — from a socket our engine's process tree owns, so a foreign listener on the port
 is never taken for our engine —, the server exiting (its stderr tail is how an OOM is
 recognised), and a shutdown request. The deadline is progress-based: it moves
-while the server shows life — new output, CPU time, bytes read from disk — and
-fires on a stall, not after a fixed total. A 181 GiB model takes minutes to
-load and a deadlocked NCCL init takes forever; only progress tells them apart.
-(llama-server prints nothing while loading at its default verbosity, so CPU
-and I/O counters carry most of the signal.)
+while the server shows life — new output, bytes read, resident memory grown
+(weights read through mmap show only there; allocations too), CPU time — and fires on a
+stall, not after a fixed total. A 181 GiB model takes minutes to load and a
+deadlocked NCCL init takes forever; only progress tells them apart.
+(llama-server prints nothing while loading at its default verbosity, so the
+counters carry most of the signal.)
+
+CPU time alone is not enough for long: a hung NCCL start-up busy-spins a core
+without printing, reading or touching memory, and counted as loading forever
+(issue 24). CPU counts as progress only within `stall_s` of the last output,
+read or memory growth; after that it is a spin, and the stall fires one
+`stall_s` later, saying so. A real load reads the weights (read(), or mmap:
+resident memory grows) or prints; a CPU-only phase of its own (a repack, the
+copy of already-mapped weights to the GPU) is shorter than the bound.
 """
 
 from __future__ import annotations
@@ -28,6 +37,7 @@ FAST_POLL_S = 0.01
 FAST_PHASE_S = 2.0
 CPU_PROGRESS_S = 0.05      # CPU seconds that count as "doing something"
 IO_PROGRESS_BYTES = 1 << 20
+RSS_PROGRESS_BYTES = 1 << 20   # resident memory grown: weights mapped in (an mmap read) or allocated
 
 
 @dataclass(frozen=True)
@@ -68,34 +78,53 @@ def owns_port(proc: ManagedProcess, port: int) -> bool:
 
 
 class ProgressMeter:
-    """Notices whether a process tree did anything since the last look."""
+    """Notices whether a process tree did anything since the last look. Output, reads and memory growth
+    are evidence of work; CPU time counts only within `cpu_alone_s` of the last evidence (None: always)."""
 
-    def __init__(self, proc: ManagedProcess):
+    def __init__(self, proc: ManagedProcess, cpu_alone_s: float | None = None):
         self.proc = proc
-        self._cpu = 0.0
-        self._io = 0
+        self.cpu_alone_s = cpu_alone_s
+        self.spinning = False          # the last look saw CPU time and nothing else, past the bound
+        self.evidence_at = time.monotonic()     # when output, a read or memory growth was last seen
+        self._cpu, self._io, self._rss = self._counters()
         self._out = proc.last_output_at()
 
-    def _counters(self) -> tuple[float, int]:
-        cpu, io = 0.0, 0
+    def _counters(self) -> tuple[float, int, int]:
+        cpu, io, rss = 0.0, 0, 0
         for pid in self.proc.tree_pids():
             try:
                 p = psutil.Process(pid)
                 t = p.cpu_times()
-                cpu += t.user + t.system
                 c = p.io_counters()
-                io += c.read_chars + c.read_bytes
+                m = p.memory_info()
             except (psutil.Error, AttributeError):
                 continue
-        return cpu, io
+            cpu += t.user + t.system
+            io += c.read_chars + c.read_bytes
+            rss += m.rss
+        return cpu, io, rss
 
-    def moved(self) -> bool:
-        cpu, io = self._counters()
+    def moved(self, now: float | None = None) -> bool:
+        now = time.monotonic() if now is None else now
+        cpu, io, rss = self._counters()
+        # A process of the tree that ended (or memory given back) lowers a sum: count on from there.
+        self._cpu, self._io, self._rss = min(self._cpu, cpu), min(self._io, io), min(self._rss, rss)
         out = self.proc.last_output_at()
-        moved = (cpu - self._cpu >= CPU_PROGRESS_S) or (io - self._io >= IO_PROGRESS_BYTES) or out != self._out
-        if moved:
-            self._cpu, self._io, self._out = cpu, io, out
-        return moved
+        evidence = False
+        if out != self._out:
+            self._out, evidence = out, True
+        if io - self._io >= IO_PROGRESS_BYTES:
+            self._io, evidence = io, True
+        if rss - self._rss >= RSS_PROGRESS_BYTES:
+            self._rss, evidence = rss, True
+        busy = cpu - self._cpu >= CPU_PROGRESS_S
+        if busy:
+            self._cpu = cpu
+        if evidence:
+            self.evidence_at = now
+        cpu_counts = busy and (self.cpu_alone_s is None or now - self.evidence_at <= self.cpu_alone_s)
+        self.spinning = busy and not evidence and not cpu_counts
+        return evidence or cpu_counts
 
 
 def wait_healthy(proc: ManagedProcess, host: str, port: int, *, stall_s: float, max_s: float,
@@ -109,7 +138,7 @@ def wait_healthy(proc: ManagedProcess, host: str, port: int, *, stall_s: float, 
     """
     start = time.monotonic()
     last_progress = start
-    meter = ProgressMeter(proc)
+    meter = ProgressMeter(proc, cpu_alone_s=stall_s)
     next_meter = start
     # A wildcard bind address is reached on loopback.
     target = "127.0.0.1" if host in ("0.0.0.0", "::", "") else host
@@ -132,6 +161,12 @@ def wait_healthy(proc: ManagedProcess, host: str, port: int, *, stall_s: float, 
                 return HealthOutcome(False, stalled=True, elapsed_s=elapsed,
                                      reason=f"the engine repeated {len(repeats)}x without getting ready: "
                                             f"{repeats[-1].strip()[:200]}")
+        if now - last_progress > stall_s and meter.spinning:
+            return HealthOutcome(False, stalled=True, elapsed_s=elapsed,
+                                 reason=f"no loading progress but CPU time for {now - meter.evidence_at:.0f} s: the "
+                                        "engine kept a CPU busy and printed nothing, read nothing, mapped no new "
+                                        f"memory (CPU alone counts for health.stall_s = {stall_s:g} s): a busy hang, "
+                                        "such as an NCCL initialisation spinning while a peer never answers")
         if now - last_progress > stall_s or (max_s and elapsed > max_s):
             return HealthOutcome(False, stalled=True, elapsed_s=elapsed)
         sleep(FAST_POLL_S if elapsed < FAST_PHASE_S else poll_s)

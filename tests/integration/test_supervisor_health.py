@@ -40,6 +40,26 @@ def test_a_slow_load_that_keeps_making_progress_is_not_stalled(tmp_path, prefix,
         assert sup.stop() == 0
 
 
+def test_a_load_that_only_busy_spins_a_cpu_is_a_stall_that_says_so(tmp_path, prefix, tiny):
+    # Was: CPU time counted as loading progress, so an engine spinning a core without a word (a hung NCCL
+    # start-up) was never stalled: with stall_s 1.5 it sat in LOADING for as long as one watched (issue 24).
+    with start(tmp_path, prefix, tiny, {"KILN_FAKE_SCENARIO": "spin-loading"}, stall_s=1.5) as sup:
+        assert sup.proc.wait(60) != 0
+        log = sup.log()
+        assert "failure stalled" in log and "kept a CPU busy and printed nothing, read nothing" in log
+        assert "health.stall_s = 1.5" in log
+
+
+def test_a_cpu_phase_shorter_than_the_stall_deadline_still_counts_as_loading(tmp_path, prefix, tiny):
+    # CPU alone counts for stall_s after the last output: 4 s of silent CPU against stall_s 3 loads
+    # (the deadline would have fired at 3 s if CPU never counted, and fires at 6 s for a spin).
+    env = {"KILN_FAKE_SCENARIO": "spin-loading", "KILN_FAKE_SPIN_S": "4"}
+    with start(tmp_path, prefix, tiny, env, stall_s=3, args=()) as sup:
+        st = sup.wait_state("SERVING", timeout=60)
+        assert st["timings"]["last_load_s"] >= 3.5 and not st["failures"]
+        assert sup.stop() == 0
+
+
 def test_a_busy_port_is_port_in_use_before_any_engine_starts_and_terminal(tmp_path, prefix, tiny):
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
