@@ -158,7 +158,8 @@ def start(rt: Runtime, cfg: DeployConfig, index: int, model: Path,
     log_path = rt.run_dir / ENGINE_LOG
     try:
         proc = ManagedProcess.start(argv, env=env, on_line=on_line, redact=list(rt.secrets), log_file=str(log_path),
-                                    log_max_bytes=ENGINE_LOG_MAX_BYTES, log_keep=ENGINE_LOG_KEEP, role="engine")
+                                    log_max_bytes=ENGINE_LOG_MAX_BYTES, log_keep=ENGINE_LOG_KEEP, role="engine",
+                                    on_unkillable=lambda info: unkillable(rt, rung, info))
     except OSError as e:                         # no such binary, not executable, a bad interpreter line
         return Failure(FailureClass.ENGINE_MISSING, f"cannot start {argv[0]!r}: {e.strerror or e}; "
                        "use an image built for this engine, or point server.binary at its executable",
@@ -167,6 +168,17 @@ def start(rt: Runtime, cfg: DeployConfig, index: int, model: Path,
     rt.rec.update(engine={"pid": proc.pid, "port": cfg.server.port, "argv": [rt.secrets.redact(a) for a in argv],
                           "log": {"path": str(log_path), "max_bytes": ENGINE_LOG_MAX_BYTES, "keep": ENGINE_LOG_KEEP}})
     return proc
+
+
+def unkillable(rt: Runtime, rung: Rung, info: dict[str, Any]) -> None:
+    """An engine that outlived SIGKILL (uninterruptible sleep: a wedged GPU driver): on /status under
+    `unkillable` (by pid), a warning, the history. It is left behind; the supervisor goes on."""
+    procs = ", ".join(f"pid {p['pid']} ({p['state']})" for p in info.get("processes", []))
+    rt.rec.merge("unkillable", **{str(info["pid"]): {**info, "rung": rung.name}})
+    rt.rec.event("unkillable", f"{rung.name}: {procs}")
+    rt.warn(f"engine of rung {rung.name} did not die after SIGKILL: {procs}; uninterruptible sleep (D state) "
+            "is usually a wedged GPU driver: it holds its memory until the kernel lets go, which may need the "
+            "pod (or host) restarted")
 
 
 def down(rt: Runtime, proc: ManagedProcess, rung: Rung, *, returncode: int | None, elapsed_s: float | None,

@@ -3,6 +3,11 @@
 Stop follows llama-swap/TGI: SIGTERM to the process group, a grace measured on the monotonic
 clock, SIGKILL to the group, reap. Descendants are tracked with psutil while the tree is intact,
 so a grandchild that called setsid (and so escaped the group) is still found and killed.
+
+A process in uninterruptible sleep (D state: a wedged GPU driver) outlives even SIGKILL until the
+kernel call it waits in returns, which may be never. stop() does not raise then (it did, through
+PID 1): it records the process (`unkillable`: pid, state), says so in the log and to the owner's
+`on_unkillable`, leaves it tracked, and returns None; the supervisor goes on.
 """
 
 from __future__ import annotations
@@ -31,6 +36,7 @@ log = logging.getLogger(__name__)
 
 _REFRESH_S = 0.5  # how often the reader thread re-scans the tree while it runs
 _KILL_WAIT_S = 10.0  # after SIGKILL only an uninterruptible (D state) process takes this long
+_UNKNOWN = "unknown"  # a state psutil could not read
 _READER_JOIN_S = 2.0  # after the tree is dead its pipe reaches EOF at once; this is a backstop
 _MAX_LINE = 64 * 1024  # a line without newline (progress dots) is cut here, not buffered forever
 # util-linux's setpriv sets PR_SET_PDEATHSIG and execs (Python's preexec_fn is unsafe with threads).
@@ -95,6 +101,7 @@ class ManagedProcess:
         tail_lines: int,
         redact: Sequence[str],
         log: RotatingFile | None,
+        on_unkillable: Callable[[dict[str, object]], None] | None = None,
     ) -> None:
         # Use start(); the constructor only wires an already started Popen.
         self._popen = popen
@@ -120,6 +127,8 @@ class ManagedProcess:
         self._abandon_pipe = threading.Event()
         self._stop_lock = threading.Lock()
         self._stopped = False
+        self._on_unkillable = on_unkillable
+        self.unkillable: dict[str, object] | None = None   # set when SIGKILL did not end the tree
         self._waiter = threading.Thread(target=self._wait_exit, name=f"kiln-wait-{self.pid}", daemon=True)
         self._reader = threading.Thread(target=self._read_loop, name=f"kiln-read-{self.pid}", daemon=True)
         self._waiter.start()
@@ -140,6 +149,7 @@ class ManagedProcess:
         log_keep: int = 3,
         role: str = "child",
         pdeathsig: bool = True,
+        on_unkillable: Callable[[dict[str, object]], None] | None = None,
     ) -> ManagedProcess:
         """Start argv (a list, never a shell string) and track it in REGISTRY.
 
@@ -147,7 +157,7 @@ class ManagedProcess:
         (PR_SET_PDEATHSIG, through `setpriv`, which then execs argv: same pid). It follows the
         *thread*: start long-lived children from a thread that lives as long as they should.
         `log_file` gets every output line (redacted), rotated past `log_max_bytes` with `log_keep`
-        old files (supervisor/process/logfile.py)."""
+        old files (supervisor/process/logfile.py). `on_unkillable` hears of a tree SIGKILL did not end."""
         if isinstance(argv, (str, bytes)):
             raise TypeError("argv must be a sequence of arguments, not a string (no shell)")
         args = [str(a) for a in argv]
@@ -174,7 +184,7 @@ class ManagedProcess:
             if log:
                 log.close()
             raise
-        proc = cls(popen, on_line=on_line, tail_lines=tail_lines, redact=redact, log=log)
+        proc = cls(popen, on_line=on_line, tail_lines=tail_lines, redact=redact, log=log, on_unkillable=on_unkillable)
         REGISTRY.track(proc, role, [str(a) for a in argv])
         return proc
 
@@ -285,10 +295,12 @@ class ManagedProcess:
                 continue
         return out
 
-    def stop(self, grace_s: float = 10.0) -> int:
+    def stop(self, grace_s: float = 10.0) -> int | None:
         """TERM the group, wait grace_s, KILL the group and every tracked escapee, reap.
 
-        Idempotent. Returns the process's return code (Popen convention).
+        Idempotent. Returns the process's return code (Popen convention), or None when the process
+        outlived SIGKILL (uninterruptible): then `unkillable` says which and in what state. Never raises
+        for a process that will not die.
         """
         with self._stop_lock:
             if self._stopped:
@@ -307,14 +319,29 @@ class ManagedProcess:
                 for p in self._descendants():
                     if _running(p):
                         _send(p, signal.SIGKILL)
-            if not self._exited.wait(_KILL_WAIT_S):
-                raise TimeoutError(f"pid {self.pid} still alive {_KILL_WAIT_S:.0f} s after SIGKILL")
-            left = _wait_gone(self._descendants(), time.monotonic() + _KILL_WAIT_S)
-            if left:
-                log.error("pids %s survived SIGKILL (uninterruptible?)", [p.pid for p in left])
-            self._close_pipe()
+            leader_gone = self._exited.wait(_KILL_WAIT_S)
+            left = _wait_gone(self._descendants(), time.monotonic() + (_KILL_WAIT_S if leader_gone else 0.0))
+            if not leader_gone or left:
+                self._record_unkillable(([] if leader_gone else [self._ps]) + left)
             self._stopped = True
+            if not leader_gone:          # its pipe stays open while it lives: the reader keeps draining it
+                return None
+            self._close_pipe()
             return self._popen.returncode
+
+    def _record_unkillable(self, procs: list[psutil.Process]) -> None:
+        """Processes of this tree that outlived SIGKILL: on `unkillable`, in the log, to the owner."""
+        alive = [{"pid": p.pid, "state": _state(p)} for p in procs]
+        self.unkillable = {"pid": self.pid, "leader_alive": any(a["pid"] == self.pid for a in alive),
+                           "processes": alive, "since": round(time.time(), 3)}
+        log.error("pid %d: %s did not die %.0f s after SIGKILL (uninterruptible sleep, such as a wedged GPU "
+                  "driver, ends only when the kernel lets go); left behind, the supervisor goes on",
+                  self.pid, ", ".join(f"pid {a['pid']} ({a['state']})" for a in alive), _KILL_WAIT_S)
+        if self._on_unkillable is not None:
+            try:
+                self._on_unkillable(dict(self.unkillable))
+            except Exception:  # the owner's bookkeeping must not turn this into a raise after all
+                log.exception("pid %d: on_unkillable callback failed", self.pid)
 
     def _close_pipe(self) -> None:
         # With the tree dead the pipe is at EOF. A writer we never saw (spawned and detached
@@ -398,6 +425,14 @@ class ManagedProcess:
                 self._on_line(line)
             except Exception:  # a callback bug must not stop the draining of the pipe
                 log.exception("pid %d: on_line callback failed", self.pid)
+
+
+def _state(p: psutil.Process) -> str:
+    """psutil's status ("disk-sleep" is D state), or "unknown"."""
+    try:
+        return str(p.status())
+    except (psutil.Error, OSError):
+        return _UNKNOWN
 
 
 def _send(p: psutil.Process, sig: int) -> None:

@@ -120,6 +120,9 @@ def reap_orphans(known_pids: Collection[int]) -> list[tuple[int, int]]:
     return reaped
 
 
-def exit_code_for(returncode: int) -> int:
-    """The exit status to leave with: the child's own, or 128+N if signal N killed it."""
+def exit_code_for(returncode: int | None) -> int:
+    """The exit status to leave with: the child's own, or 128+N if signal N killed it. None is a child
+    that outlived SIGKILL (uninterruptible, ManagedProcess.stop): 137, the status it dies with."""
+    if returncode is None:
+        return 128 + signal.SIGKILL
     return returncode if returncode >= 0 else 128 - returncode
