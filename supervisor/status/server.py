@@ -13,17 +13,14 @@ import html
 import json
 import logging
 import math
-import socket
-import sys
-import threading
 import traceback
 from collections.abc import Callable, Mapping, Sequence
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
 from urllib.parse import urlsplit
 
+from .httpd import HttpServer, Request, Response
 from .listen import STATUS_PORT_FIX as _FIX
-from .listen import AcceptErrors, bind_error
+from .listen import bind_error
 from ..redact import ordered, redact_data
 from ..redact import redact as _mask_text
 from ..lifecycle.state import State
@@ -38,14 +35,6 @@ STATES = tuple(s.value for s in State)
 
 METRICS_CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
 _HISTORY_SHOWN = 30  # the HTML page shows the newest history entries, newest first
-_REQUEST_TIMEOUT_S = 10.0  # a client that connects and says nothing must not pin a thread forever
-_POLL_S = 0.05  # serve_forever checks for shutdown this often: stop() waits up to this long
-# The stdlib's listen backlog is 5: 200 clients at once lost SYNs and 68 of 600 requests timed
-# out at 30 s (issue 18). The kernel caps the backlog at net.core.somaxconn (4096 on Debian 12).
-_BACKLOG = 1024
-# Requests served at once. More wait in the backlog (costing no thread); a slow client holds one
-# worker for at most _REQUEST_TIMEOUT_S, so it takes _WORKERS of them to stall the endpoint.
-_WORKERS = 32
 
 Snapshot = Mapping[str, Any]
 
@@ -338,63 +327,6 @@ def render_html(snap: Snapshot) -> str:
 # --- the server ----------------------------------------------------------------------------------
 
 
-class _Handler(BaseHTTPRequestHandler):
-    server: _Server
-    server_version = "kiln-supervisor"
-    timeout = _REQUEST_TIMEOUT_S
-
-    def do_GET(self) -> None:
-        path = urlsplit(self.path).path
-        if path == "/live":  # never touches the snapshot: up means the process answers
-            self._send(200, "text/plain; charset=utf-8", "ok\n", ())
-            return
-        render = _ROUTES.get(path)
-        if render is None:
-            self._send(404, "text/plain; charset=utf-8", "not found\n", ())
-            return
-        secrets: list[str] = []
-        try:
-            secrets = list(ordered(self.server.kiln_secrets()))
-            snap = redact_data(dict(self.server.kiln_snapshot()), secrets)
-            status, content_type, body = render(snap)
-        except Exception:
-            # The client gets no detail (it could leak state); the log gets the traceback,
-            # masked as well as we can (if secrets() itself failed there is nothing to mask).
-            log.error("status %s failed:\n%s", path, _mask_text(traceback.format_exc(), secrets))
-            self._send(500, "text/plain; charset=utf-8", "internal error\n", ())
-            return
-        self._send(status, content_type, body, secrets)
-
-    def _not_allowed(self) -> None:
-        self._send(405, "text/plain; charset=utf-8", "method not allowed\n", (), allow="GET")
-
-    def __getattr__(self, name: str) -> Any:
-        # BaseHTTPRequestHandler answers 501 for a method without a do_X; every method but GET
-        # is a 405 here, whatever its name.
-        if name.startswith("do_"):
-            return self._not_allowed
-        raise AttributeError(name)
-
-    def _send(
-        self, status: int, content_type: str, body: str, secrets: Sequence[str], allow: str = ""
-    ) -> None:
-        data = _mask_text(body, secrets).encode("utf-8")  # second pass, on the bytes that leave
-        self.send_response(status)
-        self.send_header("Content-Type", content_type)
-        self.send_header("Content-Length", str(len(data)))
-        self.send_header("Cache-Control", "no-store")
-        if allow:
-            self.send_header("Allow", allow)
-        self.end_headers()
-        if self.command != "HEAD":
-            self.wfile.write(data)
-
-    def log_message(self, format: str, *args: Any) -> None:  # noqa: A002 (stdlib signature)
-        # Request line and status only (never headers: they can carry an API key), at DEBUG so
-        # probes every few seconds do not flood the container log.
-        log.debug("%s " + format, self.address_string(), *args)
-
-
 def _ready(snap: Snapshot) -> tuple[int, str, str]:
     status, text = ready_text(snap)
     return status, "text/plain; charset=utf-8", text
@@ -410,72 +342,15 @@ _ROUTES: dict[str, Callable[[Snapshot], tuple[int, str, str]]] = {
     "/metrics": lambda s: (200, METRICS_CONTENT_TYPE, render_metrics(s)),
     "/": lambda s: (200, "text/html; charset=utf-8", render_html(s)),
 }
-
-
-class _Server(ThreadingHTTPServer):
-    daemon_threads = True  # a stuck client must not hold up the supervisor's exit
-    request_queue_size = _BACKLOG
-
-    def __init__(
-        self,
-        address: tuple[str, int],
-        snapshot: Callable[[], Snapshot],
-        secrets: Callable[[], Sequence[str]],
-    ) -> None:
-        if ":" in address[0]:  # "::" or another IPv6 literal
-            self.address_family = socket.AF_INET6
-        self.kiln_snapshot = snapshot
-        self.kiln_secrets = secrets
-        self.kiln_closing = threading.Event()
-        self._workers = threading.BoundedSemaphore(_WORKERS)
-        self._accept_errors = AcceptErrors("status endpoint", log)
-        super().__init__(address, _Handler)
-
-    def get_request(self) -> tuple[socket.socket, Any]:
-        # The stdlib drops a failed accept and selects again at once: with EMFILE that spins.
-        try:
-            request = super().get_request()
-        except OSError as e:
-            self.kiln_closing.wait(self._accept_errors.failed(e))
-            raise
-        self._accept_errors.succeeded()
-        return request
-
-    def process_request(self, request: Any, client_address: Any) -> None:
-        # Wait for a free worker here, in the accepting thread: meanwhile new clients queue in
-        # the backlog instead of each starting a thread.
-        while not self._workers.acquire(timeout=_POLL_S):
-            if self.kiln_closing.is_set():
-                self.shutdown_request(request)
-                return
-        try:
-            super().process_request(request, client_address)
-        except BaseException:  # the thread did not start: its slot is ours to give back
-            self._workers.release()
-            raise
-
-    def process_request_thread(self, request: Any, client_address: Any) -> None:
-        try:
-            super().process_request_thread(request, client_address)
-        finally:
-            self._workers.release()
-
-    def handle_error(self, request: Any, client_address: Any) -> None:
-        # The stdlib prints a traceback to stderr for every client that hangs up mid-request.
-        e = sys.exc_info()[1]
-        client = client_address[0] if isinstance(client_address, tuple) else client_address
-        if isinstance(e, (ConnectionError, TimeoutError)):
-            log.info("status: client %s went away mid-request (%s)", client, type(e).__name__)
-            return
-        try:
-            secrets = list(ordered(self.kiln_secrets()))
-        except Exception:  # logged unmasked rather than not at all; do_GET already answered 500
-            secrets = []
-        log.error("status: request from %s failed:\n%s", client, _mask_text(traceback.format_exc(), secrets))
+METHODS = ("GET", "HEAD")          # HEAD: GET's status and headers without the body (httpd.py)
+_TEXT = "text/plain; charset=utf-8"
 
 
 class StatusServer:
-    """The status endpoint on (host, port); port 0 picks a free one, read back from `.port`."""
+    """The status endpoint on (host, port); port 0 picks a free one, read back from `.port`.
+
+    Served by httpd.HttpServer: one thread owns the sockets, a whole-request deadline per client,
+    /live answered on that thread, /ready in a lane of its own, the pages in another."""
 
     def __init__(
         self,
@@ -488,8 +363,7 @@ class StatusServer:
         self._address = (host, port)
         self._snapshot = snapshot
         self._secrets = secrets
-        self._server: _Server | None = None
-        self._thread: threading.Thread | None = None
+        self._server: HttpServer | None = None
 
     def start(self) -> None:
         """Bind and serve in a daemon thread; the socket listens when this returns.
@@ -498,29 +372,54 @@ class StatusServer:
         if self._server is not None:
             raise RuntimeError("status server already started")
         try:
-            self._server = _Server(self._address, self._snapshot, self._secrets)
+            self._server = HttpServer(self._address, respond=self._respond, lane=_lane, log=log)
         except OSError as e:
             raise bind_error(e, "status.port", *self._address, _FIX) from None
-        self._thread = threading.Thread(
-            target=self._server.serve_forever, args=(_POLL_S,), name="kiln-status", daemon=True
-        )
-        self._thread.start()
+        self._server.start()
         log.info("status endpoint on %s:%d", self._address[0], self.port)
 
     def stop(self) -> None:
         """Stop serving and close the socket; safe to call twice or before start."""
-        server, thread = self._server, self._thread
-        self._server = self._thread = None
-        if server is None:
-            return
-        server.kiln_closing.set()
-        server.shutdown()
-        server.server_close()
-        if thread is not None:
-            thread.join()
+        server, self._server = self._server, None
+        if server is not None:
+            server.stop()
 
     @property
     def port(self) -> int:
         if self._server is None:
             raise RuntimeError("status server not started")
-        return int(self._server.server_address[1])
+        return int(self._server.address[1])
+
+    def _respond(self, request: Request) -> Response:
+        path = urlsplit(request.target).path
+        if request.method not in METHODS:
+            return _text(405, "method not allowed\n", allow=", ".join(METHODS))
+        if path == "/live":  # never touches the snapshot: up means the process answers
+            return _text(200, "ok\n")
+        render = _ROUTES.get(path)
+        if render is None:
+            return _text(404, "not found\n")
+        secrets: list[str] = []
+        try:
+            secrets = list(ordered(self._secrets()))
+            snap = redact_data(dict(self._snapshot()), secrets)
+            status, content_type, body = render(snap)
+        except Exception:
+            # The client gets no detail (it could leak state); the log gets the traceback,
+            # masked as well as we can (if secrets() itself failed there is nothing to mask).
+            log.error("status %s failed:\n%s", path, _mask_text(traceback.format_exc(), secrets))
+            return _text(500, "internal error\n")
+        data = _mask_text(body, secrets).encode("utf-8")  # second pass, on the bytes that leave
+        return Response(status, content_type, data)
+
+
+def _lane(request: Request) -> str:
+    """Where a request is answered (httpd.LANES): what needs no snapshot at once, /ready apart from the pages."""
+    path = urlsplit(request.target).path
+    if request.method not in METHODS or path == "/live" or path not in _ROUTES:
+        return "now"
+    return "probe" if path == "/ready" else "page"
+
+
+def _text(status: int, text: str, *, allow: str = "") -> Response:
+    return Response(status, _TEXT, text.encode("utf-8"), (("Allow", allow),) if allow else ())

@@ -12,6 +12,7 @@ import http.client
 import json
 import logging
 import re
+import select
 import socket
 import struct
 import threading
@@ -332,9 +333,30 @@ def test_secrets_raising_is_a_500(server: StatusServer, source: Source) -> None:
 def test_unknown_path_404_and_other_methods_405(server: StatusServer) -> None:
     assert request(server, "/nope")[0] == 404
     assert request(server, "/status?pretty=1")[0] == 200  # the query string is ignored
-    for method in ("POST", "PUT", "DELETE", "HEAD", "BREW"):
+    for method in ("POST", "PUT", "DELETE", "BREW"):
         status, headers, _ = request(server, "/status", method=method)
-        assert status == 405 and headers["Allow"] == "GET", method
+        assert status == 405 and headers["Allow"] == "GET, HEAD", method
+
+
+@pytest.mark.parametrize("path", ["/live", "/nope", *ROUTES])
+@pytest.mark.parametrize("ready", [True, False])
+def test_head_answers_every_path_as_get_does_without_the_body(server: StatusServer, source: Source, path: str,
+                                                               ready: bool) -> None:
+    # Was: HEAD /ready answered 405 (the HEAD code was dead): load balancers and probes use HEAD.
+    source.snap["ready"] = ready
+    source.snap["history"] = []          # so the HTML page does not change between the two requests
+    get_status, get_headers, get_body = request(server, path)
+    head_status, head_headers, head_body = request(server, path, method="HEAD")
+    assert head_status == get_status and head_body == ""
+    assert head_headers["Content-Type"] == get_headers["Content-Type"]
+    assert int(head_headers["Content-Length"]) == len(get_body.encode("utf-8")) > 0
+
+
+def test_a_bad_request_line_is_400_and_an_endless_head_431(server: StatusServer) -> None:
+    for raw, status in ((b"nonsense\r\n\r\n", 400), (b"GET /status HTTP/1.0\r\nX: " + b"y" * 20000, 431)):
+        with socket.create_connection(("127.0.0.1", server.port), timeout=10) as s:
+            s.sendall(raw)
+            assert s.recv(64).startswith(b"HTTP/1.0 %d " % status)
 
 
 def test_requests_log_at_debug_without_headers(
@@ -358,6 +380,120 @@ def test_port_zero_binds_a_free_port_and_stop_closes_it(source: Source) -> None:
     srv.stop()  # idempotent
     with pytest.raises(ConnectionRefusedError):
         http.client.HTTPConnection("127.0.0.1", port, timeout=5).connect()
+
+
+# --- clients that say nothing or trickle (issue 24) -------------------------------------------------
+
+IDLE, TRICKLING = 200, 20
+
+
+def _open(port: int, n: int) -> list[socket.socket]:
+    return [socket.create_connection(("127.0.0.1", port), timeout=10) for _ in range(n)]
+
+
+def _closed_by_server(s: socket.socket) -> bool:
+    ready, _, _ = select.select([s], [], [], 0)
+    if not ready:
+        return False
+    try:
+        return s.recv(1) == b""
+    except ConnectionError:
+        return True
+
+
+class Trickle:
+    """Clients that send a request one byte every `every_s` seconds: under a per-read timeout they
+    would never time out."""
+
+    def __init__(self, socks: list[socket.socket], every_s: float):
+        self.socks, self.every_s = socks, every_s
+        self.stop = threading.Event()
+        self.thread = threading.Thread(target=self._run, daemon=True)
+        self.thread.start()
+
+    def _run(self) -> None:
+        request = b"GET /status HTTP/1.1\r\nHost: x\r\n" * 100
+        i = 0
+        while not self.stop.wait(self.every_s):       # the clients' own pace, not a wait for a condition
+            for s in self.socks:
+                try:
+                    s.send(request[i:i + 1])
+                except OSError:
+                    pass
+            i += 1
+
+    def __enter__(self) -> "Trickle":
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop.set()
+        self.thread.join()
+
+
+def probe_all(port: int, deadline_s: float) -> dict[tuple[str, str], int]:
+    """GET and HEAD of /live and /ready, each answered before `deadline_s` or counted as 0."""
+    out = {}
+    for method in ("GET", "HEAD"):
+        for path in ("/live", "/ready"):
+            try:
+                conn = http.client.HTTPConnection("127.0.0.1", port, timeout=deadline_s)
+                conn.request(method, path)
+                resp = conn.getresponse()
+                resp.read()
+                out[(method, path)] = resp.status
+                conn.close()
+            except OSError:
+                out[(method, path)] = 0
+    return out
+
+
+def test_idle_and_trickling_clients_do_not_silence_the_probes_and_are_closed_at_their_deadline(
+        source: Source, monkeypatch: pytest.MonkeyPatch) -> None:
+    from supervisor.status import httpd
+
+    monkeypatch.setattr(httpd, "REQUEST_S", 2.0)      # the whole request's deadline, shortened for the test
+    srv = StatusServer("127.0.0.1", 0, source.snapshot)
+    srv.start()
+    try:
+        idle = _open(srv.port, IDLE)
+        trickling = _open(srv.port, TRICKLING)
+        with Trickle(trickling, every_s=0.5):
+            answers = probe_all(srv.port, deadline_s=5)
+            assert answers == {(m, p): 200 for m in ("GET", "HEAD") for p in ("/live", "/ready")}, answers
+            assert not any(_closed_by_server(s) for s in idle), "the probes were answered with the idle clients on"
+            # a byte every 0.5 s keeps a per-read timeout happy forever; the whole-request deadline is 2 s
+            wait_for(lambda: all(_closed_by_server(s) for s in idle + trickling), 30, "every slow client closed")
+        for s in idle + trickling:
+            s.close()
+    finally:
+        srv.stop()
+
+
+@pytest.mark.llama
+def test_200_idle_clients_on_a_real_supervisors_status_port_leave_live_and_ready_answering(tmp_path, prefix, tiny):
+    # Was: 32 workers and a timeout per read: 32 clients that sent nothing stopped /live and /ready; 40 slow
+    # ones kept /ready failing for as long as they stayed (issue 24, item 4), and a failing /live gets a
+    # healthy pod restarted.
+    from kiln_dev.supervised import Supervised, config, free_port
+
+    rungs = '[[ladder.rungs]]\nname = "cpu"\nplacement = "cpu"\nargs = ["-t", "1", "-c", "512"]\n'
+    text = config(binary=prefix / "bin/llama-server", model=tiny, port=free_port(), status_port=free_port(),
+                  state_dir=tmp_path / "state", rungs=rungs, snapshot=prefix / "share/kiln/llama-server.help.txt")
+    with Supervised(tmp_path, text) as sup:
+        sup.wait_state("SERVING")
+        idle = _open(sup.status_port, IDLE)
+        trickling = _open(sup.status_port, TRICKLING)
+        with Trickle(trickling, every_s=2.0):
+            answers = probe_all(sup.status_port, deadline_s=5)
+            assert answers == {(m, p): 200 for m in ("GET", "HEAD") for p in ("/live", "/ready")}, answers
+            assert not any(_closed_by_server(s) for s in idle), "the idle clients were still connected"
+            wait_for(lambda: all(_closed_by_server(s) for s in idle + trickling), 60,
+                     "the slow clients closed at their whole-request deadline")
+        for s in idle + trickling:
+            s.close()
+        assert probe_all(sup.status_port, deadline_s=5)[("GET", "/ready")] == 200
+        assert sup.stop() == 0
+        assert "Traceback" not in sup.log()
 
 
 # --- load, hang-ups and a busy port (issue 18), against a status server in a child process -------
@@ -413,6 +549,24 @@ def test_200_concurrent_clients_are_all_answered_and_hang_ups_log_one_line_not_a
     assert "Traceback" not in log and "Exception occurred" not in log, log[-3000:]
     hangups = [line for line in log.splitlines() if "went away mid-request" in line]
     assert hangups and all(line.startswith("INFO supervisor.status.server: status: client 127.0.0.1") for line in hangups)
+
+
+def test_out_of_descriptors_the_oldest_idle_client_makes_room_for_the_probe() -> None:
+    # An accept that fails with EMFILE is backed off (not spun) and closes the oldest client still
+    # sending its request: that descriptor takes the probe, which needs no other to be answered.
+    with ListenerChild("status") as child:
+        idle = _open(child.port, 3)
+        assert probe_all(child.port, deadline_s=10)[("GET", "/live")] == 200    # the idle ones are accepted by now
+        assert child.command("exhaust").startswith("exhausted")
+        assert probe_all(child.port, deadline_s=10) == {(m, p): 200 for m in ("GET", "HEAD") for p in ("/live", "/ready")}
+        assert _closed_by_server(idle[0])
+        assert child.command("release") == "released"
+        assert probe_all(child.port, deadline_s=10)[("GET", "/ready")] == 200
+        log = child.stop()
+    for s in idle:
+        s.close()
+    assert log.count("could not take a connection") >= 1 and "accepting again after" in log
+    assert "Traceback" not in log
 
 
 def test_a_busy_status_port_is_port_busy_naming_the_holder_and_the_fix(source: Source) -> None:
