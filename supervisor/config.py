@@ -531,7 +531,7 @@ def _hardware(r: Reader) -> HardwareSpec:
         min_vcpu=r.int("min_vcpu", None, min=1),
         min_ram_gib=r.float("min_ram_gib", None, min=0.0, max=1_000_000.0),
         warn_vcpu_per_host_gib=r.float("warn_vcpu_per_host_gib", HardwareSpec.warn_vcpu_per_host_gib, min=0.0,
-                                       max=1000.0),
+                                       max=1_000_000.0),
     )
     r.finish()
     return h
