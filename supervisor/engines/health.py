@@ -107,8 +107,9 @@ class ProgressMeter:
     def moved(self, now: float | None = None) -> bool:
         now = time.monotonic() if now is None else now
         cpu, io, rss = self._counters()
-        # A process of the tree that ended (or memory given back) lowers a sum: count on from there.
-        self._cpu, self._io, self._rss = min(self._cpu, cpu), min(self._io, io), min(self._rss, rss)
+        # A process of the tree that ended lowers a sum: count on from there. Resident memory counts
+        # only past its high-water mark, so memory freed and taken again (churn) is no progress.
+        self._cpu, self._io = min(self._cpu, cpu), min(self._io, io)
         out = self.proc.last_output_at()
         evidence = False
         if out != self._out:
