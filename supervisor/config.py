@@ -4,18 +4,21 @@ TOML → validated (every problem at once) → frozen dataclasses. The image bak
 the target's default at /etc/kiln/deploy.toml; a few named fields can be
 overridden from the environment (ENV_OVERRIDES), which RunPod templates use;
 a published config replaces the whole file through the watcher ([watch],
-supervisor/reload/watch.py), except what says where updates come from ([watch],
-state_dir, [status]): those stay as the boot config set them.
+supervisor/reload/watch.py), except what the supervisor reads only at boot (BOOT_ONLY:
+[watch], state_dir, [status], [runpod], server.tcp_port): a published config may repeat
+those, and one that changes them is rejected by name.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import hashlib
+import ipaddress
 import json
 import os
 import re
 import tomllib
+import urllib.parse
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Mapping
@@ -60,6 +63,22 @@ ENV_OVERRIDES: dict[str, tuple[str, type]] = {
     "KILN_RUNPOD_TERMINATE_ON_TERMINAL_FAILURE": ("runpod.terminate_on_terminal_failure", bool),
 }
 _TRUE, _FALSE = ("1", "true", "yes", "on"), ("0", "false", "no", "off")
+
+# What the supervisor reads only at boot, and why a published config cannot change it: such a
+# change would be saved as the last good config and take effect at the next container start,
+# unseen ([runpod] api_url is where the pod's RunPod key goes).
+BOOT_ONLY: dict[str, str] = {
+    "watch": "it says where the next update comes from",
+    "state_dir": "it says where the supervisor keeps its state, the reload book with it",
+    "status": "the status server listens where it was started",
+    "runpod": "it says what becomes of this pod and where its RunPod key is sent",
+    "server.tcp_port": "the TCP relay listens where it was started",
+}
+# RunPod's REST API v2: the only place a deploy config may send the pod's RUNPOD_API_KEY. A stand-in
+# (tests) is named in the image's or pod's own environment, never in a config file.
+RUNPOD_API_URL = "https://api.runpod.io/v2"
+RUNPOD_API_HOST = "api.runpod.io"
+RUNPOD_API_URL_ENV = "KILN_RUNPOD_API_URL"
 BOM = "\ufeff"  # a UTF-8 byte-order mark, as decoded text
 
 # The supervisor sets these itself from [model] and [server]; a rung must not.
@@ -237,7 +256,7 @@ class SelfTerminateSpec:
     off by default; needs RUNPOD_POD_ID and RUNPOD_API_KEY, which RunPod sets in every pod."""
     terminate_on_terminal_failure: bool = False
     terminate_grace_s: float = 300.0              # /status stays readable this long before the pod goes
-    api_url: str = "https://api.runpod.io/v2"     # RunPod's REST API v2 (tests: the stand-in)
+    api_url: str = RUNPOD_API_URL                 # RunPod's REST API v2 (tests: $KILN_RUNPOD_API_URL)
 
 
 @dataclass(frozen=True)
@@ -299,8 +318,9 @@ def parse_config(text: str, *, source: str = "<memory>", env: Mapping[str, str] 
     except tomllib.TOMLDecodeError as e:
         raise ConfigError(source, [Problem("(toml)", f"is not valid TOML: {e}")]) from None
     problems: list[Problem] = []
-    _apply_env(data, os.environ if env is None else env, problems)
-    cfg = _build(Reader(data, "", problems), source)
+    env = os.environ if env is None else env
+    _apply_env(data, env, problems)
+    cfg = _build(Reader(data, "", problems), source, env.get(RUNPOD_API_URL_ENV))
     raise_if(problems, f"deploy config {source}")
     assert cfg is not None
     return cfg
@@ -332,7 +352,7 @@ def _apply_env(data: dict[str, Any], env: Mapping[str, str], problems: list[Prob
         node[leaf] = value
 
 
-def _build(r: Reader, source: str) -> DeployConfig | None:
+def _build(r: Reader, source: str, runpod_url_env: str | None = None) -> DeployConfig | None:
     engine = r.str("engine", ENGINES[0], choices=ENGINES)
     model = _model(r.table("model", required=True))
     server = _server(r.table("server"), engine)
@@ -344,7 +364,7 @@ def _build(r: Reader, source: str) -> DeployConfig | None:
     restart = _restart(r.table("restart"))
     status = _status(r.table("status"))
     watch = _watch(r.table("watch"))
-    runpod = _runpod(r.table("runpod"))
+    runpod = _runpod(r.table("runpod"), runpod_url_env)
     state_dir = r.str("state_dir", DEFAULT_STATE_DIR, pattern=r"/.*", pattern_hint="an absolute path")
     r.finish()
     cfg = DeployConfig(engine=engine, model=model, ladder=ladder, server=server, sampler=sampler,
@@ -603,13 +623,120 @@ def _watch(r: Reader) -> WatchSpec:
     return w
 
 
-def _runpod(r: Reader) -> SelfTerminateSpec:
+def _runpod(r: Reader, url_env: str | None) -> SelfTerminateSpec:
     d = SelfTerminateSpec()
+    url = r.str("api_url", d.api_url, pattern=r"https?://[\w.:\[\]-]+(/[\w./-]*)?",
+                pattern_hint=f"RunPod's API, {RUNPOD_API_URL}")
+    if url != d.api_url and runpod_url_problem(url, from_env=False):
+        r.problem("api_url", runpod_url_problem(url, from_env=False) or "", url, RUNPOD_API_URL)
+        url = d.api_url
+    if url_env is not None:             # the image's or pod's own environment: a stand-in, for tests
+        why = runpod_url_problem(url_env, from_env=True)
+        if why:
+            r.problem(f"api_url (from env {RUNPOD_API_URL_ENV})", why, url_env,
+                      "an https URL, or http on loopback (127.0.0.1, ::1, localhost)")
+        else:
+            url = url_env
     s = SelfTerminateSpec(
         terminate_on_terminal_failure=r.bool("terminate_on_terminal_failure", d.terminate_on_terminal_failure),
         terminate_grace_s=r.float("terminate_grace_s", d.terminate_grace_s, min=0.0, max=86400.0),
-        api_url=r.str("api_url", d.api_url, pattern=r"https?://[\w.:\[\]-]+(/[\w./-]*)?",
-                      pattern_hint="an http(s) URL such as https://api.runpod.io/v2"),
+        api_url=url,
     )
     r.finish()
     return s
+
+
+def runpod_url_problem(url: str, *, from_env: bool) -> str | None:
+    """Why this pod's RUNPOD_API_KEY must not be sent to `url`, or None. A deploy config (which a
+    published config can replace) may name only RunPod's API; the image's or pod's environment
+    ($KILN_RUNPOD_API_URL) may name a stand-in: https anywhere, plain http on loopback only."""
+    try:
+        u = urllib.parse.urlsplit(url)
+        host, port = (u.hostname or "").lower(), u.port
+    except ValueError:
+        return "is not a URL"
+    if u.username is not None or u.password is not None or u.query or u.fragment or not host:
+        return "must be a plain URL (scheme, host, path): the pod's RunPod key is sent there"
+    if from_env:
+        if u.scheme == "https" or (u.scheme == "http" and _loopback(host)):
+            return None
+        return "must be https, or http on loopback: the pod's RunPod key is sent there"
+    if u.scheme == "https" and host == RUNPOD_API_HOST and port is None and u.path.rstrip("/") == "/v2":
+        return None
+    return (f"must be RunPod's API, {RUNPOD_API_URL}: the pod's RunPod key is sent there. A stand-in for "
+            f"tests is named in the image's or pod's environment ({RUNPOD_API_URL_ENV}), not in a deploy config")
+
+
+def _loopback(host: str) -> bool:
+    if host == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return False
+
+
+def boot_only_changes(raw: Mapping[str, Any], running: DeployConfig, env: Mapping[str, str]) -> list[str]:
+    """What a published config (its TOML, `raw`) changes of what the running supervisor read at boot:
+    one message per table, naming it, the keys and where to change them instead. Read from the TOML
+    itself, so a change is named even when the rest of the file does not validate."""
+    data = json.loads(json.dumps(raw, default=str))      # a copy, with the same environment overrides
+    try:
+        _apply_env(data, env, [])
+    except TypeError:
+        data = raw                      # a table that is not one ("status = 3"): the schema says so
+    out = []
+    for name, why in BOOT_ONLY.items():
+        *parents, leaf = name.split(".")
+        said, node = _node(raw, parents), _node(data, parents)
+        if not isinstance(said, dict) or not isinstance(node, dict) or leaf not in said:
+            continue                    # not said: the running value stays
+        mine, theirs = _at(running, name), node.get(leaf)
+        if dataclasses.is_dataclass(mine) and isinstance(theirs, dict):
+            known = dataclasses.asdict(mine)
+            changed = [f"{k}: running {known[k]!r}, published {v!r}" for k, v in theirs.items()
+                       if k in known and k in said[leaf] and not _same(known[k], v)]   # unknown keys: the schema says
+            shown = f"[{name}]"
+        else:
+            changed = [] if _same(mine, theirs) else [f"running {mine!r}, published {theirs!r}"]
+            shown = name
+        if changed:
+            out.append(f"{shown}: cannot be changed by a published config ({why}; {'; '.join(changed)}). Change it "
+                       f"in the image's config (/etc/kiln/deploy.toml) or the pod's environment instead, or leave "
+                       f"it out of the published config")
+    return out
+
+
+def _node(data: Any, parts: list[str]) -> Any:
+    for part in parts:
+        data = data.get(part) if isinstance(data, dict) else None
+    return data
+
+
+def _same(mine: Any, theirs: Any) -> bool:
+    if isinstance(mine, (int, float)) and isinstance(theirs, (int, float)) \
+            and not isinstance(mine, bool) and not isinstance(theirs, bool):
+        return float(mine) == float(theirs)
+    if isinstance(mine, tuple) and isinstance(theirs, list):
+        return list(mine) == theirs
+    return type(mine) is type(theirs) and mine == theirs
+
+
+def keep_boot_only(cfg: DeployConfig, boot: DeployConfig) -> DeployConfig:
+    """`cfg` with what the supervisor reads only at boot put back as `boot` has it."""
+    for name in BOOT_ONLY:
+        *parents, leaf = name.split(".")
+        if parents:
+            (table,) = parents
+            cfg = dataclasses.replace(cfg, **{table: dataclasses.replace(getattr(cfg, table),
+                                                                         **{leaf: _at(boot, name)})})
+        else:
+            cfg = dataclasses.replace(cfg, **{leaf: _at(boot, name)})
+    return cfg
+
+
+def _at(cfg: DeployConfig, dotted: str) -> Any:
+    node: Any = cfg
+    for part in dotted.split("."):
+        node = getattr(node, part)
+    return node

@@ -22,7 +22,6 @@ own config is the one it replaced (a new image with a new baked config starts fr
 
 from __future__ import annotations
 
-import dataclasses
 import json
 import logging
 import os
@@ -212,7 +211,7 @@ def status_record(history: list[dict[str, Any]]) -> dict[str, Any]:
 def adopt_last_good(book: ReloadBook, boot: Any, env: Mapping[str, str]) -> tuple[Any, str, Any] | None:
     """(config, text, origin) of the last published config that served, when the boot config is the one
     it replaced; else None (a new image's own config wins over what was published for the old one)."""
-    from ..config import parse_config
+    from ..config import keep_boot_only, parse_config
     from ..errors import ConfigError
     from ..lifecycle.state import Origin
 
@@ -228,6 +227,8 @@ def adopt_last_good(book: ReloadBook, boot: Any, env: Mapping[str, str]) -> tupl
     except ConfigError as e:
         log.warning("the last good config no longer parses (%s): booting the image's", e)
         return None
-    cfg = dataclasses.replace(cfg, watch=boot.watch, state_dir=boot.state_dir, status=boot.status)
+    # What the supervisor reads only at boot is the image's, whatever a published config (saved by an
+    # older Kiln, which took [runpod] from it) says.
+    cfg = keep_boot_only(cfg, boot)
     origin = Origin(str(meta.get("source") or "boot"), str(meta.get("origin") or ""), meta.get("revision"))
     return cfg, text, origin
