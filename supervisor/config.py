@@ -4,9 +4,9 @@ TOML → validated (every problem at once) → frozen dataclasses. The image bak
 the target's default at /etc/kiln/deploy.toml; a few named fields can be
 overridden from the environment (ENV_OVERRIDES), which RunPod templates use;
 a published config replaces the whole file through the watcher ([watch],
-supervisor/reload/watch.py), except what the supervisor reads only at boot (BOOT_ONLY:
-[watch], state_dir, [status], [runpod], server.tcp_port): a published config may repeat
-those, and one that changes them is rejected by name.
+supervisor/reload/watch.py), except what the supervisor reads only at boot ([watch],
+state_dir, [status], [runpod], server.tcp_port: supervisor/reload/boot_only.py): a
+published config may repeat those, and one that changes them is rejected by name.
 """
 
 from __future__ import annotations
@@ -64,16 +64,6 @@ ENV_OVERRIDES: dict[str, tuple[str, type]] = {
 }
 _TRUE, _FALSE = ("1", "true", "yes", "on"), ("0", "false", "no", "off")
 
-# What the supervisor reads only at boot, and why a published config cannot change it: such a
-# change would be saved as the last good config and take effect at the next container start,
-# unseen ([runpod] api_url is where the pod's RunPod key goes).
-BOOT_ONLY: dict[str, str] = {
-    "watch": "it says where the next update comes from",
-    "state_dir": "it says where the supervisor keeps its state, the reload book with it",
-    "status": "the status server listens where it was started",
-    "runpod": "it says what becomes of this pod and where its RunPod key is sent",
-    "server.tcp_port": "the TCP relay listens where it was started",
-}
 # RunPod's REST API v2: the only place a deploy config may send the pod's RUNPOD_API_KEY. A stand-in
 # (tests) is named in the image's or pod's own environment, never in a config file.
 RUNPOD_API_URL = "https://api.runpod.io/v2"
@@ -627,8 +617,9 @@ def _runpod(r: Reader, url_env: str | None) -> SelfTerminateSpec:
     d = SelfTerminateSpec()
     url = r.str("api_url", d.api_url, pattern=r"https?://[\w.:\[\]-]+(/[\w./-]*)?",
                 pattern_hint=f"RunPod's API, {RUNPOD_API_URL}")
-    if url != d.api_url and runpod_url_problem(url, from_env=False):
-        r.problem("api_url", runpod_url_problem(url, from_env=False) or "", url, RUNPOD_API_URL)
+    why = runpod_url_problem(url, from_env=False) if url != d.api_url else None
+    if why:
+        r.problem("api_url", why, url, RUNPOD_API_URL)
         url = d.api_url
     if url_env is not None:             # the image's or pod's own environment: a stand-in, for tests
         why = runpod_url_problem(url_env, from_env=True)
@@ -674,69 +665,3 @@ def _loopback(host: str) -> bool:
         return ipaddress.ip_address(host).is_loopback
     except ValueError:
         return False
-
-
-def boot_only_changes(raw: Mapping[str, Any], running: DeployConfig, env: Mapping[str, str]) -> list[str]:
-    """What a published config (its TOML, `raw`) changes of what the running supervisor read at boot:
-    one message per table, naming it, the keys and where to change them instead. Read from the TOML
-    itself, so a change is named even when the rest of the file does not validate."""
-    data = json.loads(json.dumps(raw, default=str))      # a copy, with the same environment overrides
-    try:
-        _apply_env(data, env, [])
-    except TypeError:
-        data = raw                      # a table that is not one ("status = 3"): the schema says so
-    out = []
-    for name, why in BOOT_ONLY.items():
-        *parents, leaf = name.split(".")
-        said, node = _node(raw, parents), _node(data, parents)
-        if not isinstance(said, dict) or not isinstance(node, dict) or leaf not in said:
-            continue                    # not said: the running value stays
-        mine, theirs = _at(running, name), node.get(leaf)
-        if dataclasses.is_dataclass(mine) and isinstance(theirs, dict):
-            known = dataclasses.asdict(mine)
-            changed = [f"{k}: running {known[k]!r}, published {v!r}" for k, v in theirs.items()
-                       if k in known and k in said[leaf] and not _same(known[k], v)]   # unknown keys: the schema says
-            shown = f"[{name}]"
-        else:
-            changed = [] if _same(mine, theirs) else [f"running {mine!r}, published {theirs!r}"]
-            shown = name
-        if changed:
-            out.append(f"{shown}: cannot be changed by a published config ({why}; {'; '.join(changed)}). Change it "
-                       f"in the image's config (/etc/kiln/deploy.toml) or the pod's environment instead, or leave "
-                       f"it out of the published config")
-    return out
-
-
-def _node(data: Any, parts: list[str]) -> Any:
-    for part in parts:
-        data = data.get(part) if isinstance(data, dict) else None
-    return data
-
-
-def _same(mine: Any, theirs: Any) -> bool:
-    if isinstance(mine, (int, float)) and isinstance(theirs, (int, float)) \
-            and not isinstance(mine, bool) and not isinstance(theirs, bool):
-        return float(mine) == float(theirs)
-    if isinstance(mine, tuple) and isinstance(theirs, list):
-        return list(mine) == theirs
-    return type(mine) is type(theirs) and mine == theirs
-
-
-def keep_boot_only(cfg: DeployConfig, boot: DeployConfig) -> DeployConfig:
-    """`cfg` with what the supervisor reads only at boot put back as `boot` has it."""
-    for name in BOOT_ONLY:
-        *parents, leaf = name.split(".")
-        if parents:
-            (table,) = parents
-            cfg = dataclasses.replace(cfg, **{table: dataclasses.replace(getattr(cfg, table),
-                                                                         **{leaf: _at(boot, name)})})
-        else:
-            cfg = dataclasses.replace(cfg, **{leaf: _at(boot, name)})
-    return cfg
-
-
-def _at(cfg: DeployConfig, dotted: str) -> Any:
-    node: Any = cfg
-    for part in dotted.split("."):
-        node = getattr(node, part)
-    return node

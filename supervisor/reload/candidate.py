@@ -8,7 +8,7 @@ one fails to *parse*; Kiln refuses everything it can know before stopping anythi
     size (<= MAX_BYTES), UTF-8, no NUL byte
     TOML and the deploy-config schema (unknown keys, wrong types, ranges, shell syntax in values,
         path-traversing names), with the same environment overrides as the boot config
-    what the supervisor reads only at boot (config.BOOT_ONLY: [watch], state_dir, [status], [runpod],
+    what the supervisor reads only at boot (boot_only.BOOT_ONLY: [watch], state_dir, [status], [runpod],
         server.tcp_port) left as it is -- a change is rejected by name --, then the cross-table checks
         (ports) on the config as it will run
     the engine is in this image (its module and its binary)
@@ -28,8 +28,9 @@ from typing import Any, Callable, Mapping
 
 from .. import engines
 from ..host import hardware
-from ..config import BOM, DeployConfig, boot_only_changes, cross_problems, keep_boot_only, parse_config
+from ..config import BOM, DeployConfig, cross_problems, parse_config
 from ..errors import ConfigError, FetchError
+from .boot_only import boot_only_changes, keep_boot_only
 
 MAX_BYTES = 256 * 1024
 

@@ -211,8 +211,9 @@ def status_record(history: list[dict[str, Any]]) -> dict[str, Any]:
 def adopt_last_good(book: ReloadBook, boot: Any, env: Mapping[str, str]) -> tuple[Any, str, Any] | None:
     """(config, text, origin) of the last published config that served, when the boot config is the one
     it replaced; else None (a new image's own config wins over what was published for the old one)."""
-    from ..config import keep_boot_only, parse_config
+    from ..config import parse_config
     from ..errors import ConfigError
+    from .boot_only import keep_boot_only
     from ..lifecycle.state import Origin
 
     found = book.last_good()
