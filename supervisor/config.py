@@ -4,18 +4,21 @@ TOML → validated (every problem at once) → frozen dataclasses. The image bak
 the target's default at /etc/kiln/deploy.toml; a few named fields can be
 overridden from the environment (ENV_OVERRIDES), which RunPod templates use;
 a published config replaces the whole file through the watcher ([watch],
-supervisor/reload/watch.py), except what says where updates come from ([watch],
-state_dir, [status]): those stay as the boot config set them.
+supervisor/reload/watch.py), except what the supervisor reads only at boot ([watch],
+state_dir, [status], [runpod], server.tcp_port: supervisor/reload/boot_only.py): a
+published config may repeat those, and one that changes them is rejected by name.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import hashlib
+import ipaddress
 import json
 import os
 import re
 import tomllib
+import urllib.parse
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Mapping
@@ -60,6 +63,12 @@ ENV_OVERRIDES: dict[str, tuple[str, type]] = {
     "KILN_RUNPOD_TERMINATE_ON_TERMINAL_FAILURE": ("runpod.terminate_on_terminal_failure", bool),
 }
 _TRUE, _FALSE = ("1", "true", "yes", "on"), ("0", "false", "no", "off")
+
+# RunPod's REST API v2: the only place a deploy config may send the pod's RUNPOD_API_KEY. A stand-in
+# (tests) is named in the image's or pod's own environment, never in a config file.
+RUNPOD_API_URL = "https://api.runpod.io/v2"
+RUNPOD_API_HOST = "api.runpod.io"
+RUNPOD_API_URL_ENV = "KILN_RUNPOD_API_URL"
 BOM = "\ufeff"  # a UTF-8 byte-order mark, as decoded text
 
 # The supervisor sets these itself from [model] and [server]; a rung must not.
@@ -239,7 +248,7 @@ class SelfTerminateSpec:
     off by default; needs RUNPOD_POD_ID and RUNPOD_API_KEY, which RunPod sets in every pod."""
     terminate_on_terminal_failure: bool = False
     terminate_grace_s: float = 300.0              # /status stays readable this long before the pod goes
-    api_url: str = "https://api.runpod.io/v2"     # RunPod's REST API v2 (tests: the stand-in)
+    api_url: str = RUNPOD_API_URL                 # RunPod's REST API v2 (tests: $KILN_RUNPOD_API_URL)
 
 
 @dataclass(frozen=True)
@@ -301,8 +310,9 @@ def parse_config(text: str, *, source: str = "<memory>", env: Mapping[str, str] 
     except tomllib.TOMLDecodeError as e:
         raise ConfigError(source, [Problem("(toml)", f"is not valid TOML: {e}")]) from None
     problems: list[Problem] = []
-    _apply_env(data, os.environ if env is None else env, problems)
-    cfg = _build(Reader(data, "", problems), source)
+    env = os.environ if env is None else env
+    _apply_env(data, env, problems)
+    cfg = _build(Reader(data, "", problems), source, env.get(RUNPOD_API_URL_ENV))
     raise_if(problems, f"deploy config {source}")
     assert cfg is not None
     return cfg
@@ -334,7 +344,7 @@ def _apply_env(data: dict[str, Any], env: Mapping[str, str], problems: list[Prob
         node[leaf] = value
 
 
-def _build(r: Reader, source: str) -> DeployConfig | None:
+def _build(r: Reader, source: str, runpod_url_env: str | None = None) -> DeployConfig | None:
     engine = r.str("engine", ENGINES[0], choices=ENGINES)
     model = _model(r.table("model", required=True))
     server = _server(r.table("server"), engine)
@@ -346,7 +356,7 @@ def _build(r: Reader, source: str) -> DeployConfig | None:
     restart = _restart(r.table("restart"))
     status = _status(r.table("status"))
     watch = _watch(r.table("watch"))
-    runpod = _runpod(r.table("runpod"))
+    runpod = _runpod(r.table("runpod"), runpod_url_env)
     state_dir = r.str("state_dir", DEFAULT_STATE_DIR, pattern=r"/.*", pattern_hint="an absolute path")
     r.finish()
     cfg = DeployConfig(engine=engine, model=model, ladder=ladder, server=server, sampler=sampler,
@@ -606,13 +616,55 @@ def _watch(r: Reader) -> WatchSpec:
     return w
 
 
-def _runpod(r: Reader) -> SelfTerminateSpec:
+def _runpod(r: Reader, url_env: str | None) -> SelfTerminateSpec:
     d = SelfTerminateSpec()
+    url = r.str("api_url", d.api_url, pattern=r"https?://[\w.:\[\]-]+(/[\w./-]*)?",
+                pattern_hint=f"RunPod's API, {RUNPOD_API_URL}")
+    why = runpod_url_problem(url, from_env=False) if url != d.api_url else None
+    if why:
+        r.problem("api_url", why, url, RUNPOD_API_URL)
+        url = d.api_url
+    if url_env is not None:             # the image's or pod's own environment: a stand-in, for tests
+        why = runpod_url_problem(url_env, from_env=True)
+        if why:
+            r.problem(f"api_url (from env {RUNPOD_API_URL_ENV})", why, url_env,
+                      "an https URL, or http on loopback (127.0.0.1, ::1, localhost)")
+        else:
+            url = url_env
     s = SelfTerminateSpec(
         terminate_on_terminal_failure=r.bool("terminate_on_terminal_failure", d.terminate_on_terminal_failure),
         terminate_grace_s=r.float("terminate_grace_s", d.terminate_grace_s, min=0.0, max=86400.0),
-        api_url=r.str("api_url", d.api_url, pattern=r"https?://[\w.:\[\]-]+(/[\w./-]*)?",
-                      pattern_hint="an http(s) URL such as https://api.runpod.io/v2"),
+        api_url=url,
     )
     r.finish()
     return s
+
+
+def runpod_url_problem(url: str, *, from_env: bool) -> str | None:
+    """Why this pod's RUNPOD_API_KEY must not be sent to `url`, or None. A deploy config (which a
+    published config can replace) may name only RunPod's API; the image's or pod's environment
+    ($KILN_RUNPOD_API_URL) may name a stand-in: https anywhere, plain http on loopback only."""
+    try:
+        u = urllib.parse.urlsplit(url)
+        host, port = (u.hostname or "").lower(), u.port
+    except ValueError:
+        return "is not a URL"
+    if u.username is not None or u.password is not None or u.query or u.fragment or not host:
+        return "must be a plain URL (scheme, host, path): the pod's RunPod key is sent there"
+    if from_env:
+        if u.scheme == "https" or (u.scheme == "http" and _loopback(host)):
+            return None
+        return "must be https, or http on loopback: the pod's RunPod key is sent there"
+    if u.scheme == "https" and host == RUNPOD_API_HOST and port is None and u.path.rstrip("/") == "/v2":
+        return None
+    return (f"must be RunPod's API, {RUNPOD_API_URL}: the pod's RunPod key is sent there. A stand-in for "
+            f"tests is named in the image's or pod's environment ({RUNPOD_API_URL_ENV}), not in a deploy config")
+
+
+def _loopback(host: str) -> bool:
+    if host == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return False

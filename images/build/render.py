@@ -2,8 +2,13 @@
 
 One typed context object goes to the template (never the environment, never
 a pile of keyword arguments); StrictUndefined makes a misspelt variable fail
-the render; every value that lands in a Dockerfile goes through `dq`, which
-quotes it and refuses newlines.
+the render; every value that lands in a Dockerfile is quoted for where it lands,
+and a newline (which could start a new instruction) is refused:
+
+    dq   a word Docker itself reads: ENV, LABEL, ARG (its lexer unescapes backslash, double quote
+         and dollar; a backtick means nothing to it)
+    shq  a word the shell reads: RUN lines, which Docker passes to /bin/sh (or SHELL) untouched;
+         single quotes, so nothing in it is expanded (dollar, backtick, backslash, double quote)
 """
 
 from __future__ import annotations
@@ -55,12 +60,25 @@ class FloatingRefused(KilnError):
               "(the image is then labelled io.kiln.floating=true).")
 
 
-def dq(value: object) -> str:
-    """Double-quote a value for a Dockerfile; a newline could start a new instruction."""
+def _one_line(value: object) -> str:
     s = str(value)
     if any(c in s for c in "\n\r\x00"):
         raise ValueError(f"refusing to put a multi-line value into a Dockerfile: {s!r}")
+    return s
+
+
+def dq(value: object) -> str:
+    """Double-quote a value for Docker's own lexer (ENV, LABEL, ARG): never for a RUN line, where
+    the shell reads double quotes and runs a backtick in them (use shq)."""
+    s = _one_line(value)
     return '"' + s.replace("\\", "\\\\").replace('"', '\\"').replace("$", "\\$") + '"'
+
+
+def shq(value: object) -> str:
+    """Single-quote a value for the shell of a RUN line: literal, whatever it holds (a quote inside
+    is closed, escaped and reopened). Docker does no substitution on RUN, so this is all there is."""
+    s = _one_line(value)
+    return "'" + s.replace("'", "'\\''") + "'"
 
 
 @dataclass(frozen=True)
@@ -176,6 +194,7 @@ def environment() -> jinja2.Environment:
                              undefined=jinja2.StrictUndefined, keep_trailing_newline=True,
                              trim_blocks=True, lstrip_blocks=True, autoescape=False)
     env.filters["dq"] = dq
+    env.filters["shq"] = shq
     return env
 
 

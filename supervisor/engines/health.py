@@ -48,7 +48,7 @@ class HealthOutcome:
     stopped: bool = False
     elapsed_s: float = 0.0
     returncode: int | None = None
-    reason: str | None = None         # why a stall was declared, when it was not plain silence
+    reason: str | None = None         # why the wait was ended as a stall, naming the setting that ended it
 
 
 def probe_health(host: str, port: int, timeout: float = 1.0) -> int | None:
@@ -168,6 +168,12 @@ def wait_healthy(proc: ManagedProcess, host: str, port: int, *, stall_s: float, 
                                         "engine kept a CPU busy and printed nothing, read nothing, mapped no new "
                                         f"memory (CPU alone counts for health.stall_s = {stall_s:g} s): a busy hang, "
                                         "such as an NCCL initialisation spinning while a peer never answers")
-        if now - last_progress > stall_s or (max_s and elapsed > max_s):
-            return HealthOutcome(False, stalled=True, elapsed_s=elapsed)
+        if now - last_progress > stall_s:
+            return HealthOutcome(False, stalled=True, elapsed_s=elapsed,
+                                 reason=f"no loading progress (output, disk reads or new memory) within "
+                                        f"health.stall_s ({stall_s:g} s)")
+        if max_s and elapsed > max_s:
+            return HealthOutcome(False, stalled=True, elapsed_s=elapsed,
+                                 reason=f"health.max_s ({max_s:g} s) reached while still loading (it was making "
+                                        "progress): raise health.max_s, or 0 to let progress decide")
         sleep(FAST_POLL_S if elapsed < FAST_PHASE_S else poll_s)

@@ -15,7 +15,9 @@ pod's volume bills at twice the running rate and pins the pod to its host (share
 It returns None when the option is off, or when RUNPOD_POD_ID or RUNPOD_API_KEY is missing (RunPod
 sets both in every pod: RUNPOD_API_KEY is a pod-scoped key; whether that key may terminate its pod
 is not documented, so a RunPod secret can replace it) -- then it logs one warning and sends nothing.
-The key travels only in the Authorization header: never in argv, a log line, /status or an error.
+The key travels only in the Authorization header, and only to RunPod's API (or the stand-in the
+pod's own environment names in $KILN_RUNPOD_API_URL; config.runpod_url_problem): never in argv, a
+log line, /status or an error.
 Stdlib and requests only: this module ships in the image and never imports images/.
 """
 
@@ -30,7 +32,7 @@ from typing import Callable, Mapping
 
 import requests
 
-from ..config import SelfTerminateSpec
+from ..config import RUNPOD_API_URL_ENV, SelfTerminateSpec, runpod_url_problem
 from ..redact import redact
 
 log = logging.getLogger("kiln.runpod")
@@ -86,6 +88,12 @@ def arm(spec: SelfTerminateSpec, env: Mapping[str, str], *, failure: str,
         log.warning("%s", msg)
         event("runpod_terminate_skipped", msg)
         return None
+    why = _url_refused(spec.api_url, env)
+    if why:                                 # the config checks this too: here is where the key would go
+        msg = f"[runpod] api_url {spec.api_url[:120]!r} {why}: this pod will not terminate itself"
+        log.warning("%s", msg)
+        event("runpod_terminate_skipped", msg)
+        return None
     t = Termination(pod_id, spec.terminate_grace_s, time.monotonic() + spec.terminate_grace_s)
     msg = (f"the supervisor can never serve ({failure[:300]}): terminating pod {pod_id} in "
            f"{spec.terminate_grace_s:g} s ([runpod] terminate_on_terminal_failure); /status stays up until then")
@@ -95,6 +103,12 @@ def arm(spec: SelfTerminateSpec, env: Mapping[str, str], *, failure: str,
                                 name="kiln-runpod-terminate", daemon=True)
     t.thread.start()
     return t
+
+
+def _url_refused(url: str, env: Mapping[str, str]) -> str | None:
+    if url == env.get(RUNPOD_API_URL_ENV):
+        return runpod_url_problem(url, from_env=True)
+    return runpod_url_problem(url, from_env=False)
 
 
 def _run(t: Termination, api_url: str, key: str, event: OnEvent, session: requests.Session) -> None:

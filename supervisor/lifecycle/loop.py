@@ -288,8 +288,7 @@ class Supervisor:
                 self.rt.timing(last_load_s=out.elapsed_s)
                 return E.HealthDone(fx.token, True, out.elapsed_s)
             if out.stalled:
-                return E.HealthDone(fx.token, False, out.elapsed_s, out.reason or "no loading progress (output, "
-                                    "CPU or disk reads) within the stall deadline")
+                return E.HealthDone(fx.token, False, out.elapsed_s, out.reason or "stalled")   # health.py says why
             return None                            # exited (the exit event tells) or cancelled
 
         self.tasks.start(fx.token, "health", work,

@@ -38,14 +38,14 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, Iterable, Sequence
 
 from ..failure import Failure, FailureClass
+from .facts_source import FACTS_FILE, IMAGE_SHARE
 from .gguf_layout import FileHeader, GGUFError, read_header
 
 if TYPE_CHECKING:
     from ..config import DeployConfig, Rung
     from ..engines.flags import FlagSnapshot
 
-DEFAULT_SHARE = "/opt/kiln/engine/share/kiln"
-FACTS_FILE = "gguf-facts.json"
+DEFAULT_SHARE = IMAGE_SHARE
 CONVERT_FIX = "convert the original checkpoint with this llama.cpp's own convert_hf_to_gguf.py"
 _SPLIT = re.compile(r"^(?P<stem>.*)-(?P<i>\d{5})-of-(?P<n>\d{5})\.gguf$")
 _PLACEHOLDER = re.compile(r"\\\{(?:bid|xid)\\\}")
@@ -315,26 +315,54 @@ EXIT_REFUSED = 2
 def add_parser(sub: "argparse._SubParsersAction[argparse.ArgumentParser]") -> None:
     p = sub.add_parser("check-model", help="check a GGUF model (and a draft) against the engine build; exit 0 or 2")
     p.add_argument("file")
-    p.add_argument("--engine-share", default=DEFAULT_SHARE,
-                   help=f"the engine's share/kiln directory holding {FACTS_FILE} (default: {DEFAULT_SHARE})")
+    where = p.add_mutually_exclusive_group()
+    where.add_argument("--target", metavar="T", help="in a checkout: the facts of target T's pinned engine "
+                       "(images/engine-facts/)")
+    where.add_argument("--facts", metavar="FILE", help="an engine facts file (images/engine-facts/*.json, or an "
+                       f"image's {FACTS_FILE})")
+    where.add_argument("--engine-share", metavar="DIR", help=f"an engine's share/kiln directory holding {FACTS_FILE}")
     p.add_argument("--draft", help="a speculative draft model the rung names (-md)")
+    p.add_argument("--strict", action="store_true",
+                   help="exit 2 when the architecture, keys and tensor names could not be checked (no engine facts)")
+    p.epilog = (f"Without --target/--facts/--engine-share: this image's facts ({DEFAULT_SHARE}/{FACTS_FILE}), else "
+                "the checkout's when it holds exactly one set.")
 
 
 def main(args: argparse.Namespace) -> int:
-    try:
-        facts = load_facts(args.engine_share)
-    except (OSError, ValueError, KeyError) as e:
-        print(f"check-model: --engine-share {args.engine_share}: {FACTS_FILE} cannot be read ({e})", file=sys.stderr)
+    """Problems go to stderr (exit 2). What was checked goes to stdout: `ok` only when the engine's
+    facts were there; without them it says what was NOT checked (--strict: exit 2), as check-config
+    does for flags, so a script cannot mistake an unchecked file for a good one."""
+    from .facts_source import choose
+
+    found = choose(facts=args.facts, engine_share=args.engine_share, target=args.target)
+    if found.error:
+        print(f"check-model: {found.error}", file=sys.stderr)
         return EXIT_REFUSED
-    if facts is None:
-        print(f"(no {FACTS_FILE} in {args.engine_share}: architecture, keys and tensor names not checked)",
-              file=sys.stderr)
+    facts = None
+    if found.path is not None:
+        try:
+            facts = EngineFacts.from_dict(json.loads(found.path.read_text(encoding="utf-8")))
+        except (OSError, ValueError, KeyError, TypeError, AttributeError) as e:
+            print(f"check-model: {found.where}: the facts cannot be read ({type(e).__name__}: {e})", file=sys.stderr)
+            return EXIT_REFUSED
     problems = check_model(args.file, facts, draft=args.draft)
+    names = ", ".join([args.file] + ([args.draft] if args.draft else []))
+    unchecked = (f"architecture, keys and tensor names NOT checked ({found.where}); checked: the file's splits and "
+                 "size only") if facts is None else ""
     if problems:
-        print(f"{len(problems)} problem(s): this llama.cpp build would refuse the model", file=sys.stderr)
+        print(f"{len(problems)} problem(s): this llama.cpp build would refuse the model"
+              if facts is not None else f"{len(problems)} problem(s): no llama.cpp build would load the model",
+              file=sys.stderr)
         for p in problems:
             print(f"  - {p}", file=sys.stderr)
+        if unchecked:
+            print(f"  ({unchecked})", file=sys.stderr)
         return EXIT_REFUSED
-    names = [args.file] + ([args.draft] if args.draft else [])
-    print(f"{', '.join(names)}: ok" + (f" (engine facts: {facts.source})" if facts else ""))
+    if facts is None:
+        print(f"{names}: {unchecked}")
+        if args.strict:
+            print(f"check-model: {names}: not fully checked (--strict): {found.where}", file=sys.stderr)
+            return EXIT_REFUSED
+        return 0
+    print(f"{names}: ok (engine facts: {facts.source}, from {found.where})")
     return 0

@@ -8,7 +8,8 @@ one fails to *parse*; Kiln refuses everything it can know before stopping anythi
     size (<= MAX_BYTES), UTF-8, no NUL byte
     TOML and the deploy-config schema (unknown keys, wrong types, ranges, shell syntax in values,
         path-traversing names), with the same environment overrides as the boot config
-    boot-only tables ([watch], state_dir, [status]) left as they are, then the cross-table checks
+    what the supervisor reads only at boot (boot_only.BOOT_ONLY: [watch], state_dir, [status], [runpod],
+        server.tcp_port) left as it is -- a change is rejected by name --, then the cross-table checks
         (ports) on the config as it will run
     the engine is in this image (its module and its binary)
     every rung linted against the engine's flag snapshot (removed and unknown flags)
@@ -18,7 +19,6 @@ one fails to *parse*; Kiln refuses everything it can know before stopping anythi
 
 from __future__ import annotations
 
-import dataclasses
 import hashlib
 import os
 import tomllib
@@ -30,9 +30,9 @@ from .. import engines
 from ..host import hardware
 from ..config import BOM, DeployConfig, cross_problems, parse_config
 from ..errors import ConfigError, FetchError
+from .boot_only import boot_only_changes, keep_boot_only
 
 MAX_BYTES = 256 * 1024
-BOOT_ONLY = ("watch", "state_dir", "status")
 
 
 @dataclass(frozen=True)
@@ -90,21 +90,17 @@ def validate(c: Candidate, *, running: DeployConfig, env: Mapping[str, str], hw:
     text, problems = decode(c.data)
     if text is None:
         return Verdict(None, problems)
+    # Boot-only: the supervisor keeps its own; a published config may repeat them, not change them.
+    # Named first, and even when the rest does not validate ([runpod] api_url to anywhere but RunPod).
+    try:
+        problems += boot_only_changes(tomllib.loads(text), running, env)
+    except tomllib.TOMLDecodeError:
+        pass                            # parse_config says where
     try:
         cfg = parse_config(text, source=c.describe(), env=env)
     except ConfigError as e:
-        return Verdict(None, [str(p) for p in e.problems], text)
-    raw = tomllib.loads(text)
-    # Boot-only: the supervisor keeps its own; a published config may repeat them, not move them.
-    keep: dict[str, Any] = {}
-    for name in BOOT_ONLY:
-        mine, theirs = getattr(running, name), getattr(cfg, name)
-        if name in raw and theirs != mine:
-            problems.append(f"{name}: cannot change through a published config (it says where the supervisor "
-                            f"keeps its state and takes updates from); running: {_show(mine)}, published: "
-                            f"{_show(theirs)}")
-        keep[name] = mine
-    cfg = dataclasses.replace(cfg, **keep)
+        return Verdict(None, problems + [str(p) for p in e.problems], text)
+    cfg = keep_boot_only(cfg, running)
     # The cross-table checks again, on the config as it will run: a published config that moves
     # server.port onto the running status port passed them against the default [status].
     problems += [str(x) for x in cross_problems(cfg)]
@@ -137,8 +133,3 @@ def validate(c: Candidate, *, running: DeployConfig, env: Mapping[str, str], hw:
         problems.append(f"server.api_key: the key file {ref} does not exist")
     return Verdict(cfg, problems, text)
 
-
-def _show(v: Any) -> str:
-    if dataclasses.is_dataclass(v) and not isinstance(v, type):
-        return ", ".join(f"{k}={x!r}" for k, x in dataclasses.asdict(v).items())
-    return repr(v)

@@ -22,7 +22,6 @@ own config is the one it replaced (a new image with a new baked config starts fr
 
 from __future__ import annotations
 
-import dataclasses
 import json
 import logging
 import os
@@ -214,6 +213,7 @@ def adopt_last_good(book: ReloadBook, boot: Any, env: Mapping[str, str]) -> tupl
     it replaced; else None (a new image's own config wins over what was published for the old one)."""
     from ..config import parse_config
     from ..errors import ConfigError
+    from .boot_only import keep_boot_only
     from ..lifecycle.state import Origin
 
     found = book.last_good()
@@ -228,6 +228,8 @@ def adopt_last_good(book: ReloadBook, boot: Any, env: Mapping[str, str]) -> tupl
     except ConfigError as e:
         log.warning("the last good config no longer parses (%s): booting the image's", e)
         return None
-    cfg = dataclasses.replace(cfg, watch=boot.watch, state_dir=boot.state_dir, status=boot.status)
+    # What the supervisor reads only at boot is the image's, whatever a published config (saved by an
+    # older Kiln, which took [runpod] from it) says.
+    cfg = keep_boot_only(cfg, boot)
     origin = Origin(str(meta.get("source") or "boot"), str(meta.get("origin") or ""), meta.get("revision"))
     return cfg, text, origin

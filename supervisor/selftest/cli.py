@@ -9,6 +9,7 @@ from an environment variable (--api-key-env), never from the command line, where
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import os
 import sys
@@ -17,6 +18,11 @@ from pathlib import Path
 from ..config import SelftestSpec
 
 EXIT_PASS, EXIT_FAIL, EXIT_USAGE = 0, 1, 2
+# The [selftest] fields the options are checked as, and the option each one came from.
+OPTION_OF = {"probes": "--family", "tools": "--tools", "decode_tokens": "--decode-tokens",
+             "min_decode_tok_s": "--min-decode-tok-s", "prefill_tokens": "--prefill-tokens",
+             "min_prefill_tok_s": "--min-prefill-tok-s", "request_wall_s": "--request-wall-s",
+             "min_probe_pass": "--min-probe-pass", "timeout_s": "--timeout-s"}
 
 
 def add_parser(sub: argparse._SubParsersAction) -> argparse.ArgumentParser:  # type: ignore[type-arg]
@@ -65,7 +71,15 @@ def main(args: argparse.Namespace) -> int:
     try:
         spec = parse_config(toml, source="command line", env={}).selftest
     except ConfigError as e:
-        print(str(e).replace("selftest.", "--").replace("_", "-"), file=sys.stderr)
+        print(f"selftest: {len(e.problems)} bad option(s)", file=sys.stderr)
+        for p in e.problems:
+            field = p.path.removeprefix("selftest.")
+            print(f"  - {dataclasses.replace(p, path=OPTION_OF.get(field, field))}", file=sys.stderr)
+        return EXIT_USAGE
+    # Where the report goes is checked before the run: a run of minutes must not end in a traceback.
+    json_problem = _json_out_problem(args.json) if args.json else None
+    if json_problem:
+        print(f"--json {args.json}: {json_problem}", file=sys.stderr)
         return EXIT_USAGE
     try:
         client = Client(args.url, key, timeout_s=spec.request_wall_s,
@@ -87,5 +101,23 @@ def main(args: argparse.Namespace) -> int:
         return 130
     print(report.table())
     if args.json:
-        Path(args.json).write_text(json.dumps(report.to_dict(), indent=2, ensure_ascii=False) + "\n")
+        try:
+            Path(args.json).write_text(json.dumps(report.to_dict(), indent=2, ensure_ascii=False) + "\n")
+        except OSError as e:         # checked before the run; a disk may still fill up meanwhile
+            print(f"--json {args.json}: the report cannot be written ({e.strerror or e}); the table above is "
+                  f"the result ({'passed' if report.passed else 'FAILED'})", file=sys.stderr)
+            return EXIT_USAGE
     return EXIT_PASS if report.passed else EXIT_FAIL
+
+
+def _json_out_problem(out: str) -> str | None:
+    """Why the report could not be written to `out`, or None."""
+    path = Path(out)
+    if path.is_dir():
+        return "is a directory: name a file (e.g. selftest.json) in it"
+    parent = path.absolute().parent
+    if not parent.is_dir():
+        return f"the directory {parent} does not exist: create it first, or name a file in a directory that does"
+    if not os.access(parent, os.W_OK | os.X_OK) or (path.exists() and not os.access(path, os.W_OK)):
+        return f"cannot be written by this user ({path if path.exists() else parent} is not writable)"
+    return None

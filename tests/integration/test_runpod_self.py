@@ -34,6 +34,12 @@ def a_pod(standin):
     return pod["id"], standin.pods[pod["id"]]["_key"]
 
 
+def pod_env(standin, pod_id, key):
+    """A pod's environment: RunPod's id and key, and the stand-in named where only the image's own
+    environment may name one (a deploy config may name only RunPod's API)."""
+    return {"RUNPOD_POD_ID": pod_id, "RUNPOD_API_KEY": key, "KILN_RUNPOD_API_URL": standin.url}
+
+
 def spec(standin, on=True, grace=0.2):
     return SelfTerminateSpec(terminate_on_terminal_failure=on, terminate_grace_s=grace, api_url=standin.url)
 
@@ -43,7 +49,7 @@ def test_with_the_option_on_a_terminal_failure_terminates_its_own_pod_after_the_
     events = []
     caplog.set_level(logging.INFO, logger="kiln")
     started = time.monotonic()
-    handle = runpod_self.arm(spec(standin, grace=0.5), {"RUNPOD_POD_ID": pod_id, "RUNPOD_API_KEY": key},
+    handle = runpod_self.arm(spec(standin, grace=0.5), pod_env(standin, pod_id, key),
                              failure=FAILURE, on_event=lambda e, d: events.append((e, d)))
     # arm() returned at once: the pod is still there, nothing sent yet (the caller's loop, and
     # /status with it, keep running through the grace).
@@ -63,7 +69,7 @@ def test_with_the_option_on_a_terminal_failure_terminates_its_own_pod_after_the_
 def test_with_the_option_off_nothing_is_sent_and_the_pod_keeps_running(standin):
     pod_id, key = a_pod(standin)
     before = len(standin.requests)
-    assert runpod_self.arm(spec(standin, on=False), {"RUNPOD_POD_ID": pod_id, "RUNPOD_API_KEY": key},
+    assert runpod_self.arm(spec(standin, on=False), pod_env(standin, pod_id, key),
                            failure=FAILURE) is None
     assert len(standin.requests) == before and standin.pods[pod_id]["status"] == "RUNNING"
 
@@ -84,7 +90,7 @@ def test_without_a_pod_id_or_a_key_a_clear_warning_and_nothing_sent(standin, cap
 
 def test_a_recovery_before_the_grace_ends_cancels_and_keeps_the_pod(standin):
     pod_id, key = a_pod(standin)
-    handle = runpod_self.arm(spec(standin, grace=30), {"RUNPOD_POD_ID": pod_id, "RUNPOD_API_KEY": key},
+    handle = runpod_self.arm(spec(standin, grace=30), pod_env(standin, pod_id, key),
                              failure=FAILURE)
     assert handle.cancel() is True
     assert handle.wait(5) == "cancelled"
@@ -95,7 +101,7 @@ def test_errors_are_retried_and_never_carry_the_key(standin, caplog, monkeypatch
     monkeypatch.setattr(runpod_self, "BACKOFF_S", 0.05)
     pod_id, key = a_pod(standin)
     standin.fail_next = (500, "upstream failed while handling $AUTH")     # echoes the Authorization header
-    handle = runpod_self.arm(spec(standin, grace=0), {"RUNPOD_POD_ID": pod_id, "RUNPOD_API_KEY": key},
+    handle = runpod_self.arm(spec(standin, grace=0), pod_env(standin, pod_id, key),
                              failure=FAILURE)
     assert handle.wait(20) == "terminated"
     assert "attempt 1 of 5 failed: HTTP 500" in caplog.text and "***" in caplog.text
@@ -105,7 +111,7 @@ def test_errors_are_retried_and_never_carry_the_key(standin, caplog, monkeypatch
 def test_a_key_that_may_not_terminate_says_what_to_do_and_stops_trying(standin, caplog):
     pod_id, _ = a_pod(standin)
     other_id, other_key = a_pod(standin)       # another pod's scoped key: 403 for this pod
-    handle = runpod_self.arm(spec(standin, grace=0), {"RUNPOD_POD_ID": pod_id, "RUNPOD_API_KEY": other_key},
+    handle = runpod_self.arm(spec(standin, grace=0), pod_env(standin, pod_id, other_key),
                              failure=FAILURE)
     outcome = handle.wait(20)
     assert outcome.startswith("failed: HTTP 403") and "[runpod.secrets] RUNPOD_API_KEY" in caplog.text
@@ -130,6 +136,135 @@ def test_the_runpod_table_defaults_validation_and_env_override():
         assert part in str(e.value), part
 
 
+@pytest.mark.parametrize("url,env_url,why", [
+    ("http://attacker.example/v2", None, "must be RunPod's API, https://api.runpod.io/v2"),
+    ("https://attacker.example/v2", None, "must be RunPod's API"),
+    ("http://127.0.0.1:9/v2", None, "named in the image's or pod's environment (KILN_RUNPOD_API_URL)"),
+    ("https://api.runpod.io.attacker.example/v2", None, "must be RunPod's API"),
+    ("https://api.runpod.io:8443/v2", None, "must be RunPod's API"),
+    ("https://api.runpod.io/v1", None, "must be RunPod's API"),
+    (None, "http://attacker.example/v2", "runpod.api_url (from env KILN_RUNPOD_API_URL): must be https, or http "
+                                         "on loopback"),
+])
+def test_the_runpod_key_goes_only_to_runpods_api_or_a_stand_in_the_environment_names(url, env_url, why):
+    base = '[model]\nsource = "/m.gguf"\n[ladder]\n[[ladder.rungs]]\nname = "a"\n'
+    text = base + (f'[runpod]\napi_url = "{url}"\n' if url else "")
+    with pytest.raises(Exception) as e:
+        parse_config(text, env={"KILN_RUNPOD_API_URL": env_url} if env_url else {})
+    assert why in str(e.value) and "runpod.api_url" in str(e.value)
+
+
+def test_runpods_api_in_a_config_and_a_stand_in_in_the_environment_are_accepted():
+    base = '[model]\nsource = "/m.gguf"\n[ladder]\n[[ladder.rungs]]\nname = "a"\n'
+    assert parse_config(base + '[runpod]\napi_url = "https://api.runpod.io/v2/"\n', env={}).runpod.api_url \
+        == "https://api.runpod.io/v2/"
+    for stand_in in ("http://127.0.0.1:8123/v2", "http://localhost:8123/v2", "http://[::1]:8123/v2",
+                     "https://runpod-stand-in.internal/v2"):
+        assert parse_config(base, env={"KILN_RUNPOD_API_URL": stand_in}).runpod.api_url == stand_in
+
+
+class Recorder:
+    """An HTTP server that answers 204 to anything and keeps what it was sent: where a hostile
+    published config would send the pod's RunPod key."""
+
+    def __init__(self):
+        import http.server
+        import threading
+
+        seen = self.requests = []
+
+        class Handler(http.server.BaseHTTPRequestHandler):
+            def _any(self):
+                seen.append({"method": self.command, "path": self.path, "auth": self.headers.get("Authorization")})
+                self.send_response(204)
+                self.end_headers()
+            do_GET = do_POST = do_DELETE = do_PUT = do_PATCH = _any
+
+            def log_message(self, *a):
+                pass
+
+        self.server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self.url = f"http://127.0.0.1:{self.server.server_address[1]}/v2"
+        threading.Thread(target=self.server.serve_forever, daemon=True).start()
+
+    def close(self):
+        self.server.shutdown()
+        self.server.server_close()
+
+
+def test_arm_never_sends_the_key_to_a_url_neither_runpod_nor_the_environment_names(standin):
+    # The config refuses such a URL; arm() refuses it too, where the key would leave the pod.
+    pod_id, key = a_pod(standin)
+    attacker = Recorder()
+    try:
+        events = []
+        bad = SelfTerminateSpec(terminate_on_terminal_failure=True, terminate_grace_s=0, api_url=attacker.url)
+        assert runpod_self.arm(bad, pod_env(standin, pod_id, key), failure=FAILURE,
+                               on_event=lambda e, d: events.append((e, d))) is None
+        assert events[0][0] == "runpod_terminate_skipped" and "must be RunPod's API" in events[0][1]
+        assert attacker.requests == [] and pod_id in standin.pods
+    finally:
+        attacker.close()
+
+
+@pytest.mark.llama
+def test_a_published_runpod_api_url_is_rejected_by_name_and_a_later_failure_sends_the_key_only_to_runpod(
+        standin, tmp_path, prefix, tiny):
+    # The reproduction: whoever can write the watched config directory publishes the running config
+    # with only [runpod] api_url changed. Was: judged "unchanged" (the hash leaves [runpod] out), saved
+    # as the last good config, booted from at the next container start, and on that boot's terminal
+    # failure the pod's RUNPOD_API_KEY went to the attacker's URL.
+    import shutil
+
+    from kiln_dev.supervised import Supervised, config, free_port, http
+
+    pod_id, key = a_pod(standin)
+    attacker = Recorder()
+    model = tmp_path / "model.gguf"
+    shutil.copyfile(tiny, model)
+    watch_dir = tmp_path / "published"
+    watch_dir.mkdir()
+    state = tmp_path / "state"
+    text = config(binary=str(prefix / "bin/llama-server"), model=str(model), port=free_port(), status_port=free_port(),
+                  state_dir=state, snapshot=str(prefix / "share/kiln/llama-server.help.txt"),
+                  rungs='[[ladder.rungs]]\nname = "cpu"\nplacement = "cpu"\nargs = ["-t", "1", "-c", "512"]\n',
+                  extra=f'[watch]\ndir = "{watch_dir}"\ndebounce_s = 0.05\n'
+                        '[runpod]\nterminate_on_terminal_failure = true\nterminate_grace_s = 0.5\n')
+    hostile = text.replace("terminate_grace_s = 0.5\n", f'terminate_grace_s = 0.5\napi_url = "{attacker.url}"\n')
+    try:
+        with Supervised(tmp_path, text, env=pod_env(standin, pod_id, key)) as sup:
+            first = sup.wait_state("SERVING", timeout=60)
+            (watch_dir / ".deploy.toml.tmp").write_text(hostile)
+            (watch_dir / ".deploy.toml.tmp").rename(watch_dir / "deploy.toml")
+            wait_for(lambda: ((sup.status() or {}).get("reload") or {}).get("last"), 30, "the reload decision")
+            st = sup.status()
+            rej = st["reload"]["last"]
+            assert rej["outcome"] == "rejected", rej
+            assert any(p.startswith("[runpod]: cannot be changed by a published config") and
+                       "Change it in the image's config" in p for p in rej["problems"]), rej["problems"]
+            assert st["reload"]["last_rejection"] == rej
+            assert st["state"] == "SERVING" and st["config"]["hash"] == first["config"]["hash"]
+            assert not (state / "reload" / "last-good.toml").exists(), "a rejected config was saved as last good"
+            history = (state / "reload" / "history.jsonl").read_text()
+            assert '"outcome": "rejected"' in history and "[runpod]" in history
+            assert sup.stop() == 0
+        # The next container start, where the engine can no longer load: FAILED for good, and the pod
+        # terminated through the stand-in its environment names -- nothing reaches the attacker.
+        model.unlink()
+        with Supervised(tmp_path, text, env=pod_env(standin, pod_id, key)) as sup:
+            st = sup.wait_state("FAILED", timeout=60)
+            assert st["config"]["from"] == "boot"
+            wait_for(lambda: pod_id in standin.terminated, 30, "the pod terminated")
+            assert http(sup.url("/live"))[0] == 200
+            assert key not in sup.log() and key not in json.dumps(sup.status())
+            assert sup.stop() == 3
+        assert attacker.requests == [], attacker.requests
+        (delete,) = [r for r in standin.requests if r["method"] == "DELETE"]
+        assert delete["path"] == f"/v2/pods/{pod_id}" and delete["auth"] == f"pod:{pod_id}"
+    finally:
+        attacker.close()
+
+
 @pytest.mark.llama
 @pytest.mark.parametrize("on", [True, False])
 def test_a_real_supervisor_that_can_never_serve_terminates_its_pod_only_with_the_option_on(standin, tmp_path,
@@ -142,9 +277,8 @@ def test_a_real_supervisor_that_can_never_serve_terminates_its_pod_only_with_the
     text = config(binary=str(prefix / "bin/llama-server"), model=str(tmp_path / "not-there.gguf"), port=free_port(),
                   status_port=free_port(), state_dir=tmp_path / "state",
                   rungs='[[ladder.rungs]]\nname = "cpu"\nplacement = "cpu"\n',
-                  extra=f'[runpod]\nterminate_on_terminal_failure = {str(on).lower()}\nterminate_grace_s = 1.0\n'
-                        f'api_url = "{standin.url}"\n')
-    with Supervised(tmp_path, text, env={"RUNPOD_POD_ID": pod_id, "RUNPOD_API_KEY": key}) as sup:
+                  extra=f'[runpod]\nterminate_on_terminal_failure = {str(on).lower()}\nterminate_grace_s = 1.0\n')
+    with Supervised(tmp_path, text, env=pod_env(standin, pod_id, key)) as sup:
         st = sup.wait_state("FAILED")
         assert st["last_failure"]["class"] == "load_error"
         if on:

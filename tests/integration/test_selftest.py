@@ -160,6 +160,19 @@ def test_cli_fails_the_tiny_model_and_a_server_that_makes_no_tool_calls(tiny, sm
     assert r.returncode == 2 and "UNSET_KEY_VAR_1" in r.stderr
 
 
+def test_cli_json_into_a_missing_directory_is_refused_before_the_run(tiny, tmp_path):
+    # Was: the whole selftest ran, then a traceback (FileNotFoundError) and exit 1, "quality failed",
+    # with the report lost.
+    out = tmp_path / "no-such-dir" / "report.json"
+    r = run_cli("--url", tiny.url, "--decode-tokens", "0", "--prefill-tokens", "0", "--json", str(out))
+    assert r.returncode == 2, r.stdout + r.stderr
+    assert r.stderr == (f"--json {out}: the directory {out.parent} does not exist: create it first, or name a "
+                        "file in a directory that does\n")
+    assert r.stdout == "" and not out.parent.exists()
+    r = run_cli("--url", tiny.url, "--decode-tokens", "0", "--prefill-tokens", "0", "--json", str(tmp_path))
+    assert r.returncode == 2 and "is a directory" in r.stderr and "Traceback" not in r.stderr
+
+
 def test_a_chunk_over_the_wall_limit_is_an_error_not_a_number(smol):
     # Last in the file: llama-server finishes the abandoned prefill (seconds of one core) before
     # it serves the next request on that slot, so a test after this one would wait for it.

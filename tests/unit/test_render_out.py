@@ -5,11 +5,14 @@ replaced, and only while unchanged."""
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 import subprocess
 import sys
 from pathlib import Path
+
+import pytest
 
 from images.build.outdir import MARKER
 
@@ -125,16 +128,88 @@ def test_a_user_file_where_kiln_would_write_is_refused_by_name(tmp_path):
     assert tree(out) == before
 
 
-def test_switching_targets_removes_kilns_files_the_new_render_does_not_have(tmp_path):
+def test_switching_targets_leaves_kilns_files_the_new_render_does_not_have_and_says_so(tmp_path):
+    # Nothing is deleted on a re-render (issue 24, item 10): the other target's patch stays, listed as left.
     out = tmp_path / "ctx"
     patch = tmp_path / "p.patch"
     patch.write_text("--- a/x\n+++ b/x\n")
     assert render(out, "--target", "a40-llamacpp", "--allow-floating",
                   "--patch-file", f"llama-k3-moe-cache={patch}").returncode == 0
-    assert (out / "kiln" / "patches" / "llama-k3-moe-cache.patch").is_file()
+    stale = out / "kiln" / "patches" / "llama-k3-moe-cache.patch"
+    assert stale.is_file()
+    r = render(out)
+    assert r.returncode == 0, r.stderr
+    assert stale.read_text() == "--- a/x\n+++ b/x\n"
+    assert "left in place" in r.stderr and "kiln/patches/llama-k3-moe-cache.patch" in r.stderr
+    marker = json.loads((out / MARKER).read_text())
+    assert marker["target"] == "cpu-llamacpp" and "kiln/patches/llama-k3-moe-cache.patch" in marker["left"]
+    assert "kiln/patches/llama-k3-moe-cache.patch" not in marker["files"] and "pending" not in marker
+    # Back to the first target: the file left in place is still Kiln's, and is replaced.
+    r = render(out, "--target", "a40-llamacpp", "--allow-floating", "--patch-file", f"llama-k3-moe-cache={patch}")
+    assert r.returncode == 0, r.stderr
+    assert "kiln/patches/llama-k3-moe-cache.patch" in json.loads((out / MARKER).read_text())["files"]
+
+
+def test_a_marker_edited_to_list_a_users_file_never_gets_it_deleted(tmp_path):
+    # The reproduction: the user lists their own file in .kiln-render.json, with its very sha256.
+    out = tmp_path / "ctx"
     assert render(out).returncode == 0
-    assert not (out / "kiln" / "patches" / "llama-k3-moe-cache.patch").exists()
-    assert json.loads((out / MARKER).read_text())["target"] == "cpu-llamacpp"
+    mine = out / "kiln" / "my-notes.md"
+    mine.write_text("the user's own file\n")
+    marker = json.loads((out / MARKER).read_text())
+    marker["files"]["kiln/my-notes.md"] = hashlib.sha256(mine.read_bytes()).hexdigest()
+    (out / MARKER).write_text(json.dumps(marker))
+    r = render(out, "--base-image", "kiln-local/debian:bookworm")
+    assert r.returncode == 0, r.stderr
+    assert mine.read_text() == "the user's own file\n"
+    assert "left in place" in r.stderr and "kiln/my-notes.md" in r.stderr
+
+
+# A re-render cut short, three ways, mid-file: the copy of the second file into --out writes half of it,
+# then Ctrl-C (KeyboardInterrupt), a full disk (ENOSPC), or a power cut (SIGKILL: no finally runs).
+CUT_SHORT = """
+import errno, os, shutil, signal, sys
+from pathlib import Path
+out, how = Path(sys.argv[1]).resolve(), sys.argv[2]
+real, seen = shutil.copy2, []
+def copy2(src, dst, **kw):
+    if Path(dst).resolve().is_relative_to(out):
+        seen.append(dst)
+        if len(seen) == 2:
+            data = Path(src).read_bytes()
+            Path(dst).write_bytes(data[: len(data) // 2])
+            if how == "ctrl-c":
+                raise KeyboardInterrupt
+            if how == "disk-full":
+                raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC), str(dst))
+            os.kill(os.getpid(), signal.SIGKILL)
+    return real(src, dst, **kw)
+shutil.copy2 = copy2
+from images.cli import main
+sys.exit(main(["render", "--out", str(out), *sys.argv[3:]]))
+"""
+
+
+@pytest.mark.parametrize("how,rc", [("ctrl-c", 130), ("disk-full", 2), ("power-cut", -9)])
+def test_a_rerender_cut_short_is_resumed_by_the_next_render(tmp_path, how, rc):
+    out = tmp_path / "ctx"
+    assert render(out).returncode == 0
+    (out / "notes.txt").write_text("the user's\n")
+    cut = subprocess.run([sys.executable, "-c", CUT_SHORT, str(out), how, "--base-image", "kiln-local/debian:bookworm"],
+                         capture_output=True, text=True, cwd=ROOT)
+    assert cut.returncode == rc, cut.stderr
+    assert "Traceback" not in cut.stderr
+    if how == "disk-full":
+        assert "No space left on device" in cut.stderr and "render again" in cut.stderr
+    r = render(out, "--base-image", "kiln-local/debian:bookworm")
+    assert r.returncode == 0, r.stderr                       # was: "... is not Kiln's" / "changed since"
+    assert "FROM kiln-local/debian:bookworm" in (out / "Dockerfile").read_text()
+    marker = json.loads((out / MARKER).read_text())
+    on_disk = {p.relative_to(out).as_posix() for p in out.rglob("*") if p.is_file()} - {MARKER, "notes.txt"}
+    assert set(marker["files"]) == on_disk and "pending" not in marker and not marker.get("left")
+    for rel, sha in marker["files"].items():
+        assert hashlib.sha256((out / rel).read_bytes()).hexdigest() == sha, rel
+    assert (out / "notes.txt").read_text() == "the user's\n"
 
 
 def test_a_marker_that_lists_paths_outside_the_directory_is_refused(tmp_path):

