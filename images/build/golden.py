@@ -15,7 +15,9 @@ import sys
 from pathlib import Path
 
 from ..pins.lock import load_lock, pins_for
-from .render import RENDERED_DIR, make_context, render_dockerfile
+from ..runpod.template import build_template
+from ..paths import RENDERED_DIR
+from .render import make_context, render_dockerfile
 from ..target import load_target, target_names
 
 
@@ -35,8 +37,6 @@ TEMPLATE_FILE = "runpod-template.json"
 
 def render_templates() -> dict[str, str]:
     """Each target's RunPod template as `build.py template --target T` prints it."""
-    from ..runpod.template import build_template
-
     lock = load_lock()
     return {name: build_template(load_target(name), pins_for(load_target(name), lock)).to_json()
             for name in target_names()}

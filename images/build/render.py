@@ -21,16 +21,11 @@ from supervisor.errors import KilnError
 from ..pins.cuda import declared_problems
 from ..pins.cudafloor import require_cuda
 from .engine_facts import FACTS_FILE, facts_path
+from ..paths import (COMPILE_SCRIPT, CUDA_FLOOR_SCRIPT, IMAGES_DIR, SUPERVISOR_DIR, SUPERVISOR_REQUIREMENTS,
+                     TEMPLATES_DIR, VLLM_SNAPSHOT_SCRIPT)
 from ..pins.lock import Pin, missing
-from ..target import IMAGES_DIR, Target
+from ..target import Target
 
-REPO_ROOT = IMAGES_DIR.parent
-TEMPLATES_DIR = IMAGES_DIR / "templates"
-RENDERED_DIR = IMAGES_DIR / "rendered"
-COMPILE_SCRIPT = IMAGES_DIR / "scripts" / "compile-llama-server.sh"
-VLLM_SNAPSHOT_SCRIPT = IMAGES_DIR / "scripts" / "vllm-flag-snapshot.py"
-CUDA_FLOOR_SCRIPT = IMAGES_DIR / "pins" / "cudafloor.py"    # runs in the build as kiln/cuda-floor.py
-SUPERVISOR_DIR = REPO_ROOT / "supervisor"
 KILN_VERSION = supervisor.__version__
 SOURCE_URL = "https://github.com/kiln-llm/kiln"
 
@@ -196,7 +191,7 @@ def write_context(ctx: RenderContext, out: Path, *, patch_files: dict[str, Path]
     shutil.copy2(COMPILE_SCRIPT, kiln / "compile-llama-server.sh")
     shutil.copy2(VLLM_SNAPSHOT_SCRIPT, kiln / "vllm-flag-snapshot.py")
     shutil.copy2(CUDA_FLOOR_SCRIPT, kiln / "cuda-floor.py")
-    shutil.copy2(SUPERVISOR_DIR / "requirements.txt", kiln / "requirements.txt")
+    shutil.copy2(SUPERVISOR_REQUIREMENTS, kiln / "requirements.txt")
     shutil.copy2(ctx.target.deploy_config_path, kiln / "deploy.toml")
     (kiln / "profiles").mkdir()
     for name, path in ctx.target.profiles.items():

@@ -9,13 +9,10 @@ from __future__ import annotations
 
 import argparse
 import sys
-from pathlib import Path
 
-from ..target import IMAGES_DIR
+from ..paths import DOCS_CLI
 from . import parser
 from .command import walk
-
-DOC_PATH = IMAGES_DIR.parent / "docs" / "cli.md"
 
 HEADER = """# `python build.py` reference
 
@@ -39,12 +36,12 @@ def main(argv: list[str] | None = None) -> int:
     args = ap.parse_args(argv)
     text = render()
     if args.check:
-        if not DOC_PATH.is_file() or DOC_PATH.read_text(encoding="utf-8") != text:
-            print(f"{DOC_PATH} drifted from build.py --help: run `python -m images.cli.reference`", file=sys.stderr)
+        if not DOCS_CLI.is_file() or DOCS_CLI.read_text(encoding="utf-8") != text:
+            print(f"{DOCS_CLI} drifted from build.py --help: run `python -m images.cli.reference`", file=sys.stderr)
             return 1
         return 0
-    DOC_PATH.write_text(text, encoding="utf-8")
-    print(DOC_PATH)
+    DOCS_CLI.write_text(text, encoding="utf-8")
+    print(DOCS_CLI)
     return 0
 
 

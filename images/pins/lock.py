@@ -21,9 +21,9 @@ from typing import Callable, Mapping
 from supervisor.errors import ConfigError
 from supervisor.validate import Problem
 
-from ..target import IMAGES_DIR, Target
+from ..paths import LOCK_PATH
+from ..target import Target
 
-LOCK_PATH = IMAGES_DIR / "lock.toml"
 DIGEST_RE = re.compile(r"sha256:[0-9a-f]{64}")
 SHA256_RE = re.compile(r"[0-9a-f]{64}")
 COMMIT_RE = re.compile(r"[0-9a-f]{40}")

@@ -20,7 +20,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from .schema import SCHEMA_PATH
+from ..paths import RUNPOD_SCHEMA
 
 DOCUMENT_PATH = "api-reference-v2/openapi.json"
 GPU_TYPES_PATH = "references/gpu-types.mdx"
@@ -105,7 +105,7 @@ def main(argv: list[str] | None = None) -> int:
         print(f"error: --commit {args.commit!r}: expected 40 hex digits", file=sys.stderr)
         return 2
     raw = args.openapi.read_bytes()
-    old = json.loads(SCHEMA_PATH.read_text(encoding="utf-8")) if SCHEMA_PATH.is_file() else {}
+    old = json.loads(RUNPOD_SCHEMA.read_text(encoding="utf-8")) if RUNPOD_SCHEMA.is_file() else {}
     gpu = old.get("gpu_types", {})
     if args.gpu_types:
         gpu = {"from": f"{REPOSITORY}/blob/{args.commit}/{GPU_TYPES_PATH}",
@@ -125,8 +125,8 @@ def main(argv: list[str] | None = None) -> int:
         "gpu_types": gpu,
         **excerpt(json.loads(raw)),
     }
-    SCHEMA_PATH.write_text(json.dumps(out, indent=2, ensure_ascii=False) + "\n", encoding="utf-8")
-    print(SCHEMA_PATH)
+    RUNPOD_SCHEMA.write_text(json.dumps(out, indent=2, ensure_ascii=False) + "\n", encoding="utf-8")
+    print(RUNPOD_SCHEMA)
     return 0
 
 

@@ -15,6 +15,7 @@ import pytest
 from images import cli
 from images.pins import lock as lockfile
 from images.cli import legacy, reference
+from images.paths import DOCS_CLI
 from supervisor import __version__
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -71,7 +72,7 @@ def test_each_subcommand_help_lists_exactly_what_it_takes(name):
 
 
 def test_docs_cli_md_is_generated_from_the_parsers_and_has_not_drifted():
-    committed = reference.DOC_PATH.read_text(encoding="utf-8")
+    committed = DOCS_CLI.read_text(encoding="utf-8")
     assert committed == reference.render(), "docs/cli.md drifted: run `python -m images.cli.reference`"
     for name in TAKES:
         assert f"## `python build.py {name}`" in committed
