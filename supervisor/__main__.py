@@ -49,10 +49,9 @@ def _parser() -> argparse.ArgumentParser:
     model_check.add_parser(sub)
     from .selftest import cli as selftest_cli
     selftest_cli.add_parser(sub)
-    from images.fleet import publish
-    publish.add_parser(sub)
-    from images.fleet import status as fleet_status
-    fleet_status.add_parser(sub)
+    from images.cli import fleet as fleet_cli          # moved to `python build.py` (issue 23)
+    for c in fleet_cli.COMMANDS:
+        c.arguments(sub.add_parser(c.name, help=c.summary))
     return p
 
 
@@ -126,12 +125,9 @@ def main(argv: list[str] | None = None) -> int:
     if args.command == "selftest":
         from .selftest import cli as selftest_cli
         return selftest_cli.main(args)
-    if args.command == "publish-config":
-        from images.fleet import publish
-        return publish.main(args)
-    if args.command == "fleet-status":
-        from images.fleet import status as fleet_status
-        return fleet_status.main(args)
+    if args.command in ("publish-config", "fleet-status"):
+        from images.cli import fleet as fleet_cli
+        return next(c.run for c in fleet_cli.COMMANDS if c.name == args.command)(args)
     if args.command in (None, "run"):
         from .config import load_config
         from .errors import ConfigError

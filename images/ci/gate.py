@@ -6,7 +6,7 @@ is, waits for that verdict, and always cleans up:
 
     local   a self-hosted runner with a GPU: `docker run --gpus all`, then `docker rm -f`
     runpod  a RunPod pod from a staging template, through the same REST v2 code as
-            `python -m images.pods up` (catalog check, upsert, create by templateId), then
+            `python build.py pods up` (catalog check, upsert, create by templateId), then
             terminated, never stopped (a stopped pod's volume bills at twice the running rate)
 
 Passing means /status reports ready *and* a selftest that passed: an image whose selftest was

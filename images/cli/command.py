@@ -108,6 +108,16 @@ def build_network(p: argparse.ArgumentParser, extra: str = "") -> None:
                    f"builder){extra}")
 
 
+def template_reference_options(p: argparse.ArgumentParser, *, name_flag: str = "--template-name") -> None:
+    """What names the template's image and the template itself: one spelling for `template` and `pods up`."""
+    p.add_argument("--image-ref", metavar="REF", help="the template's whole image reference (default: the target's "
+                   "immutable tag in --image or the target's repository)")
+    p.add_argument(name_flag, dest="template_name", metavar="NAME", help="template name (default: [runpod] "
+                   "template_name, kiln-<target>)")
+    p.add_argument("--registry-auth", metavar="ID", help="RunPod container registry credential id (the "
+                   "template's `registry`) for a private image")
+
+
 # -- helpers for the commands' run functions ------------------------------------------------------
 def parse_patch_files(items: list[str] | None) -> dict[str, Path]:
     out: dict[str, Path] = {}

@@ -11,13 +11,13 @@ import argparse
 import sys
 
 from ..paths import DOCS_CLI
-from . import parser
+from .app import parser
 from .command import walk
 
 HEADER = """# `python build.py` reference
 
 Generated from the parsers by `python -m images.cli.reference`; do not edit (a test fails when this
-drifts from `--help`). To add a command, see `images/cli/__init__.py`.
+drifts from `--help`). To add a command, see `images/cli/app.py`.
 """
 
 
