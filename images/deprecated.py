@@ -1,9 +1,9 @@
 """Old spellings of workstation commands, kept for one release: one deprecation line, then the new one.
 
-`forward` runs the new command as a child (`python -m images.cli ARGS`), not in this process: a
+`forward` runs the new command as a child (this checkout's build.py), not in this process: a
 module whose old spelling it keeps (images/build/golden.py, images/build/engine_facts.py,
 images/cli/reference.py) is itself imported by the command it now forwards to, and importing the
-CLI from it would close an import cycle. A leaf module: it imports nothing of Kiln.
+CLI from it would close an import cycle. It imports only the leaf images/paths.py.
 """
 
 from __future__ import annotations
@@ -11,6 +11,8 @@ from __future__ import annotations
 import shlex
 import subprocess
 import sys
+
+from .paths import REPO_ROOT
 
 
 def notice(old: str, new_argv: list[str]) -> None:
@@ -20,7 +22,7 @@ def notice(old: str, new_argv: list[str]) -> None:
 
 
 def forward(old: str, new_argv: list[str]) -> int:
-    """Print the deprecation line, run `python build.py NEW_ARGV` (as `python -m images.cli`), return its status."""
+    """Print the deprecation line, run `python build.py NEW_ARGV`, return its exit status."""
     notice(old, new_argv)
-    rc = subprocess.call([sys.executable, "-m", "images.cli", *new_argv])
+    rc = subprocess.call([sys.executable, str(REPO_ROOT / "build.py"), *new_argv])
     return rc if rc >= 0 else 128 - rc          # killed by signal N: the shell's 128+N

@@ -28,6 +28,7 @@ machine and in CI. The facts depend only on the pinned source.
 from __future__ import annotations
 
 import json
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -70,7 +71,8 @@ def read(path: Path) -> dict[str, Any]:
 
 
 
-if __name__ == "__main__":      # the old spelling; step 3 of issue 23 makes it `python build.py generate`
-    import runpy
 
-    runpy.run_module("images.build.facts_generator", run_name="__main__")
+if __name__ == "__main__":      # the old spelling, for one release
+    from ..deprecated import forward
+
+    sys.exit(forward("python -m images.build.engine_facts", ["generate", "--only", "engine-facts", *sys.argv[1:]]))

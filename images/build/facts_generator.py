@@ -28,7 +28,6 @@ The source is each sdist llama.cpp target's pinned sdist, fetched once into Kiln
 
 from __future__ import annotations
 
-import argparse
 import importlib.util
 import os
 import re
@@ -378,16 +377,3 @@ def generated() -> dict[Path, str]:
         out[path] = render(extract(source_tree(target, pins), source=source_label(target, pins)))
     return out
 
-
-def main(argv: list[str] | None = None) -> int:
-    from .golden import sync
-
-    ap = argparse.ArgumentParser(prog="python -m images.build.engine_facts", description=__doc__,
-                                 formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--check", action="store_true")
-    args = ap.parse_args(argv)
-    return sync(generated(), check=args.check, fix="python -m images.build.engine_facts")
-
-
-if __name__ == "__main__":
-    sys.exit(main())

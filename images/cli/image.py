@@ -202,7 +202,7 @@ COMMANDS = (
             _render, _render_arguments,
             description="Write the Dockerfile and build context of a target (no Docker engine needed) and "
             "print the Dockerfile's path.\nThe committed goldens (images/rendered/) are regenerated with "
-            "`python -m images.build.golden`, not with this."),
+            "`python build.py generate`, not with this."),
     Command("list", "list the targets", _list),
     Command("tag", "print the immutable tag of a target's image", _tag, _tag_arguments,
             description="Print the immutable tag of a target's image: "

@@ -8,6 +8,10 @@ document RunPod publishes. The notes written by hand (`verified`, `unresolved`, 
 are carried over from the current file. `--gpu-types` refreshes the GPU id list from the docs
 page references/gpu-types.mdx (the v2 document enumerates no GPU ids: the catalog is live).
 Get the document from the public runpod/docs repository, api-reference-v2/openapi.json.
+
+The file is vendored, not generated: `python build.py generate --check` cannot re-derive it
+without the document, but checks what the file shows alone (excerpt_problems): it holds exactly
+the operations in OPERATIONS, and exactly the components they reach through `$ref`.
 """
 
 from __future__ import annotations
@@ -75,6 +79,34 @@ def excerpt(doc: dict[str, Any]) -> dict[str, Any]:
     components = {s: dict(sorted(v.items())) for s, v in sorted(components.items())}
     return {"openapi": doc["openapi"], "info": doc["info"], "servers": doc["servers"],
             "security": doc.get("security"), "paths": paths, "components": components}
+
+
+def excerpt_problems(vendored: dict[str, Any]) -> list[str]:
+    """Why `vendored` is not what `excerpt` makes of a document: operations missing or added, a `$ref`
+    it cannot resolve, a component nothing reaches, provenance naming other operations."""
+    problems: list[str] = []
+    paths = vendored.get("paths") or {}
+    missing = [f"{m.upper()} {p}" for p, ms in OPERATIONS.items() for m in ms if m not in paths.get(p, {})]
+    extra = [f"{m.upper()} {p}" for p, item in paths.items() for m in item
+             if m in METHODS and m not in OPERATIONS.get(p, ())]
+    if missing:
+        problems.append(f"operations Kiln calls are missing: {', '.join(missing)}")
+    if extra:
+        problems.append(f"operations Kiln does not call are kept: {', '.join(extra)}")
+    if missing:
+        return problems
+    try:
+        again = excerpt(vendored)
+    except KeyError as e:
+        return problems + [f"a $ref reaches {e.args[0]!r}, which the file does not hold"]
+    for section in sorted(set(again["components"]) | set(vendored.get("components") or {})):
+        unreached = sorted(set((vendored.get("components") or {}).get(section, {})) - set(again["components"].get(section, {})))
+        if unreached:
+            problems.append(f"components.{section} nothing reaches: {', '.join(unreached)}")
+    named = (vendored.get("provenance") or {}).get("excerpt")
+    if named != {p: list(m) for p, m in OPERATIONS.items()}:
+        problems.append("provenance.excerpt does not name OPERATIONS")
+    return problems
 
 
 def gpu_ids(mdx: str) -> list[str]:

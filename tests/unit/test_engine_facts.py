@@ -15,7 +15,7 @@ def test_committed_facts_match_the_pinned_source():
     fresh = facts_generator.generated()
     assert set(fresh) == {COMMITTED}
     assert COMMITTED.read_text(encoding="utf-8") == fresh[COMMITTED], \
-        "images/engine-facts drifted from its source: run `python -m images.build.engine_facts`"
+        "images/engine-facts drifted from its source: run `python build.py generate`"
 
 
 def test_facts_hold_what_the_seeds_dspark_blockers_need():

@@ -118,7 +118,7 @@ def test_committed_rendered_dockerfiles_match_a_fresh_render():
     fresh = golden.render_all()
     for name, text in fresh.items():
         committed = (RENDERED_DIR / name / "Dockerfile").read_text()
-        assert committed == text, f"images/rendered/{name}/Dockerfile drifted: run `python -m images.build.golden`"
+        assert committed == text, f"images/rendered/{name}/Dockerfile drifted: run `python build.py generate`"
 
 
 def test_every_rendered_dockerfile_is_hadolint_clean():
