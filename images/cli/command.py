@@ -3,8 +3,8 @@
 A subcommand is a `Command`: its name, a one-line summary (the top-level --help lists it), the
 options it takes (`arguments`, which is exactly what its own --help shows) and the function that
 runs it. A group of subcommands (`pods up`, `pods down`) is a Command with `children` and no
-`run`. Every module under images/cli/ exports a tuple COMMANDS; images/cli/__init__.py lists
-those tuples in one table, and that table is the whole CLI: the parsers, the dispatch, the
+`run`. Every command module under images/cli/ exports a tuple COMMANDS (generate.py a function
+making it); images/cli/app.py lists those tuples in one table, and that table is the whole CLI: the parsers, the dispatch, the
 checked-in reference (docs/cli.md) and the legacy-flag mapping are all derived from it.
 """
 

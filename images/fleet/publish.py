@@ -112,7 +112,7 @@ def main(args: argparse.Namespace) -> int:
             from . import rollout
             from .status import FleetReader
 
-            target = rollout.Target(api, FleetReader(api, args.repo, Path(cache)), args.repo, args.branch, args.path,
+            target = rollout.RolloutTarget(api, FleetReader(api, args.repo, Path(cache)), args.repo, args.branch, args.path,
                                     data, cfg_hash, args.timeout, mask, message=args.message)
         try:
             if args.create:

@@ -14,7 +14,6 @@ dependency on purpose, delete its lines (or the whole file) and run `python buil
 
 from __future__ import annotations
 
-import hashlib
 import re
 import subprocess
 import sys
@@ -23,6 +22,8 @@ from collections import defaultdict
 from pathlib import Path
 
 from supervisor.errors import KilnError
+
+from ..digest import sha256_file
 
 TOP_LEVEL = ("psutil==7.2.2", "requests==2.34.2", "watchdog==7.1.0", "huggingface_hub==2.4.0",
              "nvidia-ml-py==13.615.71")
@@ -70,7 +71,7 @@ def _download(top_level: tuple[str, ...], constraints: dict[str, str], pythons: 
                 raise PipFailed(f"pip download (Python {py}) exited {r.returncode}: "
                                 f"{said[-1].strip() if said else 'no message'}")
             for f in d.iterdir():
-                hashes[dist_name(f.name)].add(hashlib.sha256(f.read_bytes()).hexdigest())
+                hashes[dist_name(f.name)].add(sha256_file(f))
     return hashes
 
 
