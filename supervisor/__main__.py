@@ -5,9 +5,10 @@
     python -m supervisor check-config FILE [--flags HELP.txt] [--gpus N] [--strict] [--skip-binary]
     python -m supervisor check-model FILE [--engine-share DIR] [--draft FILE]
     python -m supervisor selftest --url http://host:port [--api-key-env NAME] [--family F] [--json OUT]
-    python -m supervisor publish-config FILE --repo OWNER/NAME [--branch B] [--path deploy.toml]
-                                        [--canary N] [--wait] [--timeout S]
-    python -m supervisor fleet-status --repo OWNER/NAME [--branch B] [--path P] [--json]
+
+publish-config and fleet-status are workstation commands now (`python build.py publish-config|fleet-status`,
+images/cli/fleet.py); their old spellings here run that from a checkout, with one deprecation line, for
+one release. The image carries no images/ package: in a pod they say so.
 """
 
 from __future__ import annotations
@@ -21,6 +22,7 @@ from . import __version__
 
 DEFAULT_CONFIG = "/etc/kiln/deploy.toml"
 EXIT_INVALID = 2
+WORKSTATION = ("publish-config", "fleet-status")     # moved to build.py (issue 23): forwarded there
 
 
 def _run_arguments(run: argparse.ArgumentParser) -> None:
@@ -49,9 +51,8 @@ def _parser() -> argparse.ArgumentParser:
     model_check.add_parser(sub)
     from .selftest import cli as selftest_cli
     selftest_cli.add_parser(sub)
-    from images.cli import fleet as fleet_cli          # moved to `python build.py` (issue 23)
-    for c in fleet_cli.COMMANDS:
-        c.arguments(sub.add_parser(c.name, help=c.summary))
+    for name in WORKSTATION:        # listed in --help; main() forwards them before any parsing
+        sub.add_parser(name, help=f"deprecated: python build.py {name}", add_help=False)
     return p
 
 
@@ -107,8 +108,21 @@ def check_config(path: str, flags: str | None, gpus: int | None, *, strict: bool
     return 0
 
 
+def _forward(argv: list[str]) -> int:
+    """An old spelling of a workstation command: one deprecation line, then `python -m images.cli` runs it."""
+    import shlex
+    import subprocess
+
+    print(f"python -m supervisor {argv[0]}: deprecated spelling (it goes in the next release); use: "
+          f"{shlex.join(['python', 'build.py', *argv])}", file=sys.stderr, flush=True)
+    rc = subprocess.call([sys.executable, "-m", "images.cli", *argv])
+    return rc if rc >= 0 else 128 - rc
+
+
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else list(argv)
+    if argv and argv[0] in WORKSTATION:
+        return _forward(argv)
     if not argv or argv[0] == "run":
         # PID 1's path: parse `run` alone, so a boot imports none of the other commands (P1).
         run_parser = argparse.ArgumentParser(prog="python -m supervisor run")
@@ -125,9 +139,6 @@ def main(argv: list[str] | None = None) -> int:
     if args.command == "selftest":
         from .selftest import cli as selftest_cli
         return selftest_cli.main(args)
-    if args.command in ("publish-config", "fleet-status"):
-        from images.cli import fleet as fleet_cli
-        return next(c.run for c in fleet_cli.COMMANDS if c.name == args.command)(args)
     if args.command in (None, "run"):
         from .config import load_config
         from .errors import ConfigError

@@ -120,6 +120,16 @@ def test_kiln_and_python_m_images_cli_are_build_py_by_other_names():
     assert as_kiln.stdout.split("\ncommands:\n")[1] == top.split("\ncommands:\n")[1]     # every command, the same
 
 
+def test_the_supervisors_old_workstation_spellings_forward_to_build_py_with_one_deprecation_line():
+    r = subprocess.run([sys.executable, "-m", "supervisor", "fleet-status", "--repo", "not-a-repo"],
+                       capture_output=True, text=True, cwd=ROOT)
+    assert r.returncode == 2, r.stderr
+    assert r.stderr.splitlines() == [
+        "python -m supervisor fleet-status: deprecated spelling (it goes in the next release); use: "
+        "python build.py fleet-status --repo not-a-repo",
+        "fleet-status: --repo 'not-a-repo' is not OWNER/NAME"]
+
+
 def test_the_pods_group_mounts_every_pod_command():
     assert {"up", "status", "logs", "down", "volumes"} <= {
         path[1] for _, path in cli.walk(cli.parser()) if len(path) == 2 and path[0] == "pods"}
