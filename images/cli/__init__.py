@@ -10,6 +10,7 @@ script `pip install -e .` installs): one parser, every workstation command. Impo
     runpod.py     template
     pods.py       pods up|status|logs|down|volumes
     fleet.py      publish-config, fleet-status
+    generate.py   generate [--check]: every committed generated file (what they are: images/generate.py)
     legacy.py     the old single-command flag spellings (--list, --render, ...), for one release
     reference.py  docs/cli.md, generated from the parsers' --help
 

@@ -112,8 +112,8 @@ def main(args: argparse.Namespace) -> int:
             from . import rollout
             from .status import FleetReader
 
-            target = rollout.RolloutTarget(api, FleetReader(api, args.repo, Path(cache)), args.repo, args.branch, args.path,
-                                    data, cfg_hash, args.timeout, mask, message=args.message)
+            target = rollout.RolloutTarget(api, FleetReader(api, args.repo, Path(cache)), args.repo, args.branch,
+                                           args.path, data, cfg_hash, args.timeout, mask, message=args.message)
         try:
             if args.create:
                 api.create_repo(args.repo, private=True, exist_ok=True)

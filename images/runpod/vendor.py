@@ -99,8 +99,9 @@ def excerpt_problems(vendored: dict[str, Any]) -> list[str]:
         again = excerpt(vendored)
     except KeyError as e:
         return problems + [f"a $ref reaches {e.args[0]!r}, which the file does not hold"]
-    for section in sorted(set(again["components"]) | set(vendored.get("components") or {})):
-        unreached = sorted(set((vendored.get("components") or {}).get(section, {})) - set(again["components"].get(section, {})))
+    kept = vendored.get("components") or {}
+    for section in sorted(set(again["components"]) | set(kept)):
+        unreached = sorted(set(kept.get(section, {})) - set(again["components"].get(section, {})))
         if unreached:
             problems.append(f"components.{section} nothing reaches: {', '.join(unreached)}")
     named = (vendored.get("provenance") or {}).get("excerpt")

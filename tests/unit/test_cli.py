@@ -115,7 +115,8 @@ def test_kiln_and_python_m_images_cli_are_build_py_by_other_names():
     as_module = subprocess.run([sys.executable, "-m", "images.cli", "--help"], capture_output=True, text=True, cwd=ROOT)
     assert as_module.returncode == 0 and as_module.stdout == top
     as_kiln = subprocess.run([sys.executable, "-c", "import sys; from images.cli.app import kiln; "
-                              "sys.argv = ['kiln', '--help']; sys.exit(kiln())"], capture_output=True, text=True, cwd=ROOT)
+                              "sys.argv = ['kiln', '--help']; sys.exit(kiln())"],
+                             capture_output=True, text=True, cwd=ROOT)
     assert as_kiln.returncode == 0 and as_kiln.stdout.startswith("usage: kiln [-h] [--version] COMMAND ...")
     assert as_kiln.stdout.split("\ncommands:\n")[1] == top.split("\ncommands:\n")[1]     # every command, the same
 
