@@ -10,7 +10,7 @@ Publish: a config is committed to the repo's main branch at t0 (straight into th
 store, as bench/reload.py's Hub runs do, so t0 is the instant the commit exists); converged when
 all three /status show that revision live, SERVING and decided. Expected: about one poll interval
 (each pod sees the commit within one) plus one reload, the pods reloading side by side.
-Canary: `python -m supervisor publish-config --canary 1 --wait` run as a user would: t0 when the
+Canary: `python build.py publish-config --canary 1 --wait` run as a user would: t0 when the
 command starts, converged when it exits 0 (the canary applied it, its verdict reached the Hub, the
 commit was promoted to main, the other two applied it and their verdicts reached the Hub). That
 adds the command's own start, one reload done alone first, and two verdict writes to the above.
@@ -120,7 +120,7 @@ def main() -> int:
                     f = tmp / "canary.toml"
                     f.write_text(fleet_published(pods[0].text(1536 if i % 2 == 0 else 2048)))
                     t0 = time.monotonic()
-                    r = subprocess.run([SUPERVISOR_PYTHON, "-m", "supervisor", "publish-config", str(f), "--repo",
+                    r = subprocess.run([SUPERVISOR_PYTHON, str(REPO / "build.py"), "publish-config", str(f), "--repo",
                                         HUB_REPO, "--canary", "1", "--wait", "--timeout", "300"],
                                        cwd=REPO, env=env, capture_output=True, text=True, timeout=700)
                     if r.returncode != 0:

@@ -57,7 +57,7 @@ def sh(*argv: str) -> str:
 # -- steps ------------------------------------------------------------------------------
 def step_compile(sdist: Path, archs: str, prefix: Path, jobs: int) -> None:
     from images.pins.lock import load_lock
-    from images.build.render import COMPILE_SCRIPT
+    from images.paths import COMPILE_SCRIPT
 
     sha = load_lock()["cpu-llamacpp"]["source.sha256"].value
     work = Path(tempfile.mkdtemp(prefix="kiln-gpu-build-"))

@@ -17,19 +17,13 @@ so the comparison serves the same weights as Q4_1 (llama.cpp) and as their bf16 
 from __future__ import annotations
 
 import argparse
-import hashlib
 import json
 import sys
 import time
 from pathlib import Path
 
-
-def sha256(path: Path) -> str:
-    h = hashlib.sha256()
-    with open(path, "rb") as f:
-        for chunk in iter(lambda: f.read(1 << 20), b""):
-            h.update(chunk)
-    return h.hexdigest()
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))     # the checkout, for images.digest
+from images.digest import sha256_file  # noqa: E402
 
 
 def save_plain(model, out: Path) -> None:
@@ -62,7 +56,7 @@ def main() -> int:
     ap.add_argument("--out", type=Path, required=True)
     ap.add_argument("--dtype", default="bfloat16", choices=("bfloat16", "float16", "float32"))
     args = ap.parse_args()
-    got = sha256(args.gguf)
+    got = sha256_file(args.gguf)
     if args.gguf_sha256 and got != args.gguf_sha256:
         print(f"gpu_model: {args.gguf} has sha256 {got}, expected {args.gguf_sha256}", file=sys.stderr)
         return 2
@@ -86,7 +80,7 @@ def main() -> int:
     record = {"gguf": name, "gguf_sha256": got, "dtype": args.dtype, "seconds": round(time.monotonic() - t0, 2),
               "architecture": model.config.architectures, "parameters": sum(p.numel() for p in model.parameters()),
               "greedy_reply_2plus2": reply,
-              "files": {p.name: sha256(p) for p in sorted(args.out.iterdir()) if p.is_file()}}
+              "files": {p.name: sha256_file(p) for p in sorted(args.out.iterdir()) if p.is_file()}}
     (args.out / "kiln-model.json").write_text(json.dumps(record, indent=2) + "\n")
     print(json.dumps(record, indent=2))
     return 0

@@ -1,7 +1,11 @@
-"""Deprecated: `python -m images.pods` is now `python build.py pods` (or `kiln pods`); this spelling
-goes in the next release."""
+"""Deprecated: `python -m images.pods ARGS` is `python build.py pods ARGS` (or `kiln pods ARGS`) now;
+this spelling goes in the next release. Nothing imports this module; it only forwards."""
 
 if __name__ == "__main__":
-    from .runpod.pods_cli import main
+    import sys
 
-    raise SystemExit(main())
+    from .cli.app import main
+    from .deprecated import notice
+
+    notice("python -m images.pods", ["pods", *sys.argv[1:]])
+    sys.exit(main(["pods", *sys.argv[1:]]))

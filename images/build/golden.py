@@ -1,21 +1,24 @@
-"""The committed generated files: images/rendered/<target>/Dockerfile and
+"""The committed renders of every target: images/rendered/<target>/Dockerfile and
 images/rendered/<target>/runpod-template.json (the RunPod template, images/runpod/template.py).
 
 Reviewers read the real Dockerfile and template diffs, not a template-code diff
 (docker-library's practice); tests re-render every target and fail on any drift.
 
-    python -m images.build.golden          # rewrite them
-    python -m images.build.golden --check  # exit 1 on drift
+    python build.py generate --only rendered          # rewrite them (plain `generate`: every generated file)
+    python build.py generate --only rendered --check  # exit 1 on drift
+
+The old spelling `python -m images.build.golden [--check]` forwards there for one release.
 """
 
 from __future__ import annotations
 
-import argparse
 import sys
 from pathlib import Path
 
 from ..pins.lock import load_lock, pins_for
-from .render import RENDERED_DIR, make_context, render_dockerfile
+from ..runpod.template import build_template
+from ..paths import RENDERED_DIR
+from .render import make_context, render_dockerfile
 from ..target import load_target, target_names
 
 
@@ -35,8 +38,6 @@ TEMPLATE_FILE = "runpod-template.json"
 
 def render_templates() -> dict[str, str]:
     """Each target's RunPod template as `build.py template --target T` prints it."""
-    from ..runpod.template import build_template
-
     lock = load_lock()
     return {name: build_template(load_target(name), pins_for(load_target(name), lock)).to_json()
             for name in target_names()}
@@ -48,30 +49,7 @@ def generated() -> dict[Path, str]:
     return out
 
 
-def sync(files: dict[Path, str], *, check: bool, fix: str) -> int:
-    """Write generated files, or with check=True report the drifted ones (exit 1) naming `fix`."""
-    drift = []
-    for path, text in files.items():
-        if check:
-            if not path.is_file() or path.read_text(encoding="utf-8") != text:
-                drift.append(str(path))
-        else:
-            path.parent.mkdir(parents=True, exist_ok=True)
-            path.write_text(text, encoding="utf-8")
-            print(path)
-    if drift:
-        print(f"generated files drifted from their sources; run `{fix}`:\n  " + "\n  ".join(drift), file=sys.stderr)
-        return 1
-    return 0
-
-
-def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(prog="python -m images.build.golden", description=__doc__,
-                                 formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--check", action="store_true")
-    args = ap.parse_args(argv)
-    return sync(generated(), check=args.check, fix="python -m images.build.golden")
-
-
 if __name__ == "__main__":
-    sys.exit(main())
+    from ..deprecated import forward
+
+    sys.exit(forward("python -m images.build.golden", ["generate", "--only", "rendered", *sys.argv[1:]]))

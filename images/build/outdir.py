@@ -25,7 +25,6 @@ template or patch error leaves DIR as it was.
 
 from __future__ import annotations
 
-import hashlib
 import json
 import os
 import shutil
@@ -37,12 +36,10 @@ from typing import Callable
 
 from supervisor.errors import KilnError
 
+from ..digest import sha256_file as _sha256
+
 MARKER = ".kiln-render.json"
 MARKER_FORMAT = 1
-
-
-def _sha256(path: Path) -> str:
-    return hashlib.sha256(path.read_bytes()).hexdigest()
 
 
 @dataclass(frozen=True)

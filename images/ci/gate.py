@@ -6,7 +6,7 @@ is, waits for that verdict, and always cleans up:
 
     local   a self-hosted runner with a GPU: `docker run --gpus all`, then `docker rm -f`
     runpod  a RunPod pod from a staging template, through the same REST v2 code as
-            `python -m images.pods up` (catalog check, upsert, create by templateId), then
+            `python build.py pods up` (catalog check, upsert, create by templateId), then
             terminated, never stopped (a stopped pod's volume bills at twice the running rate)
 
 Passing means /status reports ready *and* a selftest that passed: an image whose selftest was
@@ -42,31 +42,32 @@ class GateFailed(KilnError):
 
 
 @dataclass(frozen=True)
-class Verdict:
+class GateResult:
+    """The gate's answer for one staging image: passed or not, the supervisor's last state, and why."""
     passed: bool
     state: str
     reason: str
     selftest: dict[str, Any] | None = None
 
 
-def judge(snap: dict[str, Any]) -> Verdict | None:
+def judge(snap: dict[str, Any]) -> GateResult | None:
     """A final verdict from one /status snapshot, or None to keep waiting."""
     state = str(snap.get("state"))
     selftest = snap.get("selftest") if isinstance(snap.get("selftest"), dict) else None
     if snap.get("ready") is True:
         if selftest and selftest.get("passed") is True:
-            return Verdict(True, state, "ready, selftest passed", selftest)
-        return Verdict(False, state, "ready without a passing selftest (is [selftest] enabled?)", selftest)
+            return GateResult(True, state, "ready, selftest passed", selftest)
+        return GateResult(False, state, "ready without a passing selftest (is [selftest] enabled?)", selftest)
     if state == "FAILED":
         failure = snap.get("last_failure") or {}
         why = failure.get("message") or failure.get("class") or "see /status"
-        return Verdict(False, state, f"FAILED: {why}", selftest)
+        return GateResult(False, state, f"FAILED: {why}", selftest)
     return None
 
 
 def wait_verdict(status_url: str, *, timeout_s: float, poll_s: float = 10.0,
                  session: requests.Session | None = None, say: Callable[[str], None] | None = None,
-                 alive: Callable[[], bool] | None = None) -> Verdict:
+                 alive: Callable[[], bool] | None = None) -> GateResult:
     """Poll /status until a verdict, the deadline, or `alive()` says the container is gone."""
     s = session or requests.Session()
     say = say or (lambda m: print(m, file=sys.stderr, flush=True))
@@ -82,14 +83,14 @@ def wait_verdict(status_url: str, *, timeout_s: float, poll_s: float = 10.0,
                 last = str(snap.get("state"))
                 say(f"gate: state {last}")
         if alive is not None and not alive():
-            return Verdict(False, last, "the container exited before a verdict")
+            return GateResult(False, last, "the container exited before a verdict")
         time.sleep(poll_s)
-    return Verdict(False, last, f"no verdict within {timeout_s:.0f} s (last state: {last})")
+    return GateResult(False, last, f"no verdict within {timeout_s:.0f} s (last state: {last})")
 
 
 # -- local: a GPU runner -------------------------------------------------------------------
 def gate_local(image: str, target: Target, *, timeout_s: float, volume: str | None = None,
-               docker: str = "docker", gpus: str = "all") -> Verdict:
+               docker: str = "docker", gpus: str = "all") -> GateResult:
     cfg = target.deploy_config()
     name = f"kiln-gate-{target.name}-{os.getpid()}"
     argv = [docker, "run", "-d", "--name", name, "-p", f"127.0.0.1::{cfg.status.port}"]
@@ -125,7 +126,7 @@ def gate_local(image: str, target: Target, *, timeout_s: float, volume: str | No
 
 # -- runpod: a pod from a staging template ------------------------------------------------
 def gate_runpod(api: RunPodAPI, template: RunPodTemplate, target: Target, *, timeout_s: float,
-                pod_name: str, proxy: str | None = None, cloud: str = "SECURE") -> Verdict:
+                pod_name: str, proxy: str | None = None, cloud: str = "SECURE") -> GateResult:
     """Check the catalog, upsert the staging template, create one pod from it, wait, terminate."""
     cfg = target.deploy_config()
     placement = pods.Placement.of(target, cloud=cloud) if target.is_gpu else None

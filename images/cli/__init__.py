@@ -1,103 +1,19 @@
-"""build.py's command line: subcommands, each with its own --help; `--version`.
+"""The workstation's command line: `python build.py COMMAND` (build.py) and `kiln COMMAND` (the console
+script `pip install -e .` installs): one parser, every workstation command. Import-free.
 
-The table COMMANDS below is the whole CLI. To add a subcommand (or a group, such as
-`pods up|status|logs|down`), write a module here that exports `COMMANDS = (Command(...), ...)`
-(see command.py), add its tuple to the table, and run `python -m images.cli.reference` to
-regenerate docs/cli.md (a test fails while it is stale).
+    app.py        the table of commands, the parser, main() (errors as one line, exit 2), `kiln`
+    __main__.py   `python -m images.cli COMMAND` (what old spellings forward to)
+    command.py    how a command is declared (Command), the options several commands share
+    image.py      build, render, list, tag
+    pins.py       lock
+    binaries.py   compile, publish-binaries
+    runpod.py     template
+    pods.py       pods up|status|logs|down|volumes
+    fleet.py      publish-config, fleet-status
+    generate.py   generate [--check]: every committed generated file (what they are: images/generate.py)
+    legacy.py     the old single-command flag spellings (--list, --render, ...), for one release
+    reference.py  docs/cli.md, generated from the parsers' --help
 
-Every user error is one clear message on stderr and exit 2, never a traceback; argparse's own
-usage errors exit 2 as well. The old single-command spellings go through legacy.py.
+Each command module holds arguments and wiring only; what a command does lives in the package of
+its concept (images/build, pins, binaries, runpod, fleet).
 """
-
-from __future__ import annotations
-
-import argparse
-import os
-import signal
-import sys
-import threading
-
-import supervisor
-from supervisor.errors import KilnError
-from supervisor.redact import redact
-
-from . import binaries, image, legacy, pins, pods, runpod
-from .command import Command, Formatter, add_commands, walk
-
-EXIT_USAGE = 2
-SECRET_ENV = ("HF_TOKEN", "HUGGING_FACE_HUB_TOKEN", "RUNPOD_API_KEY", "KILN_API_KEY")
-
-COMMANDS: tuple[Command, ...] = (
-    *image.COMMANDS,        # build, render, list, tag
-    *pins.COMMANDS,         # lock
-    *binaries.COMMANDS,     # compile, publish-binaries
-    *runpod.COMMANDS,       # template
-    *pods.COMMANDS,         # pods up|status|logs|down|volumes
-)
-
-
-def parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(
-        prog="python build.py", formatter_class=Formatter, epilog=legacy.EPILOG,
-        description="Kiln: bake LLM-serving images from targets (images/targets/*.toml).\n"
-                    "`python build.py COMMAND --help` says what each command takes.")
-    p.add_argument("--version", action="version", version=f"Kiln {supervisor.__version__}",
-                   help="print Kiln's version and exit")
-    add_commands(p, COMMANDS)
-    return p
-
-
-def options_of(path: str) -> set[str]:
-    """The option strings the subcommand at `path` ("render", "pods up") takes."""
-    want = tuple(path.split())
-    for p, at in walk(parser()):
-        if at == want:
-            return set(p._option_string_actions)
-    raise KeyError(path)
-
-
-def _terminated(signum: int, frame: object) -> None:
-    # SIGTERM unwinds like Ctrl-C: `with` blocks and finally clauses run, so the docker CLI or
-    # compile child is ended and temp dirs (one holds the HF token file of a build) are removed.
-    # Python's default action would exit at once and leave both behind.
-    raise SystemExit(128 + signum)
-
-
-def main(argv: list[str]) -> int:
-    if threading.current_thread() is not threading.main_thread():     # signals reach the main thread only
-        return _main(argv)
-    previous = signal.signal(signal.SIGTERM, _terminated)
-    try:
-        return _main(argv)
-    finally:
-        signal.signal(signal.SIGTERM, previous)
-
-
-def _main(argv: list[str]) -> int:
-    try:
-        if legacy.is_legacy(argv):
-            argv = legacy.translate(argv, options_of)
-        args = parser().parse_args(argv)
-        return args.run(args)
-    except BrokenPipeError:
-        # The reader went away (`build.py list | head -1`): not an error of the user's. Point stdout
-        # at /dev/null so the interpreter's final flush does not complain either.
-        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
-        return 141
-    except KilnError as e:
-        return _error(str(e))
-    except OSError as e:
-        # What the checks before could not foresee (a disk filling up, a path removed meanwhile,
-        # a network error requests raises as an IOError): still one line, never a traceback.
-        where = f": {e.filename}" if e.filename else ""
-        return _error(f"{e.strerror or e}{where}")
-    except KeyboardInterrupt:
-        print("interrupted", file=sys.stderr)
-        return 130
-
-
-def _error(message: str) -> int:
-    # Errors quote what a server or a file said; a secret of the environment never goes out with it.
-    secrets = [os.environ.get(k) for k in SECRET_ENV]
-    print(f"error: {redact(message, secrets)}", file=sys.stderr)
-    return EXIT_USAGE

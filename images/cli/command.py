@@ -3,9 +3,10 @@
 A subcommand is a `Command`: its name, a one-line summary (the top-level --help lists it), the
 options it takes (`arguments`, which is exactly what its own --help shows) and the function that
 runs it. A group of subcommands (`pods up`, `pods down`) is a Command with `children` and no
-`run`. Every module under images/cli/ exports a tuple COMMANDS; images/cli/__init__.py lists
-those tuples in one table, and that table is the whole CLI: the parsers, the dispatch, the
-checked-in reference (docs/cli.md) and the legacy-flag mapping are all derived from it.
+`run`. Every command module under images/cli/ exports a tuple COMMANDS (generate.py a function
+making it); images/cli/app.py lists those tuples in one table, and that table is the whole CLI:
+the parsers, the dispatch, the checked-in reference (docs/cli.md) and the legacy-flag mapping are
+all derived from it.
 """
 
 from __future__ import annotations
@@ -106,6 +107,16 @@ def build_network(p: argparse.ArgumentParser, extra: str = "") -> None:
     p.add_argument("--build-network", metavar="NET", help="network for the build's RUN steps: host (the default; "
                    "needed by the private dockerd with --bridge=none) or default (a buildx docker-container "
                    f"builder){extra}")
+
+
+def template_reference_options(p: argparse.ArgumentParser, *, name_flag: str = "--template-name") -> None:
+    """What names the template's image and the template itself: one spelling for `template` and `pods up`."""
+    p.add_argument("--image-ref", metavar="REF", help="the template's whole image reference (default: the target's "
+                   "immutable tag in --image or the target's repository)")
+    p.add_argument(name_flag, dest="template_name", metavar="NAME", help="template name (default: [runpod] "
+                   "template_name, kiln-<target>)")
+    p.add_argument("--registry-auth", metavar="ID", help="RunPod container registry credential id (the "
+                   "template's `registry`) for a private image")
 
 
 # -- helpers for the commands' run functions ------------------------------------------------------

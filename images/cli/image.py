@@ -12,6 +12,7 @@ from pathlib import Path
 
 from supervisor.errors import KilnError
 
+from ..paths import IMAGES_DIR
 from . import command as opt
 from .command import Command
 
@@ -127,7 +128,7 @@ def _build(args: argparse.Namespace) -> int:
     patch_files = opt.parse_patch_files(args.patch_file)
     ctx = render.make_context(target, pins, allow_floating=args.allow_floating, base_image=args.base_image)
     absent = [p.name for p in target.patches if p.name not in patch_files
-              and not (p.path and (render.IMAGES_DIR / p.path).is_file())]
+              and not (p.path and (IMAGES_DIR / p.path).is_file())]
     if absent:
         raise KilnError(f"no file for patch(es) {', '.join(absent)}: pass --patch-file NAME=PATH "
                         "(the target names the patch; Kiln has no copy of it)")
@@ -201,7 +202,7 @@ COMMANDS = (
             _render, _render_arguments,
             description="Write the Dockerfile and build context of a target (no Docker engine needed) and "
             "print the Dockerfile's path.\nThe committed goldens (images/rendered/) are regenerated with "
-            "`python -m images.build.golden`, not with this."),
+            "`python build.py generate`, not with this."),
     Command("list", "list the targets", _list),
     Command("tag", "print the immutable tag of a target's image", _tag, _tag_arguments,
             description="Print the immutable tag of a target's image: "

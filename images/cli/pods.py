@@ -1,33 +1,252 @@
-"""`pods up|status|logs|down|volumes`: RunPod pods from a target's template. Thin wiring only:
-what each does is images/runpod/pods.py and images/runpod/pods_cli.py (also `python -m images.pods`)."""
+"""`pods up|status|logs|down|volumes`: Kiln's pods on RunPod (REST API v2) from a target's template.
+
+The arguments and the wiring of each command are here; what `up` does (catalog first, template,
+volume, replicas, the wait on each supervisor's /ready), how pods are named and found, and
+`down`'s terminate-never-stop are images/runpod/pods.py.
+
+Every command reads RUNPOD_API_KEY from the environment (never an argument: argv is visible to
+every process on the machine). `--api` / $RUNPOD_API_URL and `--proxy` / $RUNPOD_PROXY_URL point
+at another API or proxy (tests: the stand-in in kiln_dev/runpod). No command stops a pod: `down`
+terminates. Progress goes to stderr, results to stdout; exit 0, 1 when a pod did not become ready,
+2 on a usage, configuration or API error (one line, nothing created after it).
+"""
 
 from __future__ import annotations
 
 import argparse
-from typing import Callable
+import os
+import sys
 
+from supervisor.errors import KilnError
+
+from ..build import render
+from ..pins.lock import load_lock, missing, pins_for
+from ..runpod import pods
+from ..runpod.api import RunPodAPI
+from ..runpod.template import build_template
+from ..target import load_target
+from . import command as opt
 from .command import Command
 
-
-def _runner(name: str) -> Callable[[argparse.Namespace], int]:
-    def run(args: argparse.Namespace) -> int:
-        from ..runpod import pods_cli as pods
-
-        args.command = name
-        return pods.run(args)
-    return run
+EXIT_NOT_READY = 1
 
 
-def _commands() -> tuple[Command, ...]:
-    from ..runpod import pods_cli as pods
+def say(message: str) -> None:
+    print(message, file=sys.stderr, flush=True)
 
-    return tuple(Command(name, summary, _runner(name), arguments)
-                 for name, (summary, arguments) in pods.SUBCOMMANDS.items())
+
+def _api(args: argparse.Namespace) -> RunPodAPI:
+    key = os.environ.get("RUNPOD_API_KEY", "")
+    if not key:
+        raise KilnError("RUNPOD_API_KEY is not set: create an API key in RunPod's console (Settings > API Keys) "
+                        "and export it (it is never taken as an argument)")
+    return RunPodAPI(key, getattr(args, "api", None))
+
+
+# -- arguments -----------------------------------------------------------------------------
+def _common(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--api", metavar="URL", help="RunPod REST API v2 base URL (default: $RUNPOD_API_URL or "
+                   "https://api.runpod.io/v2)")
+
+
+def _template_options(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--image", help="repository for the image's tag (default: the target's `image`)")
+    opt.template_reference_options(p)
+    p.add_argument("--allow-floating", action="store_true", help="deploy a target with unresolved pins "
+                   "(its image is labelled floating)")
+
+
+def _up_arguments(up: argparse.ArgumentParser) -> None:
+    up.add_argument("--target", required=True)
+    up.add_argument("--replicas", type=int, default=1, help="how many pods (kiln-<target>-1..N; live ones "
+                    "are kept, only the missing ones are created)")
+    up.add_argument("--gpu", metavar="ID", help="RunPod GPU type id (default: the target's [runpod] gpu_type)")
+    up.add_argument("--gpu-count", type=int, help="GPUs per pod (default: the target's [runpod] gpu_count)")
+    up.add_argument("--cloud", default="SECURE", choices=pods.CLOUDS)
+    up.add_argument("--data-center", action="append", default=[], metavar="DC",
+                    help="preferred data center id (repeatable; exactly one to create a network volume)")
+    up.add_argument("--network-volume", metavar="NAME", help="put the model cache on this network volume "
+                    "(reused by name, else created): a terminated pod's successor does not download again")
+    up.add_argument("--network-volume-gb", type=int, default=0, help="size of a new network volume "
+                    "(default: the target's volume_gb)")
+    up.add_argument("--terminate-on-failure", action="store_true", help="each pod's supervisor terminates "
+                    "its own pod after a grace period when it can never serve ([runpod] "
+                    "terminate_on_terminal_failure)")
+    up.add_argument("--cpu-flavor", metavar="ID", help="CPU targets: a flavor id from GET /v2/catalog/cpus")
+    up.add_argument("--vcpu", type=int, help="CPU targets: vCPUs (a power of two, at least 2)")
+    up.add_argument("--timeout", type=float, default=3600.0, help="seconds to wait for every pod to be ready")
+    up.add_argument("--poll", type=float, default=5.0, help="seconds between status reads")
+    up.add_argument("--proxy", metavar="PATTERN", help="proxy URL pattern with {pod_id} and {port} "
+                    f"(default: $RUNPOD_PROXY_URL or {pods.PROXY_URL})")
+    _template_options(up)
+    _common(up)
+
+
+def _status_arguments(st: argparse.ArgumentParser) -> None:
+    st.add_argument("--target", help="only this target's pods (kiln-<target>-...)")
+    st.add_argument("--proxy", metavar="PATTERN")
+    st.add_argument("--no-probe", action="store_true", help="do not ask each supervisor's /status")
+    _common(st)
+
+
+def _logs_arguments(lg: argparse.ArgumentParser) -> None:
+    lg.add_argument("pod", help="pod id or name")
+    lg.add_argument("--tail", type=int, default=100, help="lines of backfill (RunPod: at most 5000)")
+    lg.add_argument("--source", choices=("container", "system"))
+    lg.add_argument("--idle", type=float, default=3.0, help="stop after this many quiet seconds")
+    _common(lg)
+
+
+def _down_arguments(dn: argparse.ArgumentParser) -> None:
+    which = dn.add_mutually_exclusive_group(required=True)
+    which.add_argument("--target", help="every pod of this target (kiln-<target>-...)")
+    which.add_argument("--pod", action="append", metavar="ID", help="this pod (repeatable)")
+    which.add_argument("--all", action="store_true", help="every pod whose name starts with kiln-")
+    _common(dn)
+
+
+def _volumes_arguments(vo: argparse.ArgumentParser) -> None:
+    vo.add_argument("--delete", metavar="ID", help="delete this network volume and its data")
+    _common(vo)
+
+
+# -- commands ------------------------------------------------------------------------------
+def _template(args: argparse.Namespace, target, pins):
+    tpl = build_template(target, pins, repository=args.image, image=args.image_ref,
+                         name=args.template_name, registry=args.registry_auth)
+    if tpl.floating and not args.image_ref and not args.allow_floating:
+        raise render.FloatingRefused(target, [f for f in missing(target, pins)])
+    return tpl
+
+
+def cmd_up(args: argparse.Namespace) -> int:
+    target = load_target(args.target)
+    pins = pins_for(target, load_lock())
+    placement = pods.Placement.of(target, gpu_id=args.gpu, gpu_count=args.gpu_count, cloud=args.cloud,
+                                  data_centers=tuple(args.data_center), cpu_flavor=args.cpu_flavor, vcpu=args.vcpu)
+    req = pods.UpRequest(target=target, template=_template(args, target, pins), placement=placement,
+                         replicas=args.replicas, network_volume=args.network_volume,
+                         network_volume_gb=args.network_volume_gb, terminate_on_failure=args.terminate_on_failure,
+                         timeout_s=args.timeout, poll_s=args.poll, proxy=args.proxy)
+    result = pods.up(_api(args), req, say)
+    for r in result.pods:
+        if not r.ready:
+            print(f"{r.name} ({r.id}): NOT READY: {r.failure}; see `python build.py pods logs {r.id}`, "
+                  f"then `python build.py pods down --pod {r.id}`")
+            continue
+        ep = pods.endpoints(target, r.pod, args.proxy)
+        cost = r.pod.get("cost")
+        print(f"{r.name} ({r.id}): ready: {r.line}" + (f"; ${cost:.2f}/h" if isinstance(cost, (int, float)) else ""))
+        print(f"  API over RunPod's HTTP proxy (100 s per request): {ep.http}")
+        print(f"  API over TCP (no proxy limit): {ep.tcp or 'no public IP / TCP port mapped'}")
+        print(f"  status: {ep.status}/status")
+    if result.pods:
+        print(pods.key_hint(target))
+        total = sum(r.pod.get("cost") or 0 for r in result.pods if isinstance(r.pod.get("cost"), (int, float)))
+        print(f"{len(result.pods)} pod(s), ${total:.2f}/h while they exist: "
+              f"`python build.py pods down --target {target.name}` terminates them")
+    return 0 if result.ok else EXIT_NOT_READY
+
+
+def cmd_status(args: argparse.Namespace) -> int:
+    import requests
+
+    from ..fleet import probe
+
+    api = _api(args)
+    found = pods.kiln_pods(api, pods.pod_prefix(args.target) if args.target else pods.NAME_PREFIX)
+    if not found:
+        print("no Kiln pods")
+        return 0
+    session = requests.Session()
+    total = 0.0
+    for p in found:
+        gpu = p.get("gpu") or {}
+        cost = p.get("cost") if isinstance(p.get("cost"), (int, float)) else 0.0
+        total += cost
+        line = f"{p.get('name')}  {p.get('id')}  {p.get('status')}  " \
+               f"{gpu.get('count', '')}x {gpu.get('id', 'CPU')}  {p.get('dataCenterId') or '-'}  ${cost:.2f}/h"
+        if not args.no_probe and p.get("status") == "RUNNING":
+            port = _status_port(str(p.get("name")))
+            snap = probe.read_status(pods.proxy_url(str(p["id"]), port, args.proxy), session, timeout=10) \
+                if port else None
+            line += "  supervisor: " + (probe.progress_line(snap) if snap else "no answer")
+        print(line)
+    print(f"{len(found)} pod(s), ${total:.2f}/h")
+    return 0
+
+
+def _status_port(name: str) -> int | None:
+    """The status port of the target a pod was named after (kiln-<target>-<n>)."""
+    from ..target import target_names
+
+    for t in sorted(target_names(), key=len, reverse=True):
+        if name.startswith(pods.pod_prefix(t)):
+            return load_target(t).deploy_config().status.port
+    return None
+
+
+def cmd_logs(args: argparse.Namespace) -> int:
+    api = _api(args)
+    pod_id = args.pod
+    named = [p for p in pods.kiln_pods(api, "") if p.get("name") == args.pod]
+    if len(named) == 1:
+        pod_id = str(named[0]["id"])
+    for event in api.pod_logs(pod_id, tail=args.tail, source=args.source, idle_s=args.idle):
+        print(f"{event.get('ts', '')} {event.get('source', '')}: {event.get('line', '')}", flush=True)
+    return 0
+
+
+def cmd_down(args: argparse.Namespace) -> int:
+    api = _api(args)
+    if args.pod:
+        everything = {str(p.get("id")): p for p in api.pods()}
+        chosen = [everything.get(pid, {"id": pid, "name": "?"}) for pid in args.pod]
+    else:
+        chosen = pods.kiln_pods(api, pods.pod_prefix(args.target) if args.target else pods.NAME_PREFIX)
+    if not chosen:
+        print("nothing to terminate")
+        return 0
+    done = pods.terminate(api, chosen, say)
+    left = [p for p in pods.kiln_pods(api, pods.pod_prefix(args.target) if args.target else pods.NAME_PREFIX)
+            if str(p.get("id")) in {str(c["id"]) for c in chosen}]
+    for p in left:
+        say(f"pod {p.get('name')} ({p.get('id')}) is still listed ({p.get('status')})")
+    print(f"terminated {len(done)} pod(s)")
+    kept = api.network_volumes()
+    if kept:
+        print("network volumes kept (they bill while they exist): "
+              + ", ".join(f"{v.get('name')} ({v.get('id')}, {v.get('size')} GB)" for v in kept)
+              + "; `python build.py pods volumes --delete ID` removes one")
+    return 0 if not left else EXIT_NOT_READY
+
+
+def cmd_volumes(args: argparse.Namespace) -> int:
+    api = _api(args)
+    if args.delete:
+        api.delete_network_volume(args.delete)
+        print(f"network volume {args.delete}: deleted")
+        return 0
+    found = api.network_volumes()
+    for v in found:
+        print(f"{v.get('name')}  {v.get('id')}  {v.get('size')} GB  {v.get('dataCenter')}  {v.get('type', '')}")
+    if not found:
+        print("no network volumes")
+    return 0
 
 
 COMMANDS = (
     Command("pods", "RunPod pods from a target's template: up, status, logs, down (terminate, never stop), volumes",
-            children=_commands(),
             description="RunPod pods from a target's template (REST API v2, $RUNPOD_API_KEY).\n"
-            "README: From zero to a serving pod."),
+            "README: From zero to a serving pod.",
+            children=(
+                Command("up", "pods from the target's template, once the catalog offers a host its CUDA runs on; "
+                        "waits until each supervisor is ready", cmd_up, _up_arguments),
+                Command("status", "Kiln's pods (names kiln-...), what each supervisor says, what they cost",
+                        cmd_status, _status_arguments),
+                Command("logs", "a pod's log lines (container and system)", cmd_logs, _logs_arguments),
+                Command("down", "terminate pods (never stop: a stopped pod's volume bills double)",
+                        cmd_down, _down_arguments),
+                Command("volumes", "network volumes (they bill while they exist)", cmd_volumes, _volumes_arguments),
+            )),
 )

@@ -16,9 +16,7 @@ from .command import Command
 def _template_arguments(p: argparse.ArgumentParser) -> None:
     opt.target(p)
     opt.image(p)
-    from ..runpod.pods_cli import template_reference_options
-
-    template_reference_options(p, name_flag="--name")
+    opt.template_reference_options(p, name_flag="--name")
     p.add_argument("--upsert", action="store_true", help="create or update the template by name through RunPod's "
                    "REST API v2 ($RUNPOD_API_KEY) instead of printing it; prints the template id")
     p.add_argument("--api", metavar="URL", help="with --upsert: REST API v2 base URL (default: $RUNPOD_API_URL or "

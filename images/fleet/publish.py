@@ -1,5 +1,5 @@
-"""`python -m supervisor publish-config FILE --repo OWNER/NAME [--branch B] [--path deploy.toml]
-    [--canary N] [--wait] [--timeout S]`
+"""`python build.py publish-config FILE --repo OWNER/NAME [--branch B] [--path deploy.toml]
+    [--canary N] [--wait] [--timeout S]` (its arguments: images/cli/fleet.py)
 
 Uploads a deploy config to a Hub repo and branch, where every pod whose `[watch]` names that repo
 picks it up. It refuses before anything is uploaded: a name that could step out of the repo, a
@@ -36,26 +36,6 @@ from supervisor.errors import ConfigError
 from supervisor.redact import redact
 
 EXIT_OK, EXIT_HUB, EXIT_REFUSED = 0, 1, 2
-
-
-def add_parser(sub: argparse._SubParsersAction) -> None:
-    p = sub.add_parser("publish-config", help="validate a deploy config and upload it to a Hub repo branch "
-                       "that pods watch")
-    p.add_argument("file")
-    p.add_argument("--repo", required=True, help="OWNER/NAME of the Hub repo the pods' [watch] names")
-    p.add_argument("--branch", default="main")
-    p.add_argument("--path", default="deploy.toml", help="path of the config in the repo (default deploy.toml)")
-    p.add_argument("--flags", help="the engine's --help output to lint rungs against "
-                   "(default: the config's server.flag_snapshot when it exists here)")
-    p.add_argument("--message", help="commit message")
-    p.add_argument("--token-file", help="read the token from this file instead of $HF_TOKEN")
-    p.add_argument("--create", action="store_true", help="create the repo (private) when it does not exist")
-    p.add_argument("--canary", type=int, metavar="N", help="give it to N reporting pods first (a canary branch), "
-                   "promote it to --branch only when they applied it")
-    p.add_argument("--wait", action="store_true", help="wait until every reporting pod applied it or rolled it "
-                   "back, and print their verdicts")
-    p.add_argument("--timeout", type=float, default=900.0, metavar="S",
-                   help="how long --canary and --wait each wait for verdicts (default 900)")
 
 
 def problems_with(data: bytes, *, repo: str, branch: str, path: str, flags: str | None) -> list[str]:
@@ -132,8 +112,8 @@ def main(args: argparse.Namespace) -> int:
             from . import rollout
             from .status import FleetReader
 
-            target = rollout.Target(api, FleetReader(api, args.repo, Path(cache)), args.repo, args.branch, args.path,
-                                    data, cfg_hash, args.timeout, mask, message=args.message)
+            target = rollout.RolloutTarget(api, FleetReader(api, args.repo, Path(cache)), args.repo, args.branch,
+                                           args.path, data, cfg_hash, args.timeout, mask, message=args.message)
         try:
             if args.create:
                 api.create_repo(args.repo, private=True, exist_ok=True)

@@ -39,7 +39,9 @@ PACE_MIN_S, PACE_MAX_S = 0.2, 5.0        # how often the fleet is read: see pace
 
 
 @dataclass
-class Target:
+class RolloutTarget:
+    """What one publish-config rolls out and where (repo, branch, path, the config's bytes and hash), the
+    Hub client and fleet reader it goes through, its deadline, and how it speaks (masked, one prefix)."""
     api: Any
     reader: FleetReader
     repo: str
@@ -78,7 +80,7 @@ class Waited:
     down_since: float | None = None
 
 
-def pods_on(t: Target, records: list[dict[str, Any]]) -> list[dict[str, Any]]:
+def pods_on(t: RolloutTarget, records: list[dict[str, Any]]) -> list[dict[str, Any]]:
     return [r for r in records if fleet.watches(r, t.branch, t.path)]
 
 
@@ -88,7 +90,7 @@ def pace(records: list[Mapping[str, Any]]) -> float:
     return min(max(min(polls, default=PACE_MAX_S) / 2, PACE_MIN_S), PACE_MAX_S)
 
 
-def wait_until(t: Target, check: Callable[[list[dict[str, Any]]], Any], deadline: float, every_s: float) -> Waited:
+def wait_until(t: RolloutTarget, check: Callable[[list[dict[str, Any]]], Any], deadline: float, every_s: float) -> Waited:
     """Read the fleet every `every_s` until `check(records)` answers or the deadline; a failed read
     is retried (backing off up to PACE_MAX_S) and remembered, so the caller can tell an outage."""
     w = Waited()
@@ -110,7 +112,7 @@ def wait_until(t: Target, check: Callable[[list[dict[str, Any]]], Any], deadline
         time.sleep(min(interval, left))    # the pace of a poll loop against a deadline
 
 
-def outage(t: Target, w: Waited, what: str) -> int:
+def outage(t: RolloutTarget, w: Waited, what: str) -> int:
     down = time.monotonic() - (w.down_since or time.monotonic())
     return t.fail(EXIT_HUB, f"Hub outage: the fleet's verdicts could not be read for the last {down:.1f} s "
                             f"({w.error}); {what}; the pods keep serving what they had")
@@ -133,7 +135,7 @@ def _tail(v: Mapping[str, Any]) -> list[str]:
 
 # -- canary ---------------------------------------------------------------------------------------
 
-def canary(t: Target, n: int, *, then_wait: bool) -> int:
+def canary(t: RolloutTarget, n: int, *, then_wait: bool) -> int:
     try:
         records = pods_on(t, t.reader.read())
     except Exception as e:  # noqa: BLE001 - one line
@@ -199,7 +201,7 @@ def canary(t: Target, n: int, *, then_wait: bool) -> int:
     return EXIT_OK
 
 
-def _promote(t: Target, canary_sha: str, chosen: list[str]) -> str | int:
+def _promote(t: RolloutTarget, canary_sha: str, chosen: list[str]) -> str | int:
     """The canary's bytes committed to the branch the rest watch; the new commit, or an exit code."""
     deadline = time.monotonic() + t.timeout_s
     delay = PACE_MIN_S
@@ -221,7 +223,7 @@ def _promote(t: Target, canary_sha: str, chosen: list[str]) -> str | int:
     return info.oid
 
 
-def _close(t: Target, cbranch: str, doc: dict[str, Any], outcome: str) -> None:
+def _close(t: RolloutTarget, cbranch: str, doc: dict[str, Any], outcome: str) -> None:
     """End the assignment, so no pod takes the canary config later (it also expires by itself)."""
     closed = {**doc, "state": "closed", "outcome": outcome}
     try:
@@ -237,7 +239,7 @@ def _json(doc: Mapping[str, Any]) -> bytes:
 
 # -- the whole fleet --------------------------------------------------------------------------------
 
-def wait_fleet(t: Target, commit: str, before: list[dict[str, Any]]) -> int:
+def wait_fleet(t: RolloutTarget, commit: str, before: list[dict[str, Any]]) -> int:
     """Wait for every pod that was live on BRANCH:PATH before the publish to decide `commit`."""
     now = time.time()
     expected = sorted(str(r.get("pod")) for r in before if fleet.live(r, now))

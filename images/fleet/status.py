@@ -1,4 +1,5 @@
-"""`python -m supervisor fleet-status --repo OWNER/NAME [--branch B] [--path P] [--json]`
+"""`python build.py fleet-status --repo OWNER/NAME [--branch B] [--path P] [--json]` (its arguments:
+images/cli/fleet.py)
 
 The fleet as its pods last reported it (supervisor/fleet/record.py: `fleet/<pod>.json` on the repo's
 `kiln-fleet` branch): pod, state, the live config's Hub revision and hash, the last reload verdict,
@@ -120,16 +121,6 @@ def table(records: list[Mapping[str, Any]], now: float, *, verdicts: Mapping[str
                      ago(fleet.age_s(r, now))))
     widths = [max(len(row[i]) for row in rows) for i in range(len(head))]
     return "\n".join("  ".join(c.ljust(w) for c, w in zip(row, widths)).rstrip() for row in rows)
-
-
-def add_parser(sub: argparse._SubParsersAction) -> None:
-    p = sub.add_parser("fleet-status", help="the pods reporting to a Hub repo: state, revision, last verdict, "
-                       "age of their last report")
-    p.add_argument("--repo", required=True, help="OWNER/NAME of the Hub repo the pods' [watch] names")
-    p.add_argument("--branch", help="only pods watching this branch")
-    p.add_argument("--path", help="only pods watching this path")
-    p.add_argument("--json", action="store_true", help="print the records as JSON instead of the table")
-    p.add_argument("--token-file", help="read the token from this file instead of $HF_TOKEN")
 
 
 def main(args: argparse.Namespace) -> int:

@@ -10,7 +10,6 @@ then the image's labels say so. Nothing here ever guesses a value.
 from __future__ import annotations
 
 import datetime as _dt
-import hashlib
 import re
 import subprocess
 import tomllib
@@ -21,9 +20,10 @@ from typing import Callable, Mapping
 from supervisor.errors import ConfigError
 from supervisor.validate import Problem
 
-from ..target import IMAGES_DIR, Target
+from ..digest import sha256_file
+from ..paths import LOCK_PATH
+from ..target import Target
 
-LOCK_PATH = IMAGES_DIR / "lock.toml"
 DIGEST_RE = re.compile(r"sha256:[0-9a-f]{64}")
 SHA256_RE = re.compile(r"[0-9a-f]{64}")
 COMMIT_RE = re.compile(r"[0-9a-f]{40}")
@@ -195,14 +195,6 @@ def save_lock(lock: Mapping[str, Mapping[str, Pin]], path: Path | None = None) -
 
 # -- resolving (needs the network) ---------------------------------------------
 Resolver = Callable[[Target, str], str]
-
-
-def sha256_file(path: Path) -> str:
-    h = hashlib.sha256()
-    with open(path, "rb") as f:
-        for chunk in iter(lambda: f.read(1 << 20), b""):
-            h.update(chunk)
-    return h.hexdigest()
 
 
 def refresh(target: Target, lock: dict[str, dict[str, Pin]], *, resolvers: Mapping[str, Resolver],

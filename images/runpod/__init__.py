@@ -8,6 +8,6 @@
     volumes.py    network volumes for the model cache (create or reuse by name)
     vendor.py     rewrite the vendored excerpt from a copy of RunPod's document
 
-The command line is images/runpod/pods_cli.py (`python -m images.pods`). RunPod's REST v1 is retired
+The command line is images/cli/pods.py and runpod.py (`python build.py pods|template`). RunPod's REST v1 is retired
 (its migration guide, docs.runpod.io/api-reference-v2/migrate-from-v1); nothing here speaks it.
 """

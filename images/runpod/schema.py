@@ -21,7 +21,6 @@ from __future__ import annotations
 import json
 import re
 from functools import lru_cache
-from pathlib import Path
 from typing import Any
 
 import jsonschema
@@ -29,7 +28,8 @@ import jsonschema
 from supervisor.errors import ConfigError
 from supervisor.validate import Problem
 
-SCHEMA_PATH = Path(__file__).resolve().parents[1] / "schemas" / "runpod-rest-v2.json"
+from ..paths import RUNPOD_SCHEMA
+
 PORT_RE = re.compile(r"[0-9]{1,5}/(http|tcp)")
 # The request bodies Kiln sends (components.schemas names).
 REQUESTS = ("CreateTemplateRequest", "UpdateTemplateRequest", "CreatePodRequest", "CreateNetworkVolumeRequest")
@@ -41,7 +41,7 @@ class RunPodSchemaError(ConfigError):
 
 @lru_cache(maxsize=1)
 def document() -> dict[str, Any]:
-    return json.loads(SCHEMA_PATH.read_text(encoding="utf-8"))
+    return json.loads(RUNPOD_SCHEMA.read_text(encoding="utf-8"))
 
 
 def schema(name: str) -> dict[str, Any]:
@@ -104,7 +104,7 @@ def problems(body: Any, name: str) -> list[Problem]:
 def check(body: Any, name: str) -> None:
     found = problems(body, name)
     if found:
-        raise RunPodSchemaError(f"RunPod {name} (schema: images/schemas/{SCHEMA_PATH.name}; "
+        raise RunPodSchemaError(f"RunPod {name} (schema: images/schemas/{RUNPOD_SCHEMA.name}; "
                                 "nothing was sent)", found)
 
 

@@ -18,7 +18,7 @@ says everything explicitly, as a v2 CreateTemplateRequest:
 - startJupyter and startSsh false: they default to true, and Kiln's image runs neither.
 
 Checked against the vendored schema (images/runpod/schema.py) before anyone prints or sends it.
-Committed goldens: images/rendered/<target>/runpod-template.json (`python -m images.build.golden`).
+Committed goldens: images/rendered/<target>/runpod-template.json (`python build.py generate`).
 `upsert` creates the template or brings the one with its name to this body; a second run writes
 nothing.
 """

@@ -8,6 +8,10 @@ document RunPod publishes. The notes written by hand (`verified`, `unresolved`, 
 are carried over from the current file. `--gpu-types` refreshes the GPU id list from the docs
 page references/gpu-types.mdx (the v2 document enumerates no GPU ids: the catalog is live).
 Get the document from the public runpod/docs repository, api-reference-v2/openapi.json.
+
+The file is vendored, not generated: `python build.py generate --check` cannot re-derive it
+without the document, but checks what the file shows alone (excerpt_problems): it holds exactly
+the operations in OPERATIONS, and exactly the components they reach through `$ref`.
 """
 
 from __future__ import annotations
@@ -20,7 +24,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from .schema import SCHEMA_PATH
+from ..paths import RUNPOD_SCHEMA
 
 DOCUMENT_PATH = "api-reference-v2/openapi.json"
 GPU_TYPES_PATH = "references/gpu-types.mdx"
@@ -77,6 +81,35 @@ def excerpt(doc: dict[str, Any]) -> dict[str, Any]:
             "security": doc.get("security"), "paths": paths, "components": components}
 
 
+def excerpt_problems(vendored: dict[str, Any]) -> list[str]:
+    """Why `vendored` is not what `excerpt` makes of a document: operations missing or added, a `$ref`
+    it cannot resolve, a component nothing reaches, provenance naming other operations."""
+    problems: list[str] = []
+    paths = vendored.get("paths") or {}
+    missing = [f"{m.upper()} {p}" for p, ms in OPERATIONS.items() for m in ms if m not in paths.get(p, {})]
+    extra = [f"{m.upper()} {p}" for p, item in paths.items() for m in item
+             if m in METHODS and m not in OPERATIONS.get(p, ())]
+    if missing:
+        problems.append(f"operations Kiln calls are missing: {', '.join(missing)}")
+    if extra:
+        problems.append(f"operations Kiln does not call are kept: {', '.join(extra)}")
+    if missing:
+        return problems
+    try:
+        again = excerpt(vendored)
+    except KeyError as e:
+        return problems + [f"a $ref reaches {e.args[0]!r}, which the file does not hold"]
+    kept = vendored.get("components") or {}
+    for section in sorted(set(again["components"]) | set(kept)):
+        unreached = sorted(set(kept.get(section, {})) - set(again["components"].get(section, {})))
+        if unreached:
+            problems.append(f"components.{section} nothing reaches: {', '.join(unreached)}")
+    named = (vendored.get("provenance") or {}).get("excerpt")
+    if named != {p: list(m) for p, m in OPERATIONS.items()}:
+        problems.append("provenance.excerpt does not name OPERATIONS")
+    return problems
+
+
 def gpu_ids(mdx: str) -> list[str]:
     """The `GPU ID` column of the first table of references/gpu-types.mdx."""
     ids, in_table = [], False
@@ -105,7 +138,7 @@ def main(argv: list[str] | None = None) -> int:
         print(f"error: --commit {args.commit!r}: expected 40 hex digits", file=sys.stderr)
         return 2
     raw = args.openapi.read_bytes()
-    old = json.loads(SCHEMA_PATH.read_text(encoding="utf-8")) if SCHEMA_PATH.is_file() else {}
+    old = json.loads(RUNPOD_SCHEMA.read_text(encoding="utf-8")) if RUNPOD_SCHEMA.is_file() else {}
     gpu = old.get("gpu_types", {})
     if args.gpu_types:
         gpu = {"from": f"{REPOSITORY}/blob/{args.commit}/{GPU_TYPES_PATH}",
@@ -125,8 +158,8 @@ def main(argv: list[str] | None = None) -> int:
         "gpu_types": gpu,
         **excerpt(json.loads(raw)),
     }
-    SCHEMA_PATH.write_text(json.dumps(out, indent=2, ensure_ascii=False) + "\n", encoding="utf-8")
-    print(SCHEMA_PATH)
+    RUNPOD_SCHEMA.write_text(json.dumps(out, indent=2, ensure_ascii=False) + "\n", encoding="utf-8")
+    print(RUNPOD_SCHEMA)
     return 0
 
 

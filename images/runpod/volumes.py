@@ -5,7 +5,7 @@ A network volume lives in one data center and a pod can mount it only there (Net
 "an existing NetworkVolume in the same data center as the pod"). Names are not unique on RunPod
 ("not required to be unique"): Kiln finds its volume by name and refuses to choose between two.
 A volume bills while it exists, pods or not ($0.07/GB/month under 1 TB, standard tier:
-docs.runpod.io/pods/pricing); `python -m images.pods volumes --delete ID` removes it.
+docs.runpod.io/pods/pricing); `python build.py pods volumes --delete ID` removes it.
 """
 
 from __future__ import annotations

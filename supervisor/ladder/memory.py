@@ -35,7 +35,8 @@ BUILD_INFO = Path("/opt/kiln/build-info.json")
 def image_identity(path: Path = BUILD_INFO) -> str:
     """What image this is: the build info baked at build time (labels, versions), hashed."""
     try:
-        return "sha256:" + hashlib.sha256(path.read_bytes()).hexdigest()
+        with path.open("rb") as f:
+            return "sha256:" + hashlib.file_digest(f, "sha256").hexdigest()
     except OSError:
         return "dev"
 

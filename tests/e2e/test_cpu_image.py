@@ -31,7 +31,7 @@ CA_CANARY = "kiln-ca-canary-51e0b7"
 
 
 def build_py(*args: str, env: dict[str, str] | None = None, timeout: int = 1800) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([sys.executable, "build.py", *args], cwd=ROOT, capture_output=True, text=True,
+    return subprocess.run([sys.executable, str(ROOT / "build.py"), *args], cwd=ROOT, capture_output=True, text=True,
                           env={**os.environ, **(env or {})}, timeout=timeout)
 
 
@@ -217,7 +217,7 @@ def test_the_image_fetches_its_model_from_the_hub_serves_and_applies_a_published
             published = tmp_path / "deploy.toml"
             published.write_text((ROOT / "images/deploy/cpu-small.toml").read_text()
                                  .replace('"--ctx-size", "4096"', '"--ctx-size", "2048"'))
-            r = subprocess.run([sys.executable, "-m", "supervisor", "publish-config", str(published),
+            r = subprocess.run([sys.executable, str(ROOT / "build.py"), "publish-config", str(published),
                                 "--repo", "kiln-test/deploy"], cwd=ROOT, capture_output=True, text=True,
                                env={**os.environ, **ce.env}, timeout=120)
             assert r.returncode == 0, r.stderr

@@ -16,7 +16,7 @@ import pytest
 
 from images.binaries import obtain as binaries
 from images.pins.lock import load_lock, pins_for
-from images.build.render import COMPILE_SCRIPT
+from images.paths import COMPILE_SCRIPT
 from images.target import load_target
 
 ROOT = Path(__file__).resolve().parents[2]

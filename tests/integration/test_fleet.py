@@ -115,11 +115,11 @@ def records(hub: HubServer) -> dict[str, dict]:
 
 
 def cli(hub: HubServer, tmp: Path, *args: str, text: str | None = None, timeout: float = 120):
-    argv = [sys.executable, "-m", "supervisor", *args]
+    argv = [sys.executable, str(ROOT / "build.py"), *args]
     if text is not None:
         f = tmp / "to-publish.toml"
         f.write_text(text)
-        argv = [sys.executable, "-m", "supervisor", "publish-config", str(f), "--repo", REPO, *args]
+        argv = [sys.executable, str(ROOT / "build.py"), "publish-config", str(f), "--repo", REPO, *args]
     r = subprocess.run(argv, capture_output=True, text=True, env={**os.environ, **hub.env}, cwd=ROOT, timeout=timeout)
     assert hub.token not in r.stdout + r.stderr
     return r

@@ -50,7 +50,7 @@ def pod_text(prefix: Path, tmp: Path, *, ports: tuple[int, int], model: str = f"
 def publish_cli(hub, tmp: Path, text: str) -> str:
     f = tmp / "to-publish.toml"
     f.write_text(text)
-    r = subprocess.run([sys.executable, "-m", "supervisor", "publish-config", str(f), "--repo", DEPLOY_REPO],
+    r = subprocess.run([sys.executable, str(ROOT / "build.py"), "publish-config", str(f), "--repo", DEPLOY_REPO],
                        capture_output=True, text=True, env={**os.environ, **hub.env}, cwd=ROOT, timeout=60)
     assert r.returncode == 0, r.stderr
     return hub.resolve(DEPLOY_REPO, "main")

@@ -144,7 +144,7 @@ def test_no_reachable_engine_says_how_to_start_one(tmp_path):
 def test_build_py_lock_that_changes_no_pin_leaves_the_lock_byte_identical(tmp_path, pypi, monkeypatch, capsys):
     """Issue 18: `build.py lock` rewrote resolved_on when no value changed. The sdist's sha256 comes
     from the PEP 691 stand-in; the registry is unreachable (a dead proxy), so the bases are kept."""
-    from images import cli
+    from images.cli import app as cli
     from images.pins import resolve
     from images.pins import lock as lockfile
 

@@ -1,4 +1,4 @@
-"""`python -m supervisor publish-config`: the real CLI, the real huggingface_hub client, and
+"""`python build.py publish-config`: the real CLI, the real huggingface_hub client, and
 kiln_dev/hub/ standing in for huggingface.co (repo create, branch, preupload, commit).
 It validates before anything travels, and the token never appears in anything it prints."""
 
@@ -31,7 +31,7 @@ def publish(hub, tmp_path, text: str | bytes, *args: str, env: dict[str, str] | 
     f = tmp_path / "deploy.toml"
     f.write_bytes(text.encode() if isinstance(text, str) else text)
     full = {**os.environ, **hub.env, **(env or {})}
-    r = subprocess.run([sys.executable, "-m", "supervisor", "publish-config", str(f), "--repo", REPO, *args],
+    r = subprocess.run([sys.executable, str(ROOT / "build.py"), "publish-config", str(f), "--repo", REPO, *args],
                        capture_output=True, text=True, env=full, cwd=ROOT, timeout=60)
     assert hub.token not in r.stdout + r.stderr
     return r

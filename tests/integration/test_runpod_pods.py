@@ -1,4 +1,4 @@
-"""`python -m images.pods` against kiln_dev/runpod: a stand-in for RunPod's REST API v2 and its HTTP
+"""`python build.py pods` against kiln_dev/runpod: a stand-in for RunPod's REST API v2 and its HTTP
 proxy (not RunPod). Each stand-in pod runs a REAL Kiln supervisor with the real CPU llama-server and
 a tiny real GGUF (a CPU cannot run the target's GPU image; the supervisor, its /status and /ready
 are the real ones), reached through the stand-in's proxy, so `up` waits on a real /ready."""
@@ -42,8 +42,8 @@ def container_config(prefix: Path, tiny: Path | str, state: Path, *, hf: bool = 
 def pods_cli(standin: RunPodStandIn, *args: str, timeout: float = 300) -> subprocess.CompletedProcess:
     env = {**os.environ, "RUNPOD_API_KEY": ACCOUNT_KEY, "RUNPOD_API_URL": standin.url,
            "RUNPOD_PROXY_URL": standin.proxy_url, "HF_TOKEN": HF_CANARY}
-    return subprocess.run([sys.executable, "-m", "images.pods", *args], capture_output=True, text=True, cwd=ROOT,
-                          env=env, timeout=timeout)
+    return subprocess.run([sys.executable, str(ROOT / "build.py"), "pods", *args], capture_output=True, text=True,
+                          cwd=ROOT, env=env, timeout=timeout)
 
 
 def no_canary(*texts: str) -> None:
@@ -210,6 +210,17 @@ def test_terminate_on_failure_reaches_the_pods_env_and_the_template_is_untouched
 
 def test_commands_without_a_key_say_how_to_get_one(bare):
     env = {k: v for k, v in os.environ.items() if k != "RUNPOD_API_KEY"}
-    r = subprocess.run([sys.executable, "-m", "images.pods", "status", "--api", bare.url], capture_output=True,
-                       text=True, cwd=ROOT, env=env)
+    r = subprocess.run([sys.executable, str(ROOT / "build.py"), "pods", "status", "--api", bare.url],
+                       capture_output=True, text=True, cwd=ROOT, env=env)
     assert r.returncode == 2 and "RUNPOD_API_KEY is not set" in r.stderr and "Settings > API Keys" in r.stderr
+
+
+def test_the_old_spelling_python_m_images_pods_still_works_for_one_release_and_names_the_new_one(bare):
+    env = {**os.environ, "RUNPOD_API_KEY": ACCOUNT_KEY}
+    r = subprocess.run([sys.executable, "-m", "images.pods", "status", "--api", bare.url],
+                       capture_output=True, text=True, cwd=ROOT, env=env)
+    assert r.returncode == 0 and r.stdout.strip() == "no Kiln pods", r.stderr
+    (line,) = r.stderr.splitlines()
+    assert line == ("python -m images.pods: deprecated spelling (it goes in the next release); use: "
+                    f"python build.py pods status --api {bare.url}")
+    no_canary(r.stdout, r.stderr)

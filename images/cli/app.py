@@ -1,0 +1,114 @@
+"""The workstation's one command line: `python build.py COMMAND`, installed as `kiln COMMAND` too.
+
+The table COMMANDS below is the whole CLI. To add a subcommand (or a group, such as
+`pods up|status|logs|down`), write a module in images/cli/ that exports `COMMANDS = (Command(...), ...)`
+(see command.py), add its tuple to the table, and run `python build.py generate` to regenerate
+docs/cli.md (`generate --check` and a test fail while it is stale).
+
+Every user error is one clear message on stderr and exit 2, never a traceback; argparse's own
+usage errors exit 2 as well. The old single-command spellings go through legacy.py.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import signal
+import sys
+import threading
+
+import supervisor
+from supervisor.errors import KilnError
+from supervisor.redact import redact
+
+from . import binaries, fleet, generate, image, legacy, pins, pods, reference, runpod
+from .command import Command, Formatter, add_commands, walk
+
+EXIT_USAGE = 2
+SECRET_ENV = ("HF_TOKEN", "HUGGING_FACE_HUB_TOKEN", "RUNPOD_API_KEY", "KILN_API_KEY")
+
+COMMANDS: tuple[Command, ...] = (
+    *image.COMMANDS,        # build, render, list, tag
+    *pins.COMMANDS,         # lock
+    *binaries.COMMANDS,     # compile, publish-binaries
+    *runpod.COMMANDS,       # template
+    *pods.COMMANDS,         # pods up|status|logs|down|volumes
+    *fleet.COMMANDS,        # publish-config, fleet-status
+    *generate.commands(lambda: reference.render(parser())),    # generate [--check]: docs/cli.md among them
+)
+PROG = "python build.py"    # the name docs/cli.md and every message use; `kiln` is the same parser
+
+
+def parser(prog: str = PROG) -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(
+        prog=prog, formatter_class=Formatter, epilog=legacy.EPILOG,
+        description="Kiln: bake LLM-serving images from targets (images/targets/*.toml), deploy them on RunPod, "
+                    "publish deploy configs to a fleet.\n"
+                    f"`{prog} COMMAND --help` says what each command takes.")
+    p.add_argument("--version", action="version", version=f"Kiln {supervisor.__version__}",
+                   help="print Kiln's version and exit")
+    add_commands(p, COMMANDS)
+    return p
+
+
+def options_of(path: str) -> set[str]:
+    """The option strings the subcommand at `path` ("render", "pods up") takes."""
+    want = tuple(path.split())
+    for p, at in walk(parser()):
+        if at == want:
+            return set(p._option_string_actions)
+    raise KeyError(path)
+
+
+def _terminated(signum: int, frame: object) -> None:
+    # SIGTERM unwinds like Ctrl-C: `with` blocks and finally clauses run, so the docker CLI or
+    # compile child is ended and temp dirs (one holds the HF token file of a build) are removed.
+    # Python's default action would exit at once and leave both behind.
+    raise SystemExit(128 + signum)
+
+
+def main(argv: list[str] | None = None, *, prog: str = PROG) -> int:
+    """Run one command line (default: this process's arguments); returns the exit status."""
+    argv = sys.argv[1:] if argv is None else list(argv)
+    if threading.current_thread() is not threading.main_thread():     # signals reach the main thread only
+        return _main(argv, prog)
+    previous = signal.signal(signal.SIGTERM, _terminated)
+    try:
+        return _main(argv, prog)
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+
+
+def kiln() -> int:
+    """The `kiln` console script (pyproject.toml [project.scripts]): `python build.py` by another name."""
+    return main(sys.argv[1:], prog="kiln")
+
+
+def _main(argv: list[str], prog: str) -> int:
+    try:
+        if legacy.is_legacy(argv):
+            argv = legacy.translate(argv, options_of)
+        args = parser(prog).parse_args(argv)
+        return args.run(args)
+    except BrokenPipeError:
+        # The reader went away (`build.py list | head -1`): not an error of the user's. Point stdout
+        # at /dev/null so the interpreter's final flush does not complain either.
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        return 141
+    except KilnError as e:
+        return _error(str(e))
+    except OSError as e:
+        # What the checks before could not foresee (a disk filling up, a path removed meanwhile,
+        # a network error requests raises as an IOError): still one line, never a traceback.
+        where = f": {e.filename}" if e.filename else ""
+        return _error(f"{e.strerror or e}{where}")
+    except KeyboardInterrupt:
+        print("interrupted", file=sys.stderr)
+        return 130
+
+
+def _error(message: str) -> int:
+    # Errors quote what a server or a file said; a secret of the environment never goes out with it.
+    secrets = [os.environ.get(k) for k in SECRET_ENV]
+    print(f"error: {redact(message, secrets)}", file=sys.stderr)
+    return EXIT_USAGE
