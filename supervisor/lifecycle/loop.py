@@ -230,15 +230,7 @@ class Supervisor:
             from ..selftest.stage import crashed_record
             crashed_record(self.rt, rung, rc)
         del self.engines[token]
-        recalibrated = False
-        if rung.placement == "balanced" and failure.failure_class == FailureClass.OOM:
-            bal = self.rt.balancers.get(rung.name)
-            recalibrated = bal is not None and bal.calibrate(failure.tail) is not None
-            if recalibrated:
-                self.rec.update(placement={"rung": rung.name, "rounds": bal.history})
-                self.rec.event("calibrate", f"{rung.name}: new budgets {bal.budgets} MiB after "
-                                            f"{bal.history[-1]['shortfall_mib']}")
-        return E.EngineDown(token, failure, recalibrated=recalibrated)
+        return E.EngineDown(token, failure)
 
     # -- effects -----------------------------------------------------------------------------------
     def _apply(self, effects: list[E.Effect]) -> None:
@@ -360,6 +352,16 @@ class Supervisor:
                                   and eng.proc.exited_at - eng.proc.started_at, stall_reason=fx.stall_reason)
             self.inbox.put(E.EngineDown(fx.token, failure))
         del rc
+
+    def _do_Calibrate(self, fx: E.Calibrate) -> None:
+        """The balanced rung's split re-planned from the OOM's shortfall lines (ladder/balanced.py)."""
+        bal = self.rt.balancers.get(fx.rung)
+        ok = bal is not None and bal.calibrate(fx.failure.tail) is not None
+        if ok:
+            self.rec.update(placement={"rung": fx.rung, "rounds": bal.history})
+            self.rec.event("calibrate", f"{fx.rung}: new budgets {bal.budgets} MiB after "
+                                        f"{bal.history[-1]['shortfall_mib']}")
+        self.inbox.put(E.Calibrated(fx.token, ok))
 
     def _do_CancelTask(self, fx: E.CancelTask) -> None:
         self.tasks.cancel(fx.token)
