@@ -216,8 +216,8 @@ class Shutdown(NamedTuple):
 
 
 Effect = (Enter | Prepare | Fetch | CheckLaunch | Barrier | Launch | WaitHealthy | RunSelftest | StopEngine
-          | Calibrate | CancelTask | ForwardSignal | RecordFailure | RecordRestart | RecordReload | ShowConfig | MarkGood | Serving | Failed
-          | Shutdown)
+          | Calibrate | CancelTask | ForwardSignal | RecordFailure | RecordRestart | RecordReload | ShowConfig
+          | MarkGood | Serving | Failed | Shutdown)
 
 
 @dataclass

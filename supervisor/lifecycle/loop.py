@@ -34,10 +34,11 @@ from ..process import leftovers
 from ..config import DeployConfig
 from ..errors import KilnError
 from ..failure import Failure, FailureClass
-from ..ladder.memory import LadderMemory, reclaim
+from ..ladder.memory import LadderMemory
+from ..ladder.reclaim import reclaim
 from ..host import residency
 from ..model.fetching import fetch_model
-from ..reload.decide import ReloadBook
+from ..reload.book import ReloadBook
 from ..reload.tracker import ReloadTracker
 from .machine import Machine
 from ..process.pid1 import SignalRelay, become_subreaper, exit_code_for, reap_orphans
@@ -103,7 +104,7 @@ class Supervisor:
         self.exit_code: int | None = None
         self.reloads = ReloadTracker(ReloadBook(self.state_dir / "reload"), self.rec, self.rt.secrets)
         self.peripherals: Any = None                # lifecycle/peripherals.py, started once the engine is on its way
-        self.terminator: Any = None                 # fleet/self_terminate.py Termination while FAILED with the option on
+        self.terminator: Any = None                 # fleet/self_terminate.py Termination, while FAILED with it on
         self.model_records: dict[str, dict[str, Any]] = {}   # model path -> its /status record, shown once it serves
 
     # -- the loop ----------------------------------------------------------------------------------

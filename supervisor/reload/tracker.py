@@ -22,7 +22,7 @@ from ..host.hardware import Hardware
 from ..lifecycle.events import CandidateChecked, RecordReload
 from ..lifecycle.state import Live, Origin, Record
 from ..redact import Secrets
-from .decide import HISTORY_KEEP, ReloadBook, adopt_last_good, record_decision, status_record
+from .book import HISTORY_KEEP, ReloadBook, adopt_last_good, record_decision, status_record
 
 log = logging.getLogger("kiln")
 

@@ -25,7 +25,7 @@ Two sources, each in its own daemon thread, both feeding one small queue the lif
   candidate's source is `hub-canary`. No canary branch is the normal case, not an error.
 
 A candidate is reported once per new commit or content; which ones were already decided comes
-from the reload book (supervisor/reload/decide.py), so a restart does not report them again. Newer
+from the reload book (supervisor/reload/book.py), so a restart does not report them again. Newer
 candidates from the same source replace an older one not yet taken: only the latest matters.
 """
 
