@@ -146,7 +146,7 @@ def main(args: argparse.Namespace) -> int:
                                    revision=args.branch, commit_message=args.message or
                                    f"kiln: publish {args.path} (config {cfg_hash[:12]})")
         except Exception as e:  # noqa: BLE001 - one masked line, never a traceback with headers in it
-            kind = hubclient.classify(e)
+            kind = hubclient.error_kind(e)
             print(f"publish-config: the Hub refused or could not be reached ({kind}): "
                   f"{mask(hubclient.describe(e))}", file=sys.stderr)
             return EXIT_HUB

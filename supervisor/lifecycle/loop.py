@@ -1,16 +1,26 @@
 """The lifecycle loop: wait for an event, let the machine decide, run the effects.
 
     signal / child exit / task answer / published config / timer
-        -> Machine.step (supervisor/lifecycle/machine.py: pure; the decisions live in policy.py and reload.py)
+        -> Machine.step (machine.py: pure; the decisions live in policy.py and reload/decide.py)
         -> effects: state transitions, checks, launches, stops, tasks started beside the loop
 
 One thread (the main one) owns the engine process and the state; downloads, health waits,
-selftests and the reclaim barrier run as tasks (supervisor/lifecycle/tasks.py) and answer with events, so
-the loop keeps watching the engine while they run. Where things live:
+selftests and the reclaim barrier run as tasks (tasks.py) and answer with events, so the loop
+keeps watching the engine while they run. Each effect has its handler here (`_do_<Effect>`), which
+calls the part that does the work, given what it needs and never the loop:
 
-    preflight.py  what must hold before a config runs      launch.py  checks, start, why it went down
-    ladder.py     rung memory and the reclaim barrier      selftest/stage.py  the SELFTEST stage
-    reload.py     published configs: decide, the book      fetch.py   the model into the volume
+    preflight.py              what must hold before a config runs; where the walk starts
+    model/fetching.py         the model into the volume (Fetch)
+    engines/launch.py         a rung's checks, its start, why it went down (one classify call)
+    ladder/reclaim.py         the barrier between rungs (Barrier)
+    ladder/balanced.py        a balanced rung's split re-planned after an OOM (Calibrate)
+    engines/health.py         the health wait (WaitHealthy)
+    selftest/stage.py         the SELFTEST stage (RunSelftest)
+    reload/tracker.py         the reload book: boot from last good, record a decision, mark good
+    host/residency.py         how much of a serving model stayed in host RAM (Serving)
+    fleet/self_terminate.py   a pod that can never serve terminates itself (Failed)
+    peripherals.py            status page, TCP relay, config watcher, fleet reporter: started at
+                              the loop's first idle moment (P1), wired with callbacks
 """
 
 from __future__ import annotations

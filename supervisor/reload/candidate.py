@@ -59,7 +59,7 @@ class Candidate:
 
 
 @dataclass
-class Verdict:
+class CandidateCheck:
     cfg: DeployConfig | None
     problems: list[str] = field(default_factory=list)
     text: str | None = None
@@ -84,16 +84,16 @@ def decode(data: bytes) -> tuple[str | None, list[str]]:
 
 def validate(c: Candidate, *, running: DeployConfig, env: Mapping[str, str], hw: hardware.Hardware | None,
              engine_get: Callable[[str], Any] = engines.get,
-             binary_present: Callable[[str], bool] = engines.binary_present) -> Verdict:
+             binary_present: Callable[[str], bool] = engines.binary_present) -> CandidateCheck:
     if c.error:
-        return Verdict(None, [c.error])
+        return CandidateCheck(None, [c.error])
     text, problems = decode(c.data)
     if text is None:
-        return Verdict(None, problems)
+        return CandidateCheck(None, problems)
     try:
         cfg = parse_config(text, source=c.describe(), env=env)
     except ConfigError as e:
-        return Verdict(None, [str(p) for p in e.problems], text)
+        return CandidateCheck(None, [str(p) for p in e.problems], text)
     raw = tomllib.loads(text)
     # Boot-only: the supervisor keeps its own; a published config may repeat them, not move them.
     keep: dict[str, Any] = {}
@@ -135,7 +135,7 @@ def validate(c: Candidate, *, running: DeployConfig, env: Mapping[str, str], hw:
     kind, _, ref = cfg.server.api_key.partition(":")
     if kind == "file" and not os.path.isfile(ref):
         problems.append(f"server.api_key: the key file {ref} does not exist")
-    return Verdict(cfg, problems, text)
+    return CandidateCheck(cfg, problems, text)
 
 
 def _show(v: Any) -> str:

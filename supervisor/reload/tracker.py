@@ -51,12 +51,12 @@ class ReloadTracker:
         from .candidate import validate
 
         self._taken[id(cand)] = time.monotonic()
-        verdict = validate(cand, running=running.cfg, env=env, hw=hw)
-        if not verdict.ok:
+        check = validate(cand, running=running.cfg, env=env, hw=hw)
+        if not check.ok:
             self.book.keep_rejected(cand)
-            return CandidateChecked(cand, None, tuple(self.secrets.redact(p) for p in verdict.problems))
-        assert verdict.cfg is not None
-        return CandidateChecked(cand, Live(verdict.cfg, text=verdict.text,
+            return CandidateChecked(cand, None, tuple(self.secrets.redact(p) for p in check.problems))
+        assert check.cfg is not None
+        return CandidateChecked(cand, Live(check.cfg, text=check.text,
                                            origin=Origin(cand.source, cand.origin, cand.revision)))
 
     def record(self, fx: RecordReload, *, live_hash: str) -> None:
