@@ -60,8 +60,7 @@ def check_config(path: str, flags: str | None, gpus: int | None, *, strict: bool
                  skip_binary: bool = False) -> int:
     """Problems go to stderr (exit 2). `ok` goes to stdout and says what was not checked, so a
     script reading it cannot mistake an unchecked rung for a good one; --strict makes that exit 2."""
-    from . import engines
-    from .engines import binary_present
+    from .engines import registry as engines
     from .config import load_config
     from .errors import ConfigError
 
@@ -90,7 +89,7 @@ def check_config(path: str, flags: str | None, gpus: int | None, *, strict: bool
             warnings += [str(x) for x in engine.lint_rung_warnings(cfg, i, rung, snapshot)]
     if skip_binary:
         unchecked.append("engine binary NOT checked (--skip-binary)")
-    elif not binary_present(cfg.server.binary):
+    elif not engines.binary_present(cfg.server.binary):
         problems.append(engines.missing_binary_message(cfg.server.binary, cfg.engine)
                         + " (or pass --skip-binary to check a config meant for an image)")
     if problems:

@@ -76,7 +76,7 @@ def problems_with(data: bytes, *, repo: str, branch: str, path: str, flags: str 
         cfg = parse_config(text, source=path, env={})
     except ConfigError as e:
         return out + [str(p) for p in e.problems]
-    from supervisor import engines
+    from supervisor.engines import registry as engines
 
     try:
         engine = engines.get(cfg.engine)

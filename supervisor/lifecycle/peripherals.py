@@ -63,7 +63,7 @@ class Peripherals:
             self._start_watch()
 
     def _start_watch(self) -> None:
-        from ..model.fetch import cache_dir
+        from ..model.fetch.layout import cache_dir
         from ..reload.watch import Watcher
 
         cfg, w = self.cfg, self.wiring

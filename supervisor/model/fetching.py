@@ -48,7 +48,7 @@ def fetch_model(token: int, cfg: DeployConfig, *, candidate: bool, tasks: Tasks,
         on_record(key, local, {"source": cfg.model.source, "path": str(local)})
         post(ModelReady(token, path=local))
         return
-    from . import fetch
+    from .fetch import parent
 
     logged = [0.0]
 
@@ -60,8 +60,8 @@ def fetch_model(token: int, cfg: DeployConfig, *, candidate: bool, tasks: Tasks,
 
     def work(task: Task) -> ModelReady | None:
         try:
-            res = fetch.fetch(cfg, env, token=hub_token, should_stop=task.cancelled.is_set,
-                              sleep=task.cancelled.wait, report=progress, secrets=list(secrets))
+            res = parent.fetch(cfg, env, token=hub_token, should_stop=task.cancelled.is_set,
+                               sleep=task.cancelled.wait, report=progress, secrets=list(secrets))
         except Cancelled:
             return None
         except FetchError as e:

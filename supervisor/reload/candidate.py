@@ -26,7 +26,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable, Mapping
 
-from .. import engines
+from ..engines import registry as engines
 from ..host import hardware
 from ..config import BOM, DeployConfig, cross_problems, parse_config
 from ..errors import ConfigError, FetchError

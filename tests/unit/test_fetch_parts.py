@@ -10,9 +10,10 @@ import zlib
 
 import pytest
 
-from supervisor.model.fetch import child_env, plan
+from supervisor.model.fetch import plan
 from supervisor.model.fetch.hashing import Meter, Verifier
 from supervisor.model.fetch.journal import SegmentJournal
+from supervisor.model.fetch.parent import child_env
 from supervisor.model.fetch.sink import RangeIgnored, Sink
 from kiln_dev.supervised import wait_for
 
