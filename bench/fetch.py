@@ -5,7 +5,7 @@ The repo: four LFS shards (--shard-mb each, 80 MB by default) on the Hub stand-i
 (kiln_dev/hub/, which stands for huggingface.co and its CDN: resolve answers 302 to a
 CDN origin, ranges answer 206). Three ways, alternating round by round, each into an empty cache:
 
-  kiln      supervisor.model.fetch.fetch() with the defaults a pod has (model.fetch_connections = 32,
+  kiln      supervisor.model.fetch.parent.fetch() with the defaults a pod has (model.fetch_connections = 32,
             segments sized from the model), its child process included
   hf_hub    hf_hub_download, file by file (one connection at a time), in a fresh process
   snapshot  snapshot_download (its default max_workers = 8: one connection per file), in a fresh process
@@ -45,7 +45,7 @@ LIBRARY = {
 
 
 def kiln_once(tmp: Path, endpoint: str, token: str, tails: list[float], connections: int | None = None) -> float:
-    from supervisor.model import fetch
+    from supervisor.model.fetch.parent import fetch
     from supervisor.config import parse_config
 
     state = tmp / "kiln-state"
@@ -55,8 +55,8 @@ def kiln_once(tmp: Path, endpoint: str, token: str, tails: list[float], connecti
     env = {**os.environ, "HF_ENDPOINT": endpoint}
     done: list[dict] = []
     t0 = time.monotonic()
-    fetch.fetch(cfg, env, token=token, should_stop=lambda: False, sleep=time.sleep,
-                report=lambda ev: done.append(ev) if ev.get("event") == "done" else None)
+    fetch(cfg, env, token=token, should_stop=lambda: False, sleep=time.sleep,
+          report=lambda ev: done.append(ev) if ev.get("event") == "done" else None)
     took = time.monotonic() - t0
     tails.append(done[-1]["verified_after_last_byte_s"])
     shutil.rmtree(state)

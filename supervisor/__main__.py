@@ -7,8 +7,10 @@
     python -m supervisor selftest --url http://host:port [--api-key-env NAME] [--family F] [--json OUT]
 
 publish-config and fleet-status are workstation commands now (`python build.py publish-config|fleet-status`,
-images/cli/fleet.py); their old spellings here run that from a checkout, with one deprecation line, for
-one release. The image carries no images/ package: in a pod they say so.
+or `kiln ...` once installed; images/fleet/). For one release their old spellings here print one
+deprecation line and, from a Kiln checkout, run the new command with the same arguments and exit
+with its status; the image carries no images/ package, so in a pod they say where to run it and exit 2.
+Nothing here imports images/.
 """
 
 from __future__ import annotations
@@ -52,7 +54,7 @@ def _parser() -> argparse.ArgumentParser:
     model_check.add_parser(sub)
     from .selftest import cli as selftest_cli
     selftest_cli.add_parser(sub)
-    for name in WORKSTATION:        # listed in --help; main() forwards them before any parsing
+    for name in WORKSTATION:        # listed in --help only: main() forwards them before any parsing
         sub.add_parser(name, help=f"deprecated: python build.py {name}", add_help=False)
     return p
 
@@ -61,8 +63,7 @@ def check_config(path: str, flags: str | None, gpus: int | None, *, strict: bool
                  skip_binary: bool = False) -> int:
     """Problems go to stderr (exit 2). `ok` goes to stdout and says what was not checked, so a
     script reading it cannot mistake an unchecked rung for a good one; --strict makes that exit 2."""
-    from . import engines
-    from .engines import binary_present
+    from .engines import registry as engines
     from .config import load_config
     from .errors import ConfigError
 
@@ -93,7 +94,7 @@ def check_config(path: str, flags: str | None, gpus: int | None, *, strict: bool
             notes += _sampler_notes(cfg, i, rung, engine.sampler_overrides(cfg, rung, snapshot))
     if skip_binary:
         unchecked.append("engine binary NOT checked (--skip-binary)")
-    elif not binary_present(cfg.server.binary):
+    elif not engines.binary_present(cfg.server.binary):
         problems.append(engines.missing_binary_message(cfg.server.binary, cfg.engine)
                         + " (or pass --skip-binary to check a config meant for an image)")
     if problems:
@@ -125,21 +126,33 @@ def _sampler_notes(cfg: Any, index: int, rung: Any, overrides: dict[str, str]) -
     return [f"ladder.rungs[{index}] ({rung.name}): replaces [sampler] {replaced}; {rest}"]
 
 
-def _forward(argv: list[str]) -> int:
-    """An old spelling of a workstation command: one deprecation line, then `python -m images.cli` runs it."""
+def forward_workstation(argv: list[str]) -> int:
+    """An old spelling of a workstation command: one deprecation line, then, from a checkout, the
+    new command with the same arguments (its exit status); in an image, exit 2."""
     import shlex
     import subprocess
 
-    print(f"python -m supervisor {argv[0]}: deprecated spelling (it goes in the next release); use: "
-          f"{shlex.join(['python', 'build.py', *argv])}", file=sys.stderr, flush=True)
-    rc = subprocess.call([sys.executable, "-m", "images.cli", *argv])
+    line = (f"python -m supervisor {argv[0]}: deprecated spelling (it goes in the next release); use: "
+            f"{shlex.join(['python', 'build.py', *argv])}")
+    checkout = Path(__file__).resolve().parent.parent
+    build_py = checkout / "build.py"
+    if not (checkout / "images").is_dir() or not build_py.is_file():
+        print(f"{line} from a Kiln checkout (this image carries no workstation commands)", file=sys.stderr)
+        return EXIT_INVALID
+    print(line, file=sys.stderr, flush=True)
+    # build.py, not `python -m images.cli`: it finds its own checkout from any working directory,
+    # so FILE arguments stay relative to the caller's.
+    try:
+        rc = subprocess.call([sys.executable, str(build_py), *argv])
+    except KeyboardInterrupt:            # the child had the same SIGINT: it says what it stopped
+        return 130
     return rc if rc >= 0 else 128 - rc
 
 
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else list(argv)
     if argv and argv[0] in WORKSTATION:
-        return _forward(argv)
+        return forward_workstation(argv)
     if not argv or argv[0] == "run":
         # PID 1's path: parse `run` alone, so a boot imports none of the other commands (P1).
         run_parser = argparse.ArgumentParser(prog="python -m supervisor run")

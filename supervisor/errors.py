@@ -41,10 +41,28 @@ this tree and listed here.
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Sequence
+from dataclasses import dataclass
+from typing import Any, Sequence
 
-if TYPE_CHECKING:
-    from .validate import Problem
+NO_VALUE: Any = object()     # a Problem with no bad value to show (a missing key, say)
+
+
+@dataclass(frozen=True)
+class Problem:
+    """One thing wrong with a config or a target: where (the field path), what, the bad value and
+    what is allowed. supervisor/validate.py's Reader collects them; a ConfigError carries them all."""
+    path: str
+    message: str
+    value: Any = NO_VALUE
+    allowed: str | None = None
+
+    def __str__(self) -> str:
+        out = f"{self.path}: {self.message}"
+        if self.value is not NO_VALUE:
+            out += f" (got {self.value!r})"
+        if self.allowed:
+            out += f"; allowed: {self.allowed}"
+        return out
 
 
 class KilnError(Exception):
@@ -52,7 +70,7 @@ class KilnError(Exception):
 
 
 class ConfigError(KilnError):
-    def __init__(self, what: str, problems: Sequence["Problem"]):
+    def __init__(self, what: str, problems: Sequence[Problem]):
         self.what = what
         self.problems = list(problems)
         lines = [f"{what}: {len(self.problems)} problem(s)"]

@@ -48,7 +48,7 @@ def token_or_file(token_file: str | None, env: Mapping[str, str] | None = None) 
     return token(env)
 
 
-def classify(exc: BaseException) -> str:
+def error_kind(exc: BaseException) -> str:
     """OFFLINE, UNAVAILABLE, NOT_FOUND, AUTH or OTHER for an exception huggingface_hub raised."""
     from huggingface_hub import errors
 

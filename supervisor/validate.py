@@ -3,7 +3,8 @@
 A user who fixes one typo per run learns to hate a tool. Every reader here
 records problems (field path, bad value, what is allowed, how to fix it) and
 the caller raises once with all of them. Used by the deploy config and by
-`images/` for target files, so both speak the same error language.
+`images/` for target files, so both speak the same error language. The Problem itself is
+defined beside the ConfigError that carries it (supervisor/errors.py) and is importable here.
 """
 
 from __future__ import annotations
@@ -11,29 +12,13 @@ from __future__ import annotations
 import difflib
 import math
 import re
-from dataclasses import dataclass
 from typing import Any, Callable, Iterable, TypeVar
 
-from .errors import ConfigError
+from .errors import NO_VALUE as _MISSING, ConfigError, Problem
+
+__all__ = ["Problem", "Reader", "nearest", "raise_if"]
 
 T = TypeVar("T")
-_MISSING: Any = object()
-
-
-@dataclass(frozen=True)
-class Problem:
-    path: str
-    message: str
-    value: Any = _MISSING
-    allowed: str | None = None
-
-    def __str__(self) -> str:
-        out = f"{self.path}: {self.message}"
-        if self.value is not _MISSING:
-            out += f" (got {self.value!r})"
-        if self.allowed:
-            out += f"; allowed: {self.allowed}"
-        return out
 
 
 def raise_if(problems: list[Problem], what: str) -> None:

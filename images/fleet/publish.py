@@ -56,7 +56,7 @@ def problems_with(data: bytes, *, repo: str, branch: str, path: str, flags: str 
         cfg = parse_config(text, source=path, env={})
     except ConfigError as e:
         return out + [str(p) for p in e.problems]
-    from supervisor import engines
+    from supervisor.engines import registry as engines
 
     try:
         engine = engines.get(cfg.engine)
@@ -126,7 +126,7 @@ def main(args: argparse.Namespace) -> int:
                                    revision=args.branch, commit_message=args.message or
                                    f"kiln: publish {args.path} (config {cfg_hash[:12]})")
         except Exception as e:  # noqa: BLE001 - one masked line, never a traceback with headers in it
-            kind = hubclient.classify(e)
+            kind = hubclient.error_kind(e)
             print(f"publish-config: the Hub refused or could not be reached ({kind}): "
                   f"{mask(hubclient.describe(e))}", file=sys.stderr)
             return EXIT_HUB

@@ -69,7 +69,7 @@ class RolloutTarget:
         return code
 
     def hub_error(self, e: BaseException) -> str:
-        return f"{hubclient.classify(e)}: {self.mask(hubclient.describe(e))}"
+        return f"{hubclient.error_kind(e)}: {self.mask(hubclient.describe(e))}"
 
 
 @dataclass
@@ -213,7 +213,7 @@ def _promote(t: RolloutTarget, canary_sha: str, chosen: list[str]) -> str | int:
                                      f"{canary_sha[:12]}")
             break
         except Exception as e:  # noqa: BLE001 - transient: again until the deadline
-            if hubclient.classify(e) not in hubclient.TRANSIENT or time.monotonic() + delay > deadline:
+            if hubclient.error_kind(e) not in hubclient.TRANSIENT or time.monotonic() + delay > deadline:
                 return t.fail(EXIT_HUB, f"the canary passed, but the promotion to {t.where} failed "
                                         f"({t.hub_error(e)}); publish again to retry")
             time.sleep(delay)             # backoff before the next attempt

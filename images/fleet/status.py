@@ -138,7 +138,7 @@ def main(args: argparse.Namespace) -> int:
         try:
             records = FleetReader(HfApi(token=token or False), args.repo, Path(cache)).read()
         except Exception as e:  # noqa: BLE001 - one masked line, never a traceback
-            print(f"fleet-status: the Hub refused or could not be reached ({hubclient.classify(e)}): "
+            print(f"fleet-status: the Hub refused or could not be reached ({hubclient.error_kind(e)}): "
                   f"{redact(hubclient.describe(e), [token])}", file=sys.stderr)
             return EXIT_HUB
     records = [r for r in records if (args.branch is None or (r.get("watch") or {}).get("branch") == args.branch)

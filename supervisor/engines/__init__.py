@@ -1,5 +1,15 @@
-"""The engines the supervisor can run. Each is a module with the same surface, so the lifecycle
-never asks which engine it is:
+"""The engines the supervisor runs, and how one rung of one is launched and watched.
+
+    registry.py   which engine module runs a config (get), whether its binary is in this image
+    llamacpp.py   llama.cpp's llama-server  ┐ one surface each, so the lifecycle never asks
+    vllm.py       vLLM's `vllm serve`        ┘ which engine it is (below)
+    flags.py      the engine's own --help, captured at build time: every rung is linted against it
+    caches.py     compile caches (torch.compile, Triton, the driver's PTX JIT) on the state volume
+    apikey.py     the server's API key: env, file or generated into the volume; never in argv
+    launch.py     a rung's checks before anything starts, the start, why it went down
+    health.py     the health wait, racing the deadline, the engine's exit and a stop
+
+An engine module's surface:
 
     load_snapshot(path) -> FlagSnapshot           the engine's own --help, parsed
     lint_rung(cfg, index, rung, snapshot, gpu_count=None, *, model=None) -> list[LintIssue]
@@ -14,33 +24,7 @@ never asks which engine it is:
                                                   build_argv replaces those, one by one, and keeps the rest
     SIGNATURES, HINTS                             stderr lines that decide a failure's class
     STALL_LINES                                   (pattern, count): repeated output that is a stall
+
+What an exit means is decided once, in launch.down() with supervisor/failure.py's classify.
+Kept free of imports.
 """
-
-from __future__ import annotations
-
-import os
-import shutil
-from types import ModuleType
-
-from . import llamacpp, vllm
-
-
-def get(name: str) -> ModuleType:
-    engines = {"llamacpp": llamacpp, "vllm": vllm}
-    if name not in engines:
-        raise KeyError(f"engine {name!r} is not supported by this supervisor yet")
-    return engines[name]
-
-
-def binary_present(binary: str) -> bool:
-    """The engine binary exists and can be executed (a path), or is on PATH (a bare name)."""
-    if not binary:
-        return False
-    if "/" in binary:
-        return os.path.isfile(binary) and os.access(binary, os.X_OK)
-    return shutil.which(binary) is not None
-
-
-def missing_binary_message(binary: str, engine: str) -> str:
-    return (f"server.binary {binary!r} is not in this image or not executable (engine {engine}): use an image "
-            "built for this engine, or point server.binary at the engine's executable")

@@ -110,7 +110,7 @@ class Reporter:
                     interval = spec.poll_s
                     earliest, heartbeat_at = time.monotonic() + spec.poll_s, time.monotonic() + spec.report_s
                 except Exception as e:  # noqa: BLE001 - every failure is an outage to ride out
-                    branch_ready = branch_ready and hubclient.classify(e) != hubclient.NOT_FOUND
+                    branch_ready = branch_ready and hubclient.error_kind(e) != hubclient.NOT_FOUND
                     self._dirty = True
                     interval = min(max(interval * 2, spec.poll_s), spec.max_backoff_s)
                     earliest = time.monotonic() + interval
@@ -140,7 +140,7 @@ class Reporter:
             log.info("fleet report: the Hub takes %s again after %.1f s", self.where, down)
 
     def _failed(self, e: BaseException, interval: float) -> None:
-        kind = hubclient.classify(e)
+        kind = hubclient.error_kind(e)
         why = redact(hubclient.describe(e), self.secrets())
         with self._lock:
             first = hubclient.outage_counted(self._status, kind, why, interval)

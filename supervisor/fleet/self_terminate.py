@@ -7,7 +7,7 @@ FAILED for good: /status stays readable for `terminate_grace_s`, then the pod is
 through RunPod's REST API v2, `DELETE /v2/pods/{RUNPOD_POD_ID}`. Terminate, never stop: a stopped
 pod's volume bills at twice the running rate and pins the pod to its host (shared/seed/FINDINGS.md).
 
-    handle = runpod_self.arm(cfg.runpod, env, failure="config_rejected: hardware ...", on_event=rec.event)
+    handle = self_terminate.arm(cfg.runpod, env, failure="config_rejected: hardware ...", on_event=rec.event)
     ...
     handle.cancel()     # it recovered (a published config serves), or it was told to stop
 

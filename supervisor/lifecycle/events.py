@@ -75,12 +75,17 @@ class SelftestDone(NamedTuple):
 
 class EngineDown(NamedTuple):
     """The engine of launch `token` is gone or unusable: it exited on its own, stalled (and was
-    stopped), or never started. `recalibrated`: a balanced rung re-planned its split from the
-    OOM's shortfall lines and may try again."""
+    stopped), or never started."""
     token: int
     failure: Failure
     started: bool = True
-    recalibrated: bool = False
+
+
+class Calibrated(NamedTuple):
+    """A balanced rung's split was re-planned from its OOM's shortfall lines (`ok`), or could not
+    be (no shortfall line, no rounds left): the answer to Calibrate."""
+    token: int
+    ok: bool
 
 
 class CandidateChecked(NamedTuple):
@@ -95,7 +100,7 @@ class Tick(NamedTuple):
 
 
 Event = (Signal | Prepared | ModelReady | LaunchChecked | BarrierDone | Launched | HealthDone | SelftestDone
-         | EngineDown | CandidateChecked | Tick)
+         | EngineDown | Calibrated | CandidateChecked | Tick)
 
 
 # -- effects: what the machine asks the loop to do ------------------------------------------------
@@ -148,6 +153,14 @@ class StopEngine(NamedTuple):
     loop classifies what it printed as a stall and answers with EngineDown; else it is quiet."""
     token: int
     stall_reason: str | None = None
+
+
+class Calibrate(NamedTuple):
+    """Re-plan balanced rung `rung`'s split from `failure`'s shortfall lines (ladder/balanced.py);
+    the loop answers with Calibrated(token, ok)."""
+    token: int
+    rung: str
+    failure: Failure
 
 
 class CancelTask(NamedTuple):
@@ -203,8 +216,8 @@ class Shutdown(NamedTuple):
 
 
 Effect = (Enter | Prepare | Fetch | CheckLaunch | Barrier | Launch | WaitHealthy | RunSelftest | StopEngine
-          | CancelTask | ForwardSignal | RecordFailure | RecordRestart | RecordReload | ShowConfig | MarkGood | Serving | Failed
-          | Shutdown)
+          | Calibrate | CancelTask | ForwardSignal | RecordFailure | RecordRestart | RecordReload | ShowConfig
+          | MarkGood | Serving | Failed | Shutdown)
 
 
 @dataclass

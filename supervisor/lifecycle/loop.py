@@ -1,16 +1,26 @@
 """The lifecycle loop: wait for an event, let the machine decide, run the effects.
 
     signal / child exit / task answer / published config / timer
-        -> Machine.step (supervisor/lifecycle/machine.py: pure; the decisions live in policy.py and reload.py)
+        -> Machine.step (machine.py: pure; the decisions live in policy.py and reload/decide.py)
         -> effects: state transitions, checks, launches, stops, tasks started beside the loop
 
 One thread (the main one) owns the engine process and the state; downloads, health waits,
-selftests and the reclaim barrier run as tasks (supervisor/lifecycle/tasks.py) and answer with events, so
-the loop keeps watching the engine while they run. Where things live:
+selftests and the reclaim barrier run as tasks (tasks.py) and answer with events, so the loop
+keeps watching the engine while they run. Each effect has its handler here (`_do_<Effect>`), which
+calls the part that does the work, given what it needs and never the loop:
 
-    preflight.py  what must hold before a config runs      launch.py  checks, start, why it went down
-    ladder.py     rung memory and the reclaim barrier      selftest/stage.py  the SELFTEST stage
-    reload.py     published configs: decide, the book      fetch.py   the model into the volume
+    preflight.py              what must hold before a config runs; where the walk starts
+    model/fetching.py         the model into the volume (Fetch)
+    engines/launch.py         a rung's checks, its start, why it went down (one classify call)
+    ladder/reclaim.py         the barrier between rungs (Barrier)
+    ladder/balanced.py        a balanced rung's split re-planned after an OOM (Calibrate)
+    engines/health.py         the health wait (WaitHealthy)
+    selftest/stage.py         the SELFTEST stage (RunSelftest)
+    reload/tracker.py         the reload book: boot from last good, record a decision, mark good
+    host/residency.py         how much of a serving model stayed in host RAM (Serving)
+    fleet/self_terminate.py   a pod that can never serve terminates itself (Failed)
+    peripherals.py            status page, TCP relay, config watcher, fleet reporter: started at
+                              the loop's first idle moment (P1), wired with callbacks
 """
 
 from __future__ import annotations
@@ -34,7 +44,12 @@ from ..process import leftovers
 from ..config import DeployConfig
 from ..errors import KilnError
 from ..failure import Failure, FailureClass
-from ..ladder.memory import LadderMemory, reclaim
+from ..ladder.memory import LadderMemory
+from ..ladder.reclaim import reclaim
+from ..host import residency
+from ..model.fetching import fetch_model
+from ..reload.book import ReloadBook
+from ..reload.tracker import ReloadTracker
 from .machine import Machine
 from ..process.pid1 import SignalRelay, become_subreaper, exit_code_for, reap_orphans
 from .policy import EXIT_NOTHING_SERVED
@@ -97,8 +112,10 @@ class Supervisor:
         self.last_exit_at: float | None = None      # when the last failed engine exited (rung switch time)
         self.machine: Machine | None = None
         self.exit_code: int | None = None
-        self.services: Any = None                   # supervisor/lifecycle/services.py, started once the engine is on its way
-        self.model_records: dict[str, dict[str, Any]] = {}
+        self.reloads = ReloadTracker(ReloadBook(self.state_dir / "reload"), self.rec, self.rt.secrets)
+        self.peripherals: Any = None                # lifecycle/peripherals.py, started once the engine is on its way
+        self.terminator: Any = None                 # fleet/self_terminate.py Termination, while FAILED with it on
+        self.model_records: dict[str, dict[str, Any]] = {}   # model path -> its /status record, shown once it serves
 
     # -- the loop ----------------------------------------------------------------------------------
     def run(self) -> int:
@@ -113,9 +130,7 @@ class Supervisor:
         if self.opts.status:        # a busy status port is one clear line before anything starts
             from ..status.listen import STATUS_PORT_FIX, check_free
             check_free("status.port", self.boot_cfg.status.host, self.boot_cfg.status.port, STATUS_PORT_FIX)
-        from .services import Services
-        self.services = Services(self)
-        live = self.services.boot_live(self.boot_cfg)
+        live = self.reloads.boot_live(self.boot_cfg, self.rt.env)
         self.machine = Machine(live, exit_on_failure=self.opts.exit_on_failure)
         try:
             self._apply(self.machine.start())
@@ -127,7 +142,7 @@ class Supervisor:
                 try:
                     ev = self.inbox.get(timeout=self._timeout())
                 except queue.Empty:
-                    if not self.services.started:
+                    if self.peripherals is None:
                         continue
                     ev = E.Tick()
                 if isinstance(ev, _Wake):
@@ -143,8 +158,8 @@ class Supervisor:
                     if ev is None:
                         continue
                 self._step(ev)
-                if not self.services.started and self.inbox.empty():
-                    self.services.start()           # the engine is on its way: now the status page and the rest
+                if self.peripherals is None and self.inbox.empty():
+                    self._start_peripherals()       # the engine is on its way: now the status page and the rest
         except KilnError as e:
             log.error("%s", e)
             self.exit_code = EXIT_USAGE
@@ -153,15 +168,40 @@ class Supervisor:
             for eng in list(self.engines.values()):
                 eng.proc.stop(self.boot_cfg.health.stop_grace_s)
             REGISTRY.stop_all(1.0)
-            failed = self.opts.exit_on_failure and self.machine is not None and self.machine.last_failure is not None \
-                and self.rec.state == State.STOPPED and self.services.terminator is not None
-            self.services.stop(failed_for_good=failed)
+            self._stop_terminator()
+            if self.peripherals is not None:
+                self.peripherals.stop()
         return self.exit_code
+
+    def _start_peripherals(self) -> None:
+        from .peripherals import Peripherals, Wiring
+
+        boot = self.boot_cfg
+
+        def engine_port() -> int:
+            return self.machine.live.cfg.server.port if self.machine else boot.server.port
+
+        self.peripherals = Peripherals(boot, Wiring(
+            snapshot=self.rec.snapshot, wake=lambda: self.inbox.put(E.Tick()), engine_port=engine_port,
+            secrets=lambda: list(self.rt.secrets), seen=self.reloads.book.seen, warn=self.rt.warn,
+            env=self.rt.env, hub_token=self.rt.hub_token, status=self.opts.status))
+        self.peripherals.start()
+
+    def _stop_terminator(self) -> None:
+        """Leaving FAILED for good on exit_on_failure: let the pod go first. Any other exit: keep it."""
+        if self.terminator is None:
+            return
+        failed_for_good = self.opts.exit_on_failure and self.machine is not None \
+            and self.machine.last_failure is not None and self.rec.state == State.STOPPED
+        if failed_for_good:
+            self.terminator.wait(self.terminator.grace_s + 60.0)
+        else:
+            self.terminator.cancel()
 
     def _timeout(self) -> float:
         deadline = self.machine.next_deadline() if self.machine else None
         if deadline is None:
-            return _IDLE_WAKE_S if self.services.started else 0.05
+            return _IDLE_WAKE_S if self.peripherals is not None else 0.05
         return max(0.0, min(deadline - time.monotonic(), _IDLE_WAKE_S))
 
     def _step(self, ev: Any) -> None:
@@ -181,11 +221,12 @@ class Supervisor:
 
     def _offer_candidate(self) -> None:
         """A published config the watcher found, validated while the server keeps serving."""
-        if self.machine is None or not self.machine.accepts_candidates() or self.services is None:
+        if self.machine is None or not self.machine.accepts_candidates() or self.peripherals is None:
             return
-        checked = self.services.take_candidate(self.machine.live)
-        if checked is not None:
-            self._step(checked)
+        cand = self.peripherals.take_candidate()
+        if cand is not None:
+            self._step(self.reloads.check(cand, self.machine.live, env=self.rt.env,
+                                          hw=self.rt.hw or self.rt.hardware_probe()))
 
     def _exited(self, token: int) -> E.EngineDown | None:
         eng = self.engines.get(token)
@@ -200,15 +241,7 @@ class Supervisor:
             from ..selftest.stage import crashed_record
             crashed_record(self.rt, rung, rc)
         del self.engines[token]
-        recalibrated = False
-        if rung.placement == "balanced" and failure.failure_class == FailureClass.OOM:
-            bal = self.rt.balancers.get(rung.name)
-            recalibrated = bal is not None and bal.calibrate(failure.tail) is not None
-            if recalibrated:
-                self.rec.update(placement={"rung": rung.name, "rounds": bal.history})
-                self.rec.event("calibrate", f"{rung.name}: new budgets {bal.budgets} MiB after "
-                                            f"{bal.history[-1]['shortfall_mib']}")
-        return E.EngineDown(token, failure, recalibrated=recalibrated)
+        return E.EngineDown(token, failure)
 
     # -- effects -----------------------------------------------------------------------------------
     def _apply(self, effects: list[E.Effect]) -> None:
@@ -218,11 +251,15 @@ class Supervisor:
     def _do_Enter(self, fx: E.Enter) -> None:
         self.rec.transition(fx.state, fx.detail)
         log.info("state %s%s", fx.state.value, f": {fx.detail}" if fx.detail else "")
-        if self.services is not None:
-            self.services.state_changed(fx.state)
+        if self.peripherals is not None:
+            self.peripherals.state_changed(fx.state)
 
     def _do_ShowConfig(self, fx: E.ShowConfig) -> None:
-        self.services.show_config(fx.live)
+        live, o = fx.live, fx.live.origin
+        self.rec.update(config={"hash": live.cfg.hash, "source": live.cfg.source, "from": o.channel,
+                                "origin": o.where, "revision": o.revision, "since": round(time.time(), 3)})
+        log.info("config live: hash %s from %s%s", live.cfg.hash[:12], o.where,
+                 f" at revision {o.revision}" if o.revision else "")
 
     def _do_Prepare(self, fx: E.Prepare) -> None:
         if fx.probe:
@@ -231,7 +268,14 @@ class Supervisor:
         self.inbox.put(E.Prepared(fx.token, failure, first))
 
     def _do_Fetch(self, fx: E.Fetch) -> None:
-        self.services.fetch(fx.token, fx.live, candidate=fx.candidate)
+        def on_record(key: str, path: Path, record: dict[str, Any]) -> None:
+            self.model_records[str(path)] = record
+            self.rec.update(**{key: record})
+
+        fetch_model(fx.token, fx.live.cfg, candidate=fx.candidate, tasks=self.tasks, env=self.rt.env,
+                    hub_token=self.rt.hub_token, secrets=self.rt.secrets, post=self.inbox.put,
+                    show=lambda key, record: self.rec.update(**{key: record}), on_record=on_record,
+                    warn=self.rt.warn)
 
     def _do_CheckLaunch(self, fx: E.CheckLaunch) -> None:
         self.inbox.put(E.LaunchChecked(fx.token, launch.check(self.rt, fx.live, fx.index)))
@@ -319,6 +363,16 @@ class Supervisor:
             self.inbox.put(E.EngineDown(fx.token, failure))
         del rc
 
+    def _do_Calibrate(self, fx: E.Calibrate) -> None:
+        """The balanced rung's split re-planned from the OOM's shortfall lines (ladder/balanced.py)."""
+        bal = self.rt.balancers.get(fx.rung)
+        ok = bal is not None and bal.calibrate(fx.failure.tail) is not None
+        if ok:
+            self.rec.update(placement={"rung": fx.rung, "rounds": bal.history})
+            self.rec.event("calibrate", f"{fx.rung}: new budgets {bal.budgets} MiB after "
+                                        f"{bal.history[-1]['shortfall_mib']}")
+        self.inbox.put(E.Calibrated(fx.token, ok))
+
     def _do_CancelTask(self, fx: E.CancelTask) -> None:
         self.tasks.cancel(fx.token)
 
@@ -334,16 +388,47 @@ class Supervisor:
         log.info("restarting rung %s in %.2f s", fx.rung, fx.delay_s)
 
     def _do_RecordReload(self, fx: E.RecordReload) -> None:
-        self.services.record_reload(fx)
+        self.reloads.record(fx, live_hash=self.machine.live.cfg.hash if self.machine else "")
+        if self.peripherals is not None:          # the verdict goes to the fleet record
+            self.peripherals.report()
 
     def _do_MarkGood(self, fx: E.MarkGood) -> None:
-        self.services.mark_good(fx.live)
+        self.reloads.mark_good(fx.live)
 
     def _do_Serving(self, fx: E.Serving) -> None:
-        self.services.serving(fx.index)
+        """Before /ready says 200: the winning rung remembered, the timings, the placement estimate."""
+        assert self.machine is not None
+        live = self.machine.live
+        preflight.remember(self.rt, live.cfg, self.memory, live.cfg.ladder.rungs[fx.index].name)
+        if "boot_to_ready_s" not in self.rec.snapshot()["timings"]:
+            self.rt.timing(boot_to_ready_s=time.monotonic() - self.rec.boot_monotonic)
+        if self.terminator is not None:            # a published config brought it back: keep the pod
+            self.terminator.cancel()
+            self.rec.update(runpod_terminate=self.terminator.to_dict())
+            self.terminator = None
+        record = self.model_records.get(str(live.model_path))
+        if record is not None:
+            self.rec.update(model=record, model_candidate=None)
+        estimate, warning = residency.estimate(live.cfg, live.model_path, self.rt.hw,
+                                               gpu_used=self.rt.gpu_used_visible, baseline_mib=self.rt.baseline_mib)
+        if estimate is not None:
+            self.rec.update(placement_estimate=estimate)
+        if warning:
+            self.rt.warn(warning)
 
     def _do_Failed(self, fx: E.Failed) -> None:
-        self.services.failed(fx.failure)
+        """FAILED: nothing retries it but a published config. On RunPod, with [runpod]
+        terminate_on_terminal_failure, the pod is terminated after a grace (fleet/self_terminate.py)."""
+        failure = fx.failure
+        why = f"{failure.failure_class.value}: {self.rt.secrets.redact(failure.reason)}" if failure else "unknown"
+        log.error("FAILED: %s", why)
+        spec = self.machine.live.cfg.runpod if self.machine else self.boot_cfg.runpod
+        if self.terminator is None and spec.terminate_on_terminal_failure:
+            from ..fleet import self_terminate
+
+            self.terminator = self_terminate.arm(spec, self.rt.env, failure=why, on_event=self.rec.event)
+            if self.terminator is not None:
+                self.rec.update(runpod_terminate=self.terminator.to_dict())
 
     def _do_Shutdown(self, fx: E.Shutdown) -> None:
         self.tasks.cancel_all()

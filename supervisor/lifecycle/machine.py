@@ -2,6 +2,7 @@
 
     PREFLIGHT -> FETCH -> LAUNCHING(rung) -> LOADING -> HEALTHY -> [SELFTEST] -> SERVING
     a rung fails: policy.next_rung -> the next rung (after the reclaim barrier), or FAILED
+      (a balanced rung out of memory re-plans its split first: Calibrate -> Calibrated -> the same rung)
     SERVING, the engine dies: policy.after_crash -> RESTARTING (backoff) -> the same rung; crash loop -> FAILED
     SERVING or FAILED, a published config: reload.decide -> rejected (server untouched) | unchanged
       | its model fetched beside the serving engine -> RELOADING -> the ladder with it -> SERVING
@@ -26,6 +27,8 @@ from ..reload import decide as reload
 from .events import (
     Barrier,
     BarrierDone,
+    Calibrate,
+    Calibrated,
     CancelTask,
     CandidateChecked,
     CheckLaunch,
@@ -103,6 +106,7 @@ class Machine:
         self.last_failure: Failure | None = None
         self.last_rc: int | None = None
         self.reload_cause: Failure | None = None   # why the published config failed (told by a rollback)
+        self.calibrating: EngineDown | None = None  # the balanced rung's OOM, while its split is re-planned
         self.done = False
 
     # -- plumbing ------------------------------------------------------------------------------
@@ -273,12 +277,27 @@ class Machine:
         if ev.token != self.engine and not self._is("launch", ev.token):
             return                                 # an engine we already stopped, or never started
         self.engine = None
+        assert self.rung is not None
+        rung = self.live.cfg.ladder.rungs[self.rung]
+        calibrate = policy.calibrates(rung, ev.failure)
         if self.state == S.SERVING:
+            if calibrate:                          # the restart relaunches with the re-planned split
+                fx(Calibrate(ev.token, rung.name, ev.failure))
             self._crashed(fx, ev.failure, now)
             return
         if self.waiting in (("health", ev.token), ("selftest", ev.token)):
             fx(CancelTask(ev.token))               # died under the health wait or the selftest: a crash like any other
-        self._rung_failed(fx, ev.failure, now, started=ev.started, recalibrated=ev.recalibrated)
+        if calibrate:                              # whether the rung tries again depends on the new split
+            self.waiting, self.calibrating = ("calibrate", ev.token), ev
+            fx(Calibrate(ev.token, rung.name, ev.failure))
+            return
+        self._rung_failed(fx, ev.failure, now, started=ev.started)
+
+    def _on_Calibrated(self, ev: Calibrated, now: float, fx: Effects) -> None:
+        if not self._is("calibrate", ev.token) or self.calibrating is None:
+            return                                 # a serving crash's re-plan: the restart did not wait for it
+        down, self.calibrating = self.calibrating, None
+        self._rung_failed(fx, down.failure, now, started=down.started, recalibrated=ev.ok)
 
     def _rung_failed(self, fx: Effects, failure: Failure, now: float, *, started: bool,
                      recalibrated: bool = False) -> None:

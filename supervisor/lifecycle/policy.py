@@ -1,6 +1,7 @@
 """The supervisor's decisions, as pure functions: no I/O, no clock of their own, no state.
 
     where the ladder falls through     next_rung()
+    whether a rung re-plans first      calibrates()   (a balanced split after an OOM)
     whether a failure is ever retried  TERMINAL, is_terminal()
     where a restart is decided         after_crash(), backoff_after_uptime()
     what the supervisor exits with     failed_exit_code(), exit_code_for()
@@ -12,11 +13,11 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from ..config import LadderSpec, RestartSpec
+from ..config import LadderSpec, RestartSpec, Rung
 from ..failure import Failure, FailureClass
 from ..process.pid1 import exit_code_for
 
-__all__ = ["TERMINAL", "is_terminal", "next_rung", "Restart", "CrashLoop", "GiveUp", "after_crash",
+__all__ = ["TERMINAL", "is_terminal", "next_rung", "calibrates", "Restart", "CrashLoop", "GiveUp", "after_crash",
            "backoff_after_uptime", "failed_exit_code", "exit_code_for", "EXIT_NOTHING_SERVED"]
 
 EXIT_NOTHING_SERVED = 3   # FAILED before any server ran (config, hardware, driver, model, fetch)
@@ -34,11 +35,17 @@ def is_terminal(failure: Failure | None) -> bool:
     return failure is not None and failure.failure_class in TERMINAL
 
 
+def calibrates(rung: Rung, failure: Failure) -> bool:
+    """Whether the split of the rung that just failed is re-planned before anything else is decided:
+    a balanced rung out of memory (its engine printed how much each card lacked)."""
+    return rung.placement == "balanced" and failure.failure_class == FailureClass.OOM
+
+
 def next_rung(ladder: LadderSpec, index: int, failure: Failure, *, recalibrated: bool = False) -> int | None:
     """The rung to try after rung `index` failed, or None when the walk is over.
 
-    A balanced rung that re-planned its split from an OOM's shortfall lines tries again; any
-    other failure falls through to the next rung when its class is in `ladder.fall_through`."""
+    A balanced rung that re-planned its split from an OOM's shortfall lines (`recalibrated`) tries
+    again; any other failure falls through to the next rung when its class is in `ladder.fall_through`."""
     if recalibrated:
         return index
     if failure.failure_class in ladder.fall_through and index + 1 < len(ladder.rungs):

@@ -19,7 +19,7 @@ from pathlib import Path
 
 from ..engines import apikey
 from ..host import cuda, hardware
-from .. import engines
+from ..engines import registry as engines
 from ..config import DeployConfig
 from ..errors import ConfigError
 from ..failure import Failure, FailureClass

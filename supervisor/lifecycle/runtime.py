@@ -39,7 +39,7 @@ class Runtime:
     snapshot: FlagSnapshot | None = None
     api_key: str | None = None
     key_file: Path | None = None
-    balancers: dict[str, Any] = field(default_factory=dict)   # rung name -> placement.Balancer
+    balancers: dict[str, Any] = field(default_factory=dict)   # rung name -> ladder/balanced.py Balancer
     hub_token: str | None = None
 
     @property

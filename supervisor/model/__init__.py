@@ -1,1 +1,11 @@
-"""(the map of this package is written in the next commit)"""
+"""The model: where the file the engine loads comes from, and whether this engine can load it.
+
+    resolve.py      a local path (model.entry may glob a shard), or the file inside a fetched snapshot
+    fetching.py     the loop's Fetch effect: local at once, or fetched in a task -> ModelReady
+    fetch/          hf:// sources into the volume's cache, in a child process (its __init__ maps it)
+    gguf_layout.py  a GGUF file's header: tensors, bytes per layer, hyper-parameters
+    check.py        model preflight: refuse before launch a GGUF this engine build would refuse
+                    (architecture, required keys, tensor names and types); `check-model`
+
+Kept free of imports.
+"""

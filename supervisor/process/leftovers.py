@@ -5,7 +5,7 @@ A SIGKILLed supervisor cannot stop its children, and a child in its own session 
 is) does not die with it: the engine kept its port and the next supervisor took it for its own
 engine; a fetch child went on downloading unsupervised. Two guards:
 
-  * children get a parent-death signal where the platform has one (process.py, through
+  * children get a parent-death signal where the platform has one (managed.py, through
     util-linux's `setpriv --pdeathsig KILL`), so the kernel ends them with the supervisor;
   * this journal, `<state_dir>/run/children.json`: pid, start time and command line of each child.
     At boot, a recorded process still alive is ended only when its start time and command line
@@ -28,7 +28,7 @@ JOURNAL = "children.json"
 _TIME_SLACK_S = 0.05          # psutil's create_time is rounded to the clock tick
 
 
-class Journal:
+class ChildrenJournal:
     """The children this supervisor runs, written atomically on every change."""
 
     def __init__(self, run_dir: Path):

@@ -25,7 +25,7 @@ from collections.abc import Callable, Iterable, Mapping, Sequence
 from pathlib import Path
 import psutil
 
-from .leftovers import Journal
+from .leftovers import ChildrenJournal
 from .logfile import RotatingFile
 from ..redact import ordered
 from ..redact import redact as redact_text
@@ -448,12 +448,12 @@ class ProcessRegistry:
     def __init__(self) -> None:
         self._lock = threading.Lock()
         self._procs: list[ManagedProcess] = []
-        self._journal: Journal | None = None
+        self._journal: ChildrenJournal | None = None
         self._roles: dict[int, str] = {}
 
     def journal_to(self, run_dir: Path) -> None:
         """Record every child started from now on in run_dir (supervisor/process/leftovers.py)."""
-        self._journal = Journal(run_dir)
+        self._journal = ChildrenJournal(run_dir)
 
     def track(self, p: ManagedProcess, role: str = "child", argv: Sequence[str] = ()) -> None:
         with self._lock:

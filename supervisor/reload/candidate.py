@@ -26,7 +26,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable, Mapping
 
-from .. import engines
+from ..engines import registry as engines
 from ..host import hardware
 from ..config import BOM, DeployConfig, cross_problems, parse_config
 from ..errors import ConfigError, FetchError
@@ -59,7 +59,7 @@ class Candidate:
 
 
 @dataclass
-class Verdict:
+class CandidateCheck:
     cfg: DeployConfig | None
     problems: list[str] = field(default_factory=list)
     text: str | None = None
@@ -84,12 +84,12 @@ def decode(data: bytes) -> tuple[str | None, list[str]]:
 
 def validate(c: Candidate, *, running: DeployConfig, env: Mapping[str, str], hw: hardware.Hardware | None,
              engine_get: Callable[[str], Any] = engines.get,
-             binary_present: Callable[[str], bool] = engines.binary_present) -> Verdict:
+             binary_present: Callable[[str], bool] = engines.binary_present) -> CandidateCheck:
     if c.error:
-        return Verdict(None, [c.error])
+        return CandidateCheck(None, [c.error])
     text, problems = decode(c.data)
     if text is None:
-        return Verdict(None, problems)
+        return CandidateCheck(None, problems)
     # Boot-only: the supervisor keeps its own; a published config may repeat them, not change them.
     # Named first, and even when the rest does not validate ([runpod] api_url to anywhere but RunPod).
     try:
@@ -99,7 +99,7 @@ def validate(c: Candidate, *, running: DeployConfig, env: Mapping[str, str], hw:
     try:
         cfg = parse_config(text, source=c.describe(), env=env)
     except ConfigError as e:
-        return Verdict(None, problems + [str(p) for p in e.problems], text)
+        return CandidateCheck(None, problems + [str(p) for p in e.problems], text)
     cfg = keep_boot_only(cfg, running)
     # The cross-table checks again, on the config as it will run: a published config that moves
     # server.port onto the running status port passed them against the default [status].
@@ -131,5 +131,5 @@ def validate(c: Candidate, *, running: DeployConfig, env: Mapping[str, str], hw:
     kind, _, ref = cfg.server.api_key.partition(":")
     if kind == "file" and not os.path.isfile(ref):
         problems.append(f"server.api_key: the key file {ref} does not exist")
-    return Verdict(cfg, problems, text)
+    return CandidateCheck(cfg, problems, text)
 

@@ -25,7 +25,7 @@ Two sources, each in its own daemon thread, both feeding one small queue the lif
   candidate's source is `hub-canary`. No canary branch is the normal case, not an error.
 
 A candidate is reported once per new commit or content; which ones were already decided comes
-from the reload book (supervisor/reload/decide.py), so a restart does not report them again. Newer
+from the reload book (supervisor/reload/book.py), so a restart does not report them again. Newer
 candidates from the same source replace an older one not yet taken: only the latest matters.
 """
 
@@ -218,7 +218,7 @@ class Watcher:
             log.info("watch: the Hub answers again after %.1f s", down)
 
     def _hub_down(self, e: BaseException, interval: float) -> None:
-        kind = hubclient.classify(e)
+        kind = hubclient.error_kind(e)
         why = self._redact(hubclient.describe(e))
         with self._lock:
             st = self._status["hub"]
@@ -263,7 +263,7 @@ class Watcher:
         try:
             sha = api.repo_info(spec.repo, revision=self.canary_branch, timeout=timeout).sha
         except Exception as e:  # noqa: BLE001 - sorted below
-            if hubclient.classify(e) == hubclient.NOT_FOUND:
+            if hubclient.error_kind(e) == hubclient.NOT_FOUND:
                 return                              # no rollout was ever made: the normal case
             raise
         if not sha or sha in (self._canary_looked, self._seen.get(fleet.CANARY_SOURCE)):

@@ -14,6 +14,7 @@ requests. One concern per module:
     measure.py     decode tok/s on coherent prose, prefill cold and warm
     report.py      the JSON report, the /status record and the table
     runner.py      one selftest, start to verdict
+    stage.py       SELFTEST as a stage of the lifecycle: a task beside the loop, with a hard deadline
     cli.py         `python -m supervisor selftest --url ...` against any server
 
 Only the lifecycle loop acts on a verdict (SELFTEST -> SERVING, or `selftest_failed`).

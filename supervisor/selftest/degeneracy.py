@@ -62,7 +62,8 @@ UNKNOWN_RATIO_MAX = 0.6        # with a lexicon: share of words it does not know
 
 
 @dataclass(frozen=True)
-class Verdict:
+class Degeneracy:
+    """What check() found in one reply: degenerate or not, why, and the measures that decided."""
     degenerate: bool
     reasons: tuple[str, ...]
     loop_coverage: float        # 0..1 of characters inside back-to-back repeats
@@ -213,7 +214,7 @@ def words(text: str) -> list[str]:
     return _WORD.findall(text)
 
 
-def check(text: str, *, kind: str = "prose", lexicon: Iterable[str] | None = None) -> Verdict:
+def check(text: str, *, kind: str = "prose", lexicon: Iterable[str] | None = None) -> Degeneracy:
     """Judge one reply. kind: "prose" (every signal) or "code" (no non-word ratio: code is
     full of `d.items()`). With a lexicon, words it does not know count as non-words too."""
     ws = words(text)
@@ -237,7 +238,7 @@ def check(text: str, *, kind: str = "prose", lexicon: Iterable[str] | None = Non
     if unknown_ratio > UNKNOWN_RATIO_MAX:
         reasons.append(f"non-words: {unknown_ratio:.0%} of the words are not in the lexicon "
                        f"({_show_list(unknown)})")
-    return Verdict(degenerate=bool(reasons), reasons=tuple(reasons), loop_coverage=loop_cov, loop_unit=unit,
+    return Degeneracy(degenerate=bool(reasons), reasons=tuple(reasons), loop_coverage=loop_cov, loop_unit=unit,
                    ngram_coverage=ngram_cov, symbol_run=sym, nonword_ratio=ratio,
                    nonwords=tuple(dict.fromkeys(bad + unknown))[:8], words=len(ws))
 

@@ -54,7 +54,7 @@ class DecodeSample:
     engine_steps: int | None             # timings.predicted_n - 1
     engine_s: float | None               # timings.predicted_ms / 1000
     metrics: Counters | None             # /metrics delta over this request
-    verdict: degeneracy.Verdict | None
+    verdict: degeneracy.Degeneracy | None
     void: str | None = None
     text: str = ""
 

@@ -53,7 +53,7 @@ WEATHER_TOOL = {
 class Outcome:
     passed: bool
     reason: str
-    verdict: degeneracy.Verdict | None = None
+    verdict: degeneracy.Degeneracy | None = None
 
 
 @dataclass(frozen=True)

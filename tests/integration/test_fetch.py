@@ -26,9 +26,9 @@ import certifi
 import psutil
 import pytest
 
-from supervisor.model import fetch
+from supervisor.model.fetch import parent
 from supervisor.config import parse_config
-from supervisor.errors import FetchError
+from supervisor.errors import Cancelled, FetchError
 from supervisor.model.fetch import child as fetch_child
 from kiln_dev.hub import HubServer, client_env
 from kiln_dev.supervised import wait_for
@@ -58,8 +58,8 @@ name = "a"
 
 
 def run_fetch(cfg, *, env=None, stop=lambda: False, report=lambda e: None):
-    return fetch.fetch(cfg, dict(os.environ) if env is None else env, token=os.environ.get("HF_TOKEN"),
-                       should_stop=stop, sleep=time.sleep, report=report)
+    return parent.fetch(cfg, dict(os.environ) if env is None else env, token=os.environ.get("HF_TOKEN"),
+                        should_stop=stop, sleep=time.sleep, report=report)
 
 
 def fetch_children() -> list[psutil.Process]:
@@ -275,7 +275,7 @@ def start_child(state: Path, env: dict[str, str], *, entry: str = "q4/*.gguf", c
     argv = [sys.executable, "-m", "supervisor.model.fetch", "--repo", REPO, "--cache", str(state / "hf"),
             "--entry", entry, "--allow", "q4/*", "--connections", str(connections), "--segment-mib", str(segment_mib)]
     return subprocess.Popen(argv, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
-                            cwd=Path(fetch.__file__).parents[2])
+                            cwd=Path(parent.__file__).parents[2])
 
 
 def finished_segments(journal: Path) -> set[int]:
@@ -297,7 +297,7 @@ def test_sigkill_at_three_points_then_a_restart_downloads_at_most_the_segments_i
     state = tmp_path / "state"
     journal = blobs_dir(state) / f"{sha256(body)}.incomplete.journal"
     with Throttle(int(hub.url.rsplit(":", 1)[1]), bytes_per_s=1_000_000) as slow:
-        env = fetch.child_env({**os.environ, "HF_ENDPOINT": slow.url}, hub.token)
+        env = parent.child_env({**os.environ, "HF_ENDPOINT": slow.url}, hub.token)
         # 1: before any segment finished; 2: with a third done; 3: with two thirds done.
         for point in (lambda: served(hub) > MIB // 2, lambda: len(finished_segments(journal)) >= 4,
                       lambda: len(finished_segments(journal)) >= 9):
@@ -397,8 +397,8 @@ def test_a_silent_hub_is_stopped_by_the_stall_deadline(tmp_path):
     env = {**os.environ, "HF_ENDPOINT": f"http://127.0.0.1:{hole.getsockname()[1]}"}
     t0 = time.monotonic()
     with pytest.raises(FetchError, match="moved no byte for 1.5 s"):
-        fetch.fetch(cfg_for(tmp_path / "state", stall=1.5), env, token=None, should_stop=lambda: False,
-                    sleep=time.sleep)
+        parent.fetch(cfg_for(tmp_path / "state", stall=1.5), env, token=None, should_stop=lambda: False,
+                     sleep=time.sleep)
     assert time.monotonic() - t0 < 8
     assert not fetch_children()
     hole.close()
@@ -408,7 +408,7 @@ def test_a_stop_request_ends_the_fetch_at_once(hub, quants, tmp_path):
     hub.set_offline(True)
     asked = time.monotonic() + 0.5
     t0 = time.monotonic()
-    with pytest.raises(fetch.Cancelled):
+    with pytest.raises(Cancelled):
         run_fetch(cfg_for(tmp_path / "state"), stop=lambda: time.monotonic() > asked)
     assert time.monotonic() - t0 < 4
     assert not fetch_children()

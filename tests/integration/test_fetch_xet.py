@@ -17,7 +17,7 @@ from pathlib import Path
 
 import pytest
 
-from supervisor.model import fetch
+from supervisor.model.fetch import parent
 from tests.integration.test_fetch import (MIB, REPO, blobs_dir, cfg_for, finished_segments, hub,  # noqa: F401
                                           run_fetch, start_child)
 from kiln_dev.hub import xetcas
@@ -66,7 +66,7 @@ def test_a_killed_xet_download_resumes_from_the_segments_on_disk(hub, mixed, tmp
     xet = mixed["q4/model-00001-of-00002.gguf"]
     journal = blobs_dir(state) / f"{sha(xet)}.incomplete.journal"
     with Throttle(int(hub.url.rsplit(":", 1)[1]), bytes_per_s=500_000) as slow:
-        env = fetch.child_env({**os.environ, "HF_ENDPOINT": slow.url}, hub.token)
+        env = parent.child_env({**os.environ, "HF_ENDPOINT": slow.url}, hub.token)
         proc = start_child(state, env, entry="q4/model-00001-*.gguf", connections=2)
         wait_for(lambda: len(finished_segments(journal)) >= 2, 60, "two Xet segments on disk")
         proc.send_signal(signal.SIGKILL)

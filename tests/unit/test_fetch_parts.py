@@ -10,9 +10,10 @@ import zlib
 
 import pytest
 
-from supervisor.model.fetch import child_env, plan
+from supervisor.model.fetch import plan
 from supervisor.model.fetch.hashing import Meter, Verifier
-from supervisor.model.fetch.journal import Journal
+from supervisor.model.fetch.journal import SegmentJournal
+from supervisor.model.fetch.parent import child_env
 from supervisor.model.fetch.sink import RangeIgnored, Sink
 from kiln_dev.supervised import wait_for
 
@@ -35,26 +36,26 @@ def _partial(tmp_path, size: int):
 
 def test_a_journal_survives_a_torn_last_line_and_keeps_drops(tmp_path):
     part, path = _partial(tmp_path, 10)
-    j = Journal.open(path, "b" * 64, 10, 4, part)
+    j = SegmentJournal.open(path, "b" * 64, 10, 4, part)
     j.finished(0, 0xAB)
     j.finished(2, 0xCD)
     j.dropped(0)
     j.close()
     with path.open("a") as f:
         f.write("1 00ff")                                           # killed mid-line
-    again = Journal.load(path, "b" * 64, 10, part)
+    again = SegmentJournal.load(path, "b" * 64, 10, part)
     assert again is not None and again.done == {2: 0xCD} and again.seg == 4
     assert again.done_bytes() == 2                                   # the short last segment
 
 
 def test_a_journal_for_another_blob_size_or_a_missing_partial_is_not_trusted(tmp_path):
     part, path = _partial(tmp_path, 10)
-    Journal.open(path, "b" * 64, 10, 4, part).finished(1, 7)
-    assert Journal.load(path, "c" * 64, 10, part) is None
-    assert Journal.load(path, "b" * 64, 11, part) is None
+    SegmentJournal.open(path, "b" * 64, 10, 4, part).finished(1, 7)
+    assert SegmentJournal.load(path, "c" * 64, 10, part) is None
+    assert SegmentJournal.load(path, "b" * 64, 11, part) is None
     part.unlink()
-    assert Journal.load(path, "b" * 64, 10, part) is None
-    assert Journal.open(path, "b" * 64, 10, 4, part).done == {}     # a fresh one replaces it
+    assert SegmentJournal.load(path, "b" * 64, 10, part) is None
+    assert SegmentJournal.open(path, "b" * 64, 10, 4, part).done == {}     # a fresh one replaces it
 
 
 def test_a_sink_writes_in_place_and_refuses_bytes_beyond_its_range(tmp_path):
@@ -80,7 +81,7 @@ def test_the_verifier_hashes_in_order_and_sends_back_a_segment_the_disk_lost(tmp
     body = os.urandom(10_000)
     part, path = _partial(tmp_path, len(body))
     blob = hashlib.sha256(body).hexdigest()
-    j = Journal.open(path, blob, len(body), 4096, part)
+    j = SegmentJournal.open(path, blob, len(body), 4096, part)
     fd = os.open(part, os.O_RDWR)
     corrupt: list[int] = []
     result: list[tuple[bool, str]] = []

@@ -3,7 +3,8 @@
 Every transition the machine asks for must be in state.ALLOWED; it never runs two engines at
 once; after TERM nothing of ours runs and it asks to leave exactly once; no event sequence makes
 it raise. The world here is a small model: an engine runs from the Launched event the loop would
-send until the machine stops it or an EngineDown says it died.
+send until the machine stops it or an EngineDown says it died; a Calibrate is asked only for a
+balanced rung out of memory, and the loop answers it with Calibrated.
 """
 
 from __future__ import annotations
@@ -29,6 +30,7 @@ source = "/models/m.gguf"
 fall_through = ["oom", "config_rejected"]
 [[ladder.rungs]]
 name = "big"
+placement = "{placement}"
 [[ladder.rungs]]
 name = "small"
 [restart]
@@ -39,13 +41,14 @@ enabled = {selftest}
 """
 
 
-def live(selftest: bool = True, tag: str = "") -> Live:
-    cfg = parse_config(CONFIG.format(selftest=str(selftest).lower()) + (f"# {tag}\n" if tag else ""), env={})
+def live(selftest: bool = True, tag: str = "", placement: str = "autofit") -> Live:
+    cfg = parse_config(CONFIG.format(selftest=str(selftest).lower(), placement=placement)
+                       + (f"# {tag}\n" if tag else ""), env={})
     return Live(cfg, origin=Origin())
 
 
 def other_live() -> Live:
-    cfg = parse_config(CONFIG.format(selftest="true").replace('"small"', '"tiny"'), env={})
+    cfg = parse_config(CONFIG.format(selftest="true", placement="balanced").replace('"small"', '"tiny"'), env={})
     return Live(cfg, text="published", origin=Origin("local", "/watch/deploy.toml"))
 
 
@@ -58,10 +61,15 @@ class World:
         self.running: set[int] = set()       # engines started and not yet stopped or dead
         self.shutdowns = 0
         self.now = 0.0
+        self.down: E.EngineDown | None = None     # the last EngineDown the machine took
         self.apply(m.start())
 
     def apply(self, effects: list[E.Effect]) -> None:
         for fx in effects:
+            if isinstance(fx, E.Calibrate):
+                rung = next(r for r in self.m.live.cfg.ladder.rungs if r.name == fx.rung)
+                assert rung.placement == "balanced" and fx.failure.failure_class == FailureClass.OOM
+                assert self.down is not None and fx.token == self.down.token and not self.running
             if isinstance(fx, E.Enter):
                 assert fx.state in ALLOWED[self.state], f"{self.state.value} -> {fx.state.value}"
                 self.state = fx.state
@@ -74,13 +82,16 @@ class World:
                 self.running.clear()
         assert self.state == self.m.state
 
-    def send(self, ev: E.Event) -> None:
+    def send(self, ev: E.Event) -> list[E.Effect]:
         if isinstance(ev, E.Launched) and self.m.waiting == ("launch", ev.token):
             self.running.add(ev.token)
-        if isinstance(ev, E.EngineDown) and ev.token in self.running:
+        if isinstance(ev, E.EngineDown):
             self.running.discard(ev.token)
+            self.down = ev
         self.now += 0.5
-        self.apply(self.m.step(ev, self.now))
+        effects = self.m.step(ev, self.now)
+        self.apply(effects)
+        return effects
 
 
 FAIL = st.sampled_from([Failure(c, "x") for c in (FailureClass.OOM, FailureClass.CRASHED,
@@ -119,7 +130,7 @@ def expected(draw, world: World) -> E.Event | None:
         if good:
             return E.HealthDone(token, ready=True)
         return draw(st.sampled_from([E.HealthDone(token, ready=False, stall_reason="quiet"),
-                                     E.EngineDown(token, failure, recalibrated=draw(st.booleans()))]))
+                                     E.EngineDown(token, failure)]))
     if what == "selftest":
         if good:
             return E.SelftestDone(token)
@@ -127,6 +138,8 @@ def expected(draw, world: World) -> E.Event | None:
                                      E.EngineDown(token, failure)]))
     if what == "stop":
         return E.EngineDown(token, Failure(FailureClass.STALLED, "quiet"))
+    if what == "calibrate":
+        return E.Calibrated(token, ok=good)
     return None
 
 
@@ -142,7 +155,8 @@ def event(draw, world: World) -> E.Event:
     token = draw(st.sampled_from(tokens + [m.seq + 7, 1])) if tokens else draw(st.integers(0, m.seq + 3))
     kind = draw(st.sampled_from(["prepared", "prepared_bad", "model", "model_bad", "checked", "checked_bad",
                                  "barrier", "launched", "healthy", "stalled", "selftest_ok", "selftest_bad",
-                                 "down", "down_unstarted", "candidate", "candidate_bad", "tick", "hup"]))
+                                 "down", "down_unstarted", "calibrated", "candidate", "candidate_bad", "tick",
+                                 "hup"]))
     failure = draw(FAIL)
     if kind == "prepared":
         return E.Prepared(token, start=draw(st.integers(0, 1)))
@@ -169,7 +183,9 @@ def event(draw, world: World) -> E.Event:
     if kind == "selftest_bad":
         return E.SelftestDone(token, failure=Failure(FailureClass.SELFTEST_FAILED, "degenerate"))
     if kind == "down":
-        return E.EngineDown(token, failure, recalibrated=draw(st.booleans()))
+        return E.EngineDown(token, failure)
+    if kind == "calibrated":
+        return E.Calibrated(token, ok=draw(st.booleans()))
     if kind == "down_unstarted":
         return E.EngineDown(token, failure, started=False)
     cand = Candidate(source="local", origin="/watch/deploy.toml", data=b"x")
@@ -184,10 +200,11 @@ def event(draw, world: World) -> E.Event:
 
 
 @settings(max_examples=400, deadline=None, suppress_health_check=[HealthCheck.too_slow])
-@given(data=st.data(), selftest=st.booleans(), exit_on_failure=st.booleans())
+@given(data=st.data(), selftest=st.booleans(), exit_on_failure=st.booleans(),
+       placement=st.sampled_from(["autofit", "balanced"]))
 def test_random_event_sequences_keep_every_transition_legal_and_leave_nothing_running(data, selftest,
-                                                                                      exit_on_failure):
-    world = World(Machine(live(selftest), exit_on_failure=exit_on_failure))
+                                                                                      exit_on_failure, placement):
+    world = World(Machine(live(selftest, placement=placement), exit_on_failure=exit_on_failure))
     for _ in range(data.draw(st.integers(1, 60))):
         if world.m.done:
             break
@@ -228,6 +245,59 @@ def test_an_oom_falls_through_to_the_next_rung_after_the_reclaim_barrier():
     assert m.rung == 1 and m.waiting[0] == "check"
     world.send(E.LaunchChecked(m.waiting[1]))
     assert m.waiting[0] == "barrier"          # the OOM'd rung is reclaimed before the next starts
+
+
+def boot_to_launched(world: World) -> int:
+    m = world.m
+    world.send(E.Prepared(m.waiting[1]))
+    world.send(E.ModelReady(m.waiting[1], path=Path("/m.gguf")))
+    world.send(E.LaunchChecked(m.waiting[1]))
+    token = m.waiting[1]
+    world.send(E.Launched(token, pid=1))
+    return token
+
+
+def test_a_balanced_rung_out_of_memory_re_plans_its_split_and_tries_the_same_rung_again():
+    world = World(Machine(live(placement="balanced")))
+    m = world.m
+    token = boot_to_launched(world)
+    effects = world.send(E.EngineDown(token, Failure(FailureClass.OOM, "cudaMalloc", tail=("shortfall",))))
+    assert [x for x in effects if isinstance(x, E.Calibrate)] == [
+        E.Calibrate(token, "big", Failure(FailureClass.OOM, "cudaMalloc", tail=("shortfall",)))]
+    assert m.waiting == ("calibrate", token) and not any(isinstance(x, E.RecordFailure) for x in effects)
+    world.send(E.Calibrated(token, ok=True))
+    assert m.rung == 0 and m.waiting[0] == "check"            # the same rung, with the new split
+    world.send(E.LaunchChecked(m.waiting[1]))
+    assert m.waiting[0] == "barrier"
+
+
+def test_a_balanced_rung_that_cannot_re_plan_falls_through():
+    world = World(Machine(live(placement="balanced")))
+    m = world.m
+    token = boot_to_launched(world)
+    world.send(E.EngineDown(token, Failure(FailureClass.OOM, "cudaMalloc")))
+    world.send(E.Calibrated(token + 1, ok=True))              # stale: changes nothing
+    assert m.waiting == ("calibrate", token)
+    world.send(E.Calibrated(token, ok=False))
+    assert m.rung == 1 and m.waiting[0] == "check"
+
+
+def test_only_a_balanced_rung_out_of_memory_is_re_planned():
+    for placement, failure in (("autofit", FailureClass.OOM), ("balanced", FailureClass.CRASHED)):
+        world = World(Machine(live(placement=placement)))
+        token = boot_to_launched(world)
+        effects = world.send(E.EngineDown(token, Failure(failure, "x")))
+        assert not any(isinstance(x, E.Calibrate) for x in effects)
+
+
+def test_a_serving_balanced_rung_out_of_memory_re_plans_beside_the_restart():
+    world = World(Machine(live(selftest=False, placement="balanced")))
+    m = world.m
+    token = boot_to_serving(world, selftest=False)
+    effects = world.send(E.EngineDown(token, Failure(FailureClass.OOM, "cudaMalloc")))
+    assert any(isinstance(x, E.Calibrate) for x in effects) and m.state == State.RESTARTING
+    assert m.waiting is None                                   # the restart does not wait for the answer
+    assert world.send(E.Calibrated(token, ok=True)) == []
 
 
 def test_a_stale_health_answer_changes_nothing():
@@ -274,7 +344,7 @@ def test_a_candidate_whose_model_downloads_leaves_the_engine_watched_and_a_crash
     token = boot_to_serving(world, selftest=False)
     cand = Candidate(source="local", origin="/w/deploy.toml", data=b"x")
     new = other_live()
-    new = Live(parse_config(CONFIG.format(selftest="false").replace("/models/m.gguf", "/models/other.gguf"),
+    new = Live(parse_config(CONFIG.format(selftest="false", placement="autofit").replace("/models/m.gguf", "/models/other.gguf"),
                             env={}), text="t", origin=Origin("local", "/w/deploy.toml"))
     world.send(E.CandidateChecked(cand, new))
     fetch = m.candidate.fetch

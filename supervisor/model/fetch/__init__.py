@@ -26,12 +26,8 @@ The download runs in a child process (`python -m supervisor.model.fetch`); `fetc
 it and enforces the stall deadline (no byte on any connection for model.fetch_stall_s) and stop
 requests.
 
-Public surface: fetch(cfg, env, *, token, should_stop, sleep, report, secrets, python) ->
-FetchResult, raising FetchError or Cancelled; cache_dir(cfg).
+Public surface: parent.fetch(cfg, env, *, token, should_stop, sleep, report, secrets, python) ->
+FetchResult, raising FetchError or Cancelled (supervisor/errors.py); layout.cache_dir(cfg). The
+loop reaches it through supervisor/model/fetching.py. Kept free of imports: the child process
+(`python -m supervisor.model.fetch`, __main__.py) loads only what it runs.
 """
-
-from ...errors import Cancelled, FetchError
-from .layout import cache_dir
-from .parent import FetchResult, child_env, fetch
-
-__all__ = ["Cancelled", "FetchError", "FetchResult", "cache_dir", "child_env", "fetch"]

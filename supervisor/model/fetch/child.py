@@ -142,13 +142,13 @@ class Child:
         """A transient failure mid-download: True (stop) if a complete cached copy can serve now."""
         if self._cached is None:
             self._cached = layout.cached_snapshot(self.cache, self.repo, self.revision, self.allow)
-            self._why, self._kind = f"downloading: {hubclient.describe(e)}", hubclient.classify(e)
+            self._why, self._kind = f"downloading: {hubclient.describe(e)}", hubclient.error_kind(e)
         return self._cached is not None
 
     # -- endings
 
     def _failed(self, e: BaseException, doing: str) -> int:
-        kind = hubclient.classify(e)
+        kind = hubclient.error_kind(e)
         why = f"{doing}: {hubclient.describe(e)}"
         if kind in hubclient.TRANSIENT:
             cached = layout.cached_snapshot(self.cache, self.repo, self.revision, self.allow)

@@ -34,7 +34,7 @@ from ... import hubclient
 from ...errors import FetchError
 from . import layout
 from .hashing import Meter, Verifier
-from .journal import Journal
+from .journal import SegmentJournal
 from .plan import Planned, segments
 from .sink import RangeIgnored, Sink
 
@@ -42,7 +42,8 @@ MAX_BACKOFF_S = 10.0
 
 
 @dataclass
-class Task:
+class SegmentTask:
+    """One segment of one file, waiting for a worker (or retried after a transient failure)."""
     file: "FileDownload"
     index: int
     sink: Sink | None = None        # kept across a transient failure, so the segment resumes mid-way
@@ -69,7 +70,7 @@ class FileDownload:
         self.complete = False
         self.retried = False            # a digest mismatch gets one fresh download, not more
         self.scheduler: Scheduler | None = None
-        self.journal: Journal | None = None
+        self.journal: SegmentJournal | None = None
         self.verifier: Verifier | None = None
         self.fd: int | None = None
         self._lock_file: Any = None
@@ -78,10 +79,10 @@ class FileDownload:
         """Bytes of this file already on disk and known good or recorded: all (a blob) or the journal's."""
         if self._blob_complete():
             return self.item.size
-        j = Journal.load(self.journal_path, self.item.blob, self.item.size, self.part)
+        j = SegmentJournal.load(self.journal_path, self.item.blob, self.item.size, self.part)
         return j.done_bytes() if j is not None else 0
 
-    def start(self, scheduler: "Scheduler") -> list[Task]:
+    def start(self, scheduler: "Scheduler") -> list[SegmentTask]:
         """Take huggingface_hub's lock for the blob, open the partial; the segments still to fetch."""
         self.scheduler = scheduler
         if self._blob_complete():
@@ -96,9 +97,9 @@ class FileDownload:
             return []
         return self._open()
 
-    def _open(self) -> list[Task]:
+    def _open(self) -> list[SegmentTask]:
         self.blob.parent.mkdir(parents=True, exist_ok=True)
-        journal = Journal.open(self.journal_path, self.item.blob, self.item.size, self.seg, self.part)
+        journal = SegmentJournal.open(self.journal_path, self.item.blob, self.item.size, self.seg, self.part)
         self.fd = os.open(self.part, os.O_RDWR | os.O_CREAT, 0o644)
         if not journal.done and os.fstat(self.fd).st_size != self.item.size:
             # Nothing trusted in it: start over, full length and sparse (segments land in place).
@@ -106,7 +107,7 @@ class FileDownload:
             os.ftruncate(self.fd, self.item.size)
         self.journal, self.seg = journal, journal.seg
         # The missing segments before the verifier starts: it may send a recorded one back at once.
-        missing = [Task(self, i) for i in range(len(segments(self.item.size, self.seg))) if i not in journal.done]
+        missing = [SegmentTask(self, i) for i in range(len(segments(self.item.size, self.seg))) if i not in journal.done]
         self.verifier = Verifier(self.fd, journal, self.meters.hashed, self._corrupt, self._verified, self._broken)
         self.verifier.start()
         return missing
@@ -127,7 +128,7 @@ class FileDownload:
 
     # -- called by the scheduler's workers and the verifier
 
-    def landed(self, task: Task) -> None:
+    def landed(self, task: SegmentTask) -> None:
         """A segment's bytes are all in the partial: flush them, then record it, then hash it."""
         assert self.fd is not None and self.journal is not None and self.verifier is not None and task.sink
         os.fdatasync(self.fd)           # the journal must never claim bytes a crash could lose
@@ -136,7 +137,7 @@ class FileDownload:
 
     def _corrupt(self, index: int) -> None:
         assert self.scheduler is not None
-        self.scheduler.add([Task(self, index)], front=True)
+        self.scheduler.add([SegmentTask(self, index)], front=True)
 
     def _verified(self, ok: bool, actual: str) -> None:
         assert self.scheduler is not None and self.journal is not None and self.fd is not None
@@ -193,7 +194,7 @@ class Scheduler:
         self.on_transient = on_transient     # True: stop (a complete cached copy will serve instead)
         self.note = note
         self.active = 0
-        self._tasks: list[Task] = []
+        self._tasks: list[SegmentTask] = []
         self._open: set[int] = set()
         self._cond = threading.Condition()
         self.error: BaseException | None = None
@@ -218,7 +219,7 @@ class Scheduler:
             for f in files:
                 f.stop()
 
-    def add(self, tasks: list[Task], front: bool = False) -> None:
+    def add(self, tasks: list[SegmentTask], front: bool = False) -> None:
         with self._cond:
             self._tasks = tasks + self._tasks if front else self._tasks + tasks
             self._cond.notify_all()
@@ -234,7 +235,7 @@ class Scheduler:
                 self.error, self.error_kind = error, kind
             self._cond.notify_all()
 
-    def _next(self) -> Task | None:
+    def _next(self) -> SegmentTask | None:
         with self._cond:
             while True:
                 if self.error is not None or self.stopped_for_cache or not self._open:
@@ -257,7 +258,7 @@ class Scheduler:
                 with self._cond:
                     self.active -= 1
 
-    def _fetch(self, task: Task) -> None:
+    def _fetch(self, task: SegmentTask) -> None:
         f = task.file
         if task.sink is None:
             assert f.fd is not None
@@ -274,7 +275,7 @@ class Scheduler:
             raise EOFError(f"{f.item.path}: the transfer ended {task.sink.end - task.sink.next} bytes short")
         f.landed(task)
 
-    def _failed(self, task: Task, e: BaseException) -> None:
+    def _failed(self, task: SegmentTask, e: BaseException) -> None:
         name = task.file.item.path
         if isinstance(e, OSError) and e.errno in (errno.ENOSPC, errno.EDQUOT):
             self.fail(FetchError(f"{name}: the disk filled up under the download ({e.strerror}); "
@@ -293,13 +294,13 @@ class Scheduler:
             self.note(f"{name}: {hubclient.describe(e)}; retrying in {delay:g} s")
             self.add([task], front=True)      # with its bytes so far: it resumes mid-segment
         else:
-            self.fail(e, hubclient.classify(e))
+            self.fail(e, hubclient.error_kind(e))
 
 
 def _transient(e: BaseException) -> bool:
     """Worth trying again: the network, the Hub's 429/5xx, a stream cut short, hf_xet's own failures
     other than a refused token or a missing file."""
-    if hubclient.classify(e) in hubclient.TRANSIENT or isinstance(e, (EOFError, ConnectionError, TimeoutError)):
+    if hubclient.error_kind(e) in hubclient.TRANSIENT or isinstance(e, (EOFError, ConnectionError, TimeoutError)):
         return True
     if type(e).__module__.split(".")[0] == "hf_xet" or "xet" in type(e).__name__.lower():
         return not isinstance(e, (PermissionError, FileNotFoundError))

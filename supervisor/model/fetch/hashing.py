@@ -11,7 +11,7 @@ we were stopped) is dropped and fetched again, alone; the hash state is rewound 
 
 What a final mismatch means: every segment read back as it arrived, so the bytes that arrived
 were wrong. The Hub publishes one sha256 per file, nothing finer, so nothing can say which
-segment was wrong: the whole file is discarded (downloader.py fetches it once more, then gives up
+segment was wrong: the whole file is discarded (download.py fetches it once more, then gives up
 naming the file). That is the finest "only what it must" the Hub's checksums allow.
 
 The hash is the one the Hub names the blob by: sha256 for LFS (and Xet) files, git's blob sha1
@@ -28,7 +28,7 @@ import time
 import zlib
 from typing import Any, Callable
 
-from .journal import Journal
+from .journal import SegmentJournal
 
 READ = 8 << 20
 
@@ -57,7 +57,7 @@ def content_hash(blob: str, size: int) -> Any | None:
 
 
 class Verifier:
-    def __init__(self, fd: int, journal: Journal, hashed: Meter, on_corrupt: Callable[[int], None],
+    def __init__(self, fd: int, journal: SegmentJournal, hashed: Meter, on_corrupt: Callable[[int], None],
                  on_done: Callable[[bool, str], None], on_error: Callable[[BaseException], None]):
         self.fd, self.journal, self.hashed = fd, journal, hashed
         self.on_corrupt, self.on_done, self.on_error = on_corrupt, on_done, on_error

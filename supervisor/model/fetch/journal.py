@@ -25,7 +25,7 @@ from pathlib import Path
 MAGIC = "kiln-journal 1"
 
 
-class Journal:
+class SegmentJournal:
     def __init__(self, path: Path, blob: str, size: int, seg: int, done: dict[int, int]):
         self.path, self.blob, self.size, self.seg = path, blob, size, seg
         self.done = done                     # segment index -> CRC-32 of its bytes as they arrived
@@ -33,7 +33,7 @@ class Journal:
         self._fd: int | None = None
 
     @classmethod
-    def open(cls, path: Path, blob: str, size: int, seg: int, partial: Path) -> "Journal":
+    def open(cls, path: Path, blob: str, size: int, seg: int, partial: Path) -> "SegmentJournal":
         """The journal of this partial if it can be trusted, else a new one (and the caller starts over)."""
         found = cls.load(path, blob, size, partial)
         if found is not None:
@@ -46,7 +46,7 @@ class Journal:
         return journal
 
     @classmethod
-    def load(cls, path: Path, blob: str, size: int, partial: Path) -> "Journal | None":
+    def load(cls, path: Path, blob: str, size: int, partial: Path) -> "SegmentJournal | None":
         """The journal at `path` if it describes this partial, else None."""
         try:
             lines = path.read_text(encoding="ascii", errors="replace").split("\n")
