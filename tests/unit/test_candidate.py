@@ -199,7 +199,7 @@ def test_a_boot_only_value_the_environment_overrides_is_not_a_change(model):
 def test_a_last_good_config_saved_with_another_runpod_table_boots_with_the_images(tmp_path, model):
     # A last good config an older Kiln saved (it took [runpod] from a published config): the boot's
     # [runpod] wins, so a restart never sends the key where that config said.
-    from supervisor.reload.decide import ReloadBook, adopt_last_good
+    from supervisor.reload.book import ReloadBook, adopt_last_good
 
     boot = parse_config(good_text(model) + '\n[watch]\nrepo = "kiln-test/deploy"\n', env={})
     book = ReloadBook(tmp_path / "reload")

@@ -185,7 +185,7 @@ def copy2(src, dst, **kw):
             os.kill(os.getpid(), signal.SIGKILL)
     return real(src, dst, **kw)
 shutil.copy2 = copy2
-from images.cli import main
+from images.cli.app import main
 sys.exit(main(["render", "--out", str(out), *sys.argv[3:]]))
 """
 

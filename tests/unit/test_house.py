@@ -1,0 +1,184 @@
+"""The house keeps its shape: where code lives says where it runs (issue 23, docs/architecture.md).
+
+- no import cycle among Kiln's modules (imports inside functions count; `if TYPE_CHECKING:` ones do not)
+- supervisor/ (what every image carries) imports no other Kiln package
+- images/ (the workstation and CI) takes from supervisor/ only its named contracts (CONTRACTS)
+- product code never imports kiln_dev/ or tests/; benches never import tests/
+- supervisor's package __init__ files import nothing (the `run` path pays only for what the launch needs)
+- at most a dozen modules loose at the top of supervisor/
+"""
+
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[2]
+PACKAGES = ("supervisor", "images", "kiln_dev", "bench", "tests")
+
+# What crosses from the image's package to the workstation's, each for one reason.
+CONTRACTS = {
+    "supervisor": "the version (image tags, labels)",
+    "supervisor.config": "the deploy-config schema a target bakes and publish-config uploads",
+    "supervisor.validate": "one error language for targets and deploy configs",
+    "supervisor.errors": "the exception tree",
+    "supervisor.redact": "the one redaction",
+    "supervisor.fleet.record": "the fleet record: where pods report, staleness, canary assignment",
+    "supervisor.hubclient": "the Hub token and what a Hub error means (publish, rollout, fleet-status)",
+    "supervisor.reload.candidate": "what a published config must pass before it may replace a running one",
+    "supervisor.engines.registry": "the engines' flag lint (publish-config lints before uploading)",
+}
+LOOSE_MAX = 12
+
+
+def _modules() -> dict[str, Path]:
+    mods: dict[str, Path] = {}
+    for pkg in PACKAGES:
+        for f in sorted((ROOT / pkg).rglob("*.py")):
+            parts = list(f.relative_to(ROOT).with_suffix("").parts)
+            if parts[-1] == "__init__":
+                parts = parts[:-1]
+            mods[".".join(parts)] = f
+    return mods
+
+
+MODULES = _modules()
+
+
+def _owner(name: str) -> str | None:
+    while name:
+        if name in MODULES:
+            return name
+        name = name.rpartition(".")[0]
+    return None
+
+
+def _type_checking_nodes(tree: ast.AST) -> set[int]:
+    skip: set[int] = set()
+    for node in ast.walk(tree):
+        if isinstance(node, ast.If) and "TYPE_CHECKING" in ast.unparse(node.test):
+            for stmt in node.body:
+                skip.update(id(n) for n in ast.walk(stmt))
+    return skip
+
+
+def imports_of(name: str) -> set[str]:
+    """Kiln modules `name` imports, anywhere in the file (functions too), TYPE_CHECKING excluded."""
+    f = MODULES[name]
+    tree = ast.parse(f.read_text(encoding="utf-8"))
+    skip = _type_checking_nodes(tree)
+    out: set[str] = set()
+    for node in ast.walk(tree):
+        if id(node) in skip:
+            continue
+        if isinstance(node, ast.Import):
+            out.update(filter(None, (_owner(a.name) for a in node.names)))
+        elif isinstance(node, ast.ImportFrom):
+            if node.level:
+                base = name.split(".") if f.name == "__init__.py" else name.split(".")[:-1]
+                base = base[: len(base) - (node.level - 1)]
+                module = ".".join(base + ([node.module] if node.module else []))
+            else:
+                module = node.module or ""
+            for a in node.names:
+                full = f"{module}.{a.name}"
+                owner = full if full in MODULES else _owner(module)
+                if owner:
+                    out.add(owner)
+    out.discard(name)
+    return out
+
+
+GRAPH = {name: imports_of(name) for name in MODULES}
+
+
+def cycles(graph: dict[str, set[str]]) -> list[list[str]]:
+    index: dict[str, int] = {}
+    low: dict[str, int] = {}
+    stack: list[str] = []
+    on: set[str] = set()
+    found: list[list[str]] = []
+    counter = [0]
+
+    def visit(v: str) -> None:              # Tarjan, iterative enough for a few hundred modules
+        index[v] = low[v] = counter[0]
+        counter[0] += 1
+        stack.append(v)
+        on.add(v)
+        for w in graph.get(v, ()):
+            if w not in index:
+                visit(w)
+                low[v] = min(low[v], low[w])
+            elif w in on:
+                low[v] = min(low[v], index[w])
+        if low[v] == index[v]:
+            comp = []
+            while True:
+                w = stack.pop()
+                on.discard(w)
+                comp.append(w)
+                if w == v:
+                    break
+            if len(comp) > 1:
+                found.append(sorted(comp))
+
+    for v in sorted(graph):
+        if v not in index:
+            visit(v)
+    return found
+
+
+def _top(name: str) -> str:
+    return name.split(".")[0]
+
+
+def test_no_import_cycle_among_kiln_modules():
+    assert cycles(GRAPH) == []
+
+
+def test_the_cycle_finder_finds_a_cycle_hidden_in_a_function():
+    # The check itself can fail: a -> b at module level, b -> a inside a function.
+    assert cycles({"a": {"b"}, "b": {"a"}, "c": {"a"}}) == [["a", "b"]]
+
+
+def test_supervisor_imports_no_other_kiln_package():
+    bad = {name: sorted(i for i in deps if _top(i) != "supervisor")
+           for name, deps in GRAPH.items() if _top(name) == "supervisor"}
+    assert {k: v for k, v in bad.items() if v} == {}
+
+
+def test_the_workstation_takes_only_the_supervisors_contracts():
+    bad = {name: sorted(i for i in deps if _top(i) == "supervisor" and i not in CONTRACTS)
+           for name, deps in GRAPH.items() if _top(name) == "images" or name == "build"}
+    assert {k: v for k, v in bad.items() if v} == {}, "add it to CONTRACTS with its reason, or move it"
+
+
+def test_every_contract_is_used_and_exists():
+    used = {i for name, deps in GRAPH.items() if _top(name) == "images" for i in deps}
+    assert set(CONTRACTS) <= set(MODULES)
+    assert set(CONTRACTS) - used == set(), "a contract nobody uses: drop it from CONTRACTS"
+
+
+def test_product_code_never_imports_development_or_test_code():
+    bad = {name: sorted(i for i in deps if _top(i) in ("kiln_dev", "tests"))
+           for name, deps in GRAPH.items() if _top(name) in ("supervisor", "images")}
+    assert {k: v for k, v in bad.items() if v} == {}
+    bench = {name: sorted(i for i in deps if _top(i) == "tests")
+             for name, deps in GRAPH.items() if _top(name) == "bench"}
+    assert {k: v for k, v in bench.items() if v} == {}
+
+
+@pytest.mark.parametrize("init", sorted(str(p.relative_to(ROOT)) for p in (ROOT / "supervisor").rglob("__init__.py")))
+def test_supervisor_package_inits_import_nothing(init):
+    tree = ast.parse((ROOT / init).read_text(encoding="utf-8"))
+    imports = [ast.unparse(n) for n in tree.body if isinstance(n, (ast.Import, ast.ImportFrom))
+               and not (isinstance(n, ast.ImportFrom) and n.module == "__future__")]
+    assert imports == [], f"{init}: a package __init__ that imports makes every importer pay for it"
+    assert ast.get_docstring(tree), f"{init}: say in its docstring which file holds which step"
+
+
+def test_at_most_a_dozen_modules_loose_at_the_top_of_the_supervisor():
+    loose = sorted(p.name for p in (ROOT / "supervisor").glob("*.py") if p.name not in ("__init__.py", "__main__.py"))
+    assert len(loose) <= LOOSE_MAX, loose
