@@ -1,1 +1,13 @@
-"""(the map of this package is written in the next commit)"""
+"""Pins: every input of a build, resolved and locked, and the CUDA an engine really needs.
+
+    target (images/target.py) ── lock.py      images/lock.toml: base digests, engine commit or sdist/wheel
+                                              sha256, patch sha256s, each with where it came from
+                                 resolve.py   `build.py lock`: registry digests (OCI), git ls-remote, PyPI hashes
+                                 pyclosure.py can the index reach every package a pinned engine wheel needs?
+                                 requirements.py  supervisor/requirements.txt, every wheel hashed (generate)
+    the engine's CUDA ────────── cuda.py      what the target declares vs what its engine is known to need
+                                 cudafloor.py measured from what is installed (libcudart SONAME, torch's CUDA);
+                                              also copied into the image build, where it writes share/kiln/cuda.json
+
+A failed refresh keeps a previously resolved value: an outage never unpins a working build.
+"""
