@@ -142,7 +142,8 @@ class Supervisor:
                 try:
                     ev = self.inbox.get(timeout=self._timeout())
                 except queue.Empty:
-                    if self.peripherals is None:
+                    if self.peripherals is None:    # idle: a wake-up may have taken the moment after a step
+                        self._start_peripherals()
                         continue
                     ev = E.Tick()
                 if isinstance(ev, _Wake):

@@ -66,8 +66,9 @@ class Pod:
         os.replace(tmp, self.dir / "deploy.toml")
 
 
-def decided(sup: Supervised) -> list[dict]:
-    return ((sup.status() or {}).get("reload") or {}).get("history") or []
+def decided(sup: Supervised, status: dict | None = None) -> list[dict]:
+    """The reload decisions /status shows: of `status` when given (one snapshot for every check)."""
+    return (((status if status is not None else sup.status()) or {}).get("reload") or {}).get("history") or []
 
 
 def test_an_engine_killed_while_a_reload_downloads_its_model_is_restarted_at_once(tmp_path, prefix, tiny):
@@ -91,7 +92,7 @@ def test_an_engine_killed_while_a_reload_downloads_its_model_is_restarted_at_onc
                 assert st["failures"].get("crashed") == 1 and st["restarts"] == 1
                 assert decided(sup) == [], "the reload was decided before its model arrived"
                 # The download goes on, and the published config is applied once its model is in.
-                st = wait_for(lambda: (s := sup.status()) and decided(sup) and s["state"] == "SERVING" and s, 60,
+                st = wait_for(lambda: (s := sup.status()) and decided(sup, s) and s["state"] == "SERVING" and s, 60,
                               "the published config applied")
                 assert st["reload"]["last"]["outcome"] == "applied"
                 assert st["model"]["source"] == "hf://kiln-test/big"
@@ -184,7 +185,7 @@ def test_a_config_written_in_place_in_chunks_is_read_once_when_complete(tmp_path
                 f.write(chunk)
                 f.flush()
                 time.sleep(WRITER_PACE_S)
-        st = wait_for(lambda: (s := sup.status()) and decided(sup) and s["state"] == "SERVING" and s, 30,
+        st = wait_for(lambda: (s := sup.status()) and decided(sup, s) and s["state"] == "SERVING" and s, 30,
                       "the complete config decided")
         assert [h["outcome"] for h in decided(sup)] == ["applied"]
         assert "1024" in st["engine"]["argv"] and st["launches"] == 2
