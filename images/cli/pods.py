@@ -83,7 +83,8 @@ def _up_arguments(up: argparse.ArgumentParser) -> None:
 
 
 def _status_arguments(st: argparse.ArgumentParser) -> None:
-    st.add_argument("--target", help="only this target's pods (kiln-<target>-...)")
+    st.add_argument("--target", help="only this target's pods (KILN_TARGET=<target> in their env, or "
+                    "named kiln-<target>-<n>)")
     st.add_argument("--proxy", metavar="PATTERN")
     st.add_argument("--no-probe", action="store_true", help="do not ask each supervisor's /status")
     _common(st)
@@ -99,9 +100,10 @@ def _logs_arguments(lg: argparse.ArgumentParser) -> None:
 
 def _down_arguments(dn: argparse.ArgumentParser) -> None:
     which = dn.add_mutually_exclusive_group(required=True)
-    which.add_argument("--target", help="every pod of this target (kiln-<target>-...)")
+    which.add_argument("--target", help="every pod of this target (KILN_TARGET=<target> in its env, or "
+                       "named kiln-<target>-<n>; never another target's whose name begins the same)")
     which.add_argument("--pod", action="append", metavar="ID", help="this pod (repeatable)")
-    which.add_argument("--all", action="store_true", help="every pod whose name starts with kiln-")
+    which.add_argument("--all", action="store_true", help="every Kiln pod, of any target")
     _common(dn)
 
 
@@ -154,7 +156,7 @@ def cmd_status(args: argparse.Namespace) -> int:
     from ..fleet import probe
 
     api = _api(args)
-    found = pods.kiln_pods(api, pods.pod_prefix(args.target) if args.target else pods.NAME_PREFIX)
+    found = pods.kiln_pods(api, args.target)
     if not found:
         print("no Kiln pods")
         return 0
@@ -167,7 +169,7 @@ def cmd_status(args: argparse.Namespace) -> int:
         line = f"{p.get('name')}  {p.get('id')}  {p.get('status')}  " \
                f"{gpu.get('count', '')}x {gpu.get('id', 'CPU')}  {p.get('dataCenterId') or '-'}  ${cost:.2f}/h"
         if not args.no_probe and p.get("status") == "RUNNING":
-            port = _status_port(str(p.get("name")))
+            port = _status_port(pods.owner(p))
             snap = probe.read_status(pods.proxy_url(str(p["id"]), port, args.proxy), session, timeout=10) \
                 if port else None
             line += "  supervisor: " + (probe.progress_line(snap) if snap else "no answer")
@@ -176,20 +178,17 @@ def cmd_status(args: argparse.Namespace) -> int:
     return 0
 
 
-def _status_port(name: str) -> int | None:
-    """The status port of the target a pod was named after (kiln-<target>-<n>)."""
+def _status_port(target: str | None) -> int | None:
+    """The status port of the target a pod belongs to (pods.owner), when that target is here."""
     from ..target import target_names
 
-    for t in sorted(target_names(), key=len, reverse=True):
-        if name.startswith(pods.pod_prefix(t)):
-            return load_target(t).deploy_config().status.port
-    return None
+    return load_target(target).deploy_config().status.port if target in target_names() else None
 
 
 def cmd_logs(args: argparse.Namespace) -> int:
     api = _api(args)
     pod_id = args.pod
-    named = [p for p in pods.kiln_pods(api, "") if p.get("name") == args.pod]
+    named = [p for p in api.pods() if p.get("name") == args.pod]
     if len(named) == 1:
         pod_id = str(named[0]["id"])
     for event in api.pod_logs(pod_id, tail=args.tail, source=args.source, idle_s=args.idle):
@@ -203,13 +202,12 @@ def cmd_down(args: argparse.Namespace) -> int:
         everything = {str(p.get("id")): p for p in api.pods()}
         chosen = [everything.get(pid, {"id": pid, "name": "?"}) for pid in args.pod]
     else:
-        chosen = pods.kiln_pods(api, pods.pod_prefix(args.target) if args.target else pods.NAME_PREFIX)
+        chosen = pods.kiln_pods(api, args.target)
     if not chosen:
         print("nothing to terminate")
         return 0
     done = pods.terminate(api, chosen, say)
-    left = [p for p in pods.kiln_pods(api, pods.pod_prefix(args.target) if args.target else pods.NAME_PREFIX)
-            if str(p.get("id")) in {str(c["id"]) for c in chosen}]
+    left = [p for p in api.pods() if str(p.get("id")) in {str(c["id"]) for c in chosen}]
     for p in left:
         say(f"pod {p.get('name')} ({p.get('id')}) is still listed ({p.get('status')})")
     print(f"terminated {len(done)} pod(s)")
@@ -242,7 +240,7 @@ COMMANDS = (
             children=(
                 Command("up", "pods from the target's template, once the catalog offers a host its CUDA runs on; "
                         "waits until each supervisor is ready", cmd_up, _up_arguments),
-                Command("status", "Kiln's pods (names kiln-...), what each supervisor says, what they cost",
+                Command("status", "Kiln's pods (or one target's), what each supervisor says, what they cost",
                         cmd_status, _status_arguments),
                 Command("logs", "a pod's log lines (container and system)", cmd_logs, _logs_arguments),
                 Command("down", "terminate pods (never stop: a stopped pod's volume bills double)",

@@ -5,18 +5,23 @@
              created. Then upsert the template, create or reuse the network volume, create the
              missing replicas (kiln-<target>-<n>), and wait on each pod's supervisor through
              RunPod's proxy (/status for progress, /ready for the verdict).
-    status   Kiln's pods (by name prefix), with what each supervisor says and what it costs.
+    status   Kiln's pods (owner(): the target each belongs to), what each supervisor says, what it costs.
     logs     a pod's log lines (RunPod's SSE stream).
     down     terminate (DELETE /v2/pods/{id}), never stop: a stopped pod's volume bills at twice
              the running rate and pins the pod to its host (shared/seed/FINDINGS.md).
 
-Idempotent: a second `up` with the same replicas finds them live and creates nothing; pods are
-named kiln-<target>-<n> so `status` and `down` find them by prefix.
+Idempotent: a second `up` with the same replicas finds them live and creates nothing.
+
+Which pods are a target's (owner): the KILN_TARGET=<target> that `up` puts in each pod's env at
+creation (RunPod's Pod object returns its env: `Pod` requires `env` in the vendored v2 schema);
+a pod without it (made before Kiln set it) by its whole name, kiln-<target>-<n>, n a positive
+integer. Never a name prefix: kiln-a40-llamacpp- also begins every pod of a40-llamacpp-upstream.
 """
 
 from __future__ import annotations
 
 import os
+import re
 import time
 from dataclasses import dataclass, field
 from typing import Any, Callable
@@ -33,6 +38,9 @@ from .cuda import compatible, cuda_floor
 from .template import RunPodTemplate, UpsertResult, upsert
 
 NAME_PREFIX = "kiln-"
+# kiln-<target>-<n>: the target is everything between, so a40-llamacpp-upstream-1 is never a40-llamacpp's
+POD_NAME = re.compile(r"kiln-(?P<target>.+)-(?P<n>[1-9][0-9]*)")
+TARGET_ENV = "KILN_TARGET"      # in each pod's env, set at creation: the target it belongs to
 LIVE = ("PROVISIONING", "STARTING", "RUNNING")
 CLOUDS = ("SECURE", "COMMUNITY")
 # RunPod's HTTP proxy (docs: pods/configuration/expose-ports). $RUNPOD_PROXY_URL replaces it
@@ -46,8 +54,19 @@ class NoMatchingHost(KilnError):
     """RunPod's catalog offers no host the image can run on: nothing was created."""
 
 
-def pod_prefix(target_name: str) -> str:
-    return f"{NAME_PREFIX}{target_name}-"
+def pod_name(target_name: str, n: int) -> str:
+    return f"{NAME_PREFIX}{target_name}-{n}"
+
+
+def owner(pod: dict[str, Any]) -> str | None:
+    """The target a pod belongs to, or None when it is not Kiln's: its env's KILN_TARGET, else
+    (a pod made before Kiln set it) its whole name kiln-<target>-<n>."""
+    env = pod.get("env")
+    marker = env.get(TARGET_ENV) if isinstance(env, dict) else None
+    if isinstance(marker, str) and marker:
+        return marker
+    m = POD_NAME.fullmatch(str(pod.get("name", "")))
+    return m.group("target") if m else None
 
 
 def proxy_url(pod_id: str, port: int, base: str | None = None) -> str:
@@ -181,7 +200,7 @@ def pod_body(req: UpRequest, name: str, template_id: str, volume: volumes.Volume
     data_centers = (volume.data_center,) if volume else p.data_centers
     if data_centers:
         body["dataCenterIds"] = list(data_centers)
-    env: dict[str, str] = {}
+    env: dict[str, str] = {TARGET_ENV: target.name}
     if volume:
         mount = target.runpod.volume_mount
         body["mounts"] = {"network": [{"volumeId": volume.id, "path": mount}]}
@@ -190,13 +209,15 @@ def pod_body(req: UpRequest, name: str, template_id: str, volume: volumes.Volume
         env["KILN_STATE_DIR"] = f"{target.deploy_config().state_dir.rstrip('/')}/pods/{name}"
     if req.terminate_on_failure:
         env["KILN_RUNPOD_TERMINATE_ON_TERMINAL_FAILURE"] = "true"
-    if env:
-        body["env"] = env
+    body["env"] = env
     return body
 
 
-def kiln_pods(api: RunPodAPI, prefix: str = NAME_PREFIX) -> list[dict[str, Any]]:
-    return sorted((p for p in api.pods() if str(p.get("name", "")).startswith(prefix)),
+def kiln_pods(api: RunPodAPI, target: str | None = None, *,
+              listed: list[dict[str, Any]] | None = None) -> list[dict[str, Any]]:
+    """Kiln's pods (each with an owner), or only `target`'s; `listed` is api.pods() when already read."""
+    everything = api.pods() if listed is None else listed
+    return sorted((p for p in everything if (owner(p) == target if target else owner(p) is not None)),
                   key=lambda p: str(p.get("name")))
 
 
@@ -226,8 +247,8 @@ def up(api: RunPodAPI, req: UpRequest, say: Say, session: requests.Session | Non
     tpl = upsert(api, req.template.body)
     say(f"template {tpl.name}: {tpl.action} ({tpl.template_id})")
     vol = _volume_for(api, req, say)
-    prefix = pod_prefix(target.name)
-    existing = kiln_pods(api, prefix)
+    everything = api.pods()
+    existing = kiln_pods(api, target.name, listed=everything)
     live = [p for p in existing if p.get("status") in LIVE]
     for p in existing:
         if p not in live:
@@ -242,14 +263,14 @@ def up(api: RunPodAPI, req: UpRequest, say: Say, session: requests.Session | Non
         extra = ", ".join(str(p.get("id")) for p in live[req.replicas:])
         say(f"{len(live) - req.replicas} live pod(s) beyond --replicas {req.replicas}, left as they are: {extra} "
             "(`down --pod ID` terminates one)")
-    taken = {str(p.get("name")) for p in existing}
+    taken = {str(p.get("name")) for p in everything}     # no two pods of the account share a name
     created: list[str] = []
     index = 0
     for _ in range(req.replicas - len(live)):
         index += 1
-        while f"{prefix}{index}" in taken:
+        while pod_name(target.name, index) in taken:
             index += 1
-        name = f"{prefix}{index}"
+        name = pod_name(target.name, index)
         taken.add(name)
         pod = api.create_pod(pod_body(req, name, tpl.template_id, vol))
         created.append(str(pod["id"]))

@@ -224,3 +224,49 @@ def test_the_old_spelling_python_m_images_pods_still_works_for_one_release_and_n
     assert line == ("python -m images.pods: deprecated spelling (it goes in the next release); use: "
                     f"python build.py pods status --api {bare.url}")
     no_canary(r.stdout, r.stderr)
+
+
+# -- whose pods: a target's own, never another's whose name begins the same (issue 24, item 1) ---------
+SHORT, LONGER = "a40-llamacpp", "a40-llamacpp-upstream"     # kiln-a40-llamacpp- begins both targets' pod names
+
+
+def bare_up(standin: RunPodStandIn, target: str, *args: str) -> subprocess.CompletedProcess:
+    """`pods up` that creates and does not wait (a bare pod runs no supervisor: NOT READY, exit 1)."""
+    extra = ("--allow-floating",) if target == SHORT else ()     # its fork's pins are unresolved
+    r = pods_cli(standin, "up", "--target", target, "--timeout", "0", "--poll", "0.1", *extra, *args)
+    assert r.returncode == 1 and "NOT READY" in r.stdout, r.stdout + r.stderr
+    return r
+
+
+def test_down_status_and_up_of_a_target_never_touch_the_pods_of_a_target_whose_name_begins_the_same(bare):
+    # The reproduction: `down --target a40-llamacpp` matched the name prefix kiln-a40-llamacpp-,
+    # and terminated a40-llamacpp-upstream's pods (their weights with them); `up` counted them.
+    from images.runpod.api import RunPodAPI
+
+    bare_up(bare, LONGER, "--replicas", "2")
+    # A pod made before Kiln put KILN_TARGET in its pods' env: known by its whole name alone.
+    RunPodAPI(ACCOUNT_KEY, bare.url).create_pod({"name": f"kiln-{LONGER}-3", "image": "x", "gpu": {"id": "NVIDIA A40"}})
+    theirs = set(bare.pods)
+    assert len(theirs) == 3
+
+    mine = bare_up(bare, SHORT)
+    assert "already live" not in mine.stderr and "beyond --replicas" not in mine.stderr, mine.stderr
+    (my_id,) = set(bare.pods) - theirs
+    assert bare.pods[my_id]["name"] == f"kiln-{SHORT}-1" and bare.pods[my_id]["env"]["KILN_TARGET"] == SHORT
+    assert {bare.pods[i]["env"].get("KILN_TARGET") for i in theirs} == {LONGER, None}
+
+    status = pods_cli(bare, "status", "--target", SHORT, "--no-probe")
+    assert status.returncode == 0 and my_id in status.stdout and "1 pod(s)" in status.stdout, status.stdout
+    assert not [i for i in theirs if i in status.stdout]
+    everything = pods_cli(bare, "status", "--no-probe")
+    assert "4 pod(s)" in everything.stdout and all(i in everything.stdout for i in theirs | {my_id})
+
+    again = pods_cli(bare, "up", "--target", SHORT, "--allow-floating", "--timeout", "0", "--poll", "0.1")
+    assert "1 pod(s) already live" in again.stderr and set(bare.pods) == theirs | {my_id}, again.stderr
+
+    down = pods_cli(bare, "down", "--target", SHORT)
+    assert down.returncode == 0 and "terminated 1 pod(s)" in down.stdout, down.stdout + down.stderr
+    assert set(bare.pods) == theirs and list(bare.terminated) == [my_id]
+
+    down = pods_cli(bare, "down", "--target", LONGER)
+    assert down.returncode == 0 and "terminated 3 pod(s)" in down.stdout and bare.pods == {}
