@@ -5,6 +5,7 @@
              created. Then upsert the template, create or reuse the network volume, create the
              missing replicas (kiln-<target>-<n>), and wait on each pod's supervisor through
              RunPod's proxy (/status for progress, /ready for the verdict).
+             Interrupted, it says which pods it created and the `down` that removes them (billed_lines).
     status   Kiln's pods (owner(): the target each belongs to), what each supervisor says, what it costs.
     logs     a pod's log lines (RunPod's SSE stream).
     down     terminate (DELETE /v2/pods/{id}), never stop: a stopped pod's volume bills at twice
@@ -174,6 +175,33 @@ class PodReport:
 
 
 @dataclass
+class Made:
+    """What an `up` has created so far, kept as it goes: an interrupted `up` says what bills and how
+    to end it (billed_lines), since nothing else would remember the pods it just rented."""
+    pods: list[tuple[str, str]] = field(default_factory=list)     # (id, name), in creation order
+    creating: str | None = None                                   # a pod whose create request was in flight
+    volume: volumes.Volume | None = None                          # a network volume this `up` created
+
+
+def billed_lines(made: Made, target: str, prog: str = "python build.py") -> list[str]:
+    """What an interrupted `up` created that bills, and the exact commands that remove it."""
+    lines = []
+    if made.pods:
+        lines.append(f"`up` was interrupted after creating {len(made.pods)} pod(s), which bill until terminated: "
+                     + ", ".join(f"{name} ({pid})" for pid, name in made.pods))
+        lines.append("  " + " ".join([prog, "pods", "down", *(f"--pod {pid}" for pid, _ in made.pods)]))
+    if made.creating:
+        lines.append(f"pod {made.creating} was being created when `up` was interrupted: "
+                     f"`{prog} pods status --target {target}` shows whether it exists")
+    if made.volume is not None:
+        lines.append(f"network volume {made.volume.name} ({made.volume.id}) was created and bills while it exists: "
+                     f"`{prog} pods volumes --delete {made.volume.id}` removes it and its data")
+    if not lines:
+        lines.append("`up` was interrupted before it created a pod: nothing of it bills")
+    return lines
+
+
+@dataclass
 class UpResult:
     template: UpsertResult
     created: list[str]
@@ -213,11 +241,9 @@ def pod_body(req: UpRequest, name: str, template_id: str, volume: volumes.Volume
     return body
 
 
-def kiln_pods(api: RunPodAPI, target: str | None = None, *,
-              listed: list[dict[str, Any]] | None = None) -> list[dict[str, Any]]:
-    """Kiln's pods (each with an owner), or only `target`'s; `listed` is api.pods() when already read."""
-    everything = api.pods() if listed is None else listed
-    return sorted((p for p in everything if (owner(p) == target if target else owner(p) is not None)),
+def kiln_pods(listed: list[dict[str, Any]], target: str | None = None) -> list[dict[str, Any]]:
+    """Of the account's pods (api.pods()), Kiln's (each with an owner), or only `target`'s."""
+    return sorted((p for p in listed if (owner(p) == target if target else owner(p) is not None)),
                   key=lambda p: str(p.get("name")))
 
 
@@ -234,7 +260,10 @@ def _volume_for(api: RunPodAPI, req: UpRequest, say: Say) -> volumes.Volume | No
     return vol
 
 
-def up(api: RunPodAPI, req: UpRequest, say: Say, session: requests.Session | None = None) -> UpResult:
+def up(api: RunPodAPI, req: UpRequest, say: Say, session: requests.Session | None = None,
+       made: Made | None = None) -> UpResult:
+    """`made` is filled as pods (and a volume) are created, for a caller interrupted meanwhile."""
+    made = Made() if made is None else made
     target = req.target
     if req.replicas < 1:
         raise KilnError(f"--replicas {req.replicas}: at least 1")
@@ -247,8 +276,10 @@ def up(api: RunPodAPI, req: UpRequest, say: Say, session: requests.Session | Non
     tpl = upsert(api, req.template.body)
     say(f"template {tpl.name}: {tpl.action} ({tpl.template_id})")
     vol = _volume_for(api, req, say)
+    if vol is not None and vol.action == "created":
+        made.volume = vol
     everything = api.pods()
-    existing = kiln_pods(api, target.name, listed=everything)
+    existing = kiln_pods(everything, target.name)
     live = [p for p in existing if p.get("status") in LIVE]
     for p in existing:
         if p not in live:
@@ -272,7 +303,10 @@ def up(api: RunPodAPI, req: UpRequest, say: Say, session: requests.Session | Non
             index += 1
         name = pod_name(target.name, index)
         taken.add(name)
+        made.creating = name
         pod = api.create_pod(pod_body(req, name, tpl.template_id, vol))
+        made.pods.append((str(pod["id"]), name))
+        made.creating = None
         created.append(str(pod["id"]))
         say(f"pod {name}: created ({pod['id']}, {pod.get('status')})")
     if reused:
