@@ -17,7 +17,7 @@ from pathlib import Path
 
 from supervisor.config import ENGINES, DeployConfig, load_config
 from supervisor.errors import ConfigError
-from supervisor.validate import Problem, Reader, nearest, raise_if
+from supervisor.validate import Problem, Reader, nearest, raise_if, read_text
 
 from .paths import IMAGES_DIR, TARGETS_DIR
 
@@ -111,7 +111,7 @@ def load_target(name: str, targets_dir: Path = TARGETS_DIR) -> Target:
         names = sorted(p.stem for p in targets_dir.glob("*.toml"))
         raise ConfigError("target", [Problem("--target", "is not a known target", name,
                                              ", ".join(names))])
-    return parse_target(path.read_text(encoding="utf-8"), path)
+    return parse_target(read_text(path), path)
 
 
 def parse_target(text: str, path: Path) -> Target:

@@ -55,11 +55,18 @@ def http(url: str, *, headers: dict[str, str] | None = None, data: bytes | None 
 
 
 class Supervised:
-    def __init__(self, tmp: Path, config: str, *, env: dict[str, str] | None = None,
-                 args: tuple[str, ...] = ()):
+    """`config` is the file's text (bytes: written as they are, a config that is not UTF-8, say);
+    `status_port` where to watch it, when its [status] table does not say (or the env moves it)."""
+
+    def __init__(self, tmp: Path, config: str | bytes, *, env: dict[str, str] | None = None,
+                 args: tuple[str, ...] = (), status_port: int | None = None):
         self.tmp = tmp
         self.cfg_path = tmp / "deploy.toml"
-        self.cfg_path.write_text(config)
+        if isinstance(config, bytes):
+            self.cfg_path.write_bytes(config)
+            config = config.decode("utf-8", errors="replace")
+        else:
+            self.cfg_path.write_text(config)
         self.log_path = tmp / "supervisor.log"
         full_env = {k: v for k, v in os.environ.items() if not k.startswith("KILN_")}
         full_env.update({"PYTHONPATH": str(REPO_ROOT), "PYTHONUNBUFFERED": "1"})
@@ -70,7 +77,7 @@ class Supervised:
         self.proc = children.spawn([sys.executable, "-m", "supervisor", "run", "--config", str(self.cfg_path), *args],
                                    death_signal=signal.SIGTERM, start_new_session=False,
                                    stdout=self._log, stderr=subprocess.STDOUT, env=full_env, cwd=REPO_ROOT)
-        self.status_port = int(config.split("[status]")[1].split("port =")[1].split()[0])
+        self.status_port = status_port or int(config.split("[status]")[1].split("port =")[1].split()[0])
 
     def url(self, path: str) -> str:
         return f"http://127.0.0.1:{self.status_port}{path}"

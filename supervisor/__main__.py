@@ -11,6 +11,10 @@ or `kiln ...` once installed; images/fleet/). For one release their old spelling
 deprecation line and, from a Kiln checkout, run the new command with the same arguments and exit
 with its status; the image carries no images/ package, so in a pod they say where to run it and exit 2.
 Nothing here imports images/.
+
+`run` with a deploy config that does not validate stays up in FAILED and says why on /status
+(lifecycle/boot_failure.py); `--exit-on-failure` exits 2 instead. No command ends in a traceback:
+an error nothing foresaw is one line on stderr and exit 1 (KILN_TRACEBACK=1 adds the traceback).
 """
 
 from __future__ import annotations
@@ -149,7 +153,7 @@ def forward_workstation(argv: list[str]) -> int:
     return rc if rc >= 0 else 128 - rc
 
 
-def main(argv: list[str] | None = None) -> int:
+def _main(argv: list[str] | None) -> int:
     argv = sys.argv[1:] if argv is None else list(argv)
     if argv and argv[0] in WORKSTATION:
         return forward_workstation(argv)
@@ -176,13 +180,45 @@ def main(argv: list[str] | None = None) -> int:
 
         setup_logging()
         config = getattr(args, "config", os.environ.get("KILN_CONFIG", DEFAULT_CONFIG))
+        exit_on_failure = getattr(args, "exit_on_failure", False)
         try:
             cfg = load_config(config)
         except ConfigError as e:
-            print(e, file=sys.stderr)
-            return EXIT_INVALID
-        return run(cfg, Options(exit_on_failure=getattr(args, "exit_on_failure", False)))
+            if exit_on_failure:         # CI: say it and go
+                print(e, file=sys.stderr)
+                return EXIT_INVALID
+            # PID 1 stays up in FAILED to say why: an exit would restart the container into the same
+            # failure, in a loop that bills (lifecycle/boot_failure.py).
+            from .lifecycle import boot_failure
+            return boot_failure.serve(e, config, os.environ)
+        return run(cfg, Options(exit_on_failure=exit_on_failure))
     return EXIT_INVALID
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Every command's exit status; never a traceback: what is not a KilnError the command handles
+    (a bug) is one line on stderr, the traceback only with KILN_TRACEBACK=1."""
+    try:
+        return _main(argv)
+    except KeyboardInterrupt:
+        print("interrupted", file=sys.stderr)
+        return 130
+    except Exception as e:  # noqa: BLE001 - the last net under every command
+        return _unexpected("python -m supervisor", e)
+
+
+def _unexpected(prog: str, e: BaseException) -> int:
+    """One line for an error nothing foresaw (secrets masked), and exit 1; KILN_TRACEBACK=1 adds the traceback."""
+    import traceback
+
+    from .redact import redact
+
+    secrets = [os.environ.get(k) for k in ("HF_TOKEN", "HUGGING_FACE_HUB_TOKEN", "RUNPOD_API_KEY", "KILN_API_KEY")]
+    if os.environ.get("KILN_TRACEBACK", "") in ("1", "true"):
+        print(redact(traceback.format_exc(), secrets), file=sys.stderr, end="")
+    print(redact(f"{prog}: unexpected {type(e).__name__}: {e} (a bug in Kiln: please report it; "
+                 "KILN_TRACEBACK=1 prints where it happened)", secrets), file=sys.stderr)
+    return 1
 
 
 if __name__ == "__main__":

@@ -11,6 +11,7 @@ published config may repeat those, and one that changes them is rejected by name
 
 from __future__ import annotations
 
+import copy
 import dataclasses
 import hashlib
 import ipaddress
@@ -26,7 +27,7 @@ from typing import Any, Mapping
 from .errors import ConfigError
 from .failure import FailureClass
 from .fleet.record import CANARY_PREFIX, FLEET_BRANCH
-from .validate import Problem, Reader, raise_if
+from .validate import Problem, Reader, raise_if, read_text
 
 ENGINES = ("llamacpp", "vllm")       # the first is the default
 DEFAULT_STATE_DIR = "/workspace/kiln"
@@ -294,11 +295,7 @@ class DeployConfig:
 # ---------------------------------------------------------------------------
 def load_config(path: str | os.PathLike[str], env: Mapping[str, str] | None = None) -> DeployConfig:
     p = Path(path)
-    try:
-        text = p.read_text(encoding="utf-8")
-    except OSError as e:
-        raise ConfigError(str(p), [Problem("(file)", f"cannot be read: {e.strerror}", str(p))]) from None
-    return parse_config(text, source=str(p), env=env)
+    return parse_config(read_text(p), source=str(p), env=env)
 
 
 def parse_config(text: str, *, source: str = "<memory>", env: Mapping[str, str] | None = None) -> DeployConfig:
@@ -316,6 +313,20 @@ def parse_config(text: str, *, source: str = "<memory>", env: Mapping[str, str] 
     raise_if(problems, f"deploy config {source}")
     assert cfg is not None
     return cfg
+
+
+def boot_fallback(data: Any, env: Mapping[str, str]) -> tuple[StatusSpec, SelfTerminateSpec]:
+    """What a boot whose config does not validate can still use (lifecycle/boot_failure.py): [status]
+    and [runpod] as the file (`data`, its TOML when that parsed, else None) and the environment give
+    them, each field where it is valid on its own, its default where not: the FAILED supervisor
+    explains itself on that status port, and terminates its pod when asked to."""
+    tables = {k: copy.deepcopy(v) for k in ("status", "runpod")
+              if isinstance(v := (data if isinstance(data, dict) else {}).get(k), dict)}
+    ignored: list[Problem] = []           # the config's own error lists them
+    _apply_env(tables, env, ignored)
+    status = _status(Reader(tables.get("status", {}), "status", ignored))
+    runpod = _runpod(Reader(tables.get("runpod", {}), "runpod", ignored), env.get(RUNPOD_API_URL_ENV))
+    return status, runpod
 
 
 def _apply_env(data: dict[str, Any], env: Mapping[str, str], problems: list[Problem]) -> None:
@@ -338,10 +349,15 @@ def _apply_env(data: dict[str, Any], env: Mapping[str, str], problems: list[Prob
                 continue
             value = raw.strip().lower() in _TRUE
         *parents, leaf = path.split(".")
-        node = data
+        node: Any = data
         for part in parents:
             node = node.setdefault(part, {})
-        node[leaf] = value
+            if not isinstance(node, dict):     # `status = 3`: the Reader says the table is wrong too
+                problems.append(Problem(f"{path} (from env {name})", f"cannot be applied: {part} in the file "
+                                        f"is not a table ([{part}])", raw))
+                break
+        else:
+            node[leaf] = value
 
 
 def _build(r: Reader, source: str, runpod_url_env: str | None = None) -> DeployConfig | None:

@@ -21,7 +21,8 @@ from typing import Sequence
 class FailureClass(str, enum.Enum):
     """Why a server failed, in the words /status, the deploy config's `fall_through` and the
     policies use. A str enum: it compares equal to (and serialises as) its value."""
-    CONFIG_REJECTED = "config_rejected"        # lint, or a fast exit with no allocator line (seed: q8_0 KV)
+    # lint, a fast exit with no allocator line (seed: q8_0 KV), [hardware], or a boot config that does not validate
+    CONFIG_REJECTED = "config_rejected"
     OOM = "oom"                                # cudaMalloc / CUDA out of memory
     LOAD_ERROR = "load_error"                  # the model could not be read or fetched
     PORT_IN_USE = "port_in_use"                # something else holds the engine's port

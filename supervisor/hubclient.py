@@ -10,7 +10,9 @@ from the URL and the server's message, never from the request headers.
 
 from __future__ import annotations
 
+import errno
 import os
+import urllib.parse
 from pathlib import Path
 from typing import Mapping
 
@@ -42,10 +44,33 @@ def token(env: Mapping[str, str] | None = None) -> str | None:
 
 
 def token_or_file(token_file: str | None, env: Mapping[str, str] | None = None) -> str | None:
-    """A command's --token-file when given (OSError when it cannot be read), else token(env)."""
+    """A command's --token-file when given (OSError when it cannot be read, or does not hold one
+    token), else token(env)."""
     if token_file:
-        return Path(token_file).read_text(encoding="utf-8").strip() or None
+        try:
+            value = Path(token_file).read_text(encoding="utf-8").strip()
+        except UnicodeDecodeError:
+            raise OSError(errno.EILSEQ, "it is not UTF-8 text (a Hub token is ASCII)", token_file) from None
+        if len(value.split()) > 1:          # sent as it is, it would only be refused by the Hub, retried
+            raise OSError(errno.EINVAL, "it holds more than one word (a Hub token is one, hf_...)", token_file)
+        return value or None
     return token(env)
+
+
+def endpoint_problem(env: Mapping[str, str] | None = None) -> str | None:
+    """Why $HF_ENDPOINT cannot be a Hub's URL, or None (unset is the Hub itself): huggingface_hub
+    reads it as it loads and a malformed one raises there, before any request could say so."""
+    url = (os.environ if env is None else env).get("HF_ENDPOINT")
+    if not url:
+        return None
+    try:
+        u = urllib.parse.urlsplit(url)
+        u.port                                  # noqa: B018 - raises on a port that is not a number
+    except ValueError as e:
+        return f"HF_ENDPOINT {url!r} is not a URL ({e}): unset it for the Hub, or give a mirror's https URL"
+    if u.scheme not in ("http", "https") or not u.hostname:
+        return f"HF_ENDPOINT {url!r} is not an http(s) URL: unset it for the Hub, or give a mirror's https URL"
+    return None
 
 
 def error_kind(exc: BaseException) -> str:

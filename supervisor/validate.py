@@ -11,12 +11,14 @@ from __future__ import annotations
 
 import difflib
 import math
+import os
 import re
+from pathlib import Path
 from typing import Any, Callable, Iterable, TypeVar
 
 from .errors import NO_VALUE as _MISSING, ConfigError, Problem
 
-__all__ = ["Problem", "Reader", "nearest", "raise_if"]
+__all__ = ["Problem", "Reader", "nearest", "raise_if", "read_text"]
 
 T = TypeVar("T")
 
@@ -24,6 +26,25 @@ T = TypeVar("T")
 def raise_if(problems: list[Problem], what: str) -> None:
     if problems:
         raise ConfigError(what, problems)
+
+
+def read_text(path: str | os.PathLike[str], what: str | None = None) -> str:
+    """A config file's text (UTF-8), or a ConfigError about `what` (default: the path) saying why not:
+    it cannot be read (the system's reason), or it is not UTF-8 (where its first bad byte is)."""
+    p = Path(path)
+    what = what or str(p)
+    try:
+        data = p.read_bytes()
+    except OSError as e:
+        raise ConfigError(what, [Problem("(file)", f"cannot be read: {e.strerror or e}", str(p))]) from None
+    try:
+        return data.decode("utf-8")
+    except UnicodeDecodeError as e:
+        line = data.count(b"\n", 0, e.start) + 1
+        column = e.start - (data.rfind(b"\n", 0, e.start) + 1) + 1
+        raise ConfigError(what, [Problem(
+            "(file)", f"is not UTF-8 text: byte 0x{data[e.start]:02x} at line {line}, column {column}", str(p),
+            "UTF-8 text: save the file as UTF-8 (an editor's encoding setting, or iconv -t UTF-8)")]) from None
 
 
 def nearest(word: str, choices: Iterable[str]) -> str | None:

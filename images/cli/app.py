@@ -6,7 +6,8 @@ The table COMMANDS below is the whole CLI. To add a subcommand (or a group, such
 docs/cli.md (`generate --check` and a test fail while it is stale).
 
 Every user error is one clear message on stderr and exit 2, never a traceback; argparse's own
-usage errors exit 2 as well. The old single-command spellings go through legacy.py.
+usage errors exit 2 as well. An error nothing foresaw (a bug) is one line too, exit 1; KILN_TRACEBACK=1
+adds its traceback. The old single-command spellings go through legacy.py.
 """
 
 from __future__ import annotations
@@ -16,6 +17,7 @@ import os
 import signal
 import sys
 import threading
+import traceback
 
 import supervisor
 from supervisor.errors import KilnError
@@ -25,6 +27,7 @@ from . import binaries, fleet, generate, image, legacy, pins, pods, reference, r
 from .command import Command, Formatter, add_commands, walk
 
 EXIT_USAGE = 2
+EXIT_BUG = 1
 SECRET_ENV = ("HF_TOKEN", "HUGGING_FACE_HUB_TOKEN", "RUNPOD_API_KEY", "KILN_API_KEY")
 
 COMMANDS: tuple[Command, ...] = (
@@ -105,6 +108,12 @@ def _main(argv: list[str], prog: str) -> int:
     except KeyboardInterrupt:
         print("interrupted", file=sys.stderr)
         return 130
+    except Exception as e:  # noqa: BLE001 - the last net: what nothing foresaw (a bug) is one line too
+        if os.environ.get("KILN_TRACEBACK", "") in ("1", "true"):
+            print(redact(traceback.format_exc(), [os.environ.get(k) for k in SECRET_ENV]), file=sys.stderr, end="")
+        _error(f"unexpected {type(e).__name__}: {e} (a bug in Kiln: please report it; KILN_TRACEBACK=1 prints "
+               "where it happened)")
+        return EXIT_BUG
 
 
 def _error(message: str) -> int:

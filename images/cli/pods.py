@@ -4,6 +4,10 @@ The arguments and the wiring of each command are here; what `up` does (catalog f
 volume, replicas, the wait on each supervisor's /ready), how pods are named and found, and
 `down`'s terminate-never-stop are images/runpod/pods.py.
 
+A --target that is not a target (images/targets/) and owns no pod, or a pod id the account does not
+have, is exit 2 naming what there is: a typo never reads as "nothing to terminate" while the real
+pods bill on. Ctrl-C during `up` says which pods it created and the `down` that removes them.
+
 Every command reads RUNPOD_API_KEY from the environment (never an argument: argv is visible to
 every process on the machine). `--api` / $RUNPOD_API_URL and `--proxy` / $RUNPOD_PROXY_URL point
 at another API or proxy (tests: the stand-in in kiln_dev/runpod). No command stops a pod: `down`
@@ -16,6 +20,7 @@ from __future__ import annotations
 import argparse
 import os
 import sys
+from typing import Any
 
 from supervisor.errors import KilnError
 
@@ -83,7 +88,8 @@ def _up_arguments(up: argparse.ArgumentParser) -> None:
 
 
 def _status_arguments(st: argparse.ArgumentParser) -> None:
-    st.add_argument("--target", help="only this target's pods (kiln-<target>-...)")
+    st.add_argument("--target", help="only this target's pods (KILN_TARGET=<target> in their env, or "
+                    "named kiln-<target>-<n>)")
     st.add_argument("--proxy", metavar="PATTERN")
     st.add_argument("--no-probe", action="store_true", help="do not ask each supervisor's /status")
     _common(st)
@@ -99,9 +105,10 @@ def _logs_arguments(lg: argparse.ArgumentParser) -> None:
 
 def _down_arguments(dn: argparse.ArgumentParser) -> None:
     which = dn.add_mutually_exclusive_group(required=True)
-    which.add_argument("--target", help="every pod of this target (kiln-<target>-...)")
+    which.add_argument("--target", help="every pod of this target (KILN_TARGET=<target> in its env, or "
+                       "named kiln-<target>-<n>; never another target's whose name begins the same)")
     which.add_argument("--pod", action="append", metavar="ID", help="this pod (repeatable)")
-    which.add_argument("--all", action="store_true", help="every pod whose name starts with kiln-")
+    which.add_argument("--all", action="store_true", help="every Kiln pod, of any target")
     _common(dn)
 
 
@@ -128,7 +135,13 @@ def cmd_up(args: argparse.Namespace) -> int:
                          replicas=args.replicas, network_volume=args.network_volume,
                          network_volume_gb=args.network_volume_gb, terminate_on_failure=args.terminate_on_failure,
                          timeout_s=args.timeout, poll_s=args.poll, proxy=args.proxy)
-    result = pods.up(_api(args), req, say)
+    made = pods.Made()
+    try:
+        result = pods.up(_api(args), req, say, made=made)
+    except (KeyboardInterrupt, SystemExit):     # Ctrl-C, or TERM (app.py raises SystemExit for it)
+        for line in pods.billed_lines(made, target.name):
+            say(line)
+        raise
     for r in result.pods:
         if not r.ready:
             print(f"{r.name} ({r.id}): NOT READY: {r.failure}; see `python build.py pods logs {r.id}`, "
@@ -154,7 +167,10 @@ def cmd_status(args: argparse.Namespace) -> int:
     from ..fleet import probe
 
     api = _api(args)
-    found = pods.kiln_pods(api, pods.pod_prefix(args.target) if args.target else pods.NAME_PREFIX)
+    listed = api.pods()
+    if args.target:
+        _known_target(args.target, listed)
+    found = pods.kiln_pods(listed, args.target)
     if not found:
         print("no Kiln pods")
         return 0
@@ -167,7 +183,7 @@ def cmd_status(args: argparse.Namespace) -> int:
         line = f"{p.get('name')}  {p.get('id')}  {p.get('status')}  " \
                f"{gpu.get('count', '')}x {gpu.get('id', 'CPU')}  {p.get('dataCenterId') or '-'}  ${cost:.2f}/h"
         if not args.no_probe and p.get("status") == "RUNNING":
-            port = _status_port(str(p.get("name")))
+            port = _status_port(pods.owner(p))
             snap = probe.read_status(pods.proxy_url(str(p["id"]), port, args.proxy), session, timeout=10) \
                 if port else None
             line += "  supervisor: " + (probe.progress_line(snap) if snap else "no answer")
@@ -176,22 +192,42 @@ def cmd_status(args: argparse.Namespace) -> int:
     return 0
 
 
-def _status_port(name: str) -> int | None:
-    """The status port of the target a pod was named after (kiln-<target>-<n>)."""
+def _status_port(target: str | None) -> int | None:
+    """The status port of the target a pod belongs to (pods.owner), when that target is here."""
     from ..target import target_names
 
-    for t in sorted(target_names(), key=len, reverse=True):
-        if name.startswith(pods.pod_prefix(t)):
-            return load_target(t).deploy_config().status.port
-    return None
+    return load_target(target).deploy_config().status.port if target in target_names() else None
+
+
+def _known_target(name: str, listed: list[dict[str, Any]]) -> None:
+    """A target of images/targets/, or one that still owns pods (its file since removed); else exit 2."""
+    from supervisor.validate import nearest
+
+    from ..target import target_names
+
+    names = target_names()
+    if name in names or any(pods.owner(p) == name for p in listed):
+        return
+    near = nearest(name, names)
+    raise KilnError(f"--target {name!r} is not a target" + (f" (did you mean {near!r}?)" if near else "")
+                    + f" and owns no pod; the targets (images/targets/): {', '.join(names)}")
+
+
+def _no_such_pod(what: str, api_pods: list[dict[str, Any]]) -> KilnError:
+    ours = pods.kiln_pods(api_pods)
+    have = ", ".join(f"{p.get('id')} ({p.get('name')})" for p in ours) or "none"
+    return KilnError(f"{what}: no such pod in this account (a typo, or terminated already); Kiln's pods: {have}")
 
 
 def cmd_logs(args: argparse.Namespace) -> int:
     api = _api(args)
     pod_id = args.pod
-    named = [p for p in pods.kiln_pods(api, "") if p.get("name") == args.pod]
+    listed = api.pods()
+    named = [p for p in listed if p.get("name") == args.pod]
     if len(named) == 1:
         pod_id = str(named[0]["id"])
+    elif not any(str(p.get("id")) == pod_id for p in listed):
+        raise _no_such_pod(f"pod {args.pod!r}", listed)
     for event in api.pod_logs(pod_id, tail=args.tail, source=args.source, idle_s=args.idle):
         print(f"{event.get('ts', '')} {event.get('source', '')}: {event.get('line', '')}", flush=True)
     return 0
@@ -199,17 +235,22 @@ def cmd_logs(args: argparse.Namespace) -> int:
 
 def cmd_down(args: argparse.Namespace) -> int:
     api = _api(args)
+    listed = api.pods()
     if args.pod:
-        everything = {str(p.get("id")): p for p in api.pods()}
-        chosen = [everything.get(pid, {"id": pid, "name": "?"}) for pid in args.pod]
+        everything = {str(p.get("id")): p for p in listed}
+        missing = [pid for pid in args.pod if pid not in everything]
+        if missing:        # nothing terminated: one typo among several ids is fixed, then all go
+            raise _no_such_pod(f"--pod {', '.join(missing)} (nothing was terminated)", listed)
+        chosen = [everything[pid] for pid in dict.fromkeys(args.pod)]
     else:
-        chosen = pods.kiln_pods(api, pods.pod_prefix(args.target) if args.target else pods.NAME_PREFIX)
+        if args.target:
+            _known_target(args.target, listed)
+        chosen = pods.kiln_pods(listed, args.target)
     if not chosen:
         print("nothing to terminate")
         return 0
     done = pods.terminate(api, chosen, say)
-    left = [p for p in pods.kiln_pods(api, pods.pod_prefix(args.target) if args.target else pods.NAME_PREFIX)
-            if str(p.get("id")) in {str(c["id"]) for c in chosen}]
+    left = [p for p in api.pods() if str(p.get("id")) in {str(c["id"]) for c in chosen}]
     for p in left:
         say(f"pod {p.get('name')} ({p.get('id')}) is still listed ({p.get('status')})")
     print(f"terminated {len(done)} pod(s)")
@@ -242,7 +283,7 @@ COMMANDS = (
             children=(
                 Command("up", "pods from the target's template, once the catalog offers a host its CUDA runs on; "
                         "waits until each supervisor is ready", cmd_up, _up_arguments),
-                Command("status", "Kiln's pods (names kiln-...), what each supervisor says, what they cost",
+                Command("status", "Kiln's pods (or one target's), what each supervisor says, what they cost",
                         cmd_status, _status_arguments),
                 Command("logs", "a pod's log lines (container and system)", cmd_logs, _logs_arguments),
                 Command("down", "terminate pods (never stop: a stopped pod's volume bills double)",

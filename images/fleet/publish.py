@@ -77,6 +77,9 @@ def main(args: argparse.Namespace) -> int:
     except OSError as e:
         print(f"publish-config: cannot read --token-file: {e.strerror}", file=sys.stderr)
         return EXIT_REFUSED
+    if (why := hubclient.endpoint_problem()) is not None:
+        print(f"publish-config: {why}", file=sys.stderr)
+        return EXIT_REFUSED
 
     def mask(text: str) -> str:
         return redact(text, [token])

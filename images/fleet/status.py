@@ -132,10 +132,13 @@ def main(args: argparse.Namespace) -> int:
     except OSError as e:
         print(f"fleet-status: cannot read --token-file: {e.strerror}", file=sys.stderr)
         return EXIT_USAGE
-    from huggingface_hub import HfApi
-
+    if (why := hubclient.endpoint_problem()) is not None:
+        print(f"fleet-status: {why}", file=sys.stderr)
+        return EXIT_USAGE
     with tempfile.TemporaryDirectory(prefix="kiln-fleet-") as cache:
         try:
+            from huggingface_hub import HfApi   # reads HF_ENDPOINT as it loads: a bad one raises here
+
             records = FleetReader(HfApi(token=token or False), args.repo, Path(cache)).read()
         except Exception as e:  # noqa: BLE001 - one masked line, never a traceback
             print(f"fleet-status: the Hub refused or could not be reached ({hubclient.error_kind(e)}): "

@@ -5,18 +5,24 @@
              created. Then upsert the template, create or reuse the network volume, create the
              missing replicas (kiln-<target>-<n>), and wait on each pod's supervisor through
              RunPod's proxy (/status for progress, /ready for the verdict).
-    status   Kiln's pods (by name prefix), with what each supervisor says and what it costs.
+             Interrupted, it says which pods it created and the `down` that removes them (billed_lines).
+    status   Kiln's pods (owner(): the target each belongs to), what each supervisor says, what it costs.
     logs     a pod's log lines (RunPod's SSE stream).
     down     terminate (DELETE /v2/pods/{id}), never stop: a stopped pod's volume bills at twice
              the running rate and pins the pod to its host (shared/seed/FINDINGS.md).
 
-Idempotent: a second `up` with the same replicas finds them live and creates nothing; pods are
-named kiln-<target>-<n> so `status` and `down` find them by prefix.
+Idempotent: a second `up` with the same replicas finds them live and creates nothing.
+
+Which pods are a target's (owner): the KILN_TARGET=<target> that `up` puts in each pod's env at
+creation (RunPod's Pod object returns its env: `Pod` requires `env` in the vendored v2 schema);
+a pod without it (made before Kiln set it) by its whole name, kiln-<target>-<n>, n a positive
+integer. Never a name prefix: kiln-a40-llamacpp- also begins every pod of a40-llamacpp-upstream.
 """
 
 from __future__ import annotations
 
 import os
+import re
 import time
 from dataclasses import dataclass, field
 from typing import Any, Callable
@@ -33,6 +39,9 @@ from .cuda import compatible, cuda_floor
 from .template import RunPodTemplate, UpsertResult, upsert
 
 NAME_PREFIX = "kiln-"
+# kiln-<target>-<n>: the target is everything between, so a40-llamacpp-upstream-1 is never a40-llamacpp's
+POD_NAME = re.compile(r"kiln-(?P<target>.+)-(?P<n>[1-9][0-9]*)")
+TARGET_ENV = "KILN_TARGET"      # in each pod's env, set at creation: the target it belongs to
 LIVE = ("PROVISIONING", "STARTING", "RUNNING")
 CLOUDS = ("SECURE", "COMMUNITY")
 # RunPod's HTTP proxy (docs: pods/configuration/expose-ports). $RUNPOD_PROXY_URL replaces it
@@ -46,8 +55,19 @@ class NoMatchingHost(KilnError):
     """RunPod's catalog offers no host the image can run on: nothing was created."""
 
 
-def pod_prefix(target_name: str) -> str:
-    return f"{NAME_PREFIX}{target_name}-"
+def pod_name(target_name: str, n: int) -> str:
+    return f"{NAME_PREFIX}{target_name}-{n}"
+
+
+def owner(pod: dict[str, Any]) -> str | None:
+    """The target a pod belongs to, or None when it is not Kiln's: its env's KILN_TARGET, else
+    (a pod made before Kiln set it) its whole name kiln-<target>-<n>."""
+    env = pod.get("env")
+    marker = env.get(TARGET_ENV) if isinstance(env, dict) else None
+    if isinstance(marker, str) and marker:
+        return marker
+    m = POD_NAME.fullmatch(str(pod.get("name", "")))
+    return m.group("target") if m else None
 
 
 def proxy_url(pod_id: str, port: int, base: str | None = None) -> str:
@@ -155,6 +175,33 @@ class PodReport:
 
 
 @dataclass
+class Made:
+    """What an `up` has created so far, kept as it goes: an interrupted `up` says what bills and how
+    to end it (billed_lines), since nothing else would remember the pods it just rented."""
+    pods: list[tuple[str, str]] = field(default_factory=list)     # (id, name), in creation order
+    creating: str | None = None                                   # a pod whose create request was in flight
+    volume: volumes.Volume | None = None                          # a network volume this `up` created
+
+
+def billed_lines(made: Made, target: str, prog: str = "python build.py") -> list[str]:
+    """What an interrupted `up` created that bills, and the exact commands that remove it."""
+    lines = []
+    if made.pods:
+        lines.append(f"`up` was interrupted after creating {len(made.pods)} pod(s), which bill until terminated: "
+                     + ", ".join(f"{name} ({pid})" for pid, name in made.pods))
+        lines.append("  " + " ".join([prog, "pods", "down", *(f"--pod {pid}" for pid, _ in made.pods)]))
+    if made.creating:
+        lines.append(f"pod {made.creating} was being created when `up` was interrupted: "
+                     f"`{prog} pods status --target {target}` shows whether it exists")
+    if made.volume is not None:
+        lines.append(f"network volume {made.volume.name} ({made.volume.id}) was created and bills while it exists: "
+                     f"`{prog} pods volumes --delete {made.volume.id}` removes it and its data")
+    if not lines:
+        lines.append("`up` was interrupted before it created a pod: nothing of it bills")
+    return lines
+
+
+@dataclass
 class UpResult:
     template: UpsertResult
     created: list[str]
@@ -181,7 +228,7 @@ def pod_body(req: UpRequest, name: str, template_id: str, volume: volumes.Volume
     data_centers = (volume.data_center,) if volume else p.data_centers
     if data_centers:
         body["dataCenterIds"] = list(data_centers)
-    env: dict[str, str] = {}
+    env: dict[str, str] = {TARGET_ENV: target.name}
     if volume:
         mount = target.runpod.volume_mount
         body["mounts"] = {"network": [{"volumeId": volume.id, "path": mount}]}
@@ -190,13 +237,13 @@ def pod_body(req: UpRequest, name: str, template_id: str, volume: volumes.Volume
         env["KILN_STATE_DIR"] = f"{target.deploy_config().state_dir.rstrip('/')}/pods/{name}"
     if req.terminate_on_failure:
         env["KILN_RUNPOD_TERMINATE_ON_TERMINAL_FAILURE"] = "true"
-    if env:
-        body["env"] = env
+    body["env"] = env
     return body
 
 
-def kiln_pods(api: RunPodAPI, prefix: str = NAME_PREFIX) -> list[dict[str, Any]]:
-    return sorted((p for p in api.pods() if str(p.get("name", "")).startswith(prefix)),
+def kiln_pods(listed: list[dict[str, Any]], target: str | None = None) -> list[dict[str, Any]]:
+    """Of the account's pods (api.pods()), Kiln's (each with an owner), or only `target`'s."""
+    return sorted((p for p in listed if (owner(p) == target if target else owner(p) is not None)),
                   key=lambda p: str(p.get("name")))
 
 
@@ -213,7 +260,10 @@ def _volume_for(api: RunPodAPI, req: UpRequest, say: Say) -> volumes.Volume | No
     return vol
 
 
-def up(api: RunPodAPI, req: UpRequest, say: Say, session: requests.Session | None = None) -> UpResult:
+def up(api: RunPodAPI, req: UpRequest, say: Say, session: requests.Session | None = None,
+       made: Made | None = None) -> UpResult:
+    """`made` is filled as pods (and a volume) are created, for a caller interrupted meanwhile."""
+    made = Made() if made is None else made
     target = req.target
     if req.replicas < 1:
         raise KilnError(f"--replicas {req.replicas}: at least 1")
@@ -226,8 +276,10 @@ def up(api: RunPodAPI, req: UpRequest, say: Say, session: requests.Session | Non
     tpl = upsert(api, req.template.body)
     say(f"template {tpl.name}: {tpl.action} ({tpl.template_id})")
     vol = _volume_for(api, req, say)
-    prefix = pod_prefix(target.name)
-    existing = kiln_pods(api, prefix)
+    if vol is not None and vol.action == "created":
+        made.volume = vol
+    everything = api.pods()
+    existing = kiln_pods(everything, target.name)
     live = [p for p in existing if p.get("status") in LIVE]
     for p in existing:
         if p not in live:
@@ -242,16 +294,19 @@ def up(api: RunPodAPI, req: UpRequest, say: Say, session: requests.Session | Non
         extra = ", ".join(str(p.get("id")) for p in live[req.replicas:])
         say(f"{len(live) - req.replicas} live pod(s) beyond --replicas {req.replicas}, left as they are: {extra} "
             "(`down --pod ID` terminates one)")
-    taken = {str(p.get("name")) for p in existing}
+    taken = {str(p.get("name")) for p in everything}     # no two pods of the account share a name
     created: list[str] = []
     index = 0
     for _ in range(req.replicas - len(live)):
         index += 1
-        while f"{prefix}{index}" in taken:
+        while pod_name(target.name, index) in taken:
             index += 1
-        name = f"{prefix}{index}"
+        name = pod_name(target.name, index)
         taken.add(name)
+        made.creating = name
         pod = api.create_pod(pod_body(req, name, tpl.template_id, vol))
+        made.pods.append((str(pod["id"]), name))
+        made.creating = None
         created.append(str(pod["id"]))
         say(f"pod {name}: created ({pod['id']}, {pod.get('status')})")
     if reused:

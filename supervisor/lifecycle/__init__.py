@@ -19,6 +19,8 @@
            │                cancellable threads answering with one event each
            └─ peripherals.py  status page, TCP relay, config watcher, fleet reporter: started at the
                             loop's first idle moment and wired with callbacks (never the loop)
+      └─ boot_failure.py  (instead of the loop) a deploy config that does not validate: FAILED at
+                          once, the status page alone says why, the pod may terminate itself
 
 The boot:   PREFLIGHT -> FETCH -> LAUNCHING(rung) -> LOADING -> HEALTHY -> [SELFTEST] -> SERVING
 A rung fails: policy.next_rung -> the next rung after the reclaim barrier, or FAILED.

@@ -8,6 +8,8 @@ from __future__ import annotations
 import json
 import os
 import re
+import shlex
+import signal
 import subprocess
 import sys
 from pathlib import Path
@@ -16,7 +18,7 @@ import pytest
 
 from kiln_dev.runpod import RunPodStandIn, SupervisorRunner, gpu_type
 from kiln_dev.hub import HubServer
-from kiln_dev.supervised import config, http
+from kiln_dev.supervised import config, http, wait_for
 
 pytestmark = pytest.mark.llama
 ROOT = Path(__file__).resolve().parents[2]
@@ -224,3 +226,107 @@ def test_the_old_spelling_python_m_images_pods_still_works_for_one_release_and_n
     assert line == ("python -m images.pods: deprecated spelling (it goes in the next release); use: "
                     f"python build.py pods status --api {bare.url}")
     no_canary(r.stdout, r.stderr)
+
+
+# -- whose pods: a target's own, never another's whose name begins the same (issue 24, item 1) ---------
+SHORT, LONGER = "a40-llamacpp", "a40-llamacpp-upstream"     # kiln-a40-llamacpp- begins both targets' pod names
+
+
+def bare_up(standin: RunPodStandIn, target: str, *args: str) -> subprocess.CompletedProcess:
+    """`pods up` that creates and does not wait (a bare pod runs no supervisor: NOT READY, exit 1)."""
+    extra = ("--allow-floating",) if target == SHORT else ()     # its fork's pins are unresolved
+    r = pods_cli(standin, "up", "--target", target, "--timeout", "0", "--poll", "0.1", *extra, *args)
+    assert r.returncode == 1 and "NOT READY" in r.stdout, r.stdout + r.stderr
+    return r
+
+
+def test_down_status_and_up_of_a_target_never_touch_the_pods_of_a_target_whose_name_begins_the_same(bare):
+    # The reproduction: `down --target a40-llamacpp` matched the name prefix kiln-a40-llamacpp-,
+    # and terminated a40-llamacpp-upstream's pods (their weights with them); `up` counted them.
+    from images.runpod.api import RunPodAPI
+
+    bare_up(bare, LONGER, "--replicas", "2")
+    # A pod made before Kiln put KILN_TARGET in its pods' env: known by its whole name alone.
+    RunPodAPI(ACCOUNT_KEY, bare.url).create_pod({"name": f"kiln-{LONGER}-3", "image": "x", "gpu": {"id": "NVIDIA A40"}})
+    theirs = set(bare.pods)
+    assert len(theirs) == 3
+
+    mine = bare_up(bare, SHORT)
+    assert "already live" not in mine.stderr and "beyond --replicas" not in mine.stderr, mine.stderr
+    (my_id,) = set(bare.pods) - theirs
+    assert bare.pods[my_id]["name"] == f"kiln-{SHORT}-1" and bare.pods[my_id]["env"]["KILN_TARGET"] == SHORT
+    assert {bare.pods[i]["env"].get("KILN_TARGET") for i in theirs} == {LONGER, None}
+
+    status = pods_cli(bare, "status", "--target", SHORT, "--no-probe")
+    assert status.returncode == 0 and my_id in status.stdout and "1 pod(s)" in status.stdout, status.stdout
+    assert not [i for i in theirs if i in status.stdout]
+    everything = pods_cli(bare, "status", "--no-probe")
+    assert "4 pod(s)" in everything.stdout and all(i in everything.stdout for i in theirs | {my_id})
+
+    again = pods_cli(bare, "up", "--target", SHORT, "--allow-floating", "--timeout", "0", "--poll", "0.1")
+    assert "1 pod(s) already live" in again.stderr and set(bare.pods) == theirs | {my_id}, again.stderr
+
+    down = pods_cli(bare, "down", "--target", SHORT)
+    assert down.returncode == 0 and "terminated 1 pod(s)" in down.stdout, down.stdout + down.stderr
+    assert set(bare.pods) == theirs and list(bare.terminated) == [my_id]
+
+    down = pods_cli(bare, "down", "--target", LONGER)
+    assert down.returncode == 0 and "terminated 3 pod(s)" in down.stdout and bare.pods == {}
+
+
+# -- typos that bill, and an interrupted up (issue 24, item 7) ------------------------------------------
+def test_a_target_or_pod_that_does_not_exist_is_exit_2_naming_what_does_and_nothing_is_terminated(bare):
+    # Was: `down --target <typo>` printed "nothing to terminate" and `--pod <typo>` "already gone",
+    # both exit 0, while the real pods ran on.
+    bare_up(bare, LONGER, "--replicas", "2")
+    ids = sorted(bare.pods)
+    typo = pods_cli(bare, "down", "--target", "a40-llamacpp-upstrem")
+    assert typo.returncode == 2 and "'a40-llamacpp-upstrem' is not a target (did you mean " \
+        "'a40-llamacpp-upstream'?)" in typo.stderr and "cpu-llamacpp" in typo.stderr, typo.stderr
+    status = pods_cli(bare, "status", "--target", "a40-llamacpp-upstrem", "--no-probe")
+    assert status.returncode == 2 and "is not a target" in status.stderr
+
+    pod = pods_cli(bare, "down", "--pod", ids[0], "--pod", "00005a17ff")
+    assert pod.returncode == 2 and "--pod 00005a17ff (nothing was terminated): no such pod" in pod.stderr
+    assert all(f"{i} (kiln-{LONGER}-" in pod.stderr for i in ids), pod.stderr       # Kiln's pods, id and name
+    logs = pods_cli(bare, "logs", "kiln-a40-llamacpp-upstream-9", "--idle", "0.2")
+    assert logs.returncode == 2 and "no such pod" in logs.stderr and ids[1] in logs.stderr
+    assert sorted(bare.pods) == ids and not bare.terminated
+    assert not [w for w in bare.writes() if w[0] == "DELETE"]
+
+    # A target that exists and has no pods: a true "nothing to terminate".
+    none = pods_cli(bare, "down", "--target", "cpu-llamacpp")
+    assert none.returncode == 0 and none.stdout.startswith("nothing to terminate")
+    assert pods_cli(bare, "down", "--pod", ids[0], "--pod", ids[1]).returncode == 0 and bare.pods == {}
+
+
+def test_ctrl_c_during_up_says_which_pods_it_created_and_the_down_that_removes_them(bare):
+    # Was: "interrupted", and the pods it had just created billed on, their ids nowhere.
+    env = {**os.environ, "RUNPOD_API_KEY": ACCOUNT_KEY, "RUNPOD_API_URL": bare.url,
+           "RUNPOD_PROXY_URL": bare.proxy_url}
+    proc = subprocess.Popen([sys.executable, str(ROOT / "build.py"), "pods", "up", "--target", TARGET,
+                             "--replicas", "2", "--poll", "0.1", "--timeout", "600"],
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=ROOT, env=env)
+    try:
+        # Both pods created, and `up` told so: it waits on each (GET /v2/pods/{id}).
+        def waiting_on_both():
+            with bare.lock:
+                asked = {r["path"] for r in bare.requests if r["method"] == "GET"}
+                return len(bare.pods) == 2 and all(f"/v2/pods/{pid}" in asked for pid in bare.pods)
+        wait_for(waiting_on_both, 60, "up waiting on its two pods")
+        proc.send_signal(signal.SIGINT)
+        out, err = proc.communicate(timeout=60)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.communicate()
+    assert proc.returncode == 130, err
+    made = sorted(bare.pods, key=lambda i: bare.pods[i]["name"])
+    assert f"after creating 2 pod(s), which bill until terminated: kiln-{TARGET}-1 ({made[0]}), " \
+           f"kiln-{TARGET}-2 ({made[1]})" in err, err
+    (down,) = [line.strip() for line in err.splitlines() if line.strip().startswith("python build.py pods down")]
+    assert down == f"python build.py pods down --pod {made[0]} --pod {made[1]}"
+    assert err.rstrip().endswith("interrupted") and "Traceback" not in err
+    gone = pods_cli(bare, *shlex.split(down)[3:])
+    assert gone.returncode == 0 and "terminated 2 pod(s)" in gone.stdout and bare.pods == {}
+    no_canary(out, err)

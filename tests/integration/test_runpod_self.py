@@ -291,3 +291,47 @@ def test_a_real_supervisor_that_can_never_serve_terminates_its_pod_only_with_the
             assert pod_id in standin.pods and not [r for r in standin.requests if r["method"] == "DELETE"]
         assert key not in sup.log() and key not in json.dumps(sup.status())
         assert sup.stop() == 3
+
+
+def test_a_boot_config_that_does_not_validate_still_terminates_its_pod_when_the_environment_asks(standin, tmp_path):
+    # Was: one typo in the pod's environment and PID 1 exited at once, before anything could
+    # terminate the pod: RunPod restarted the container into the same failure, billing by the hour.
+    # Now FAILED stays up to explain, and the pod goes after the grace ([runpod] of the file, valid
+    # on its own although the config as a whole is not).
+    from kiln_dev.supervised import Supervised, config, free_port, http
+
+    pod_id, key = a_pod(standin)
+    text = config(binary="/opt/kiln/engine/bin/llama-server", model="/models/never-read.gguf", port=free_port(),
+                  status_port=free_port(), state_dir=tmp_path / "state",
+                  rungs='[[ladder.rungs]]\nname = "cpu"\nplacement = "cpu"\n',
+                  extra="[runpod]\nterminate_grace_s = 0.5\n")
+    env = {**pod_env(standin, pod_id, key), "KILN_RUNPOD_TERMINATE_ON_TERMINAL_FAILURE": "true",
+           "KILN_SERVER_PORT": "abc"}
+    with Supervised(tmp_path, text, env=env) as sup:
+        st = sup.wait_state("FAILED")
+        assert st["last_failure"]["problems"][0]["from"] == "env KILN_SERVER_PORT"
+        wait_for(lambda: pod_id in standin.terminated, 30, "the pod terminated")
+        wait_for(lambda: ((sup.status() or {}).get("runpod_terminate") or {}).get("outcome") == "terminated", 10,
+                 "/status to say the pod is terminated")
+        assert http(sup.url("/live"))[0] == 200          # the supervisor itself still answers
+        assert key not in sup.log() and key not in json.dumps(sup.status())
+        assert sup.stop() == 3
+    (delete,) = [r for r in standin.requests if r["method"] == "DELETE"]
+    assert delete["path"] == f"/v2/pods/{pod_id}" and delete["auth"] == f"pod:{pod_id}"
+    assert not standin.stopped
+
+
+def test_a_boot_config_that_does_not_validate_keeps_its_pod_without_the_option(standin, tmp_path):
+    from kiln_dev.supervised import Supervised, config, free_port
+
+    pod_id, key = a_pod(standin)
+    text = config(binary="/opt/kiln/engine/bin/llama-server", model="/models/never-read.gguf", port=free_port(),
+                  status_port=free_port(), state_dir=tmp_path / "state",
+                  rungs='[[ladder.rungs]]\nname = "cpu"\nplacement = "cpu"\n',
+                  extra="[runpod]\nterminate_grace_s = 0\n")
+    with Supervised(tmp_path, text, env={**pod_env(standin, pod_id, key), "KILN_SERVER_PORT": "abc"}) as sup:
+        st = sup.wait_state("FAILED")
+        assert "runpod_terminate" not in st
+        wait_for(lambda: (sup.status() or {}).get("uptime_s", 0) > 1.5, 10, "past a grace of 0 s")
+        assert pod_id in standin.pods and not [r for r in standin.requests if r["method"] == "DELETE"]
+        assert sup.stop() == 3
