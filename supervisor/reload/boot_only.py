@@ -23,6 +23,7 @@ BOOT_ONLY: dict[str, str] = {
     "state_dir": "it says where the supervisor keeps its state, the reload book with it",
     "status": "the status server listens where it was started",
     "runpod": "it says what becomes of this pod and where its RunPod key is sent",
+    "serverless": "it says what becomes of this Serverless worker after a failure, and where its volume is",
     "server.tcp_port": "the TCP relay listens where it was started",
 }
 
