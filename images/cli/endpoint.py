@@ -190,7 +190,8 @@ def cmd_up(args: argparse.Namespace) -> int:
         if args.pool:
             compute = ep.Compute(pools=tuple(args.pool), gpu_count=compute.gpu_count, pools_from="--pool")
         compute, offer = endpoints.serverless_offer(api, compute, floor, target.runpod.gpu_type, say)
-        runs = "; ".join(f"{g} (CUDA {', '.join(v)})" for g, v in sorted(offer.cuda.items())) or "none with capacity now"
+        runs = "; ".join(f"{g} (CUDA {', '.join(v)})" for g, v in sorted(offer.cuda.items())) \
+            or "none with capacity now"
         say(f"catalog: pool {', '.join(offer.pools)}: GPUs that run this image (CUDA >= {floor}): {runs}")
         if offer.full:
             say(f"catalog: {', '.join(offer.full)} run it too but have no capacity now")

@@ -33,8 +33,10 @@ from .endpoint import HEALTH_CHECK_PATH
 
 Say = Callable[[str], None]
 READY = ("IDLE", "RUNNING")             # WorkerStatus: ready, or processing a request
-# What the supervisor prints when it can never serve (supervisor/lifecycle/loop.py, _do_Failed):
-# "FAILED: <class>: <cause>".
+# What the supervisor prints when it can never serve (supervisor/lifecycle/loop.py): as a serverless
+# worker, one line before it exits ("serverless worker: it can never serve (<class>: <cause>); ...");
+# in any mode "FAILED: <class>: <cause>".
+RELEASE_LINE = re.compile(r"serverless worker: it can never serve \((?P<cause>\S+: .*)\); \S+ on port \d+ answers 503")
 FAILED_LINE = re.compile(r"\bFAILED: (?P<cause>\S+: .*)$")
 FAILURE_LINE = re.compile(r"\bfailure (?P<cause>\w+(?: on rung \S+)?: .*)$")
 # RunPod's URL for a load-balancing endpoint when its answer carries no requestUrls.
@@ -52,9 +54,9 @@ def health_url(endpoint: dict[str, Any]) -> str:
 
 
 def failure_line(lines: list[str]) -> str | None:
-    """The supervisor's own word on why it cannot serve: its last FAILED line, else its last
-    `failure <class>` line."""
-    for pattern in (FAILED_LINE, FAILURE_LINE):
+    """The supervisor's own word on why it cannot serve: the line it logs before a serverless
+    worker exits, else its last FAILED line, else its last `failure <class>` line."""
+    for pattern in (RELEASE_LINE, FAILED_LINE, FAILURE_LINE):
         for line in reversed(lines):
             m = pattern.search(line)
             if m:

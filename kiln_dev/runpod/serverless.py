@@ -72,11 +72,11 @@ def serverless_gpu(gpu_id: str, pool: str, *, serverless: float = 1.1, **kw: Any
 class ServerlessStandIn(RunPodStandIn):
     """RunPod's REST API v2 with its Serverless routes, and the load balancer. A context manager."""
 
-    def __init__(self, api_key: str, *, workers: WorkerRunner | None = None, catalog: list[dict[str, Any]] | None = None,
-                 secrets: dict[str, str] | None = None, no_worker_limit_s: float = 120.0, tick_s: float = 0.1,
-                 worker_stop_grace_s: float = 20.0):
-        super().__init__(api_key, catalog=catalog if catalog is not None else [serverless_gpu("NVIDIA A40", "AMPERE_48")],
-                         secrets=secrets)
+    def __init__(self, api_key: str, *, workers: WorkerRunner | None = None,
+                 catalog: list[dict[str, Any]] | None = None, secrets: dict[str, str] | None = None,
+                 no_worker_limit_s: float = 120.0, tick_s: float = 0.1, worker_stop_grace_s: float = 20.0):
+        default = [serverless_gpu("NVIDIA A40", "AMPERE_48")]
+        super().__init__(api_key, catalog=catalog if catalog is not None else default, secrets=secrets)
         self.worker_runner = workers
         self.endpoints: dict[str, dict[str, Any]] = {}
         self.releases: dict[str, list[dict[str, Any]]] = {}           # endpoint id -> releases, newest first

@@ -167,12 +167,24 @@ def test_a_damaged_release_never_takes_a_request_and_is_rolled_back(standin):
     (e,) = standin.endpoints.values()
     first = [w.id for w in standin.started_workers]
 
-    # A client keeps asking while the damaged release rolls out.
-    asked: list = []
-    client = threading.Thread(target=lambda: asked.append(chat_stream(e["requestUrls"]["base"])))
-    client.start()
-    damaged = endpoint_cli(standin, "up", "--target", TARGET, "--image-ref", DAMAGED, "--no-network-volume",
-                           "--idle-timeout", "120", "--wait", "--poll", "0.5", "--timeout", "300")
+    # The damaged release rolls out; once its worker runs and the old one is gone, a client asks.
+    cli = subprocess.Popen([sys.executable, str(ROOT / "build.py"), "endpoint", "up", "--target", TARGET,
+                            "--image-ref", DAMAGED, "--no-network-volume", "--idle-timeout", "120", "--wait",
+                            "--poll", "0.5", "--timeout", "300"], cwd=ROOT, text=True, stdout=subprocess.PIPE,
+                           stderr=subprocess.PIPE, env={**os.environ, "RUNPOD_API_KEY": ACCOUNT_KEY,
+                                                        "RUNPOD_API_URL": standin.url, "HF_TOKEN": HF_CANARY})
+    try:
+        wait_for(lambda: standin.endpoints[e["id"]]["image"] == DAMAGED
+                 and all(w.stopping or w.image == DAMAGED for w in live(standin, e["id"])), 120,
+                 "the damaged release current, the good worker on its way out")
+        asked: list = []
+        client = threading.Thread(target=lambda: asked.append(chat_stream(e["requestUrls"]["base"])))
+        client.start()
+        out, err = cli.communicate(timeout=400)
+    finally:
+        if cli.poll() is None:
+            cli.kill()
+    damaged = subprocess.CompletedProcess(cli.args, cli.returncode, out, err)
     assert damaged.returncode == 3, damaged.stdout + damaged.stderr
     assert "NOT HEALTHY: selftest_failed" in damaged.stdout, damaged.stdout
     assert "restored the previous release's image" in damaged.stdout
@@ -185,11 +197,12 @@ def test_a_damaged_release_never_takes_a_request_and_is_rolled_back(standin):
     routed_to = {wid for _, wid, _, _ in standin.balancer.routed}
     assert not routed_to & {w.id for w in bad_workers}, "a worker serving a damaged model received a request"
 
-    # The restored release serves again: a fresh worker of it answers the client and the next request.
+    # The client's request waited through the damaged release: a fresh worker of the restored one
+    # answered it, and answers the next.
     client.join(400)
-    assert asked and asked[0][0] == 200 and asked[0][1] not in {w.id for w in bad_workers}, asked
-    status, worker, lines = chat_stream(e["requestUrls"]["base"])
     restored = {w.id for w in standin.started_workers if w.image == GOOD and w.id not in first}
+    assert asked and asked[0][0] == 200 and asked[0][1] in restored, (asked, restored)
+    status, worker, lines = chat_stream(e["requestUrls"]["base"])
     assert status == 200 and worker in restored, (worker, restored)
     no_canary(good.stdout, good.stderr, damaged.stdout, damaged.stderr, everything_recorded(standin))
 
@@ -211,7 +224,9 @@ def test_two_workers_cold_starting_on_one_volume_download_the_model_once(tmp_pat
             wait_for(lambda: sum(w.status == "IDLE" for w in live(standin, e["id"])) == 2, 300, "two healthy workers")
             w1, w2 = standin.started_workers
             assert w1.container is not w2.container and runner.volume_dir(e) is not None
-            assert hub.bytes_served["resolve_get"] == tiny.stat().st_size, "the model was downloaded more than once"
+            got = [r for r in hub.log if r.route == "resolve_get" and r.path.endswith("/tiny.gguf")]
+            ranges = [tuple(map(int, (r.range or f"bytes=0-{tiny.stat().st_size - 1}")[6:].split("-"))) for r in got]
+            assert sum(b - a + 1 for a, b in ranges) == tiny.stat().st_size, f"downloaded more than once: {got}"
             assert endpoint_cli(standin, "down", "--target", TARGET).returncode == 0
             assert hub.token not in everything_recorded(standin) + up.stdout + up.stderr
             no_canary(up.stdout, up.stderr, everything_recorded(standin))

@@ -137,7 +137,8 @@ def test_an_endpoint_that_matches_the_plan_needs_no_patch_even_with_its_secrets_
     resolved = existing_of(plan, env={**plan.body["env"], "HF_TOKEN": "hf_the_value_runpod_answered"})
     assert endpoints.differences(resolved, plan.body, plan.secret_keys) == {}
     missing = {k: v for k, v in plan.body["env"].items() if k != "HF_TOKEN"}
-    assert endpoints.differences(existing_of(plan, env=missing), plan.body, plan.secret_keys) == {"env": plan.body["env"]}
+    assert endpoints.differences(existing_of(plan, env=missing), plan.body, plan.secret_keys) \
+        == {"env": plan.body["env"]}
 
 
 def test_a_changed_image_is_one_field_and_a_gpu_change_clears_an_exact_cuda_list():
@@ -170,6 +171,9 @@ def test_the_failure_line_is_the_supervisors_own_word():
     lines = ["state LOADING", "failure selftest_failed on rung cpu: selftest: fatal probe(s) failed: code-add",
              "x FAILED: selftest_failed: selftest: fatal probe(s) failed: code-add", "exiting"]
     assert rollout.failure_line(lines) == "selftest_failed: selftest: fatal probe(s) failed: code-add"
+    release = ("E serverless worker: it can never serve (selftest_failed: a (b); c); /ping on port 8081 answers "
+               "503 and the worker exits in 60 s ([serverless] exit_grace_s) so RunPod releases it")
+    assert rollout.failure_line(lines + [release, "bye"]) == "selftest_failed: a (b); c"
     assert rollout.failure_line(lines[:2]) == "selftest_failed on rung cpu: selftest: fatal probe(s) failed: code-add"
     assert rollout.failure_line(["state SERVING"]) is None
     assert rollout.base_url({"id": "abc"}) == "https://abc.api.runpod.ai"
