@@ -302,6 +302,7 @@ def cmd_status(args: argparse.Namespace) -> int:
 
 def cmd_logs(args: argparse.Namespace) -> int:
     from ..runpod import endpoints
+    from ..runpod.api import RunPodAPIError
     from ..target import load_target
 
     target = load_target(args.target)
@@ -314,11 +315,16 @@ def cmd_logs(args: argparse.Namespace) -> int:
             raise KilnError(f"endpoint {e.get('name')} has {len(workers)} workers"
                             + (f" ({', '.join(workers)}): name one" if workers else ": nothing to read"))
         worker = workers[0]
-    elif worker not in workers:
-        raise KilnError(f"endpoint {e.get('name')} lists no worker {worker!r}; its workers: "
-                        f"{', '.join(workers) or 'none'}")
-    for event in api.worker_logs(str(e["id"]), worker, tail=args.tail, source=args.source, idle_s=args.idle):
-        print(f"{event.get('ts', '')} {event.get('source', '')}: {event.get('line', '')}", flush=True)
+    # A worker that has ended is no longer listed ("only active workers"), yet its log is what a
+    # user wants after a failure: ask for it anyway, and name the listed ones if RunPod has none.
+    try:
+        for event in api.worker_logs(str(e["id"]), worker, tail=args.tail, source=args.source, idle_s=args.idle):
+            print(f"{event.get('ts', '')} {event.get('source', '')}: {event.get('line', '')}", flush=True)
+    except RunPodAPIError as err:
+        if err.status != 404:
+            raise
+        raise KilnError(f"endpoint {e.get('name')} has no worker {worker!r} (RunPod: {err}); its workers: "
+                        f"{', '.join(workers) or 'none'}") from None
     return 0
 
 

@@ -14,7 +14,8 @@ RunPod. It stands for two real APIs:
   http://127.0.0.1:<port>/<id>/<path> here (the endpoint's requestUrls.base says which).
 
 Workers are real Kiln supervisors (workers.py) with PORT, PORT_HEALTH and HEALTH_CHECK_PATH from
-the endpoint's env. Every `tick_s` the scaler reads each worker's health path: 200 healthy
+the endpoint's env; without a WorkerRunner none ever starts (no capacity anywhere: a request waits,
+then gets the load balancer's 400). Every `tick_s` the scaler reads each worker's health path: 200 healthy
 (IDLE, or RUNNING with a request in flight), 204 initializing, anything else UNHEALTHY (no answer
 counts as starting until the path first answered); a worker whose process ended leaves the list
 (its log stays readable). It starts workers while ceil(in-flight requests / requestCount) --
@@ -74,7 +75,7 @@ class ServerlessStandIn(RunPodStandIn):
 
     def __init__(self, api_key: str, *, workers: WorkerRunner | None = None,
                  catalog: list[dict[str, Any]] | None = None, secrets: dict[str, str] | None = None,
-                 no_worker_limit_s: float = 120.0, tick_s: float = 0.1, worker_stop_grace_s: float = 20.0):
+                 no_worker_limit_s: float = 120.0, tick_s: float = 0.2, worker_stop_grace_s: float = 20.0):
         default = [serverless_gpu("NVIDIA A40", "AMPERE_48")]
         super().__init__(api_key, catalog=catalog if catalog is not None else default, secrets=secrets)
         self.worker_runner = workers
@@ -413,8 +414,8 @@ class ServerlessStandIn(RunPodStandIn):
             self._start_worker(eid)
 
     def _start_worker(self, eid: str) -> None:
-        if self.worker_runner is None:
-            raise RuntimeError("ServerlessStandIn needs a WorkerRunner to start workers")
+        if self.worker_runner is None:        # no capacity: requests wait, then the load balancer's 400
+            return
         with self.lock:
             e = self._public(self.endpoints[eid])
             version = self.endpoints[eid]["_version"]

@@ -10,13 +10,16 @@ import json
 import os
 import subprocess
 import sys
+import threading
 from pathlib import Path
 
 import pytest
+import requests
 
 from images.runpod.api import RunPodAPI
 from images.runpod.schema import RunPodSchemaError
 from kiln_dev.runpod import ServerlessStandIn, serverless_gpu
+from kiln_dev.supervised import wait_for
 
 ROOT = Path(__file__).resolve().parents[2]
 TARGET = "a40-vllm-qwen3-coder"           # a GPU target with resolved pins: 1x A40, CUDA floor 13.0
@@ -133,8 +136,6 @@ def test_a_body_that_breaks_the_schema_never_leaves_the_machine(standin):
 
 def test_the_stand_in_answers_a_body_that_breaks_the_schema_with_runpods_422(standin):
     """What RunPod would answer, had Kiln sent it: a problem object listing each violation."""
-    import requests
-
     r = requests.post(standin.url + "/serverless", json={"name": "x", "type": "LOAD_BALANCER", "image": "a",
                                                          "scaling": {"type": "QUEUE_DELAY", "queueDelay": 4},
                                                          "gpu": {"pools": ["AMPERE_48"]}},
@@ -161,7 +162,8 @@ def test_logs_and_down_name_what_exists(standin):
     assert endpoint_cli(standin, "up", "--target", TARGET, "--no-network-volume").returncode == 0
     (e,) = standin.endpoints.values()
     r = endpoint_cli(standin, "logs", "--target", TARGET, "w123")
-    assert r.returncode == 2 and f"endpoint kiln-{TARGET} lists no worker 'w123'; its workers: none" in r.stderr
+    assert r.returncode == 2 and f"endpoint kiln-{TARGET} has no worker 'w123'" in r.stderr, r.stderr
+    assert "its workers: none" in r.stderr
     r = endpoint_cli(standin, "down", "--target", "a40-llamacpp")
     assert r.returncode == 2 and f"endpoints there: kiln-{TARGET} ({e['id']})" in r.stderr
     r = endpoint_cli(standin, "down", "--target", "no-such-target")
@@ -176,3 +178,26 @@ def test_an_api_error_is_one_line_without_the_key(standin):
     assert len(r.stderr.strip().splitlines()) == 1
     no_canary(r.stdout, r.stderr)
     assert json.dumps(standin.requests).count(ACCOUNT_KEY) == 0
+
+
+def test_a_request_with_no_worker_to_take_it_waits_then_gets_the_load_balancers_400(tmp_path):
+    """RunPod: no worker within 2 minutes (a cold worker not ready, or none placed) -> 400. Here no
+    worker can start at all, and the limit is scaled down to a second."""
+    with ServerlessStandIn(ACCOUNT_KEY, no_worker_limit_s=2.0) as standin:
+        assert endpoint_cli(standin, "up", "--target", TARGET, "--no-network-volume").returncode == 0
+        (e,) = standin.endpoints.values()
+        base = e["requestUrls"]["base"]
+        assert requests.get(base + "/v1/models", timeout=10).status_code == 401, "RunPod's key is required"
+        answers: list = []
+        asking = threading.Thread(target=lambda: answers.append(requests.post(
+            base + "/v1/chat/completions", json={"messages": []}, timeout=30,
+            headers={"Authorization": f"Bearer {ACCOUNT_KEY}"})))
+        asking.start()
+        wait_for(lambda: standin.waiting.get(e["id"]) == 1, 10, "the request waiting for a worker (in flight)")
+        asking.join(30)
+        (r,) = answers
+        assert r.status_code == 400 and r.json() == {"error": "no workers available"}
+        assert standin.balancer.routed == [] and standin.balancer.refused == [(e["id"], "/v1/chat/completions", 400)]
+        assert requests.get(f"{standin.balancer.base}/nope/v1/models", timeout=10,
+                            headers={"Authorization": f"Bearer {ACCOUNT_KEY}"}).status_code == 404
+    assert standin.faults == []
