@@ -92,8 +92,8 @@ def _up_arguments(p: argparse.ArgumentParser) -> None:
                    "/runpod-volume and shared by the workers (reused by name, else created; default: kiln-<target>)")
     p.add_argument("--network-volume-gb", type=int, default=0, help="size of a new network volume (default: the "
                    "target's volume_gb, at least 10)")
-    p.add_argument("--no-network-volume", action="store_true", help="no volume: every cold start downloads the "
-                   "model again")
+    p.add_argument("--no-network-volume", action="store_true", help="no volume (an existing endpoint's is "
+                   "detached): every cold start downloads the model again")
     p.add_argument("--data-center", action="append", default=[], metavar="DC", help="data center to create the "
                    "network volume in (exactly one; an existing volume decides where workers run)")
     p.add_argument("--wait", action="store_true", help="wait until a worker of the latest release reports healthy "
@@ -138,7 +138,7 @@ def _plan(args: argparse.Namespace, target, pins, compute, volume=None) -> ep.En
 
     plan = ep.build_endpoint(target, pins, compute, scaling=_scaling(args), repository=args.image,
                              image=args.image_ref, name=args.name, registry=args.registry_auth,
-                             network_volume=volume)
+                             network_volume=volume, no_volume=getattr(args, "no_network_volume", False))
     if plan.floating and not args.image_ref and not args.allow_floating:
         raise FloatingRefused(target, [f for f in missing(target, pins)])
     return plan

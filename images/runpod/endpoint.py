@@ -50,8 +50,10 @@ from .template import secret_ref, start_args
 HEALTH_CHECK_PATH = "/ping"
 FLASHBOOT = ("OFF", "FLASHBOOT", "PRIORITY_FLASHBOOT")
 # What a change to these fields does: a new release that rolls out as workers cycle (RunPod's
-# updateEndpoint description). Kiln follows such a rollout and can restore them.
-RELEASE_FIELDS = ("image", "args", "env", "ports", "disk", "registry", "gpu", "cpu")
+# updateEndpoint description names image and env; the rest change what a worker's container is or
+# sees too). Kiln follows such a rollout and can restore them.
+RELEASE_FIELDS = ("image", "args", "env", "ports", "disk", "registry", "gpu", "cpu", "networkVolumes",
+                  "dataCenterIds")
 
 
 @dataclass(frozen=True)
@@ -155,8 +157,10 @@ def api_key_env(target: Target) -> str | None:
 
 def build_endpoint(target: Target, pins: Mapping[str, Pin], compute: Compute, *, scaling: Scaling = Scaling(),
                    repository: str | None = None, image: str | None = None, name: str | None = None,
-                   registry: str | None = None, network_volume: tuple[str, str] | None = None) -> EndpointPlan:
-    """The endpoint for `target`. `network_volume` is (volume id, its data center)."""
+                   registry: str | None = None, network_volume: tuple[str, str] | None = None,
+                   no_volume: bool = False) -> EndpointPlan:
+    """The endpoint for `target`. `network_volume` is (volume id, its data center); `no_volume`
+    says none explicitly (networkVolumes [], so an update detaches one)."""
     bad = scaling.problems()
     if bad:
         raise KilnError("; ".join(bad))
@@ -195,6 +199,8 @@ def build_endpoint(target: Target, pins: Mapping[str, Pin], compute: Compute, *,
     if network_volume:
         body["networkVolumes"] = [network_volume[0]]
         body["dataCenterIds"] = [network_volume[1]]
+    elif no_volume:
+        body["networkVolumes"] = []
     if registry:
         body["registry"] = registry
     schema.check(body, "CreateEndpointRequest")

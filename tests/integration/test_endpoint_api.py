@@ -171,6 +171,20 @@ def test_logs_and_down_name_what_exists(standin):
     assert endpoint_cli(standin, "down", "--target", TARGET).returncode == 0
 
 
+def test_down_keeps_the_volume_unless_asked_and_no_volume_detaches_it(standin):
+    assert endpoint_cli(standin, *UP).returncode == 0
+    (vol,) = standin.volumes
+    detach = endpoint_cli(standin, "up", "--target", TARGET, "--no-network-volume")
+    assert detach.returncode == 0 and "changed: networkVolumes" in detach.stderr, detach.stderr
+    (e,) = standin.endpoints.values()
+    assert e["networkVolumes"] == [] and vol in standin.volumes
+    assert endpoint_cli(standin, *UP).returncode == 0 and e["id"] in standin.endpoints
+    assert standin.endpoints[e["id"]]["networkVolumes"] == [vol]
+    down = endpoint_cli(standin, "down", "--target", TARGET, "--delete-volume")
+    assert down.returncode == 0 and standin.endpoints == {} and standin.volumes == {}
+    assert f"network volume {vol}: deleted" in down.stderr and "kept" not in down.stdout
+
+
 def test_an_api_error_is_one_line_without_the_key(standin):
     standin.fail_next = (403, "no access for $AUTH")
     r = endpoint_cli(standin, *UP)
