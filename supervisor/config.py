@@ -27,6 +27,7 @@ from .errors import ConfigError
 from .failure import FailureClass
 from .fleet.record import CANARY_PREFIX, FLEET_BRANCH
 from .serverless import contract as serverless_contract
+from .serverless.volume import volume_state_dir
 from .validate import Problem, Reader, raise_if
 
 ENGINES = ("llamacpp", "vllm")       # the first is the default
@@ -342,6 +343,14 @@ def parse_config(text: str, *, source: str = "<memory>", env: Mapping[str, str] 
     env = os.environ if env is None else env
     _apply_env(data, env, problems)
     health_path = serverless_contract.apply_env(data, env, problems)
+    if health_path is not None and "KILN_STATE_DIR" not in env:
+        # A Serverless worker keeps its state on the endpoint's network volume when there is one
+        # (supervisor/serverless/volume.py); the image's state_dir names a pod's volume.
+        table = data.get("serverless")
+        shared = volume_state_dir(table.get("volume", ServerlessSpec.volume) if isinstance(table, dict)
+                                  else ServerlessSpec.volume)
+        if shared is not None:
+            data["state_dir"] = shared
     cfg = _build(Reader(data, "", problems), source, env.get(RUNPOD_API_URL_ENV), health_path)
     raise_if(problems, f"deploy config {source}")
     assert cfg is not None

@@ -101,10 +101,17 @@ class Supervisor:
         self.opts = opts or Options()
         env = dict(os.environ if self.opts.env is None else self.opts.env)
         self.boot_cfg = cfg
+        # A Serverless worker keeps its own state in a directory of its own on the shared volume
+        # (serverless/volume.py); what all workers share stays at state_dir.
         self.state_dir = Path(cfg.state_dir)
+        if cfg.serverless.active:
+            from ..serverless.volume import worker_dir
+
+            self.state_dir = worker_dir(cfg.state_dir, env)
         self.rec = Record(__version__)
         self.rt = Runtime(env=env, state_dir=self.state_dir, rec=self.rec, secrets=Secrets(),
-                          hardware_probe=self.opts.hardware_probe, gpu_used=self.opts.gpu_used)
+                          hardware_probe=self.opts.hardware_probe, gpu_used=self.opts.gpu_used,
+                          shared_dir=Path(cfg.state_dir))
         self.inbox: queue.Queue[Any] = queue.Queue()
         self.relay = SignalRelay(notify=lambda: self.inbox.put(_Wake()))
         self.tasks = Tasks(self.inbox.put)
@@ -130,6 +137,8 @@ class Supervisor:
         from .. import hubclient
         self.rt.hub_token = hubclient.token(self.rt.env)
         self.rt.secrets.add(self.rt.hub_token, self.rt.env.get("HF_TOKEN"), self.rt.env.get("RUNPOD_API_KEY"))
+        if self.boot_cfg.serverless.active:
+            self._show_worker()
         if self.opts.status:        # a busy status port is one clear line before anything starts
             from ..status.listen import STATUS_PORT_FIX, check_free
             check_free("status.port", self.boot_cfg.status.host, self.boot_cfg.status.port, STATUS_PORT_FIX)
@@ -442,6 +451,21 @@ class Supervisor:
             if self.terminator is not None:
                 self.rec.update(runpod_terminate=self.terminator.to_dict())
 
+    def _show_worker(self) -> None:
+        """/status's `serverless` section: who this worker is and where its state and the shared state are."""
+        from ..serverless.volume import worker_id
+
+        spec, shared = self.boot_cfg.serverless, Path(self.boot_cfg.state_dir)
+        on_volume = Path(spec.volume) in shared.parents
+        self.rec.update(serverless={"worker": worker_id(self.rt.env), "health_path": spec.health_path,
+                                    "shared": str(shared), "own": str(self.state_dir), "volume": spec.volume,
+                                    "on_volume": on_volume})
+        log.info("serverless worker %s: health %s on port %d, state %s (shared: %s)", worker_id(self.rt.env),
+                 spec.health_path, self.boot_cfg.status.port, self.state_dir, shared)
+        if not on_volume:
+            self.rt.warn(f"no network volume at {spec.volume}: this worker keeps the model in {shared}, and every "
+                         "worker downloads it again (attach a network volume to the endpoint)")
+
     def _failure_key(self, cfg: DeployConfig) -> tuple[str, dict[str, Any]]:
         from ..ladder.memory import image_identity
         from ..serverless.failures import config_identity, failure_key
@@ -474,8 +498,7 @@ class Supervisor:
         log.error("serverless worker: it can never serve (%s); %s on port %d answers 503 and the worker exits "
                   "in %g s ([serverless] exit_grace_s) so RunPod releases it", why, spec.health_path,
                   self.boot_cfg.status.port, spec.exit_grace_s)
-        self.rec.update(serverless={"worker": worker_id(self.rt.env), "health_path": spec.health_path,
-                                    "exit_in_s": spec.exit_grace_s, "cause": why})
+        self.rec.merge("serverless", worker=worker_id(self.rt.env), exit_in_s=spec.exit_grace_s, cause=why)
         failure = self.machine.last_failure if self.machine else None
         if self.recalled or not failures.recordable(failure):
             return

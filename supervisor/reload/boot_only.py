@@ -16,6 +16,7 @@ import dataclasses
 from typing import Any, Mapping
 
 from ..config import ENV_OVERRIDES, DeployConfig
+from ..serverless.volume import volume_state_dir
 
 # Dotted name -> why the supervisor cannot take a change to it after boot.
 BOOT_ONLY: dict[str, str] = {
@@ -35,6 +36,8 @@ def boot_only_changes(raw: Mapping[str, Any], running: DeployConfig, env: Mappin
     ENV_OVERRIDES variable sets is never a change: the environment wins in both. [runpod] api_url
     is named whatever the environment says: it is where the key goes."""
     from_env = {path for name, (path, _) in ENV_OVERRIDES.items() if name in env}
+    if running.serverless.active and running.state_dir == volume_state_dir(running.serverless.volume):
+        from_env.add("state_dir")       # a Serverless worker's state is on the endpoint's volume
     out = []
     for name, why in BOOT_ONLY.items():
         *parents, leaf = name.split(".")

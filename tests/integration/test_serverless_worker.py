@@ -3,7 +3,8 @@ supervisor run` with PORT / PORT_HEALTH set as RunPod sets them, the CPU llama-s
 tiny random GGUF that fails its selftest), and the Hub stand-in (kiln_dev/hub/) for a model fetched
 into the volume. The health path answers 204 until the selftest passed, 200 while serving, 204
 again through a restart, 503 when the worker can never serve; such a worker exits after its grace
-and records why, and the next worker with the same failure exits without fetching anything."""
+and records why, and the next worker with the same failure exits without fetching anything. Workers sharing one
+volume download a model once (the others wait for it) and keep their own state apart."""
 
 from __future__ import annotations
 
@@ -19,7 +20,8 @@ import pytest
 
 from kiln_dev.hub import HubServer, client_env
 from kiln_dev.models import smollm2_gguf
-from kiln_dev.supervised import Supervised, config, free_port, http, wait_for
+from kiln_dev.supervised import SELFTEST_OFF, Supervised, config, free_port, http, wait_for
+from kiln_dev.throttle import Throttle
 
 pytestmark = pytest.mark.llama
 CANARY = "kiln-serverless-canary-5c1e"
@@ -152,3 +154,59 @@ def test_a_worker_that_can_never_serve_is_unhealthy_exits_after_its_grace_and_th
         assert "state FETCH" not in log and "state LAUNCHING" not in log     # neither downloaded nor loaded
     assert sum(hub.counts.values()) == 0, dict(hub.counts)                 # not one request to the Hub
     assert CANARY not in first.log() + second.log()
+
+
+BODY_ROUTES = ("resolve_get", "cdn_get", "xorb_get")       # what a download costs the Hub (test_fetch.py)
+
+
+def fetch_event(sup: Supervised) -> dict:
+    st = sup.status() or {}
+    return (st.get("model") or {}).get("fetch") or {}
+
+
+def test_two_workers_cold_starting_on_one_volume_download_the_model_once_and_keep_their_own_state(
+        tmp_path, prefix, tiny, hub):
+    body = tiny.read_bytes()
+    hub.seed(MODEL_REPO, {"tiny.gguf": body}, storage="lfs")
+    volume = tmp_path / "runpod-volume"
+    volume.mkdir()
+    # A slow link (one connection at 50 KB/s: ~10 s for the model) holds the first download open
+    # while the second worker starts.
+    with Throttle(int(hub.url.rsplit(":", 1)[1]), bytes_per_s=50_000) as slow:
+        env = {**hub.env, "HF_ENDPOINT": slow.url, "KILN_MODEL_FETCH_CONNECTIONS": "1",
+               "KILN_SERVERLESS_VOLUME": str(volume), "KILN_API_KEY": ""}
+        a = worker(tmp_path, prefix, f"hf://{MODEL_REPO}", state=tmp_path / "image-default", selftest=SELFTEST_OFF,
+                   name="wa", env=env)
+        with a:
+            wait_for(lambda: fetch_event(a).get("event") == "progress" and fetch_event(a).get("done", 0) > 0,
+                     60, "worker wa to be downloading")
+            b = worker(tmp_path, prefix, f"hf://{MODEL_REPO}", state=tmp_path / "image-default", selftest=SELFTEST_OFF,
+                       name="wb", env=env)
+            with b:
+                waiting = wait_for(lambda: (ev := fetch_event(b)).get("event") == "waiting" and ev,
+                                   60, "worker wb to say on /status that it waits for wa's download")
+                assert waiting["for"].startswith("worker wa ") and "reused" in waiting["why"]
+                sa, sb = a.wait_state("SERVING", timeout=120), b.wait_state("SERVING", timeout=120)
+                total = sa["model"]["total_bytes"]                     # the model and the repo's .gitattributes
+                assert total >= len(body) and served(hub) == total       # one download, by one worker
+                for st in (sa, sb):
+                    assert st["model"]["path"].startswith(str(volume / "kiln/hf/models--kiln-test--tiny/"))
+                    assert st["serverless"]["shared"] == str(volume / "kiln") and st["serverless"]["on_volume"]
+                assert sb["serverless"]["own"] == str(volume / "kiln/workers/wb")
+                key = (volume / "kiln/api-key").read_text().strip()   # generated once, served by both
+                for sup in (a, b):
+                    code, _ = http(f"http://127.0.0.1:{sup.api_port}/v1/models",
+                                   headers={"Authorization": f"Bearer {key}"})
+                    assert code == 200
+                assert b.stop() == 0
+                assert "model fetch: event=waiting for=worker wa " in b.log() and "event=turn" in b.log()
+            assert a.stop() == 0
+        for w in ("wa", "wb"):                                         # each worker's own state, apart
+            own = volume / "kiln/workers" / w
+            assert (own / "run/engine.log").is_file() and (own / "ladder-memory.json").is_file()
+        assert not (tmp_path / "image-default").exists()               # the image's state_dir was not used
+        assert key not in a.log() + b.log()
+
+
+def served(hub: HubServer) -> int:
+    return sum(hub.bytes_served[r] for r in BODY_ROUTES)

@@ -231,3 +231,82 @@ def test_a_term_during_the_grace_stops_at_once():
     fail_at_boot(m, 0.0)
     fx = m.step(E.Signal(signal.SIGTERM), 1.0)
     assert E.Shutdown(3) in fx and m.done and m.release_at is None
+
+
+# -- many workers, one volume -------------------------------------------------------------------------
+
+def test_a_worker_with_the_volume_keeps_its_state_there_and_without_it_where_the_config_says(tmp_path):
+    vol = tmp_path / "runpod-volume"
+    env = {"PORT": "8000", "PORT_HEALTH": "8001", "KILN_SERVERLESS_VOLUME": str(vol)}
+    assert parse(env).state_dir == "/workspace/kiln"                       # no volume mounted
+    vol.mkdir()
+    assert parse(env).state_dir == str(vol / "kiln")
+    assert parse({**env, "KILN_STATE_DIR": "/elsewhere"}).state_dir == "/elsewhere"   # said outright: kept
+    assert parse({"KILN_SERVERLESS_VOLUME": str(vol)}).state_dir == "/workspace/kiln"  # a pod: never
+    running = parse(env)     # a published config naming the image's state_dir is no change on a worker
+    assert boot_only_changes({"state_dir": "/workspace/kiln"}, running, env) == []
+
+
+def test_each_worker_has_its_own_directory_beside_the_shared_state(tmp_path):
+    from supervisor.serverless.volume import worker_dir
+
+    assert worker_dir(tmp_path, {"RUNPOD_POD_ID": "w1"}) == tmp_path / "workers/w1"
+    assert worker_dir(tmp_path, {"RUNPOD_POD_ID": "w1"}) != worker_dir(tmp_path, {"RUNPOD_POD_ID": "w2"})
+
+
+def test_the_driver_jit_cache_is_the_workers_own_and_the_compile_caches_are_shared(tmp_path):
+    from supervisor.engines import vllm
+    from supervisor.engines.launch import engine_environment
+
+    cfg = parse_config(BASE.replace('engine = "llamacpp"', 'engine = "vllm"'), env={})
+    rung = cfg.ladder.rungs[0]
+    own = tmp_path / "kiln/workers/w1"
+    env = engine_environment(vllm, cfg, rung, {}, None, own_dir=own)
+    assert env["CUDA_CACHE_PATH"] == str(own / "cache/cuda-jit")
+    assert env["VLLM_CACHE_ROOT"] == "/workspace/kiln/cache/vllm"          # cfg.state_dir: shared
+    assert env["TRITON_CACHE_DIR"] == "/workspace/kiln/cache/triton"
+    pod = engine_environment(vllm, cfg, rung, {}, None, own_dir=Path(cfg.state_dir))
+    assert pod["CUDA_CACHE_PATH"] == "/workspace/kiln/cache/cuda-jit"       # a pod: as before
+    mine = engine_environment(vllm, cfg, rung, {"CUDA_CACHE_PATH": "/mine"}, None, own_dir=own)
+    assert mine["CUDA_CACHE_PATH"] == "/mine"                                # the pod's env still wins
+
+
+def test_a_generated_key_is_created_once_for_every_worker(tmp_path):
+    from supervisor.engines.apikey import resolve
+
+    first = resolve("env:KILN_API_KEY", tmp_path, {})
+    second = resolve("env:KILN_API_KEY", tmp_path, {})
+    assert first.value == second.value and first.origin.startswith("generated") and second.origin.startswith("stored")
+    assert oct((tmp_path / "api-key").stat().st_mode & 0o777) == "0o600"
+    assert [p.name for p in tmp_path.iterdir()] == ["api-key"]               # no temporary file left
+
+
+def test_a_worker_that_finds_the_download_taken_waits_saying_for_whom_then_takes_its_turn(tmp_path):
+    from supervisor.errors import Cancelled
+    from supervisor.model.fetch.parent import wait_turn
+    from supervisor.model.fetch.volume_lock import VolumeLock, lock_file
+
+    path = lock_file(tmp_path / "hf", "owner/model")
+    assert path == tmp_path / "hf/.locks/kiln-fetch/models--owner--model.lock"
+    holder = VolumeLock(path, "wa")
+    assert holder.try_acquire()
+    assert holder.held_by()["worker"] == "wa"
+    seen: list[dict] = []
+    slept: list[float] = []
+
+    def sleep(s: float) -> None:        # the holder finishes while the waiter waits its fourth time
+        slept.append(s)
+        if len(slept) == 4:
+            holder.release()
+
+    waiter = VolumeLock(path, "wb")
+    waited = wait_turn(waiter, should_stop=lambda: False, sleep=sleep, report=seen.append)
+    assert waited >= 0 and len(slept) == 4
+    assert seen[0]["event"] == "waiting" and seen[0]["for"].startswith("worker wa (host ")
+    assert waiter.held_by()["worker"] == "wb"
+    other = VolumeLock(path, "wc")
+    with pytest.raises(Cancelled):
+        wait_turn(other, should_stop=lambda: True, sleep=lambda s: None, report=seen.append)
+    waiter.release()
+    assert other.try_acquire()                    # a holder that lets go (or dies) frees it
+    other.release()
