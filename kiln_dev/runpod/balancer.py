@@ -38,6 +38,7 @@ class Balancer:
         self.server.daemon_threads = True
         self.thread = threading.Thread(target=self.server.serve_forever, daemon=True)
         self.routed: list[tuple[str, str, str, int]] = []     # (endpoint id, worker id, path, status)
+        self.lock = threading.Lock()
         self.refused: list[tuple[str, str, int]] = []         # (endpoint id, path, status): no worker took it
 
     @property
@@ -75,11 +76,16 @@ class Balancer:
                 if worker is None:
                     lb.refused.append((eid, path, 400))
                     return self._error(400, "no workers available")
+                with lb.lock:             # recorded before the answer starts (status 0 until it ends)
+                    at = len(lb.routed)
+                    lb.routed.append((eid, worker.id, path, 0))
+                status = 0
                 try:
                     status = self._forward(worker, rest, body)
                 finally:
                     lb.standin.release_worker(worker)
-                lb.routed.append((eid, worker.id, path, status))
+                    with lb.lock:
+                        lb.routed[at] = (eid, worker.id, path, status)
 
             do_GET = do_POST = do_PUT = do_PATCH = do_DELETE = do_HEAD = _go
 
