@@ -78,14 +78,36 @@ def everything_recorded(standin: ServerlessStandIn) -> str:
     return standin.log_text() + "".join(logs) + "".join(system)
 
 
-@pytest.fixture
+@pytest.fixture(scope="module")
 def smol() -> Path:
     return smollm2_gguf()
 
 
+def damaged_copy(src: Path, dst: Path) -> Path:
+    """SmolLM2 with its weights corrupted: every layer's attention output and FFN down projection
+    zeroed in place (the gguf package, the file's own tensor layout). It loads like the original
+    and answers nothing useful, which only the selftest can tell."""
+    import shutil
+
+    from gguf import GGUFReader
+
+    shutil.copyfile(src, dst)
+    reader = GGUFReader(dst, "r+")
+    hit = [t for t in reader.tensors if t.name.endswith(("attn_output.weight", "ffn_down.weight"))]
+    for t in hit:
+        t.data[...] = 0
+    reader.data.flush()
+    assert hit, "no tensor to damage"
+    return dst
+
+
+@pytest.fixture(scope="module")
+def damaged(tmp_path_factory, smol) -> Path:
+    return damaged_copy(smol, tmp_path_factory.mktemp("models") / "smollm2-damaged.gguf")
+
+
 @pytest.fixture
-def standin(tmp_path, prefix, smol):
-    damaged = make_tiny_gguf(tmp_path / "damaged.gguf")    # loads, answers noise: the selftest refuses it
+def standin(tmp_path, prefix, smol, damaged):
 
     def config_for(endpoint, worker_id, volume):
         model = damaged if str(endpoint.get("image", "")).endswith(":damaged") else smol
