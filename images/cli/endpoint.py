@@ -209,7 +209,7 @@ def cmd_up(args: argparse.Namespace) -> int:
     code = 0
     if args.wait:
         outcome = rollout.wait_healthy(api, e, say, api_key=key, timeout_s=args.timeout or 1800.0,
-                                       poll_s=args.poll or 5.0)
+                                       poll_s=args.poll or 5.0, latest_only=change.new_release)
         if not outcome.healthy:
             code = _not_healthy(api, plan, change, outcome, key, target.name)
         else:

@@ -116,8 +116,11 @@ def _describe(workers: list[dict[str, Any]]) -> str:
 
 
 def wait_healthy(api: RunPodAPI, endpoint: dict[str, Any], say: Say, *, api_key: str, timeout_s: float,
-                 poll_s: float = 5.0, wake: bool = True, session: requests.Session | None = None) -> Outcome:
-    """Until a worker of the latest release is healthy, one of them gives up, or `timeout_s` passes."""
+                 poll_s: float = 5.0, wake: bool = True, latest_only: bool = True,
+                 session: requests.Session | None = None) -> Outcome:
+    """Until a worker of the latest release is healthy, one of them gives up, or `timeout_s` passes.
+    Without `latest_only` (a change that replaces no container: workers, scaling) any healthy
+    worker will do: whether RunPod marks the running ones stale then is not documented."""
     eid = str(endpoint["id"])
     session = session or requests.Session()
     deadline = time.monotonic() + timeout_s
@@ -132,7 +135,7 @@ def wait_healthy(api: RunPodAPI, endpoint: dict[str, Any], say: Say, *, api_key:
             listing = api.endpoint_workers(eid)
             version = listing.get("endpointVersion")
             workers = [w for w in listing.get("workers") or [] if isinstance(w, dict)]
-            latest = [w for w in workers if not w.get("isStale")]
+            latest = [w for w in workers if not w.get("isStale") or not latest_only]
             line = f"release v{version}: {_describe(workers)}"
             if line != last:
                 say(line)
