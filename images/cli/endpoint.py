@@ -161,9 +161,6 @@ def _volume(api, args: argparse.Namespace, target):
     from ..runpod import endpoints, volumes
 
     if args.no_network_volume:
-        if args.network_volume or args.network_volume_gb or args.data_center:
-            raise KilnError("--no-network-volume cannot be combined with --network-volume, --network-volume-gb or "
-                            "--data-center")
         return None
     name = args.network_volume or f"kiln-{target.name}"
     size = args.network_volume_gb or max(target.runpod.volume_gb, volumes.MIN_GB)
@@ -176,6 +173,9 @@ def cmd_up(args: argparse.Namespace) -> int:
 
     if not args.wait and (args.timeout is not None or args.poll is not None):
         raise KilnError("--timeout and --poll only go with --wait")
+    if args.no_network_volume and (args.network_volume or args.network_volume_gb or args.data_center):
+        raise KilnError("--no-network-volume cannot be combined with --network-volume, --network-volume-gb or "
+                        "--data-center")
     target, pins = opt.target_and_pins(args.target)
     compute = ep.offline_compute(target, pools=tuple(args.pool), gpu_count=args.gpu_count,
                                  cpu_flavor=args.cpu_flavor, vcpu=args.vcpu, docs=False)
@@ -185,7 +185,6 @@ def cmd_up(args: argparse.Namespace) -> int:
     _plan(args, target, pins, compute if not target.is_gpu else ep.Compute(pools=("catalog",), gpu_count=1))
     api = _api(args)
     floor = cuda_floor(target)
-    offer = None
     if target.is_gpu:
         if args.pool:
             compute = ep.Compute(pools=tuple(args.pool), gpu_count=compute.gpu_count, pools_from="--pool")

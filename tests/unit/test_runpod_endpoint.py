@@ -103,6 +103,13 @@ def test_an_option_a_command_does_not_take_is_refused(command, option):
     assert r.returncode == 2 and "unrecognized arguments" in r.stderr, r.stderr
 
 
+def test_contradicting_up_options_are_refused_before_any_key_or_request():
+    for args, says in ((["--no-network-volume", "--data-center", "EU-RO-1"], "--no-network-volume cannot be"),
+                       (["--timeout", "10"], "--timeout and --poll only go with --wait")):
+        r = run_build("endpoint", "up", "--target", "a40-llamacpp", *args)
+        assert r.returncode == 2 and says in r.stderr, r.stderr
+
+
 def test_an_unknown_target_is_refused_naming_the_targets():
     r = run_build("endpoint", "plan", "--target", "nope")
     assert r.returncode == 2 and "is not a known target" in r.stderr and "a40-llamacpp" in r.stderr
