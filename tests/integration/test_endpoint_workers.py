@@ -141,6 +141,9 @@ def test_a_cold_request_waits_streams_then_sixteen_streams_spread_over_three_wor
     assert worker == w1.id and standin.balancer.routed[0][:3] == (e["id"], w1.id, "/v1/chat/completions")
     became = [line for _, line in w1.system if "-> IDLE (health 200)" in line]
     assert became, w1.system
+    environ = Path(f"/proc/{w1.container.proc.pid}/environ").read_bytes().split(b"\0")
+    assert f"HF_TOKEN={HF_CANARY}".encode() in environ, "the secret reference was resolved into the worker"
+    assert f"RUNPOD_ENDPOINT_ID={e['id']}".encode() in environ
     st = requests.get(f"http://127.0.0.1:{w1.health_port}/status", timeout=5).json()
     assert st["selftest"]["passed"] is True and st["state"] == "SERVING"
     assert requests.get(f"http://127.0.0.1:{w1.health_port}/ping", timeout=5).status_code == 200
@@ -162,6 +165,8 @@ def test_a_cold_request_waits_streams_then_sixteen_streams_spread_over_three_wor
     by_worker = {wid for _, wid, _ in results}
     assert len(by_worker) == 3, f"16 streams went to {by_worker}"
 
+    # (a stream's last byte reaches the client before the load balancer counts its request done)
+    wait_for(lambda: sum(w.status == "IDLE" for w in live(standin, e["id"])) == 3, 30, "three idle workers")
     status = endpoint_cli(standin, "status", "--target", TARGET)
     assert status.returncode == 0 and "workers: 3 (running 0, idle 3" in status.stdout, status.stdout
     logs = endpoint_cli(standin, "logs", "--target", TARGET, w1.id, "--tail", "400", "--idle", "1")
