@@ -14,7 +14,8 @@ by supervisor/ or images/ (the image ships without it), and it never imports tes
     throttle            a slow link (a TCP relay capping bytes per second)
     registry            a real OCI registry (CNCF distribution) on loopback
     docker              the private Docker engine and a local base image
-    runpod/             a stand-in for RunPod's REST API v2 and its HTTP proxy, pods running real supervisors
+    runpod/             a stand-in for RunPod's REST API v2 and its HTTP proxy, pods running real supervisors;
+                        its Serverless half: load-balancing endpoints whose workers are real supervisors
 
 Importing the package, or any module here, loads neither numpy nor gguf: the model makers import
 them inside the functions that need them, so a bench or a status check starts fast.

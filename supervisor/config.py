@@ -5,7 +5,7 @@ the target's default at /etc/kiln/deploy.toml; a few named fields can be
 overridden from the environment (ENV_OVERRIDES), which RunPod templates use;
 a published config replaces the whole file through the watcher ([watch],
 supervisor/reload/watch.py), except what the supervisor reads only at boot ([watch],
-state_dir, [status], [runpod], server.tcp_port: supervisor/reload/boot_only.py): a
+state_dir, [status], [runpod], [serverless], server.tcp_port: supervisor/reload/boot_only.py): a
 published config may repeat those, and one that changes them is rejected by name.
 """
 
@@ -27,6 +27,8 @@ from typing import Any, Mapping
 from .errors import ConfigError
 from .failure import FailureClass
 from .fleet.record import CANARY_PREFIX, FLEET_BRANCH
+from .serverless import contract as serverless_contract
+from .serverless.volume import volume_state_dir
 from .validate import Problem, Reader, raise_if, read_text
 
 ENGINES = ("llamacpp", "vllm")       # the first is the default
@@ -62,6 +64,9 @@ ENV_OVERRIDES: dict[str, tuple[str, type]] = {
     "KILN_WATCH_POLL_S": ("watch.poll_s", float),
     "KILN_WATCH_DIR": ("watch.dir", str),
     "KILN_RUNPOD_TERMINATE_ON_TERMINAL_FAILURE": ("runpod.terminate_on_terminal_failure", bool),
+    "KILN_SERVERLESS_EXIT_GRACE_S": ("serverless.exit_grace_s", float),
+    "KILN_SERVERLESS_FAILURE_TTL_S": ("serverless.failure_ttl_s", float),
+    "KILN_SERVERLESS_VOLUME": ("serverless.volume", str),
 }
 _TRUE, _FALSE = ("1", "true", "yes", "on"), ("0", "false", "no", "off")
 
@@ -253,6 +258,28 @@ class SelfTerminateSpec:
 
 
 @dataclass(frozen=True)
+class ServerlessSpec:
+    """[serverless]: a worker of a RunPod Serverless load-balancing endpoint (supervisor/serverless/).
+    Read only in serverless mode, which the environment decides (PORT_HEALTH or RUNPOD_ENDPOINT_ID
+    set: `active`); RunPod's PORT, PORT_HEALTH and HEALTH_CHECK_PATH set server.port, status.port and
+    `health_path` then (supervisor/serverless/contract.py), never this table."""
+    # A worker that can never serve answers 503 on the health path (RunPod takes it out of routing),
+    # then exits after this grace so it stops billing. 60 s: RunPod documents no poll interval for an
+    # unhealthy load-balancing worker (the docs tell clients to retry /ping every 5-10 s), so a
+    # minute lets its health checks and an operator's `endpoint status` see the 503 and the cause on
+    # /status several times, and costs at most a minute of GPU per failed worker.
+    exit_grace_s: float = 60.0
+    # How long a deterministic failure recorded on the shared volume stops later workers of the same
+    # image and config at once (no download, no load). 30 min: a fix that changes the image or the
+    # config is a new key and never waits; one that changes only the env (a token) waits this long at
+    # most, or for the record to be deleted; a failure recorded wrongly blocks no longer than this.
+    failure_ttl_s: float = 1800.0
+    volume: str = "/runpod-volume"       # where Serverless mounts the endpoint's network volume
+    active: bool = False                 # from the environment only
+    health_path: str = serverless_contract.DEFAULT_HEALTH_PATH   # HEALTH_CHECK_PATH, from the environment
+
+
+@dataclass(frozen=True)
 class DeployConfig:
     engine: str
     model: ModelSpec
@@ -266,6 +293,7 @@ class DeployConfig:
     status: StatusSpec = StatusSpec()
     watch: WatchSpec = WatchSpec()
     runpod: SelfTerminateSpec = SelfTerminateSpec()
+    serverless: ServerlessSpec = ServerlessSpec()
     state_dir: str = DEFAULT_STATE_DIR
     source: str = "<memory>"        # where it was read from (not hashed)
 
@@ -277,11 +305,13 @@ class DeployConfig:
     @property
     def hash(self) -> str:
         """Stable identity of what would run: same config, same hash, wherever it came from.
-        [watch] says where updates come from and [runpod] what happens to the pod after a failure,
-        not what runs: both are left out."""
+        [watch] says where updates come from, [runpod] and [serverless] what happens to the pod or
+        worker after a failure, not what runs: they are left out (the ports and state_dir a Serverless
+        worker's environment sets are in)."""
         d = self.to_dict()
         d.pop("watch")
         d.pop("runpod")
+        d.pop("serverless")
         blob = json.dumps(d, sort_keys=True, separators=(",", ":"), default=list)
         return hashlib.sha256(blob.encode()).hexdigest()
 
@@ -309,7 +339,16 @@ def parse_config(text: str, *, source: str = "<memory>", env: Mapping[str, str] 
     problems: list[Problem] = []
     env = os.environ if env is None else env
     _apply_env(data, env, problems)
-    cfg = _build(Reader(data, "", problems), source, env.get(RUNPOD_API_URL_ENV))
+    health_path = serverless_contract.apply_env(data, env, problems)
+    if health_path is not None and "KILN_STATE_DIR" not in env:
+        # A Serverless worker keeps its state on the endpoint's network volume when there is one
+        # (supervisor/serverless/volume.py); the image's state_dir names a pod's volume.
+        table = data.get("serverless")
+        shared = volume_state_dir(table.get("volume", ServerlessSpec.volume) if isinstance(table, dict)
+                                  else ServerlessSpec.volume)
+        if shared is not None:
+            data["state_dir"] = shared
+    cfg = _build(Reader(data, "", problems), source, env.get(RUNPOD_API_URL_ENV), health_path)
     raise_if(problems, f"deploy config {source}")
     assert cfg is not None
     return cfg
@@ -360,7 +399,8 @@ def _apply_env(data: dict[str, Any], env: Mapping[str, str], problems: list[Prob
             node[leaf] = value
 
 
-def _build(r: Reader, source: str, runpod_url_env: str | None = None) -> DeployConfig | None:
+def _build(r: Reader, source: str, runpod_url_env: str | None = None,
+           health_path: str | None = None) -> DeployConfig | None:
     engine = r.str("engine", ENGINES[0], choices=ENGINES)
     model = _model(r.table("model", required=True))
     server = _server(r.table("server"), engine)
@@ -373,11 +413,12 @@ def _build(r: Reader, source: str, runpod_url_env: str | None = None) -> DeployC
     status = _status(r.table("status"))
     watch = _watch(r.table("watch"))
     runpod = _runpod(r.table("runpod"), runpod_url_env)
+    serverless = _serverless(r.table("serverless"), health_path)
     state_dir = r.str("state_dir", DEFAULT_STATE_DIR, pattern=r"/.*", pattern_hint="an absolute path")
     r.finish()
     cfg = DeployConfig(engine=engine, model=model, ladder=ladder, server=server, sampler=sampler,
                         selftest=selftest, hardware=hardware, health=health, restart=restart, status=status,
-                        watch=watch, runpod=runpod, state_dir=state_dir, source=source)
+                        watch=watch, runpod=runpod, serverless=serverless, state_dir=state_dir, source=source)
     for prob in cross_problems(cfg):
         r.problems.append(prob)
     return cfg
@@ -653,6 +694,21 @@ def _runpod(r: Reader, url_env: str | None) -> SelfTerminateSpec:
         api_url=url,
     )
     r.finish()
+    return s
+
+
+def _serverless(r: Reader, health_path: str | None) -> ServerlessSpec:
+    d = ServerlessSpec()
+    s = ServerlessSpec(
+        exit_grace_s=r.float("exit_grace_s", d.exit_grace_s, min=0.0, max=DAY_S),
+        failure_ttl_s=r.float("failure_ttl_s", d.failure_ttl_s, min=0.0, max=WEEK_S),
+        volume=r.str("volume", d.volume, pattern=r"/.*", pattern_hint="an absolute path"),
+        active=health_path is not None,
+        health_path=health_path or d.health_path,
+    )
+    r.finish()
+    if ".." in Path(s.volume).parts:
+        r.problem("volume", "must not contain '..'", s.volume)
     return s
 
 

@@ -36,7 +36,8 @@ this tree and listed here.
     ├── GateFailed               (images.ci.gate) the GPU selftest gate did not pass
     ├── PromoteError             (images.ci.promote) staging tags could not be promoted
     ├── RunPodAPIError           (images.runpod.api) RunPod's API refused or failed a request
-    └── NoMatchingHost           (images.runpod.pods) RunPod's catalog offers no host the image runs on
+    ├── NoMatchingHost           (images.runpod.pods) RunPod's catalog offers no host the image runs on
+    └── NoMatchingPool           (images.runpod.endpoints) no serverless pool offers a GPU the image runs on
 """
 
 from __future__ import annotations

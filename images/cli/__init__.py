@@ -9,6 +9,7 @@ script `pip install -e .` installs): one parser, every workstation command. Impo
     binaries.py   compile, publish-binaries
     runpod.py     template
     pods.py       pods up|status|logs|down|volumes
+    endpoint.py   endpoint plan|up|status|logs|down (RunPod Serverless load-balancing endpoints)
     fleet.py      publish-config, fleet-status
     generate.py   generate [--check]: every committed generated file (what they are: images/generate.py)
     legacy.py     the old single-command flag spellings (--list, --render, ...), for one release

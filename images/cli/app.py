@@ -23,7 +23,7 @@ import supervisor
 from supervisor.errors import KilnError
 from supervisor.redact import redact
 
-from . import binaries, fleet, generate, image, legacy, pins, pods, reference, runpod
+from . import binaries, endpoint, fleet, generate, image, legacy, pins, pods, reference, runpod
 from .command import Command, Formatter, add_commands, walk
 
 EXIT_USAGE = 2
@@ -36,6 +36,7 @@ COMMANDS: tuple[Command, ...] = (
     *binaries.COMMANDS,     # compile, publish-binaries
     *runpod.COMMANDS,       # template
     *pods.COMMANDS,         # pods up|status|logs|down|volumes
+    *endpoint.COMMANDS,     # endpoint plan|up|status|logs|down
     *fleet.COMMANDS,        # publish-config, fleet-status
     *generate.commands(lambda: reference.render(parser())),    # generate [--check]: docs/cli.md among them
 )

@@ -2,10 +2,14 @@
 schema (images/runpod/schema.py) first: a body that breaks it is never sent.
 
     templates / create_template / update_template / delete_template
-    gpu_types                 GET /catalog/gpus?include=AVAILABILITY&product=POD (cudaVersions, prices)
+    gpu_types                 GET /catalog/gpus?include=AVAILABILITY&product=POD|SERVERLESS (cudaVersions,
+                              prices; for SERVERLESS each type's pool and price.serverless)
     pods / pod / create_pod / terminate_pod    terminate is DELETE /pods/{id}; nothing here stops a pod
     pod_logs                  GET /pods/{id}/logs (Server-Sent Events)
     network_volumes / create_network_volume / delete_network_volume
+    endpoints / endpoint / create_endpoint / update_endpoint / delete_endpoint    /serverless[/{id}]
+    endpoint_workers / endpoint_releases     GET /serverless/{id}/workers, /releases
+    worker_logs               GET /serverless/{id}/workers/{workerId}/logs (Server-Sent Events)
 
 Errors never carry the API key, the request headers or the body Kiln sent: only the operation,
 the HTTP status and RunPod's own problem object (title, detail, errors) with anything that looks
@@ -100,10 +104,14 @@ class RunPodAPI:
         self._json("DELETE", f"/templates/{template_id}", f"DELETE /templates/{template_id}", ok=(200, 204))
 
     # -- catalog -------------------------------------------------------------------------------
-    def gpu_types(self, *, count: int = 1, cloud: str = "SECURE") -> list[dict[str, Any]]:
-        """GPU types with pod availability, per-GPU prices and the CUDA versions their hosts report."""
-        return self._list("/catalog/gpus", "gpus",
-                          params={"include": "AVAILABILITY", "product": "POD", "count": count, "cloud": cloud})
+    def gpu_types(self, *, count: int = 1, cloud: str = "SECURE", product: str = "POD") -> list[dict[str, Any]]:
+        """GPU types with their availability for `product` (POD or SERVERLESS), per-GPU prices and
+        the CUDA versions their hosts report; for SERVERLESS also each type's pool and its
+        price.serverless. `cloud` filters pod capacity (a serverless endpoint takes no cloud)."""
+        params: dict[str, Any] = {"include": "AVAILABILITY", "product": product, "count": count}
+        if product == "POD":
+            params["cloud"] = cloud
+        return self._list("/catalog/gpus", "gpus", params=params)
 
     # -- pods -------------------------------------------------------------------------------
     def pods(self) -> list[dict[str, Any]]:
@@ -133,8 +141,11 @@ class RunPodAPI:
         params: dict[str, Any] = {"tail": tail}
         if source:
             params["source"] = source
-        op = f"GET /pods/{pod_id}/logs"
-        r = self._request("GET", f"/pods/{pod_id}/logs", op, params=params, stream=True,
+        yield from self._events(f"/pods/{pod_id}/logs", params, idle_s)
+
+    def _events(self, path: str, params: Mapping[str, Any], idle_s: float) -> Iterator[dict[str, Any]]:
+        """A Server-Sent Events log stream's JSON events, until it is quiet for `idle_s`."""
+        r = self._request("GET", path, f"GET {path}", params=params, stream=True,
                           timeout=(self.timeout, idle_s), accept="text/event-stream")
         try:
             for raw in r.iter_lines(decode_unicode=True):
@@ -161,6 +172,55 @@ class RunPodAPI:
 
     def delete_network_volume(self, volume_id: str) -> None:
         self._json("DELETE", f"/network-volumes/{volume_id}", f"DELETE /network-volumes/{volume_id}", ok=(200, 204))
+
+
+    # -- serverless endpoints ----------------------------------------------------------------------
+    def endpoints(self) -> list[dict[str, Any]]:
+        return self._list("/serverless", "endpoints")
+
+    def endpoint(self, endpoint_id: str) -> dict[str, Any]:
+        return self._json("GET", f"/serverless/{endpoint_id}", f"GET /serverless/{endpoint_id}")
+
+    def create_endpoint(self, body: Mapping[str, Any]) -> dict[str, Any]:
+        return self._json("POST", "/serverless", "POST /serverless", body=dict(body),
+                          schema_name="CreateEndpointRequest", ok=(200, 201))
+
+    def update_endpoint(self, endpoint_id: str, body: Mapping[str, Any]) -> dict[str, Any]:
+        """PATCH: partial, only the fields in `body` change; a container change is a new release."""
+        return self._json("PATCH", f"/serverless/{endpoint_id}", f"PATCH /serverless/{endpoint_id}",
+                          body=dict(body), schema_name="UpdateEndpointRequest")
+
+    def delete_endpoint(self, endpoint_id: str) -> bool:
+        """DELETE /serverless/{id}: the endpoint and its workers. False when it was already gone (404)."""
+        try:
+            self._json("DELETE", f"/serverless/{endpoint_id}", f"DELETE /serverless/{endpoint_id}", ok=(200, 204))
+        except RunPodAPIError as e:
+            if e.status == 404:
+                return False
+            raise
+        return True
+
+    def endpoint_workers(self, endpoint_id: str) -> dict[str, Any]:
+        """{workers: [Worker], summary, endpointVersion}: the active workers only."""
+        return self._object(f"/serverless/{endpoint_id}/workers", "workers")
+
+    def endpoint_releases(self, endpoint_id: str) -> dict[str, Any]:
+        """{endpointVersion, rollout: RolloutSummary, releases: [Release], newest first}."""
+        return self._object(f"/serverless/{endpoint_id}/releases", "releases")
+
+    def worker_logs(self, endpoint_id: str, worker_id: str, *, tail: int = 100, source: str | None = None,
+                    idle_s: float = 3.0) -> Iterator[dict[str, Any]]:
+        """A worker's log events ({source, line, ts}), as pod_logs."""
+        params: dict[str, Any] = {"tail": tail}
+        if source:
+            params["source"] = source
+        yield from self._events(f"/serverless/{endpoint_id}/workers/{worker_id}/logs", params, idle_s)
+
+    def _object(self, path: str, key: str) -> dict[str, Any]:
+        out = self._json("GET", path, f"GET {path}")
+        if not isinstance(out, dict) or not isinstance(out.get(key), list):
+            raise RunPodAPIError(f"GET {path}", 200, f"expected an object with a {key!r} list")
+        return out
 
 
 def problem_text(r: requests.Response) -> str:

@@ -9,10 +9,11 @@ Draft202012Validator checks a body against them offline, with the document's `co
 root its `$ref`s resolve in. A body that breaks the schema never leaves the machine.
 
 On top, Kiln checks the rules the document states in prose and leaves to RunPod's handler (400):
-exactly one of `gpu`/`cpu` on a pod, a non-empty `gpu.allowedCudaVersions` never with
-`gpu.minCudaVersion`, at most one of `mounts.persistent`/`mounts.network`, no persistent mount
-on a CPU pod; and its own stricter reading: ports look like N/http or N/tcp (the document's
-description), a template's `args` is never empty (that would start the image's default).
+exactly one of `gpu`/`cpu` on a pod or an endpoint, a non-empty `gpu.allowedCudaVersions` never
+with `gpu.minCudaVersion`, at most one of `mounts.persistent`/`mounts.network`, no persistent
+mount on a CPU pod; and its own stricter reading: ports look like N/http or N/tcp (the document's
+description), a template's or an endpoint's `args` is never empty (that would start the image's
+default).
 Every problem is collected and reported at once.
 """
 
@@ -32,7 +33,8 @@ from ..paths import RUNPOD_SCHEMA
 
 PORT_RE = re.compile(r"[0-9]{1,5}/(http|tcp)")
 # The request bodies Kiln sends (components.schemas names).
-REQUESTS = ("CreateTemplateRequest", "UpdateTemplateRequest", "CreatePodRequest", "CreateNetworkVolumeRequest")
+REQUESTS = ("CreateTemplateRequest", "UpdateTemplateRequest", "CreatePodRequest", "CreateNetworkVolumeRequest",
+            "CreateEndpointRequest", "UpdateEndpointRequest")
 
 
 class RunPodSchemaError(ConfigError):
@@ -60,6 +62,12 @@ def gpu_types() -> tuple[str, ...]:
     """RunPod's GPU type ids as its docs list them (the v2 document enumerates none; `up` asks
     the live catalog, this list only catches a typo in a target offline)."""
     return tuple(document()["gpu_types"]["ids"])
+
+
+def serverless_pools() -> dict[str, tuple[str, ...]]:
+    """RunPod's serverless pools as its docs table lists them: pool id -> GPU short names ("A40").
+    Offline only (`endpoint plan`); the live catalog's `pool` field is authoritative."""
+    return {k: tuple(v) for k, v in document()["gpu_types"].get("serverless_pools", {}).items()}
 
 
 def _path(name: str, parts: Any) -> str:
@@ -116,21 +124,23 @@ def _rules(body: dict[str, Any], name: str) -> list[Problem]:
             if isinstance(p, str) and not PORT_RE.fullmatch(p):
                 out.append(Problem(f"{name}.ports[{i}]", "must be [port number]/[protocol], protocol http or tcp",
                                    p, "e.g. 8080/http, 8082/tcp"))
-    if name == "CreateTemplateRequest" and not str(body.get("args") or "").strip():
+    if name in ("CreateTemplateRequest", "CreateEndpointRequest") and not str(body.get("args") or "").strip():
         out.append(Problem(f"{name}.args", "must start the supervisor explicitly: empty args run the image's "
                            "default command (Kiln never relies on it)", body.get("args", "")))
     mounts = body.get("mounts") if isinstance(body.get("mounts"), dict) else {}
     if mounts.get("persistent") and mounts.get("network"):
         out.append(Problem(f"{name}.mounts", "holds both persistent and network: at most one (RunPod answers 400)"))
-    if name == "CreatePodRequest":
+    if name in ("CreatePodRequest", "CreateEndpointRequest"):
         has_gpu, has_cpu = "gpu" in body, "cpu" in body
         if has_gpu == has_cpu:
-            out.append(Problem(name, "needs exactly one of gpu or cpu (RunPod answers 400)",
-                               allowed="gpu: {id, count}, or cpu: {id, vcpuCount}"))
-        gpu = body.get("gpu") if isinstance(body.get("gpu"), dict) else {}
-        if gpu.get("allowedCudaVersions") and "minCudaVersion" in gpu:
-            out.append(Problem(f"{name}.gpu", "a non-empty allowedCudaVersions excludes minCudaVersion "
-                               "(RunPod answers 400)", {k: gpu[k] for k in ("allowedCudaVersions", "minCudaVersion")}))
-        if has_cpu and mounts.get("persistent"):
+            allowed = "gpu: {id, count}, or cpu: {id, vcpuCount}" if name == "CreatePodRequest" \
+                else "gpu: {pools, count}, or cpu: [{id, vcpuCount}]"
+            out.append(Problem(name, "needs exactly one of gpu or cpu (RunPod answers 400)", allowed=allowed))
+    gpu = body.get("gpu") if isinstance(body.get("gpu"), dict) else {}
+    if gpu.get("allowedCudaVersions") and gpu.get("minCudaVersion"):
+        out.append(Problem(f"{name}.gpu", "a non-empty allowedCudaVersions excludes minCudaVersion "
+                           "(RunPod answers 400)", {k: gpu[k] for k in ("allowedCudaVersions", "minCudaVersion")}))
+    if name == "CreatePodRequest":
+        if "cpu" in body and mounts.get("persistent"):
             out.append(Problem(f"{name}.mounts.persistent", "is invalid on a CPU pod (network volumes only)"))
     return out

@@ -5,8 +5,9 @@
 The file keeps, verbatim, the operations Kiln calls (OPERATIONS) and every component they reach
 through `$ref`, whole: nothing is edited, so a body that validates here validates against the
 document RunPod publishes. The notes written by hand (`verified`, `unresolved`, `kiln_reading`)
-are carried over from the current file. `--gpu-types` refreshes the GPU id list from the docs
-page references/gpu-types.mdx (the v2 document enumerates no GPU ids: the catalog is live).
+are carried over from the current file. `--gpu-types` refreshes the GPU id list and the serverless
+pool table from the docs page references/gpu-types.mdx (the v2 document enumerates neither: the
+catalog is live; `endpoint plan` reads the pool table offline, `endpoint up` the live catalog).
 Get the document from the public runpod/docs repository, api-reference-v2/openapi.json.
 
 The file is vendored, not generated: `python build.py generate --check` cannot re-derive it
@@ -41,6 +42,11 @@ OPERATIONS: dict[str, tuple[str, ...]] = {
     "/v2/catalog/gpus": ("get",),
     "/v2/network-volumes": ("get", "post"),
     "/v2/network-volumes/{id}": ("get", "delete"),
+    "/v2/serverless": ("get", "post"),
+    "/v2/serverless/{id}": ("get", "patch", "delete"),
+    "/v2/serverless/{id}/workers": ("get",),
+    "/v2/serverless/{id}/workers/{workerId}/logs": ("get",),
+    "/v2/serverless/{id}/releases": ("get",),
 }
 METHODS = ("get", "put", "post", "patch", "delete")
 
@@ -126,6 +132,24 @@ def gpu_ids(mdx: str) -> list[str]:
     return ids
 
 
+def gpu_pools(mdx: str) -> dict[str, list[str]]:
+    """The `Pool ID` table of references/gpu-types.mdx: pool id -> the GPU names it lists (short
+    names as the page writes them, "A6000", "6000 Ada": not the catalog's type ids)."""
+    pools: dict[str, list[str]] = {}
+    in_table = False
+    for line in mdx.splitlines():
+        cells = [c.strip() for c in line.strip().strip("|").split("|")]
+        if cells and cells[0] == "Pool ID":
+            in_table = True
+            continue
+        if in_table:
+            if not line.strip().startswith("|"):
+                break
+            if len(cells) >= 2 and not re.fullmatch(r":?-+:?", cells[0]):
+                pools[cells[0].strip("`")] = [g.strip() for g in cells[1].split(",") if g.strip()]
+    return pools
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(prog="python -m images.runpod.vendor", description=__doc__,
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -141,9 +165,10 @@ def main(argv: list[str] | None = None) -> int:
     old = json.loads(RUNPOD_SCHEMA.read_text(encoding="utf-8")) if RUNPOD_SCHEMA.is_file() else {}
     gpu = old.get("gpu_types", {})
     if args.gpu_types:
+        mdx = args.gpu_types.read_text(encoding="utf-8")
         gpu = {"from": f"{REPOSITORY}/blob/{args.commit}/{GPU_TYPES_PATH}",
                "rendered_at": "https://docs.runpod.io/references/gpu-types",
-               "ids": gpu_ids(args.gpu_types.read_text(encoding="utf-8"))}
+               "ids": gpu_ids(mdx), "serverless_pools": gpu_pools(mdx)}
     out = {
         "$comment": old.get("$comment", ""),
         "provenance": {

@@ -16,9 +16,18 @@
                    RUNPOD_API_KEY set, as RunPod does), its private ports mapped to free loopback ports.
     proxy.py       the HTTP proxy: /<podId>-<port>/... is forwarded to that pod's mapped port, for
                    ports the pod exposes as http, while the pod is RUNNING.
+    serverless.py  RunPod Serverless: the /v2/serverless routes (endpoints, workers, releases, worker
+                   logs) on the same server, and the scaler (workers between min and max on in-flight
+                   requests, back to zero after idleTimeout; each configuration change a release).
+    balancer.py    an endpoint's URL (https://<id>.api.runpod.ai/<path>): /<id>/<path> on loopback,
+                   routed only to a worker whose health path answers 200, streamed through.
+    workers.py     what runs in a serverless worker: a real supervisor with PORT, PORT_HEALTH and
+                   HEALTH_CHECK_PATH, the endpoint's network volume shared at /runpod-volume.
 """
 
 from .api import RunPodStandIn, gpu_type
 from .containers import SupervisorRunner
+from .serverless import ServerlessStandIn, serverless_gpu
+from .workers import WorkerRunner
 
-__all__ = ["RunPodStandIn", "SupervisorRunner", "gpu_type"]
+__all__ = ["RunPodStandIn", "ServerlessStandIn", "SupervisorRunner", "WorkerRunner", "gpu_type", "serverless_gpu"]

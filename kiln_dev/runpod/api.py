@@ -411,6 +411,17 @@ class RunPodStandIn:
         raise Problem(405, "method not allowed")
 
     # -- logs (Server-Sent Events) ------------------------------------------------------------
+    def log_source(self, path: str) -> Callable[[], tuple[list[tuple[str, str, str]], bool]] | None:
+        """For a log route, what its stream reads: () -> ((ts, source, line) so far, whether the
+        pod is gone); None for any other route. An unknown pod is a 404."""
+        m = re.fullmatch(r"/v2/pods/([^/]+)/logs", path)
+        if not m:
+            return None
+        pid = m.group(1)
+        if pid not in self.pods:
+            raise Problem(404, "pod not found")
+        return lambda: (self.log_lines(pid), pid not in self.pods)
+
     def log_lines(self, pid: str) -> list[tuple[str, str, str]]:
         """(ts, source, line) for the pod, system lines first, then the container's output."""
         out = [(ts, "system", line) for ts, line in self.system_log.get(pid, [])]
@@ -451,18 +462,15 @@ class RunPodStandIn:
                         status, text = standin.fail_next
                         standin.fail_next = None
                         return self._problem(Problem(status, text.replace("$AUTH", self.headers["Authorization"])))
-                    if self.command == "GET" and re.fullmatch(r"/v2/pods/[^/]+/logs", path):
-                        pid = path.split("/")[3]
-                        if pid not in standin.pods:
-                            return self._problem(Problem(404, "pod not found"))
-                    else:
-                        try:
+                    try:
+                        source = standin.log_source(path) if self.command == "GET" else None
+                        if source is None:
                             status, out = standin.handle(self.command, path, query, body, entry["auth"])
-                        except Problem as p:
-                            return self._problem(p)
-                        entry["status"] = status
-                        return self._send(status, out)
-                self._stream_logs(path.split("/")[3], query)
+                            entry["status"] = status
+                            return self._send(status, out)
+                    except Problem as p:
+                        return self._problem(p)
+                self._stream_logs(source, query)
 
             do_GET = do_POST = do_PATCH = do_DELETE = do_PUT = _go
 
@@ -482,7 +490,8 @@ class RunPodStandIn:
                 self.end_headers()
                 self.wfile.write(data)
 
-            def _stream_logs(self, pid: str, query: dict[str, list[str]]) -> None:
+            def _stream_logs(self, source_of: Callable[[], tuple[list[tuple[str, str, str]], bool]],
+                             query: dict[str, list[str]]) -> None:
                 tail = int(query.get("tail", ["100"])[0])
                 source = query.get("source", [None])[0]
                 self.send_response(200)
@@ -497,8 +506,8 @@ class RunPodStandIn:
                 try:
                     while not standin.closing.is_set():
                         with standin.lock:
-                            lines = [x for x in standin.log_lines(pid) if source in (None, x[1])]
-                            gone = pid not in standin.pods
+                            lines, gone = source_of()
+                            lines = [x for x in lines if source in (None, x[1])]
                         if first:
                             sent = max(0, len(lines) - tail)
                             first = False

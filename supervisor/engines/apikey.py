@@ -36,6 +36,31 @@ def _write_private(path: Path, text: str) -> None:
     os.chmod(path, 0o600)
 
 
+def _create_once(path: Path, value: str) -> str:
+    """Store `value` at `path` unless another process got there first; the stored key either way.
+    Serverless workers sharing a volume start together, and one endpoint must serve one key: the
+    key is written whole beside the path, then linked into place, which fails if it exists."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    _write_private(tmp, value + "\n")
+    try:
+        os.link(tmp, path)
+    except FileExistsError:
+        pass
+    except OSError:                      # a filesystem without hard links: the file itself, exclusively
+        try:
+            fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+        except FileExistsError:
+            pass
+        else:
+            with os.fdopen(fd, "w", encoding="utf-8") as f:
+                f.write(value + "\n")
+    finally:
+        tmp.unlink(missing_ok=True)
+    stored = path.read_text(encoding="utf-8").strip()
+    return stored or value
+
+
 def resolve(spec: str, state_dir: Path, env: Mapping[str, str]) -> ApiKey:
     if spec == "none":
         return ApiKey(None, "none (server.api_key = \"none\": the engine accepts every request)")
@@ -49,8 +74,7 @@ def resolve(spec: str, state_dir: Path, env: Mapping[str, str]) -> ApiKey:
             return ApiKey(stored.read_text(encoding="utf-8").strip(), f"stored: {stored} ({ref} unset)")
         import secrets   # only a first boot without a key pays for this import
 
-        value = secrets.token_urlsafe(32)
-        _write_private(stored, value + "\n")
+        value = _create_once(stored, secrets.token_urlsafe(32))
         return ApiKey(value, f"generated: {stored} ({ref} unset)")
     if kind == "file":
         try:

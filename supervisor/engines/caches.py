@@ -7,6 +7,21 @@ keeps the machine code it JIT-compiles from PTX (the A40 build's compute_86 PTX 
 CUDA_CACHE_PATH (~/.nv/ComputeCache, at most CUDA_CACHE_MAXSIZE bytes, 256 MiB by default). The
 supervisor's state_dir is on the volume (images/target.py checks that for Hub models), so the
 caches go there. A rung's own env setting of any of these wins.
+
+Serverless workers share one volume (supervisor/serverless/volume.py), and a cache is shared
+between them only where its writers never leave a half-written entry for a reader:
+- shared: vLLM's, Inductor's and Triton's. Their entries are content-keyed and written whole then
+  renamed into place: torch >= 2.10 writes Inductor artifacts atomically (pytorch#162432), vLLM
+  saves its compile artifacts in the binary format by default (vllm-project/vllm#27616, for
+  vllm#24601: concurrent `vllm serve` processes clobbered the unpacked directories), Triton
+  writes through a temporary file; SkyRL measured 8 engines compiling at once into one
+  VLLM_CACHE_ROOT with vLLM 0.28 / torch 2.11 without a failure (NovaSky-AI/SkyRL#2138).
+- per worker (`own_caches`): the driver's JIT cache. NVIDIA documents no locking for it across
+  processes, let alone hosts on a network volume, and other JIT caches that share a network
+  filesystem have failed on exactly that (deepseek-ai/DeepEP#683: a rename race that NFS makes
+  visible). So a Serverless worker keeps its own, in its worker directory: a PTX-only build pays
+  its JIT once per worker (~40 s for the A40 build on an H200: docs/benchmarks.md), unless the
+  worker comes back with its id (a restarted container).
 """
 
 from __future__ import annotations
@@ -22,6 +37,7 @@ from ..config import DeployConfig, Rung
 # 13's device run measures the cache it fills (docs/research/device-plan-2026-12-01.md).
 CUDA_JIT = {"CUDA_CACHE_PATH": "cuda-jit", "CUDA_CACHE_MAXSIZE": "4294967296"}
 TORCH_COMPILE = {"VLLM_CACHE_ROOT": "vllm", "TORCHINDUCTOR_CACHE_DIR": "torchinductor", "TRITON_CACHE_DIR": "triton"}
+PER_WORKER = ("CUDA_CACHE_PATH",)        # never shared between Serverless workers (the module doc says why)
 
 
 def cache_root(cfg: DeployConfig) -> Path:
@@ -39,4 +55,14 @@ def cache_env(cfg: DeployConfig, rung: Rung, names: Mapping[str, str]) -> dict[s
             out[var] = sub
             continue
         out[var] = str(cache_root(cfg) / sub)
+    return out
+
+
+def own_caches(env: dict[str, str], cfg: DeployConfig, rung: Rung, own_dir: Path) -> dict[str, str]:
+    """`env` (an engine's defaults) with the caches that are never shared moved under `own_dir`, this
+    supervisor's own directory (a Serverless worker's; a pod's is its state_dir: nothing moves)."""
+    out = dict(env)
+    for var in PER_WORKER:
+        if var in out and var not in rung.env and out[var] == str(cache_root(cfg) / CUDA_JIT[var]):
+            out[var] = str(own_dir / "cache" / CUDA_JIT[var])
     return out

@@ -28,6 +28,7 @@ from ..failure import Failure, FailureClass, classify
 from ..process.managed import ManagedProcess
 from ..lifecycle.runtime import Runtime
 from ..lifecycle.state import Live
+from .caches import own_caches
 
 log = logging.getLogger("kiln")
 
@@ -93,11 +94,14 @@ def secret_env_names(cfg: DeployConfig) -> set[str]:
 
 
 def engine_environment(engine: Any, cfg: DeployConfig, rung: Rung, pod_env: Mapping[str, str],
-                       api_key: str | None) -> dict[str, str]:
-    """The engine's environment: its defaults (the compile caches) < the pod's environment, without
-    the secrets the engine has no use for < the rung's env < what the engine must have (vLLM's key)."""
+                       api_key: str | None, own_dir: Path | None = None) -> dict[str, str]:
+    """The engine's environment: its defaults (the compile caches; those never shared between
+    Serverless workers under `own_dir`) < the pod's environment, without the secrets the engine has
+    no use for < the rung's env < what the engine must have (vLLM's key)."""
     secret_names = secret_env_names(cfg)
     env = engine.engine_defaults(cfg, rung)
+    if own_dir is not None:
+        env = own_caches(env, cfg, rung, own_dir)
     env.update({k: v for k, v in pod_env.items() if k not in secret_names})
     env.update(rung.env)
     env.update(engine.engine_env(cfg, rung, api_key))
@@ -154,7 +158,7 @@ def start(rt: Runtime, cfg: DeployConfig, index: int, model: Path,
     argv = rt.engine.build_argv(cfg, rung, model_path=str(model),
                                 api_key_file=str(rt.key_file) if rt.key_file else None,
                                 vcpus=rt.hw.vcpus if rt.hw else None)
-    env = engine_environment(rt.engine, cfg, rung, rt.env, rt.api_key)
+    env = engine_environment(rt.engine, cfg, rung, rt.env, rt.api_key, own_dir=rt.state_dir)
     log_path = rt.run_dir / ENGINE_LOG
     try:
         proc = ManagedProcess.start(argv, env=env, on_line=on_line, redact=list(rt.secrets), log_file=str(log_path),

@@ -19,6 +19,8 @@ calls the part that does the work, given what it needs and never the loop:
     reload/tracker.py         the reload book: boot from last good, record a decision, mark good
     host/residency.py         how much of a serving model stayed in host RAM (Serving)
     fleet/self_terminate.py   a pod that can never serve terminates itself (Failed)
+    serverless/failures.py    a Serverless worker's deterministic failure, recorded on the shared
+                              volume (Failed) and recalled before anything is fetched (Prepare)
     peripherals.py            status page, TCP relay, config watcher, fleet reporter: started at
                               the loop's first idle moment (P1), wired with callbacks
 """
@@ -99,10 +101,17 @@ class Supervisor:
         self.opts = opts or Options()
         env = dict(os.environ if self.opts.env is None else self.opts.env)
         self.boot_cfg = cfg
+        # A Serverless worker keeps its own state in a directory of its own on the shared volume
+        # (serverless/volume.py); what all workers share stays at state_dir.
         self.state_dir = Path(cfg.state_dir)
+        if cfg.serverless.active:
+            from ..serverless.volume import worker_dir
+
+            self.state_dir = worker_dir(cfg.state_dir, env)
         self.rec = Record(__version__)
         self.rt = Runtime(env=env, state_dir=self.state_dir, rec=self.rec, secrets=Secrets(),
-                          hardware_probe=self.opts.hardware_probe, gpu_used=self.opts.gpu_used)
+                          hardware_probe=self.opts.hardware_probe, gpu_used=self.opts.gpu_used,
+                          shared_dir=Path(cfg.state_dir))
         self.inbox: queue.Queue[Any] = queue.Queue()
         self.relay = SignalRelay(notify=lambda: self.inbox.put(_Wake()))
         self.tasks = Tasks(self.inbox.put)
@@ -116,6 +125,7 @@ class Supervisor:
         self.peripherals: Any = None                # lifecycle/peripherals.py, started once the engine is on its way
         self.terminator: Any = None                 # fleet/self_terminate.py Termination, while FAILED with it on
         self.model_records: dict[str, dict[str, Any]] = {}   # model path -> its /status record, shown once it serves
+        self.recalled = False                       # serverless: this boot failed from the volume's record
 
     # -- the loop ----------------------------------------------------------------------------------
     def run(self) -> int:
@@ -127,11 +137,15 @@ class Supervisor:
         from .. import hubclient
         self.rt.hub_token = hubclient.token(self.rt.env)
         self.rt.secrets.add(self.rt.hub_token, self.rt.env.get("HF_TOKEN"), self.rt.env.get("RUNPOD_API_KEY"))
+        if self.boot_cfg.serverless.active:
+            self._show_worker()
         if self.opts.status:        # a busy status port is one clear line before anything starts
             from ..status.listen import STATUS_PORT_FIX, check_free
             check_free("status.port", self.boot_cfg.status.host, self.boot_cfg.status.port, STATUS_PORT_FIX)
         live = self.reloads.boot_live(self.boot_cfg, self.rt.env)
-        self.machine = Machine(live, exit_on_failure=self.opts.exit_on_failure)
+        sls = self.boot_cfg.serverless
+        self.machine = Machine(live, exit_on_failure=self.opts.exit_on_failure,
+                               release_after_s=sls.exit_grace_s if sls.active else None)
         try:
             self._apply(self.machine.start())
             while self.exit_code is None:
@@ -265,6 +279,11 @@ class Supervisor:
     def _do_Prepare(self, fx: E.Prepare) -> None:
         if fx.probe:
             preflight.probe(self.rt)
+            recorded = self._recall_failure(fx.live.cfg) if self.boot_cfg.serverless.active else None
+            if recorded is not None:            # nothing fetched, nothing loaded: FAILED, then released
+                self.recalled = True
+                self.inbox.put(E.Prepared(fx.token, recorded, 0))
+                return
         failure, first = preflight.prepare(self.rt, fx.live.cfg, self.memory)
         self.inbox.put(E.Prepared(fx.token, failure, first))
 
@@ -423,6 +442,8 @@ class Supervisor:
         failure = fx.failure
         why = f"{failure.failure_class.value}: {self.rt.secrets.redact(failure.reason)}" if failure else "unknown"
         log.error("FAILED: %s", why)
+        if self.boot_cfg.serverless.active:
+            self._release(why)
         spec = self.machine.live.cfg.runpod if self.machine else self.boot_cfg.runpod
         if self.terminator is None and spec.terminate_on_terminal_failure:
             from ..fleet import self_terminate
@@ -430,6 +451,70 @@ class Supervisor:
             self.terminator = self_terminate.arm(spec, self.rt.env, failure=why, on_event=self.rec.event)
             if self.terminator is not None:
                 self.rec.update(runpod_terminate=self.terminator.to_dict())
+
+    def _show_worker(self) -> None:
+        """/status's `serverless` section: who this worker is and where its state and the shared state are."""
+        from ..serverless.volume import worker_id
+
+        spec, shared = self.boot_cfg.serverless, Path(self.boot_cfg.state_dir)
+        on_volume = Path(spec.volume) in shared.parents
+        self.rec.update(serverless={"worker": worker_id(self.rt.env), "health_path": spec.health_path,
+                                    "shared": str(shared), "own": str(self.state_dir), "volume": spec.volume,
+                                    "on_volume": on_volume})
+        log.info("serverless worker %s: health %s on port %d, state %s (shared: %s)", worker_id(self.rt.env),
+                 spec.health_path, self.boot_cfg.status.port, self.state_dir, shared)
+        if not on_volume:
+            self.rt.warn(f"no network volume at {spec.volume}: this worker keeps the model in {shared}, and every "
+                         "worker downloads it again (attach a network volume to the endpoint)")
+
+    def _failure_key(self, cfg: DeployConfig) -> tuple[str, dict[str, Any]]:
+        from ..ladder.memory import image_identity
+        from ..serverless.failures import config_identity, failure_key
+
+        gpus = [g.name for g in self.rt.hw.gpus] if self.rt.hw is not None else []
+        about = {"image": image_identity(), "config": config_identity(cfg), "config_hash": cfg.hash,
+                 "gpus": sorted(gpus)}
+        return failure_key(about["image"], about["config"], gpus), about
+
+    def _recall_failure(self, cfg: DeployConfig) -> Failure | None:
+        """Serverless, at boot: a deterministic failure another worker recorded for this very image,
+        config and GPU kind, still fresh (serverless/failures.py)."""
+        from ..serverless import failures
+
+        key, _ = self._failure_key(cfg)
+        spec = self.boot_cfg.serverless
+        rec = failures.recall(Path(cfg.state_dir), key, ttl_s=spec.failure_ttl_s, now=time.time())
+        if rec is None:
+            return None
+        return failures.as_failure(rec, ttl_s=spec.failure_ttl_s, now=time.time())
+
+    def _release(self, why: str) -> None:
+        """Serverless, FAILED: say why once, record a deterministic failure for the next worker, and
+        let the machine release the worker after the grace (its deadline is already set)."""
+        from ..serverless import failures
+        from ..serverless.volume import worker_id
+
+        spec = self.boot_cfg.serverless
+        why = " ".join(why.split())
+        log.error("serverless worker: it can never serve (%s); %s on port %d answers 503 and the worker exits "
+                  "in %g s ([serverless] exit_grace_s) so RunPod releases it", why, spec.health_path,
+                  self.boot_cfg.status.port, spec.exit_grace_s)
+        self.rec.merge("serverless", worker=worker_id(self.rt.env), exit_in_s=spec.exit_grace_s, cause=why)
+        failure = self.machine.last_failure if self.machine else None
+        if self.recalled or not failures.recordable(failure):
+            return
+        assert failure is not None and self.machine is not None
+        cfg = self.machine.live.cfg
+        key, about = self._failure_key(cfg)
+        try:
+            path = failures.record(Path(cfg.state_dir), key, failure, reason=self.rt.secrets.redact(failure.reason),
+                                   worker=worker_id(self.rt.env), now=time.time(), about=about)
+        except OSError as e:
+            self.rt.warn(f"the failure could not be recorded on the volume ({e.strerror or e}): the next worker "
+                         "will try again")
+            return
+        log.info("failure recorded at %s: workers of this image and config on these GPUs fail at once for "
+                 "%g s ([serverless] failure_ttl_s)", path, spec.failure_ttl_s)
 
     def _do_Shutdown(self, fx: E.Shutdown) -> None:
         self.tasks.cancel_all()

@@ -8,6 +8,8 @@
       | its model fetched beside the serving engine -> RELOADING -> the ladder with it -> SERVING
       -> any step fails: ROLLBACK -> the ladder with the last good config -> SERVING (or FAILED)
     TERM/INT anywhere: STOPPING -> STOPPED, exit with the engine's status (or 128+N, or 3)
+    FAILED with `release_after_s` (a Serverless worker): STOPPING once that grace is over, unless a
+      published config brought it back first
 
 `Machine.step(event, now)` is the only way in. Each handler names the state it acts in; an
 event that does not belong (a stale token, a health answer after the engine was stopped) changes
@@ -85,11 +87,15 @@ class Pending:
 
 
 class Machine:
-    def __init__(self, live: Live, *, exit_on_failure: bool = False):
+    def __init__(self, live: Live, *, exit_on_failure: bool = False, release_after_s: float | None = None):
         self.state = S.PREFLIGHT
         self.live = live                    # what is walked or served
         self.good: Live | None = None       # the last config that served (rollback target)
         self.exit_on_failure = exit_on_failure
+        # A Serverless worker that can never serve leaves this long after it entered FAILED, so it
+        # stops billing (supervisor/serverless/); None: FAILED stays up to explain (pods).
+        self.release_after_s = release_after_s
+        self.release_at: float | None = None
         self.start_at = 0                   # the walk's first rung (ladder.start, or the remembered winner)
         self.seq = 0
         self.waiting: tuple[str, int] | None = None     # what the machine waits for, and its token
@@ -131,6 +137,8 @@ class Machine:
         return self.state in (S.SERVING, S.FAILED) and self.applying is None and not self.done
 
     def next_deadline(self) -> float | None:
+        if self.state == S.FAILED and self.release_at is not None:
+            return self.release_at
         return self.restart_at if self.state == S.RESTARTING and self.waiting is None else None
 
     # -- entry ------------------------------------------------------------------------------------
@@ -145,7 +153,15 @@ class Machine:
             return []
         handler = getattr(self, "_on_" + type(ev).__name__)
         handler(ev, now, fx)
+        self._arm_release(now)
         return fx.items
+
+    def _arm_release(self, now: float) -> None:
+        """The release deadline runs from the moment FAILED was entered; leaving FAILED clears it."""
+        if self.state != S.FAILED or self.release_after_s is None or self.done:
+            self.release_at = None
+        elif self.release_at is None:
+            self.release_at = now + self.release_after_s
 
     # -- signals ------------------------------------------------------------------------------
     def _on_Signal(self, ev: Signal, now: float, fx: Effects) -> None:
@@ -385,6 +401,9 @@ class Machine:
             self._relaunch(fx)
 
     def _on_Tick(self, ev: Tick, now: float, fx: Effects) -> None:
+        if self.state == S.FAILED and self.release_at is not None and now >= self.release_at:
+            self._shutdown(fx, policy.failed_exit_code(self.last_rc), "released: it can never serve")
+            return
         if self.state == S.RESTARTING and self.waiting is None and self.restart_at is not None \
                 and now >= self.restart_at:
             self._relaunch(fx)

@@ -55,7 +55,9 @@ class Peripherals:
         if w.status:
             from ..status.server import StatusServer
 
-            self.status = StatusServer(cfg.status.host, cfg.status.port, self.snapshot, secrets=w.secrets)
+            health = cfg.serverless.health_path if cfg.serverless.active else None   # RunPod's health check
+            self.status = StatusServer(cfg.status.host, cfg.status.port, self.snapshot, secrets=w.secrets,
+                                       health_path=health)
             self.status.start()
         if cfg.server.tcp_port:
             self._start_tcp_relay(cfg.server.tcp_port)

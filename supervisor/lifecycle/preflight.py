@@ -46,7 +46,7 @@ def prepare(rt: Runtime, cfg: DeployConfig, memory: LadderMemory) -> tuple[Failu
     if not engines.binary_present(cfg.server.binary):
         return Failure(FailureClass.ENGINE_MISSING, engines.missing_binary_message(cfg.server.binary, cfg.engine)), 0
     try:
-        key = apikey.resolve(cfg.server.api_key, rt.state_dir, rt.env)
+        key = apikey.resolve(cfg.server.api_key, rt.shared, rt.env)
     except ConfigError as e:
         return Failure(FailureClass.CONFIG_REJECTED, str(e)), 0
     rt.secrets.add(key.value)

@@ -25,7 +25,7 @@ log = logging.getLogger("kiln")
 @dataclass
 class Runtime:
     env: Mapping[str, str]
-    state_dir: Path
+    state_dir: Path                           # this supervisor's own (a Serverless worker's: its worker dir)
     rec: Record
     secrets: Secrets
     hardware_probe: Callable[[], Hardware]
@@ -41,6 +41,12 @@ class Runtime:
     key_file: Path | None = None
     balancers: dict[str, Any] = field(default_factory=dict)   # rung name -> ladder/balanced.py Balancer
     hub_token: str | None = None
+    shared_dir: Path | None = None            # what every worker on the volume shares (None: state_dir)
+
+    @property
+    def shared(self) -> Path:
+        """Where what all of an endpoint's workers share lives (the generated API key); a pod's state_dir."""
+        return self.shared_dir or self.state_dir
 
     @property
     def run_dir(self) -> Path:

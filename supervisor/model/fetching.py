@@ -54,7 +54,7 @@ def fetch_model(token: int, cfg: DeployConfig, *, candidate: bool, tasks: Tasks,
 
     def progress(ev: dict[str, Any]) -> None:
         show(key, {"source": cfg.model.source, "fetch": ev})
-        if ev.get("event") != "progress" or time.monotonic() - logged[0] >= PROGRESS_LOG_S:
+        if ev.get("event") not in ("progress", "waiting") or time.monotonic() - logged[0] >= PROGRESS_LOG_S:
             logged[0] = time.monotonic()
             log.info("model fetch: %s", " ".join(f"{k}={v}" for k, v in ev.items()))
 

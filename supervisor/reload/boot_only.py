@@ -16,6 +16,7 @@ import dataclasses
 from typing import Any, Mapping
 
 from ..config import ENV_OVERRIDES, DeployConfig
+from ..serverless.volume import volume_state_dir
 
 # Dotted name -> why the supervisor cannot take a change to it after boot.
 BOOT_ONLY: dict[str, str] = {
@@ -23,6 +24,7 @@ BOOT_ONLY: dict[str, str] = {
     "state_dir": "it says where the supervisor keeps its state, the reload book with it",
     "status": "the status server listens where it was started",
     "runpod": "it says what becomes of this pod and where its RunPod key is sent",
+    "serverless": "it says what becomes of this Serverless worker after a failure, and where its volume is",
     "server.tcp_port": "the TCP relay listens where it was started",
 }
 
@@ -34,6 +36,8 @@ def boot_only_changes(raw: Mapping[str, Any], running: DeployConfig, env: Mappin
     ENV_OVERRIDES variable sets is never a change: the environment wins in both. [runpod] api_url
     is named whatever the environment says: it is where the key goes."""
     from_env = {path for name, (path, _) in ENV_OVERRIDES.items() if name in env}
+    if running.serverless.active and running.state_dir == volume_state_dir(running.serverless.volume):
+        from_env.add("state_dir")       # a Serverless worker's state is on the endpoint's volume
     out = []
     for name, why in BOOT_ONLY.items():
         *parents, leaf = name.split(".")

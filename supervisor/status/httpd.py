@@ -356,9 +356,11 @@ def _encode(method: str, response: Response) -> bytes:
         reason = HTTPStatus(response.status).phrase
     except ValueError:
         reason = ""
+    # 204 carries no content, so neither its type nor a length (RFC 9110 8.6: MUST NOT send Content-Length)
+    content = [] if response.status == 204 else [f"Content-Type: {response.content_type}",
+                                                 f"Content-Length: {len(response.body)}"]
     head = [f"HTTP/1.0 {response.status} {reason}", "Server: kiln-supervisor",
-            f"Date: {email.utils.formatdate(usegmt=True)}", f"Content-Type: {response.content_type}",
-            f"Content-Length: {len(response.body)}", "Cache-Control: no-store", "Connection: close",
+            f"Date: {email.utils.formatdate(usegmt=True)}", *content, "Cache-Control: no-store", "Connection: close",
             *(f"{k}: {v}" for k, v in response.headers)]
     data = ("\r\n".join(head) + "\r\n\r\n").encode("latin-1")
-    return data if method == "HEAD" else data + response.body
+    return data if method == "HEAD" or response.status == 204 else data + response.body

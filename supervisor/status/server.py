@@ -1,4 +1,5 @@
-"""The supervisor's own status endpoint: /live, /ready, /status, /metrics and a small HTML page.
+"""The supervisor's own status endpoint: /live, /ready, /status, /metrics and a small HTML page;
+on a RunPod Serverless worker also the load balancer's health path (supervisor/serverless/contract.py).
 
 It serves on its own port, never the engine's, so it answers while the engine is loading,
 restarting or dead. It only reads a snapshot (a plain dict from the lifecycle) per request and
@@ -24,6 +25,7 @@ from .listen import bind_error
 from ..redact import ordered, redact_data
 from ..redact import redact as _mask_text
 from ..lifecycle.state import State
+from ..serverless.contract import health_code
 
 __all__ = ["StatusServer", "STATES", "render_metrics", "render_html", "ready_text"]
 
@@ -359,10 +361,12 @@ class StatusServer:
         snapshot: Callable[[], dict[str, Any]],
         *,
         secrets: Callable[[], Sequence[str]] = lambda: (),
+        health_path: str | None = None,
     ) -> None:
         self._address = (host, port)
         self._snapshot = snapshot
         self._secrets = secrets
+        self._health_path = health_path        # RunPod's health check: 204 / 200 / 503, no body
         self._server: HttpServer | None = None
 
     def start(self) -> None:
@@ -372,7 +376,7 @@ class StatusServer:
         if self._server is not None:
             raise RuntimeError("status server already started")
         try:
-            self._server = HttpServer(self._address, respond=self._respond, lane=_lane, log=log)
+            self._server = HttpServer(self._address, respond=self._respond, lane=self._lane, log=log)
         except OSError as e:
             raise bind_error(e, "status.port", *self._address, _FIX) from None
         self._server.start()
@@ -390,12 +394,34 @@ class StatusServer:
             raise RuntimeError("status server not started")
         return int(self._server.address[1])
 
+    def _lane(self, request: Request) -> str:
+        return _lane_of(request, self._health_path)
+
+    def _health(self) -> Response:
+        """The load balancer's answer: the state alone decides it; a failure says its class, nothing
+        more (the cause is on /status, masked)."""
+        try:
+            snap = self._snapshot()
+            code = health_code(snap.get("state"), snap.get("ready"))
+        except Exception:
+            log.error("health path failed:\n%s", _mask_text(traceback.format_exc(), list(self._secrets())))
+            return _text(500, "internal error\n")
+        if code == 204:
+            return Response(204, _TEXT, b"")
+        if code == 200:
+            return _text(200, "ok\n")
+        failure_class = _section(snap, "last_failure").get("class")
+        return _text(code, f"unhealthy: state={_one_line(snap.get('state'))}"
+                           + (f" last_failure={_one_line(failure_class)}" if failure_class else "") + "\n")
+
     def _respond(self, request: Request) -> Response:
         path = urlsplit(request.target).path
         if request.method not in METHODS:
             return _text(405, "method not allowed\n", allow=", ".join(METHODS))
         if path == "/live":  # never touches the snapshot: up means the process answers
             return _text(200, "ok\n")
+        if path == self._health_path:
+            return self._health()
         render = _ROUTES.get(path)
         if render is None:
             return _text(404, "not found\n")
@@ -413,9 +439,12 @@ class StatusServer:
         return Response(status, content_type, data)
 
 
-def _lane(request: Request) -> str:
-    """Where a request is answered (httpd.LANES): what needs no snapshot at once, /ready apart from the pages."""
+def _lane_of(request: Request, health_path: str | None = None) -> str:
+    """Where a request is answered (httpd.LANES): what needs no snapshot at once; /ready and the
+    health path (probes) apart from the pages."""
     path = urlsplit(request.target).path
+    if request.method in METHODS and path == health_path:
+        return "probe"
     if request.method not in METHODS or path == "/live" or path not in _ROUTES:
         return "now"
     return "probe" if path == "/ready" else "page"

@@ -47,6 +47,7 @@ TAKES = {
     "template": {"--target", "--image", "--image-ref", "--name", "--registry-auth", "--upsert", "--api",
                  "--allow-floating"},
     "pods": set(),          # a group: up, status, logs, down, volumes (their options: images/cli/pods.py)
+    "endpoint": set(),      # a group: plan, up, status, logs, down (their options: images/cli/endpoint.py)
     "publish-config": {"--repo", "--branch", "--path", "--flags", "--message", "--token-file", "--create",
                        "--canary", "--wait", "--timeout"},
     "fleet-status": {"--repo", "--branch", "--path", "--json", "--token-file"},

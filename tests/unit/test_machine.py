@@ -105,6 +105,9 @@ def expected(draw, world: World) -> E.Event | None:
     good = draw(st.integers(0, 9)) < 7
     failure = draw(FAIL)
     if m.waiting is None:
+        if m.state == State.FAILED and m.release_at is not None and draw(st.booleans()):
+            world.now = max(world.now, m.release_at)      # a Serverless worker's grace is over
+            return E.Tick()
         if m.state == State.RESTARTING and m.restart_at is not None:
             world.now = max(world.now, m.restart_at)
             return E.Tick()
@@ -201,10 +204,12 @@ def event(draw, world: World) -> E.Event:
 
 @settings(max_examples=400, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(data=st.data(), selftest=st.booleans(), exit_on_failure=st.booleans(),
-       placement=st.sampled_from(["autofit", "balanced"]))
+       placement=st.sampled_from(["autofit", "balanced"]), release=st.sampled_from([None, 0.0, 2.0]))
 def test_random_event_sequences_keep_every_transition_legal_and_leave_nothing_running(data, selftest,
-                                                                                      exit_on_failure, placement):
-    world = World(Machine(live(selftest, placement=placement), exit_on_failure=exit_on_failure))
+                                                                                      exit_on_failure, placement,
+                                                                                      release):
+    world = World(Machine(live(selftest, placement=placement), exit_on_failure=exit_on_failure,
+                          release_after_s=release))
     for _ in range(data.draw(st.integers(1, 60))):
         if world.m.done:
             break

@@ -1,7 +1,10 @@
 """Model fetch from the Hub into the volume's cache: pinned, filtered, preflighted, parallel, resumable,
 hashed while it downloads.
 
-    repo + revision + allow_patterns ─▶ plan.py      the files at that commit, model.entry checked,
+    repo + revision + allow_patterns ─▶ volume_lock.py  one download per model on a shared volume:
+                                                     another worker's is waited for (/status says
+                                                     whose), then its files are reused
+                                     ─▶ plan.py      the files at that commit, model.entry checked,
                                                      a segment size
                                      ─▶ child.py     disk preflight (the bytes still missing against
                                                      the free space, refused before any byte)
@@ -22,9 +25,9 @@ ever deletes a complete blob: a moved branch or a changed ETag only adds a snaps
 old one (llama.cpp deletes a cached 50 GB model when the ETag changes, llama.cpp#20005; a Hub 429
 blocks a cached model there, #21677), and a complete cached copy serves when the Hub is away.
 
-The download runs in a child process (`python -m supervisor.model.fetch`); `fetch()` (parent.py) runs
-it and enforces the stall deadline (no byte on any connection for model.fetch_stall_s) and stop
-requests.
+The download runs in a child process (`python -m supervisor.model.fetch`); `fetch()` (parent.py) takes
+the volume's lock for the model (volume_lock.py), runs the child and enforces the stall deadline (no
+byte on any connection for model.fetch_stall_s, counted from the lock) and stop requests.
 
 Public surface: parent.fetch(cfg, env, *, token, should_stop, sleep, report, secrets, python) ->
 FetchResult, raising FetchError or Cancelled (supervisor/errors.py); layout.cache_dir(cfg). The

@@ -27,7 +27,9 @@ from ... import hubclient
 from ...config import DeployConfig
 from ...errors import Cancelled, FetchError
 from ...redact import redact
+from ...serverless.volume import worker_id
 from .layout import cache_dir
+from .volume_lock import VolumeLock, lock_file
 
 # What the child may inherit: locale, home, paths, proxies and CA bundles (a proxy with its own
 # CA is common on pods and in companies), huggingface_hub's and hf_xet's own settings (HF_*),
@@ -75,10 +77,8 @@ def child_env(env: Mapping[str, str], token: str | None) -> dict[str, str]:
 def fetch(cfg: DeployConfig, env: Mapping[str, str], *, token: str | None, should_stop: Callable[[], bool],
           sleep: Callable[[float], None], report: Callable[[dict[str, Any]], None] = lambda e: None,
           secrets: Sequence[str] = (), python: str = sys.executable) -> FetchResult:
-    """Fetch cfg.model (an hf:// source) into the cache; the file to load, or FetchError/Cancelled."""
-    from ..resolve import pick_entry
-    from ...process.managed import ManagedProcess
-
+    """Fetch cfg.model (an hf:// source) into the cache; the file to load, or FetchError/Cancelled.
+    Another worker downloading the same model into the same cache is waited for (volume_lock.py)."""
     spec = cfg.model
     assert spec.hf_repo and spec.entry
     revision = spec.revision or "main"
@@ -88,6 +88,50 @@ def fetch(cfg: DeployConfig, env: Mapping[str, str], *, token: str | None, shoul
     for pattern in spec.allow_patterns:
         argv += ["--allow", pattern]
     env_for_child = child_env(env, token)
+    # One download per model on a shared volume: wait for another worker's, then reuse its files.
+    lock = VolumeLock(lock_file(cache_dir(cfg), spec.hf_repo), worker_id(env))
+    wait_turn(lock, should_stop=should_stop, sleep=sleep, report=report)
+    try:
+        return _attempts(cfg, spec, revision, argv, env_for_child, should_stop=should_stop, sleep=sleep,
+                         report=report, secrets=secrets)
+    finally:
+        lock.release()
+
+
+WAIT_REPORT_S = 1.0           # a waiting worker says so on /status this often
+WAIT_POLL_S = 0.25
+
+
+def wait_turn(lock: VolumeLock, *, should_stop: Callable[[], bool], sleep: Callable[[float], None],
+              report: Callable[[dict[str, Any]], None]) -> float:
+    """Take the volume's lock for this model, waiting (and saying whom for) while another worker
+    holds it; the seconds waited. A stop request ends the wait (Cancelled)."""
+    t0 = time.monotonic()
+    said = -WAIT_REPORT_S
+    while not lock.try_acquire():
+        if should_stop():
+            raise Cancelled("stop requested while waiting for another worker's download")
+        now = time.monotonic()
+        if now - said >= WAIT_REPORT_S:
+            said = now
+            held = lock.held_by() or {}
+            report({"event": "waiting", "for": f"worker {held.get('worker', '?')} (host {held.get('host', '?')})",
+                    "why": "another worker is downloading this model into the shared volume; its files are "
+                           "reused once it is done", "since": held.get("since"), "waited_s": round(now - t0, 1)})
+        sleep(WAIT_POLL_S)
+    waited = time.monotonic() - t0
+    if waited >= WAIT_POLL_S:
+        report({"event": "turn", "waited_s": round(waited, 1)})
+    return waited
+
+
+def _attempts(cfg: DeployConfig, spec: Any, revision: str, argv: list[str], env_for_child: dict[str, str], *,
+              should_stop: Callable[[], bool], sleep: Callable[[float], None],
+              report: Callable[[dict[str, Any]], None], secrets: Sequence[str]) -> FetchResult:
+    """The fetch child, run and retried until it is done, the stall deadline ends it, or a stop."""
+    from ..resolve import pick_entry
+    from ...process.managed import ManagedProcess
+
     stall_s = spec.fetch_stall_s
     last_move = time.monotonic()
     backoff = 1.0

@@ -1,0 +1,362 @@
+"""`endpoint plan|up|status|logs|down`: a target as a RunPod Serverless load-balancing endpoint,
+one URL that scales to zero. Arguments and wiring only: the body is images/runpod/endpoint.py,
+the catalog check, create-or-update and the restore body images/runpod/endpoints.py, the wait
+and the rollout images/runpod/rollout.py.
+
+`plan` needs no key. The others read RUNPOD_API_KEY from the environment (never an argument:
+argv is visible to every process on the machine); `--api` / $RUNPOD_API_URL points at another
+API (tests: the stand-in in kiln_dev/runpod). Progress goes to stderr, results to stdout. Exit 0;
+1 when no worker turned healthy (`up --wait`, nothing to restore); 3 when a new release failed and
+the previous one's configuration was restored; 2 on a usage, configuration or API error (one
+line; an option a command does not take, an unknown target or endpoint, a body that breaks
+RunPod's schema: nothing is sent after it).
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+
+from supervisor.errors import KilnError
+
+from ..runpod import endpoint as ep
+from . import command as opt
+from .command import Command
+
+EXIT_NOT_HEALTHY = 1
+EXIT_ROLLED_BACK = 3
+
+
+def say(message: str) -> None:
+    print(message, file=sys.stderr, flush=True)
+
+
+def _key() -> str:
+    key = os.environ.get("RUNPOD_API_KEY", "")
+    if not key:
+        raise KilnError("RUNPOD_API_KEY is not set: create an API key in RunPod's console (Settings > API Keys) "
+                        "and export it (it is never taken as an argument); `endpoint plan` needs none")
+    return key
+
+
+def _api(args: argparse.Namespace):
+    from ..runpod.api import RunPodAPI
+
+    return RunPodAPI(_key(), args.api)
+
+
+# -- arguments -----------------------------------------------------------------------------
+def _which(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--target", required=True, metavar="T", help="target name, images/targets/T.toml")
+    p.add_argument("--name", metavar="NAME", help="endpoint name (default: kiln-<target>)")
+
+
+def _api_option(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--api", metavar="URL", help="RunPod REST API v2 base URL (default: $RUNPOD_API_URL or "
+                   "https://api.runpod.io/v2)")
+
+
+def _body_options(p: argparse.ArgumentParser) -> None:
+    _which(p)
+    opt.image(p)
+    p.add_argument("--image-ref", metavar="REF", help="the endpoint's whole image reference (default: the target's "
+                   "immutable tag in --image or the target's repository)")
+    p.add_argument("--registry-auth", metavar="ID", help="RunPod container registry credential id for a private image")
+    p.add_argument("--allow-floating", action="store_true", help="name an image with unresolved pins (labelled "
+                   "floating)")
+    p.add_argument("--pool", action="append", default=[], metavar="POOL", help="serverless GPU pool id, e.g. "
+                   "AMPERE_48 (repeatable; default: the pool of the target's [runpod] gpu_type)")
+    p.add_argument("--gpu-count", type=int, help="GPUs per worker (default: the target's [runpod] gpu_count)")
+    p.add_argument("--cpu-flavor", metavar="ID", help="CPU targets: a flavor id from GET /v2/catalog/cpus")
+    p.add_argument("--vcpu", type=int, help="CPU targets: vCPUs per worker (a power of two, at least 2)")
+    d = ep.Scaling()
+    p.add_argument("--min-workers", type=int, default=d.min_workers, help="workers kept running (default: "
+                   f"{d.min_workers}, scale to zero: nothing bills while nobody asks)")
+    p.add_argument("--max-workers", type=int, default=d.max_workers, help=f"at most this many workers (default: "
+                   f"{d.max_workers}, RunPod's own default, under the account's default cap of 5)")
+    p.add_argument("--idle-timeout", type=int, default=d.idle_timeout_s, metavar="S", help="seconds an idle worker "
+                   f"stays before it is released (1..3600, default: {d.idle_timeout_s}: a cold start costs minutes)")
+    p.add_argument("--request-count", type=int, default=d.request_count, metavar="N", help="in-flight requests "
+                   f"per worker before another starts (default: {d.request_count})")
+    p.add_argument("--flashboot", default=d.flashboot, choices=ep.FLASHBOOT, help=f"default: {d.flashboot}")
+
+
+def _plan_arguments(p: argparse.ArgumentParser) -> None:
+    _body_options(p)
+
+
+def _up_arguments(p: argparse.ArgumentParser) -> None:
+    _body_options(p)
+    p.add_argument("--network-volume", metavar="NAME", help="network volume for weights and caches, mounted at "
+                   "/runpod-volume and shared by the workers (reused by name, else created; default: kiln-<target>)")
+    p.add_argument("--network-volume-gb", type=int, default=0, help="size of a new network volume (default: the "
+                   "target's volume_gb, at least 10)")
+    p.add_argument("--no-network-volume", action="store_true", help="no volume (an existing endpoint's is "
+                   "detached): every cold start downloads the model again")
+    p.add_argument("--data-center", action="append", default=[], metavar="DC", help="data center to create the "
+                   "network volume in (exactly one; an existing volume decides where workers run)")
+    p.add_argument("--wait", action="store_true", help="wait until a worker of the latest release reports healthy "
+                   "(one request wakes it from zero); a new release that never does is undone")
+    p.add_argument("--timeout", type=float, metavar="S", help="with --wait: seconds to wait (default: 1800: a cold "
+                   "start downloads or loads the model and runs the selftest)")
+    p.add_argument("--poll", type=float, metavar="S", help="with --wait: seconds between reads of the workers "
+                   "(default: 5)")
+    _api_option(p)
+
+
+def _status_arguments(p: argparse.ArgumentParser) -> None:
+    _which(p)
+    _api_option(p)
+
+
+def _logs_arguments(p: argparse.ArgumentParser) -> None:
+    _which(p)
+    p.add_argument("worker", nargs="?", help="worker id (`endpoint status` lists them; required when the "
+                   "endpoint has more than one)")
+    p.add_argument("--tail", type=int, default=100, help="lines of backfill (RunPod: at most 5000)")
+    p.add_argument("--source", choices=("container", "system"))
+    p.add_argument("--idle", type=float, default=3.0, help="stop after this many quiet seconds")
+    _api_option(p)
+
+
+def _down_arguments(p: argparse.ArgumentParser) -> None:
+    _which(p)
+    p.add_argument("--delete-volume", action="store_true", help="also delete the endpoint's network volume "
+                   "and the weights on it (kept by default: the next endpoint does not download again)")
+    _api_option(p)
+
+
+# -- commands ------------------------------------------------------------------------------
+def _scaling(args: argparse.Namespace) -> ep.Scaling:
+    return ep.Scaling(args.min_workers, args.max_workers, args.idle_timeout, args.request_count, args.flashboot)
+
+
+def _plan(args: argparse.Namespace, target, pins, compute, volume=None) -> ep.EndpointPlan:
+    from ..build.render import FloatingRefused
+    from ..pins.lock import missing
+
+    plan = ep.build_endpoint(target, pins, compute, scaling=_scaling(args), repository=args.image,
+                             image=args.image_ref, name=args.name, registry=args.registry_auth,
+                             network_volume=volume, no_volume=getattr(args, "no_network_volume", False))
+    if plan.floating and not args.image_ref and not args.allow_floating:
+        raise FloatingRefused(target, [f for f in missing(target, pins)])
+    return plan
+
+
+def cmd_plan(args: argparse.Namespace) -> int:
+    target, pins = opt.target_and_pins(args.target)
+    compute = ep.offline_compute(target, pools=tuple(args.pool), gpu_count=args.gpu_count,
+                                 cpu_flavor=args.cpu_flavor, vcpu=args.vcpu)
+    plan = _plan(args, target, pins, compute)
+    if compute.pools_from:
+        say(f"note: pools from {compute.pools_from}")
+    say("note: `endpoint up` adds networkVolumes and dataCenterIds: the network volume (kiln-<target> unless "
+        "--network-volume/--no-network-volume) and its data center")
+    sys.stdout.write(plan.to_json())
+    return 0
+
+
+def _volume(api, args: argparse.Namespace, target):
+    from ..runpod import endpoints, volumes
+
+    if args.no_network_volume:
+        return None
+    name = args.network_volume or f"kiln-{target.name}"
+    size = args.network_volume_gb or max(target.runpod.volume_gb, volumes.MIN_GB)
+    return endpoints.volume_for(api, name, size, tuple(args.data_center), say)
+
+
+def cmd_up(args: argparse.Namespace) -> int:
+    from ..runpod import endpoints, rollout
+    from ..runpod.cuda import cuda_floor
+
+    if not args.wait and (args.timeout is not None or args.poll is not None):
+        raise KilnError("--timeout and --poll only go with --wait")
+    if args.no_network_volume and (args.network_volume or args.network_volume_gb or args.data_center):
+        raise KilnError("--no-network-volume cannot be combined with --network-volume, --network-volume-gb or "
+                        "--data-center")
+    target, pins = opt.target_and_pins(args.target)
+    compute = ep.offline_compute(target, pools=tuple(args.pool), gpu_count=args.gpu_count,
+                                 cpu_flavor=args.cpu_flavor, vcpu=args.vcpu, docs=False)
+    key = _key()
+    # Every refusal the body alone can give (floating pins, scaling, RunPod's schema) before
+    # RunPod is asked anything: the pools are a placeholder here, the catalog's below.
+    _plan(args, target, pins, compute if not target.is_gpu else ep.Compute(pools=("catalog",), gpu_count=1))
+    api = _api(args)
+    floor = cuda_floor(target)
+    if target.is_gpu:
+        if args.pool:
+            compute = ep.Compute(pools=tuple(args.pool), gpu_count=compute.gpu_count, pools_from="--pool")
+        compute, offer = endpoints.serverless_offer(api, compute, floor, target.runpod.gpu_type, say)
+        runs = "; ".join(f"{g} (CUDA {', '.join(v)})" for g, v in sorted(offer.cuda.items())) \
+            or "none with capacity now"
+        say(f"catalog: pool {', '.join(offer.pools)}: GPUs that run this image (CUDA >= {floor}): {runs}")
+        if offer.full:
+            say(f"catalog: {', '.join(offer.full)} run it too but have no capacity now")
+        if not offer.cuda:
+            say("catalog: no GPU of the pool that runs this image has capacity now: workers wait (THROTTLED) "
+                "until one has")
+    vol = _volume(api, args, target)
+    plan = _plan(args, target, pins, compute, (vol.id, vol.data_center) if vol else None)
+    change = endpoints.upsert(api, plan)
+    e = change.endpoint
+    say(f"endpoint {plan.name}: {change.action} ({e.get('id')})" +
+        (f"; changed: {', '.join(sorted(change.patch))}" if change.patch else ""))
+    if change.action == "updated" and change.new_release:
+        say("a new release: workers on the previous one are replaced as they finish their requests")
+    code = 0
+    if args.wait:
+        outcome = rollout.wait_healthy(api, e, say, api_key=key, timeout_s=args.timeout or 1800.0,
+                                       poll_s=args.poll or 5.0, latest_only=change.new_release)
+        if not outcome.healthy:
+            code = _not_healthy(api, plan, change, outcome, key, target.name)
+        else:
+            say(f"worker {outcome.worker} of release v{outcome.version} is healthy (its selftest passed)")
+    _print_endpoint(api, e, code, target.name)
+    return code
+
+
+def _not_healthy(api, plan: ep.EndpointPlan, change, outcome, key: str, target_name: str) -> int:
+    from ..runpod import endpoints
+    from ..runpod.rollout import masked
+
+    secrets = [key, os.environ.get("HF_TOKEN")]
+    print(f"NOT HEALTHY: {masked([outcome.cause or 'unknown'], secrets)[0]}")
+    if outcome.worker:
+        print(f"  worker {outcome.worker}" + (", its log ends:" if outcome.log_tail else ""))
+        for line in masked(outcome.log_tail, secrets):
+            print(f"    {line}")
+    restore = endpoints.restore_body(change, plan.secret_keys, {k: plan.body["env"][k] for k in plan.secret_keys})
+    if change.action == "updated" and change.new_release and restore:
+        api.update_endpoint(str(change.endpoint["id"]), restore)
+        print(f"restored the previous release's {', '.join(sorted(restore))} (a new release of the old "
+              "configuration); the failed one takes no more traffic once its workers are replaced")
+        return EXIT_ROLLED_BACK
+    print(f"nothing to restore (the endpoint was {change.action}); `python build.py endpoint down --target "
+          f"{target_name}` deletes it")
+    return EXIT_NOT_HEALTHY
+
+
+def _print_endpoint(api, e: dict, code: int, target_name: str) -> None:
+    from ..runpod import endpoints, rollout
+
+    url = rollout.base_url(e)
+    rate, source = endpoints.price(api, e)
+    print(f"endpoint {e.get('name')} ({e.get('id')}): {url}" + ("" if code == 0 else " (not healthy)"))
+    print(f"  OpenAI API: {url}/v1 (streaming included); send `Authorization: Bearer <a RunPod API key>`: your "
+          "account's, or a key restricted to this endpoint (RunPod console: Settings > API Keys). The workers "
+          "check no key of their own: RunPod's load balancer admits only requests that carry one")
+    print(f"  e.g. curl -H \"Authorization: Bearer $RUNPOD_API_KEY\" {url}/v1/models")
+    workers = e.get("workers") or {}
+    if rate is not None:
+        print(f"  one worker: ${rate:.2f}/h (${rate / 3600:.5f}/s), {source}; workers {workers.get('min')}.."
+              f"{workers.get('max')}, an idle one is released after {workers.get('idleTimeout')} s")
+    else:
+        print(f"  price: {source}")
+    print(f"  `python build.py endpoint status --target {target_name}` shows its workers; `endpoint down` deletes it")
+
+
+def cmd_status(args: argparse.Namespace) -> int:
+    from ..runpod import endpoints, rollout
+    from ..target import load_target
+
+    target = load_target(args.target)
+    api = _api(args)
+    e = endpoints.resolve(api, args.name or ep.endpoint_name(target))
+    eid = str(e["id"])
+    gpu = e.get("gpu") if isinstance(e.get("gpu"), dict) else None
+    w, s = e.get("workers") or {}, e.get("scaling") or {}
+    print(f"endpoint {e.get('name')} ({eid})  {e.get('type')}  {rollout.base_url(e)}")
+    compute = (f"pools {', '.join(gpu.get('pools') or [])} x{gpu.get('count', 1)} GPU, CUDA >= "
+               f"{gpu.get('minCudaVersion') or 'any'}") if gpu else f"cpu {e.get('cpu')}"
+    print(f"  image {e.get('image')}; {compute}; workers {w.get('min')}..{w.get('max')}, idle {w.get('idleTimeout')} s;"
+          f" {s.get('type')} {s.get('requestCount', s.get('queueDelay'))}; flashboot {e.get('flashboot')}; "
+          f"volumes {', '.join(e.get('networkVolumes') or []) or 'none'}")
+    rel = api.endpoint_releases(eid)
+    ro = rel.get("rollout") or {}
+    latest = (rel.get("releases") or [{}])[0]
+    fields = ", ".join(str(d.get("field")) for d in latest.get("diff") or []) or "-"
+    print(f"  release v{rel.get('endpointVersion')} ({latest.get('createdAt', '?')}, changed: {fields}): "
+          f"{ro.get('workersOnLatest')}/{ro.get('workersTotal')} workers on it ({ro.get('percentOnLatest')}%)"
+          + (", rollout in progress" if ro.get("inProgress") else ""))
+    listing = api.endpoint_workers(eid)
+    sm = listing.get("summary") or {}
+    print(f"  workers: {sm.get('total', 0)} (running {sm.get('running', 0)}, idle {sm.get('idle', 0)}, initializing "
+          f"{sm.get('initializing', 0)}, throttled {sm.get('throttled', 0)}, unhealthy {sm.get('unhealthy', 0)})")
+    billing = 0
+    for x in listing.get("workers") or []:
+        billing += x.get("status") in ("RUNNING", "IDLE", "INITIALIZING")
+        print(f"    {x.get('id')}  {x.get('status')}  v{x.get('version')}{' STALE' if x.get('isStale') else ''}  "
+              f"up {x.get('uptimeSeconds') if x.get('uptimeSeconds') is not None else '-'} s  "
+              f"{x.get('gpuTypeId') or '-'}  {x.get('dataCenterId') or '-'}")
+    rate, source = endpoints.price(api, e)
+    if rate is None:
+        print(f"  cost: {source}")
+    else:
+        print(f"  cost: ${rate:.2f}/h per worker (${rate / 3600:.5f}/s), {source}; now {billing} worker(s) "
+              f"running, idle or starting: ${rate * billing:.2f}/h")
+    return 0
+
+
+def cmd_logs(args: argparse.Namespace) -> int:
+    from ..runpod import endpoints
+    from ..runpod.api import RunPodAPIError
+    from ..target import load_target
+
+    target = load_target(args.target)
+    api = _api(args)
+    e = endpoints.resolve(api, args.name or ep.endpoint_name(target))
+    workers = [str(w.get("id")) for w in api.endpoint_workers(str(e["id"])).get("workers") or []]
+    worker = args.worker
+    if worker is None:
+        if len(workers) != 1:
+            raise KilnError(f"endpoint {e.get('name')} has {len(workers)} workers"
+                            + (f" ({', '.join(workers)}): name one" if workers else ": nothing to read"))
+        worker = workers[0]
+    # A worker that has ended is no longer listed ("only active workers"), yet its log is what a
+    # user wants after a failure: ask for it anyway, and name the listed ones if RunPod has none.
+    try:
+        for event in api.worker_logs(str(e["id"]), worker, tail=args.tail, source=args.source, idle_s=args.idle):
+            print(f"{event.get('ts', '')} {event.get('source', '')}: {event.get('line', '')}", flush=True)
+    except RunPodAPIError as err:
+        if err.status != 404:
+            raise
+        raise KilnError(f"endpoint {e.get('name')} has no worker {worker!r} (RunPod: {err}); its workers: "
+                        f"{', '.join(workers) or 'none'}") from None
+    return 0
+
+
+def cmd_down(args: argparse.Namespace) -> int:
+    from ..runpod import endpoints
+    from ..target import load_target
+
+    target = load_target(args.target)
+    api = _api(args)
+    e = endpoints.resolve(api, args.name or ep.endpoint_name(target))
+    kept = endpoints.delete(api, e, say, delete_volumes=args.delete_volume)
+    print(f"endpoint {e.get('name')} ({e.get('id')}): deleted")
+    if kept:
+        print(f"network volume(s) kept (they bill while they exist): {', '.join(kept)}; `endpoint down "
+              "--delete-volume` or `python build.py pods volumes --delete ID` removes one")
+    return 0
+
+
+COMMANDS = (
+    Command("endpoint", "RunPod Serverless load-balancing endpoints from a target: one URL that scales to zero",
+            description="A target as a RunPod Serverless load-balancing endpoint (REST API v2, $RUNPOD_API_KEY): "
+            "requests reach only workers whose selftest passed; workers scale on in-flight requests, down to "
+            "zero.\nREADME: One URL for a team.",
+            children=(
+                Command("plan", "print the CreateEndpointRequest `up` would send (no key needed)", cmd_plan,
+                        _plan_arguments),
+                Command("up", "create or update the endpoint by name, once the serverless catalog offers a GPU its "
+                        "CUDA runs on; --wait follows the release and undoes one that never turns healthy",
+                        cmd_up, _up_arguments),
+                Command("status", "the endpoint's workers, the rollout of its latest release, what it costs",
+                        cmd_status, _status_arguments),
+                Command("logs", "a worker's log lines (container and system)", cmd_logs, _logs_arguments),
+                Command("down", "delete the endpoint and its workers (the network volume is kept unless asked)",
+                        cmd_down, _down_arguments),
+            )),
+)

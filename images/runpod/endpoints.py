@@ -1,0 +1,262 @@
+"""Kiln's serverless endpoints on RunPod: the catalog check, create-or-update by name, the
+restore body, the price, down. The body itself is endpoint.py; the wait and the rollout are
+rollout.py.
+
+    serverless_offer   read GET /v2/catalog/gpus?include=AVAILABILITY&product=SERVERLESS first:
+                       the pools of the target's GPU type (the live `pool` field), refused --
+                       naming every pool and the CUDA versions on offer -- when no GPU of them
+                       reports a CUDA version the image runs (cuda_floor). Nothing is written before.
+    upsert             the endpoint named like the plan: created, or PATCHed with only the fields
+                       that differ (a second run writes nothing). The previous values of what the
+                       PATCH changes are kept, so a failed release can be undone.
+    restore_body       the PATCH that puts those values back (never a secret's value: a variable
+                       Kiln sends as a secret reference goes back as the reference).
+    find / resolve     an endpoint by name; `resolve` refuses, naming the endpoints that exist.
+    price              the pool's serverless list rate from the catalog (RunPod's, per GPU-hour).
+    delete             DELETE /v2/serverless/{id}; the network volume stays unless asked.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, Callable
+
+from supervisor.errors import KilnError
+
+from . import volumes
+from .api import RunPodAPI
+from .cuda import compatible
+from .endpoint import RELEASE_FIELDS, Compute, EndpointPlan
+
+Say = Callable[[str], None]
+SECRET_PREFIX = "{{ RUNPOD_SECRET_"
+
+
+class NoMatchingPool(KilnError):
+    """No serverless pool offers a GPU the image can run on: nothing was created."""
+
+
+@dataclass(frozen=True)
+class Offer:
+    pools: tuple[str, ...]
+    cuda: dict[str, tuple[str, ...]]      # GPU type id -> CUDA versions >= the floor with capacity now
+    full: tuple[str, ...]                 # GPU types that run it but have no capacity now
+    price_per_gpu_hour: dict[str, float]  # pool -> RunPod's serverless list price per GPU-hour
+
+
+def _versions(entry: dict[str, Any]) -> str:
+    offered = entry.get("cudaVersions") or []
+    if not offered:
+        return "no CUDA version reported"
+    return ", ".join(f"{v.get('version')}{'' if v.get('available') else ' (full)'}" for v in offered)
+
+
+def _by_pool(gpus: list[dict[str, Any]]) -> dict[str, list[dict[str, Any]]]:
+    pools: dict[str, list[dict[str, Any]]] = {}
+    for g in gpus:
+        if g.get("pool"):
+            pools.setdefault(str(g["pool"]), []).append(g)
+    return pools
+
+
+def serverless_offer(api: RunPodAPI, compute: Compute, floor: str | None, gpu_id: str | None,
+                     say: Say) -> tuple[Compute, Offer]:
+    """The pools to ask for, from the live catalog, once a GPU of them runs the image."""
+    gpus = api.gpu_types(count=compute.gpu_count, product="SERVERLESS")
+    pools = _by_pool(gpus)
+    on_offer = "; ".join(f"{p}: " + ", ".join(f"{g.get('id')} [{_versions(g)}]" for g in gs)
+                         for p, gs in sorted(pools.items())) or "nothing"
+    if compute.pools_from == "--pool":
+        wanted = compute.pools
+        unknown = [p for p in wanted if p not in pools]
+        if unknown:
+            raise NoMatchingPool(f"--pool {', '.join(unknown)}: RunPod's serverless catalog has no such pool "
+                                 f"({compute.gpu_count} GPU(s) per worker); on offer: {on_offer}")
+    else:
+        entry = next((g for g in gpus if g.get("id") == gpu_id), None)
+        if entry is None or not entry.get("pool"):
+            why = "lists no GPU type" if entry is None else "puts in no serverless pool the"
+            raise NoMatchingPool(f"RunPod's serverless catalog {why} {gpu_id!r} ({compute.gpu_count} GPU(s) per "
+                                 f"worker); on offer: {on_offer}. Nothing was created: give --pool")
+        wanted = (str(entry["pool"]),)
+        if compute.pools and tuple(compute.pools) != wanted:
+            say(f"catalog: {gpu_id} is in pool {wanted[0]} (RunPod's docs table said {', '.join(compute.pools)}; "
+                "the live catalog wins)")
+    members = [g for p in wanted for g in pools[p]]
+    cuda: dict[str, tuple[str, ...]] = {}
+    full: list[str] = []
+    for g in members:
+        runs = compatible(g.get("cudaVersions") or [], floor) if floor else [{"version": "any", "available": True}]
+        now = tuple(str(v["version"]) for v in runs if v.get("available"))
+        if now:
+            cuda[str(g["id"])] = now
+        elif runs:
+            full.append(str(g["id"]))
+    if not cuda and not full:
+        mine = "; ".join(f"{g.get('id')} [{_versions(g)}]" for g in members)
+        raise NoMatchingPool(f"no GPU of pool {', '.join(wanted)} reports a CUDA version this image runs on "
+                             f"(>= {floor}): {mine}. On offer: {on_offer}. Nothing was created: choose "
+                             "another --pool, or an image built for an older CUDA")
+    prices: dict[str, float] = {}
+    for p in wanted:
+        rates = [float(g["price"]["serverless"]) for g in pools[p]
+                 if isinstance((g.get("price") or {}).get("serverless"), (int, float))]
+        if rates:
+            prices[p] = max(rates)
+    return (Compute(pools=wanted, gpu_count=compute.gpu_count, pools_from="the live catalog"),
+            Offer(wanted, cuda, tuple(full), prices))
+
+
+# -- finding endpoints ------------------------------------------------------------------------
+def find(api: RunPodAPI, name: str) -> dict[str, Any] | None:
+    found = [e for e in api.endpoints() if e.get("name") == name]
+    if len(found) > 1:
+        ids = ", ".join(str(e.get("id")) for e in found)
+        raise KilnError(f"{len(found)} endpoints are named {name!r} ({ids}); Kiln finds its endpoint by name: "
+                        "delete the extra ones in RunPod's console")
+    return found[0] if found else None
+
+
+def resolve(api: RunPodAPI, name: str) -> dict[str, Any]:
+    """The endpoint named `name`, or a refusal naming those that exist."""
+    found = find(api, name)
+    if found is None:
+        there = ", ".join(f"{e.get('name')} ({e.get('id')})" for e in api.endpoints()) or "none"
+        raise KilnError(f"no endpoint named {name!r} on RunPod; endpoints there: {there} (`endpoint up` creates "
+                        "it; --name picks another)")
+    return found
+
+
+# -- create or update -----------------------------------------------------------------------------
+@dataclass(frozen=True)
+class Change:
+    action: str                          # created | updated | unchanged
+    endpoint: dict[str, Any]             # RunPod's Endpoint after the change
+    patch: dict[str, Any]                # what was sent ({} when created or unchanged)
+    previous: dict[str, Any]             # the endpoint before (empty when created)
+
+    @property
+    def new_release(self) -> bool:
+        """The change rolls out as workers cycle (a container or compute field changed)."""
+        return self.action == "created" or any(k in RELEASE_FIELDS for k in self.patch)
+
+
+def _gpu_same(existing: Any, wanted: dict[str, Any]) -> bool:
+    e = existing if isinstance(existing, dict) else {}
+    return (sorted(e.get("pools") or []) == sorted(wanted["pools"]) and int(e.get("count") or 1) == wanted["count"]
+            and (e.get("minCudaVersion") or None) == wanted.get("minCudaVersion")
+            and not e.get("allowedCudaVersions") and not e.get("excludedTypes"))
+
+
+def _env_same(existing: Any, wanted: dict[str, str], secret_keys: frozenset[str]) -> bool:
+    """Equal, except that a secret's variable only has to be there: whether RunPod echoes a secret
+    reference or what it resolves to is not documented (never compare a value Kiln never sent)."""
+    e = existing if isinstance(existing, dict) else {}
+    if set(e) != set(wanted):
+        return False
+    return all(k in secret_keys and e[k] or e[k] == v for k, v in wanted.items())
+
+
+def differences(existing: dict[str, Any], body: dict[str, Any], secret_keys: frozenset[str]) -> dict[str, Any]:
+    """The UpdateEndpointRequest that brings `existing` to `body`: only the fields that differ."""
+    patch: dict[str, Any] = {}
+    for key, want in body.items():
+        if key in ("name", "type"):
+            continue
+        have = existing.get(key)
+        if key == "gpu":
+            if not _gpu_same(have, want):
+                # minCudaVersion does not clear an exact list, and pools without excludedTypes
+                # clears the exclusions: both said explicitly.
+                patch["gpu"] = {**want, "allowedCudaVersions": []}
+        elif key == "env":
+            if not _env_same(have, want, secret_keys):
+                patch["env"] = want
+        elif key == "workers":
+            if any((have or {}).get(k) != v for k, v in want.items()):
+                patch["workers"] = want
+        elif have != want:
+            patch[key] = want
+    return patch
+
+
+def upsert(api: RunPodAPI, plan: EndpointPlan) -> Change:
+    """Create the endpoint named like the plan, or PATCH the one with that name to it."""
+    body = plan.body
+    existing = find(api, plan.name)
+    if existing is None:
+        return Change("created", api.create_endpoint(body), {}, {})
+    if existing.get("type") not in (None, "LOAD_BALANCER"):
+        raise KilnError(f"endpoint {plan.name!r} ({existing.get('id')}) is a {existing.get('type')} endpoint and an "
+                        "endpoint's type cannot change: `endpoint down` it, or choose another --name")
+    if ("gpu" in body) != bool(existing.get("gpu")):
+        family = "GPU" if existing.get("gpu") else "CPU"
+        raise KilnError(f"endpoint {plan.name!r} ({existing.get('id')}) is a {family} endpoint and its compute "
+                        "family cannot change: `endpoint down` it, or choose another --name")
+    patch = differences(existing, body, plan.secret_keys)
+    if not patch:
+        return Change("unchanged", existing, {}, existing)
+    return Change("updated", api.update_endpoint(str(existing["id"]), patch), patch, existing)
+
+
+def restore_body(change: Change, secret_keys: frozenset[str], refs: dict[str, str]) -> dict[str, Any]:
+    """The PATCH that puts back what `change` replaced among the release fields. `refs` are the
+    secret references Kiln sends: a secret's variable goes back as its reference, never as a
+    value RunPod may have answered in its place."""
+    before = change.previous
+    out: dict[str, Any] = {}
+    for key in change.patch:
+        if key not in RELEASE_FIELDS or key not in before:
+            continue
+        value = before[key]
+        if key == "env" and isinstance(value, dict):
+            value = {k: (refs[k] if k in secret_keys and k in refs and not str(v).startswith(SECRET_PREFIX) else v)
+                     for k, v in value.items()}
+        elif key == "gpu" and isinstance(value, dict):
+            value = {"pools": list(value.get("pools") or []), "count": int(value.get("count") or 1),
+                     "allowedCudaVersions": list(value.get("allowedCudaVersions") or []),
+                     "minCudaVersion": value.get("minCudaVersion") or "",
+                     **({"excludedTypes": value["excludedTypes"]} if value.get("excludedTypes") else {})}
+        out[key] = value
+    return out
+
+
+# -- what it costs, and down ------------------------------------------------------------------------
+def price(api: RunPodAPI, endpoint: dict[str, Any]) -> tuple[float | None, str]:
+    """RunPod's serverless list price for one worker of `endpoint` per hour, and where it comes from."""
+    gpu = endpoint.get("gpu") if isinstance(endpoint.get("gpu"), dict) else None
+    if not gpu:
+        return None, "a CPU endpoint: the GPU catalog lists no rate for it (see runpod.io/pricing)"
+    count = int(gpu.get("count") or 1)
+    pools = set(gpu.get("pools") or [])
+    rates = [float(g["price"]["serverless"]) for g in api.gpu_types(count=count, product="SERVERLESS")
+             if g.get("pool") in pools and isinstance((g.get("price") or {}).get("serverless"), (int, float))]
+    if not rates:
+        return None, f"the catalog gives no serverless rate for pool {', '.join(sorted(pools))}"
+    return max(rates) * count, (f"RunPod's catalog list price (price.serverless) for pool {', '.join(sorted(pools))}, "
+                                f"x{count} GPU(s); negotiated discounts are not reflected")
+
+
+def volume_for(api: RunPodAPI, name: str, size_gb: int, data_centers: tuple[str, ...], say: Say) -> volumes.Volume:
+    vol = volumes.ensure(api, name, size_gb, data_centers)
+    say(f"network volume {vol.name}: {vol.action} ({vol.id}, {vol.size_gb} GB in {vol.data_center}; workers mount "
+        "it at /runpod-volume and are placed in its data center); it bills while it exists")
+    return vol
+
+
+def delete(api: RunPodAPI, endpoint: dict[str, Any], say: Say, *, delete_volumes: bool = False) -> list[str]:
+    """Delete the endpoint (its workers end with it); its network volumes too when asked. Returns
+    the ids of the volumes kept."""
+    eid = str(endpoint["id"])
+    if api.delete_endpoint(eid):
+        say(f"endpoint {endpoint.get('name')} ({eid}): deleted, with its workers")
+    else:
+        say(f"endpoint {endpoint.get('name')} ({eid}): already gone")
+    kept = []
+    for vid in endpoint.get("networkVolumes") or []:
+        if delete_volumes:
+            api.delete_network_volume(str(vid))
+            say(f"network volume {vid}: deleted, with the weights on it")
+        else:
+            kept.append(str(vid))
+    return kept

@@ -1,0 +1,83 @@
+"""One download of a model per volume: a worker that finds another downloading it waits, then reuses it.
+
+RunPod Serverless workers of one endpoint cold-start together on one network volume
+(supervisor/serverless/volume.py), and each would download the same model into the same Hub
+cache at once: huggingface_hub's per-blob locks (layout.lock_path) keep two downloaders off one
+blob, but the one that waits there moves no byte, shows nothing and is ended by the stall deadline.
+So `fetch()` (parent.py) takes this lock, an flock on a file beside the cache, one per repo, for
+the whole fetch. A worker that finds it taken waits, saying on /status whom it waits for and
+since when, and fetches once it has the lock: the blobs are complete by then, so it costs a
+listing and no bytes. A holder that dies lets go (the kernel drops an flock with its process);
+one that stalls is ended by its own stall deadline, and then the next waiter tries.
+
+    <state_dir>/hf/.locks/kiln-fetch/models--<owner>--<name>.lock     holder: worker, host, pid, since
+
+Across hosts: Linux gives flock on NFS whole-file fcntl semantics (since 2.6.12), which the server
+arbitrates; which filesystem RunPod's network volumes are, and whether they honour such locks, is
+undocumented (unresolved). Where a lock is not honoured, workers download side by side, as
+without this lock.
+"""
+
+from __future__ import annotations
+
+import fcntl
+import json
+import os
+import socket
+import time
+from pathlib import Path
+from typing import Any
+
+from .layout import storage
+
+__all__ = ["VolumeLock", "lock_file"]
+
+
+def lock_file(cache: Path, repo: str) -> Path:
+    return cache / ".locks" / "kiln-fetch" / f"{storage(cache, repo).name}.lock"
+
+
+class VolumeLock:
+    """An exclusive flock on `path`, taken without blocking; the holder's name written inside."""
+
+    def __init__(self, path: Path, holder: str):
+        self.path = path
+        self.holder = holder
+        self._fd: int | None = None
+
+    def try_acquire(self) -> bool:
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o644)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            os.close(fd)
+            return False
+        except BaseException:
+            os.close(fd)
+            raise
+        self._fd = fd
+        body = json.dumps({"worker": self.holder, "host": socket.gethostname(), "pid": os.getpid(),
+                           "since": round(time.time(), 3)}).encode()
+        os.ftruncate(fd, 0)
+        os.pwrite(fd, body, 0)
+        return True
+
+    def held_by(self) -> dict[str, Any] | None:
+        """Who holds it, as the holder wrote it (None when unreadable: it may be writing just now)."""
+        try:
+            data = json.loads(self.path.read_text(encoding="utf-8"))
+        except (OSError, ValueError):
+            return None
+        return data if isinstance(data, dict) else None
+
+    def release(self) -> None:
+        fd, self._fd = self._fd, None
+        if fd is not None:
+            os.close(fd)              # the flock goes with the descriptor; the file stays for the next one
+
+    def __enter__(self) -> "VolumeLock":
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.release()

@@ -1,0 +1,17 @@
+"""A Kiln supervisor as a worker of a RunPod Serverless load-balancing endpoint.
+
+    environment (PORT, PORT_HEALTH, HEALTH_CHECK_PATH, RUNPOD_ENDPOINT_ID)
+        ─▶ contract.py   serverless mode; PORT -> the engine's port, PORT_HEALTH -> the status
+                         server's, where the health path answers 204 / 200 / 503 from the state
+                         (health_code); PORT_HEALTH == PORT refused (config.py applies it)
+    FAILED for good
+        ─▶ the loop      one log line (class and cause, masked), 503, exit after
+                         [serverless] exit_grace_s so the worker stops billing (the machine's
+                         release deadline: lifecycle/machine.py)
+        ─▶ failures.py   the failure recorded on the shared volume, keyed by image, config and
+                         GPU kind; a later worker with the same key fails at once, fetching nothing
+    volume.py            the worker id
+
+Pods (neither PORT_HEALTH nor RUNPOD_ENDPOINT_ID set) never enter any of this: FAILED stays up.
+Kept free of imports: supervisor.config imports contract.py while it parses.
+"""

@@ -1,0 +1,114 @@
+"""The load-balancing worker contract RunPod Serverless holds a worker to, as Kiln reads it.
+
+Facts (runpod/docs, read at 04313c17 and a900806e; /work/research/runpod-serverless.md lists them):
+
+- requests to https://ENDPOINT_ID.api.runpod.ai/<path> go to the worker's HTTP server on `PORT`
+  (default 80); the load balancer polls `HEALTH_CHECK_PATH` (default /ping) on `PORT_HEALTH`
+  (default: the same as PORT; the OpenAPI text says 80) [serverless/load-balancing/overview.mdx];
+- 200 means healthy, 204 initializing, anything else unhealthy: removed from routing [same page];
+- RunPod sets RUNPOD_ENDPOINT_ID in every Serverless worker [serverless/development/volume-cache.mdx].
+
+So a worker is in serverless mode when PORT_HEALTH or RUNPOD_ENDPOINT_ID is in its environment;
+then PORT is the engine's port (server.port) and PORT_HEALTH the status server's (status.port),
+where the health path answers from the lifecycle state (`health_code`). PORT_HEALTH equal to PORT
+cannot work: the engine owns PORT, and nothing of Kiln's can answer the health path there.
+
+A leaf: stdlib and the Problem type only (supervisor/config.py applies `apply_env` while it parses).
+"""
+
+from __future__ import annotations
+
+import re
+from typing import Any, Mapping
+
+from ..errors import Problem
+
+__all__ = ["active", "apply_env", "health_code", "HEALTHY", "INITIALIZING", "UNHEALTHY", "DEFAULT_PORT",
+           "DEFAULT_HEALTH_PATH", "STATUS_PATHS", "MODE_VARS"]
+
+MODE_VARS = ("PORT_HEALTH", "RUNPOD_ENDPOINT_ID")   # either one: a Serverless worker
+DEFAULT_PORT = 80                # RunPod's PORT when the endpoint's env does not set it (overview.mdx)
+DEFAULT_HEALTH_PATH = "/ping"    # HEALTH_CHECK_PATH's default (overview.mdx @a900806e)
+HEALTHY, INITIALIZING, UNHEALTHY = 200, 204, 503
+# The status server's own pages (supervisor/status/server.py): the health path must be another.
+STATUS_PATHS = ("/", "/live", "/ready", "/status", "/metrics")
+_PATH = re.compile(r"/[A-Za-z0-9._~/-]{0,200}")
+# Until the selftest passed, and again while the engine is being replaced, the worker initializes.
+_GONE = ("FAILED", "STOPPING", "STOPPED")
+
+
+def active(env: Mapping[str, str]) -> bool:
+    """Whether this supervisor is a RunPod Serverless worker (PORT_HEALTH or RUNPOD_ENDPOINT_ID set)."""
+    return any(env.get(name) for name in MODE_VARS)
+
+
+def health_code(state: Any, ready: Any) -> int:
+    """What the health path answers in a lifecycle state: 200 SERVING with its selftest passed
+    (`ready`), 503 when it can never serve (FAILED: a terminal failure, a crash loop, every rung
+    failed) or is going away, 204 otherwise (loading, selftest, restart, reload: initializing)."""
+    if ready is True and state == "SERVING":
+        return HEALTHY
+    if state in _GONE:
+        return UNHEALTHY
+    return INITIALIZING
+
+
+def _port(env: Mapping[str, str], name: str, problems: list[Problem]) -> int | None:
+    raw = env.get(name)
+    if raw is None or raw == "":
+        return None
+    try:
+        port = int(raw)
+    except ValueError:
+        port = 0
+    if not 1 <= port <= 65535:
+        problems.append(Problem(f"{name} (env)", "must be a TCP port", raw, "1 .. 65535"))
+        return None
+    return port
+
+
+def apply_env(data: dict[str, Any], env: Mapping[str, str], problems: list[Problem]) -> str | None:
+    """In serverless mode, put RunPod's PORT and PORT_HEALTH into the raw config `data` (server.port,
+    status.port) and return the health path (HEALTH_CHECK_PATH); None when not in serverless mode.
+    A KILN_SERVER_PORT or KILN_STATUS_PORT that says otherwise is a problem, never silently lost."""
+    if not active(env):
+        return None
+    bad = len(problems)
+    port = _port(env, "PORT", problems)
+    health = _port(env, "PORT_HEALTH", problems)
+    if len(problems) > bad:
+        return DEFAULT_HEALTH_PATH
+    engine_port = port if port is not None else DEFAULT_PORT
+    # RunPod's default for PORT_HEALTH is PORT (overview.mdx); its OpenAPI text says 80. Either way
+    # an unset PORT_HEALTH lands on the engine's port unless PORT is unset too and 80 is both.
+    health_port = health if health is not None else engine_port
+    if health_port == engine_port:
+        said = (f"PORT_HEALTH = {health}" if health is not None else
+                "PORT_HEALTH is not set, and RunPod then health-checks PORT")
+        problems.append(Problem(
+            "PORT_HEALTH (env)", f"{said}, which is the engine's port (PORT = {engine_port}{'' if port else ', its default'}): "
+            "the engine owns PORT, so the health path cannot answer there",
+            health_port, "another port, e.g. PORT_HEALTH=8081 beside PORT=8000, set in the endpoint's env and "
+            "exposed with it (ports: [\"8000/http\", \"8081/http\"])"))
+        return DEFAULT_HEALTH_PATH
+    for name, path, want in (("KILN_SERVER_PORT", "server.port", engine_port),
+                             ("KILN_STATUS_PORT", "status.port", health_port)):
+        other = env.get(name)
+        if other not in (None, "", str(want)):
+            problems.append(Problem(f"{path} (from env {name})", f"contradicts RunPod's "
+                                    f"{'PORT' if path == 'server.port' else 'PORT_HEALTH'} ({want}) on a "
+                                    "Serverless worker", other, f"unset {name}, or set it to {want}"))
+    data.setdefault("server", {})["port"] = engine_port
+    data.setdefault("status", {})["port"] = health_port
+    path = env.get("HEALTH_CHECK_PATH") or DEFAULT_HEALTH_PATH
+    if not _PATH.fullmatch(path):
+        problems.append(Problem("HEALTH_CHECK_PATH (env)", "must be a plain absolute path", path,
+                                f"e.g. {DEFAULT_HEALTH_PATH}"))
+        return DEFAULT_HEALTH_PATH
+    if path.rstrip("/") in {p.rstrip("/") for p in STATUS_PATHS}:
+        problems.append(Problem("HEALTH_CHECK_PATH (env)", "is one of the status server's own pages on "
+                                "PORT_HEALTH; RunPod's health check needs a path of its own", path,
+                                f"{DEFAULT_HEALTH_PATH} (the default), or another path not in "
+                                f"{', '.join(STATUS_PATHS)}"))
+        return DEFAULT_HEALTH_PATH
+    return path

@@ -1,0 +1,217 @@
+"""`python build.py endpoint` against the serverless stand-in's REST API alone (kiln_dev/runpod/
+serverless.py, not RunPod; no worker is started here): the catalog is read first and a pool
+without a CUDA the image runs is refused before anything is written, a body that breaks RunPod's
+schema never leaves, a second `up` writes nothing, a change is one PATCH of what changed, and
+status, logs and down name what exists when asked for what does not."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import threading
+from pathlib import Path
+
+import pytest
+import requests
+
+from images.runpod.api import RunPodAPI
+from images.runpod.schema import RunPodSchemaError
+from kiln_dev.runpod import ServerlessStandIn, serverless_gpu
+from kiln_dev.supervised import wait_for
+
+ROOT = Path(__file__).resolve().parents[2]
+TARGET = "a40-vllm-qwen3-coder"           # a GPU target with resolved pins: 1x A40, CUDA floor 13.0
+ACCOUNT_KEY = "rpa_kiln-endpoint-account-canary-41f0"
+HF_CANARY = "hf_kilnEndpointCanaryNeverSent00"
+SERVER_KEY = "kiln-endpoint-server-key-canary-0c3a"
+CANARIES = (ACCOUNT_KEY, HF_CANARY, SERVER_KEY)
+
+
+def endpoint_cli(standin, *args: str, timeout: float = 120) -> subprocess.CompletedProcess:
+    env = {**os.environ, "RUNPOD_API_KEY": ACCOUNT_KEY, "RUNPOD_API_URL": standin.url, "HF_TOKEN": HF_CANARY,
+           "KILN_API_KEY": SERVER_KEY}
+    return subprocess.run([sys.executable, str(ROOT / "build.py"), "endpoint", *args], capture_output=True,
+                          text=True, cwd=ROOT, env=env, timeout=timeout)
+
+
+def no_canary(*texts: str) -> None:
+    for text in texts:
+        for canary in CANARIES:
+            assert canary not in text, f"secret {canary[:12]}... leaked"
+
+
+@pytest.fixture
+def standin():
+    with ServerlessStandIn(ACCOUNT_KEY, secrets={"hf_token": HF_CANARY, "kiln_api_key": SERVER_KEY}) as s:
+        yield s
+    assert s.faults == [], "the stand-in answered something RunPod's schema does not allow"
+
+
+UP = ("up", "--target", TARGET, "--data-center", "EU-RO-1")
+
+
+def test_up_creates_one_volume_and_one_endpoint_a_second_up_writes_nothing_a_change_is_one_patch(standin):
+    first = endpoint_cli(standin, *UP)
+    assert first.returncode == 0, first.stdout + first.stderr
+    assert [(m, p) for m, p in standin.writes()] == [("POST", "/v2/network-volumes"), ("POST", "/v2/serverless")]
+    assert "catalog: pool AMPERE_48: GPUs that run this image (CUDA >= 13.0): NVIDIA A40 (CUDA 13.0)" in first.stderr
+    assert "include=AVAILABILITY&product=SERVERLESS" in standin.requests[0]["query"]
+    (e,) = standin.endpoints.values()
+    (vol,) = standin.volumes.values()
+    assert e["name"] == f"kiln-{TARGET}" and e["type"] == "LOAD_BALANCER" and e["networkVolumes"] == [vol["id"]]
+    assert e["dataCenterIds"] == ["EU-RO-1"] and e["gpu"]["pools"] == ["AMPERE_48"]
+    assert e["env"]["HF_TOKEN"] == "{{ RUNPOD_SECRET_hf_token }}" and "KILN_API_KEY" not in e["env"]
+    assert f"endpoint kiln-{TARGET} ({e['id']}): {standin.balancer.base}/{e['id']}" in first.stdout
+    assert "one worker: $1.10/h ($0.00031/s), RunPod's catalog list price" in first.stdout   # the document's example
+    assert "Authorization: Bearer <a RunPod API key>" in first.stdout
+
+    writes = standin.writes()
+    again = endpoint_cli(standin, "up", "--target", TARGET)       # the volume is found by name, anywhere
+    assert again.returncode == 0 and standin.writes() == writes, again.stderr
+    assert "unchanged" in again.stderr and "network volume kiln-a40-vllm-qwen3-coder: reused" in again.stderr
+
+    bigger = endpoint_cli(standin, "up", "--target", TARGET, "--max-workers", "5", "--image-ref", "r.example/k:v2")
+    assert bigger.returncode == 0, bigger.stderr
+    patch = [r for r in standin.requests if r["method"] == "PATCH"]
+    assert len(patch) == 1 and patch[0]["body"] == {"image": "r.example/k:v2",
+                                                    "workers": {"min": 0, "max": 5, "idleTimeout": 300}}
+    assert "changed: image, workers" in bigger.stderr and "a new release" in bigger.stderr
+    releases = standin.releases[e["id"]]
+    assert [r["version"] for r in releases] == [2, 1]
+    assert {d["field"] for d in releases[0]["diff"]} == {"template.imageName", "workers"}
+
+    status = endpoint_cli(standin, "status", "--target", TARGET)
+    assert status.returncode == 0, status.stderr
+    assert "release v2" in status.stdout and "0/0 workers on it (0%)" in status.stdout
+    assert "cost: $1.10/h per worker" in status.stdout and "now 0 worker(s)" in status.stdout
+
+    down = endpoint_cli(standin, "down", "--target", TARGET)
+    assert down.returncode == 0 and standin.endpoints == {} and len(standin.volumes) == 1
+    assert f"network volume(s) kept (they bill while they exist): {vol['id']}" in down.stdout
+    gone = endpoint_cli(standin, "status", "--target", TARGET)
+    assert gone.returncode == 2 and f"no endpoint named 'kiln-{TARGET}' on RunPod; endpoints there: none" in gone.stderr
+    no_canary(first.stdout, first.stderr, again.stderr, bigger.stderr, status.stdout, down.stdout, standin.log_text())
+
+
+@pytest.mark.parametrize("catalog,says", [
+    ([serverless_gpu("NVIDIA A40", "AMPERE_48", cuda=(("12.4", True), ("12.8", True))),
+      serverless_gpu("NVIDIA RTX A6000", "AMPERE_48", cuda=(("12.6", True),)),
+      serverless_gpu("NVIDIA H100 80GB HBM3", "ADA_80_PRO", cuda=(("13.0", True),))],
+     "no GPU of pool AMPERE_48 reports a CUDA version this image runs on (>= 13.0): NVIDIA A40 [12.4, 12.8]; "
+     "NVIDIA RTX A6000 [12.6]. On offer: ADA_80_PRO: NVIDIA H100 80GB HBM3 [13.0]; AMPERE_48: "),
+    ([serverless_gpu("NVIDIA H100 80GB HBM3", "ADA_80_PRO")],
+     "RunPod's serverless catalog lists no GPU type 'NVIDIA A40' (1 GPU(s) per worker); on offer: ADA_80_PRO: "),
+])
+def test_no_pool_with_a_cuda_the_image_runs_on_is_refused_before_anything_is_written(standin, catalog, says):
+    standin.catalog[:] = catalog
+    r = endpoint_cli(standin, *UP)
+    assert r.returncode == 2 and says in r.stderr, r.stderr
+    assert standin.writes() == [] and standin.endpoints == {} and standin.volumes == {}
+    assert [(q["method"], q["path"]) for q in standin.requests] == [("GET", "/v2/catalog/gpus")]
+
+
+def test_a_named_pool_the_catalog_lacks_is_refused_naming_the_pools(standin):
+    r = endpoint_cli(standin, *UP, "--pool", "HOPPER_141")
+    assert r.returncode == 2 and "--pool HOPPER_141: RunPod's serverless catalog has no such pool" in r.stderr
+    assert "on offer: AMPERE_48: NVIDIA A40 [12.8, 13.0]" in r.stderr and standin.writes() == []
+
+
+def test_a_body_that_breaks_the_schema_never_leaves_the_machine(standin):
+    # A CPU worker with 1 vCPU: CreateCpuConfig says at least 2. Refused before anything is sent.
+    r = endpoint_cli(standin, "up", "--target", "cpu-llamacpp", "--cpu-flavor", "cpu3c", "--vcpu", "1",
+                     "--no-network-volume")
+    assert r.returncode == 2 and "CreateEndpointRequest.cpu[0].vcpuCount: 1 is less than the minimum of 2" in r.stderr
+    assert "nothing was sent" in r.stderr and standin.requests == []
+    # The client itself: a PATCH that tries to change the endpoint's type is never sent either.
+    api = RunPodAPI(ACCOUNT_KEY, standin.url)
+    with pytest.raises(RunPodSchemaError, match="nothing was sent"):
+        api.update_endpoint("anything", {"type": "QUEUE"})
+    with pytest.raises(RunPodSchemaError, match="QUEUE_DELAY"):
+        api.create_endpoint({"name": "x", "type": "LOAD_BALANCER", "image": "a/b:c", "args": "run",
+                             "gpu": {"pools": ["AMPERE_48"]}, "scaling": {"type": "QUEUE_DELAY", "queueDelay": 4}})
+    assert standin.requests == []
+
+
+def test_the_stand_in_answers_a_body_that_breaks_the_schema_with_runpods_422(standin):
+    """What RunPod would answer, had Kiln sent it: a problem object listing each violation."""
+    r = requests.post(standin.url + "/serverless", json={"name": "x", "type": "LOAD_BALANCER", "image": "a",
+                                                         "scaling": {"type": "QUEUE_DELAY", "queueDelay": 4},
+                                                         "gpu": {"pools": ["AMPERE_48"]}},
+                      headers={"Authorization": f"Bearer {ACCOUNT_KEY}"}, timeout=10)
+    assert r.status_code == 422 and r.headers["Content-Type"] == "application/problem+json"
+    assert r.json()["title"] == "Unprocessable Entity" and r.json()["errors"]
+    both = requests.post(standin.url + "/serverless", json={"name": "x", "type": "LOAD_BALANCER", "image": "a",
+                                                            "scaling": {"type": "REQUEST_COUNT", "requestCount": 1}},
+                         headers={"Authorization": f"Bearer {ACCOUNT_KEY}"}, timeout=10)
+    assert both.status_code == 400 and "exactly one of gpu or cpu" in both.json()["detail"]
+
+
+def test_an_endpoint_of_another_type_with_kilns_name_is_refused_not_changed(standin):
+    api = RunPodAPI(ACCOUNT_KEY, standin.url)
+    api.create_endpoint({"name": f"kiln-{TARGET}", "type": "QUEUE", "image": "a/b:c", "args": "run",
+                         "gpu": {"pools": ["AMPERE_48"]}, "scaling": {"type": "QUEUE_DELAY", "queueDelay": 4}})
+    writes = standin.writes()
+    r = endpoint_cli(standin, "up", "--target", TARGET, "--no-network-volume")
+    assert r.returncode == 2 and "is a QUEUE endpoint and an endpoint's type cannot change" in r.stderr
+    assert standin.writes() == writes
+
+
+def test_logs_and_down_name_what_exists(standin):
+    assert endpoint_cli(standin, "up", "--target", TARGET, "--no-network-volume").returncode == 0
+    (e,) = standin.endpoints.values()
+    r = endpoint_cli(standin, "logs", "--target", TARGET, "w123")
+    assert r.returncode == 2 and f"endpoint kiln-{TARGET} has no worker 'w123'" in r.stderr, r.stderr
+    assert "its workers: none" in r.stderr
+    r = endpoint_cli(standin, "down", "--target", "a40-llamacpp")
+    assert r.returncode == 2 and f"endpoints there: kiln-{TARGET} ({e['id']})" in r.stderr
+    r = endpoint_cli(standin, "down", "--target", "no-such-target")
+    assert r.returncode == 2 and "is not a known target" in r.stderr
+    assert endpoint_cli(standin, "down", "--target", TARGET).returncode == 0
+
+
+def test_down_keeps_the_volume_unless_asked_and_no_volume_detaches_it(standin):
+    assert endpoint_cli(standin, *UP).returncode == 0
+    (vol,) = standin.volumes
+    detach = endpoint_cli(standin, "up", "--target", TARGET, "--no-network-volume")
+    assert detach.returncode == 0 and "changed: networkVolumes" in detach.stderr, detach.stderr
+    (e,) = standin.endpoints.values()
+    assert e["networkVolumes"] == [] and vol in standin.volumes
+    assert endpoint_cli(standin, *UP).returncode == 0 and e["id"] in standin.endpoints
+    assert standin.endpoints[e["id"]]["networkVolumes"] == [vol]
+    down = endpoint_cli(standin, "down", "--target", TARGET, "--delete-volume")
+    assert down.returncode == 0 and standin.endpoints == {} and standin.volumes == {}
+    assert f"network volume {vol}: deleted" in down.stderr and "kept" not in down.stdout
+
+
+def test_an_api_error_is_one_line_without_the_key(standin):
+    standin.fail_next = (403, "no access for $AUTH")
+    r = endpoint_cli(standin, *UP)
+    assert r.returncode == 2 and "HTTP 403" in r.stderr and "is RUNPOD_API_KEY valid" in r.stderr
+    assert len(r.stderr.strip().splitlines()) == 1
+    no_canary(r.stdout, r.stderr)
+    assert json.dumps(standin.requests).count(ACCOUNT_KEY) == 0
+
+
+def test_a_request_with_no_worker_to_take_it_waits_then_gets_the_load_balancers_400(tmp_path):
+    """RunPod: no worker within 2 minutes (a cold worker not ready, or none placed) -> 400. Here no
+    worker can start at all, and the limit is scaled down to a second."""
+    with ServerlessStandIn(ACCOUNT_KEY, no_worker_limit_s=2.0) as standin:
+        assert endpoint_cli(standin, "up", "--target", TARGET, "--no-network-volume").returncode == 0
+        (e,) = standin.endpoints.values()
+        base = e["requestUrls"]["base"]
+        assert requests.get(base + "/v1/models", timeout=10).status_code == 401, "RunPod's key is required"
+        answers: list = []
+        asking = threading.Thread(target=lambda: answers.append(requests.post(
+            base + "/v1/chat/completions", json={"messages": []}, timeout=30,
+            headers={"Authorization": f"Bearer {ACCOUNT_KEY}"})))
+        asking.start()
+        wait_for(lambda: standin.waiting.get(e["id"]) == 1, 10, "the request waiting for a worker (in flight)")
+        asking.join(30)
+        (r,) = answers
+        assert r.status_code == 400 and r.json() == {"error": "no workers available"}
+        assert standin.balancer.routed == [] and standin.balancer.refused == [(e["id"], "/v1/chat/completions", 400)]
+        assert requests.get(f"{standin.balancer.base}/nope/v1/models", timeout=10,
+                            headers={"Authorization": f"Bearer {ACCOUNT_KEY}"}).status_code == 404
+    assert standin.faults == []

@@ -1,0 +1,312 @@
+"""A RunPod Serverless worker's contract: the environment it reads, what its health path answers in
+each state, the release after a failure, and the failure record that ends a replace loop."""
+
+from __future__ import annotations
+
+import json
+import signal
+from pathlib import Path
+
+import pytest
+
+from supervisor.config import parse_config
+from supervisor.errors import ConfigError
+from supervisor.failure import Failure, FailureClass
+from supervisor.lifecycle import events as E
+from supervisor.lifecycle.machine import Machine
+from supervisor.lifecycle.state import Live, Origin, State
+from supervisor.reload.boot_only import boot_only_changes
+from supervisor.serverless import contract, failures
+from supervisor.serverless.volume import worker_id
+from supervisor.status.server import _ROUTES
+
+BASE = """
+engine = "llamacpp"
+[model]
+source = "/models/m.gguf"
+[server]
+port = 8080
+[status]
+port = 8081
+[[ladder.rungs]]
+name = "only"
+"""
+
+
+def parse(env: dict[str, str], extra: str = "") -> object:
+    return parse_config(BASE + extra, env=env)
+
+
+def problems(env: dict[str, str]) -> str:
+    with pytest.raises(ConfigError) as e:
+        parse(env)
+    return str(e.value)
+
+
+# -- the health path ------------------------------------------------------------------------------
+
+@pytest.mark.parametrize("state", [s.value for s in State])
+def test_each_state_answers_what_runpod_reads_as_initializing_healthy_or_unhealthy(state):
+    want = {"SERVING": 200, "FAILED": 503, "STOPPING": 503, "STOPPED": 503}.get(state, 204)
+    assert contract.health_code(state, state == "SERVING") == want
+
+
+def test_serving_without_a_passed_selftest_is_still_initializing():
+    assert contract.health_code("SERVING", False) == 204
+    assert contract.health_code("SELFTEST", True) == 204          # ready is only ever true in SERVING
+    assert contract.health_code(None, None) == 204                # a snapshot without a state: not ready
+
+
+def test_a_restart_or_a_reload_of_a_serving_worker_is_initializing_again():
+    assert [contract.health_code(s, False) for s in ("RESTARTING", "RELOADING", "ROLLBACK")] == [204] * 3
+
+
+def test_the_health_path_may_not_take_a_status_page():
+    assert set(contract.STATUS_PATHS) == set(_ROUTES) | {"/live"}
+
+
+# -- the environment --------------------------------------------------------------------------------
+
+def test_a_pod_reads_none_of_it_even_with_a_port_variable_set():
+    cfg = parse({"PORT": "9000"})
+    assert not cfg.serverless.active and cfg.server.port == 8080 and cfg.status.port == 8081
+
+
+def test_port_is_the_engine_and_port_health_the_status_server():
+    cfg = parse({"PORT": "8000", "PORT_HEALTH": "8001", "HEALTH_CHECK_PATH": "/healthz"})
+    assert cfg.serverless.active and cfg.server.port == 8000 and cfg.status.port == 8001
+    assert cfg.serverless.health_path == "/healthz"
+    assert parse({"PORT_HEALTH": "9001", "PORT": "9000"}).serverless.health_path == "/ping"
+
+
+def test_port_health_equal_to_port_is_refused_naming_both_and_the_fix():
+    text = problems({"PORT": "8000", "PORT_HEALTH": "8000"})
+    assert "PORT_HEALTH (env): PORT_HEALTH = 8000, which is the engine's port (PORT = 8000)" in text
+    assert "the engine owns PORT" in text and "PORT_HEALTH=8081" in text
+
+
+def test_an_endpoint_worker_without_port_health_is_refused_by_runpods_own_defaults():
+    # RUNPOD_ENDPOINT_ID alone: RunPod defaults PORT to 80 and PORT_HEALTH to PORT, both 80.
+    assert "PORT_HEALTH is not set, and RunPod then health-checks PORT" in problems({"RUNPOD_ENDPOINT_ID": "ep1"})
+    assert "(PORT = 8000)" in problems({"RUNPOD_ENDPOINT_ID": "ep1", "PORT": "8000"})
+    cfg = parse({"RUNPOD_ENDPOINT_ID": "ep1", "PORT_HEALTH": "8081"})
+    assert cfg.serverless.active and cfg.server.port == 80 and cfg.status.port == 8081
+
+
+def test_bad_ports_and_contradicting_kiln_ports_are_problems_not_silence():
+    assert "PORT (env): must be a TCP port (got 'http')" in problems({"PORT": "http", "PORT_HEALTH": "8001"})
+    assert "PORT_HEALTH (env): must be a TCP port (got '70000')" in problems({"PORT_HEALTH": "70000"})
+    text = problems({"PORT": "8000", "PORT_HEALTH": "8001", "KILN_SERVER_PORT": "7000"})
+    assert "server.port (from env KILN_SERVER_PORT): contradicts RunPod's PORT (8000)" in text
+    cfg = parse({"PORT": "8000", "PORT_HEALTH": "8001", "KILN_STATUS_PORT": "8001"})   # agreeing is fine
+    assert cfg.status.port == 8001
+
+
+@pytest.mark.parametrize("path", ["/status", "/ready/", "/", "ping", "/a b"])
+def test_a_health_path_that_is_a_status_page_or_not_a_path_is_refused(path):
+    assert "HEALTH_CHECK_PATH (env)" in problems({"PORT": "8000", "PORT_HEALTH": "8001", "HEALTH_CHECK_PATH": path})
+
+
+def test_the_serverless_table_is_read_and_left_out_of_the_config_hash():
+    plain = parse({})
+    cfg = parse({"KILN_SERVERLESS_EXIT_GRACE_S": "5"}, "[serverless]\nfailure_ttl_s = 60\nvolume = \"/vol\"\n")
+    assert (cfg.serverless.exit_grace_s, cfg.serverless.failure_ttl_s, cfg.serverless.volume) == (5.0, 60.0, "/vol")
+    assert cfg.hash == plain.hash
+    assert "serverless.bogus" in str(pytest.raises(ConfigError, parse, {}, "[serverless]\nbogus = 1\n").value)
+
+
+def test_a_published_config_cannot_change_the_serverless_table():
+    running = parse({})
+    out = boot_only_changes({"serverless": {"exit_grace_s": 1.0}}, running, {})
+    assert len(out) == 1 and out[0].startswith("[serverless]: cannot be changed by a published config")
+
+
+def test_the_worker_id_is_runpods_pod_id_else_the_hostname_and_always_one_safe_path_segment():
+    assert worker_id({"RUNPOD_POD_ID": "abc123"}) == "abc123"
+    assert worker_id({"RUNPOD_POD_ID": "../../etc/x y"}) == "etc-x-y"
+    assert worker_id({}) and "/" not in worker_id({})
+
+
+# -- the failure record ----------------------------------------------------------------------------
+
+def test_the_key_changes_with_the_image_the_config_and_the_gpu_kind_only():
+    k = failures.failure_key("sha256:a", "c1", ["NVIDIA A40"])
+    assert k == failures.failure_key("sha256:a", "c1", ["NVIDIA A40"])
+    assert len({k, failures.failure_key("sha256:b", "c1", ["NVIDIA A40"]),
+                failures.failure_key("sha256:a", "c2", ["NVIDIA A40"]),
+                failures.failure_key("sha256:a", "c1", ["NVIDIA RTX A6000"]),
+                failures.failure_key("sha256:a", "c1", [])}) == 5
+    assert failures.failure_key("i", "c", ["b", "a"]) == failures.failure_key("i", "c", ["a", "b"])
+
+
+def test_the_config_counts_without_the_ports_each_worker_gets():
+    a = parse({"PORT": "8000", "PORT_HEALTH": "8001"})
+    b = parse({"PORT": "9000", "PORT_HEALTH": "9001", "KILN_TCP_PORT": "9002"})
+    assert a.hash != b.hash and failures.config_identity(a) == failures.config_identity(b)
+    other = parse({"PORT": "8000", "PORT_HEALTH": "8001"}, "[sampler]\ntemperature = 0.3\n")
+    assert failures.config_identity(other) != failures.config_identity(a)
+
+
+@pytest.mark.parametrize("failure,recorded", [
+    (Failure(FailureClass.SELFTEST_FAILED, "degenerate", rung="r"), True),
+    (Failure(FailureClass.MODEL_INCOMPATIBLE, "unknown architecture"), True),
+    (Failure(FailureClass.CONFIG_REJECTED, "lint"), True),
+    (Failure(FailureClass.ENGINE_MISSING, "no binary"), True),
+    (Failure(FailureClass.CRASHED, "crash loop: 6 failures", rung="r"), True),
+    (Failure(FailureClass.OOM, "cudaMalloc", rung="r"), True),
+    (Failure(FailureClass.LOAD_ERROR, "bad magic", rung="r"), True),
+    (Failure(FailureClass.LOAD_ERROR, "could not fetch: the Hub is unreachable"), False),   # before any rung
+    (Failure(FailureClass.DRIVER_INCOMPATIBLE, "driver too old"), False),
+    (Failure(FailureClass.PORT_IN_USE, "8000 taken", rung="r"), False),
+    (None, False),
+])
+def test_only_failures_another_worker_would_meet_again_are_recorded(failure, recorded):
+    assert failures.recordable(failure) is recorded
+
+
+def test_a_record_is_recalled_until_its_ttl_and_then_ignored(tmp_path):
+    f = Failure(FailureClass.SELFTEST_FAILED, "x" * 2000, rung="only")
+    path = failures.record(tmp_path, "k1", f, reason="selftest: fatal probe(s) failed: code-add", worker="w1",
+                           now=1000.0, about={"image": "dev"})
+    assert path == tmp_path / "serverless/failures/k1.json"
+    data = json.loads(path.read_text())
+    assert data["class"] == "selftest_failed" and data["worker"] == "w1" and data["key_of"] == {"image": "dev"}
+    rec = failures.recall(tmp_path, "k1", ttl_s=600, now=1500.0)
+    assert rec is not None and rec.failure_class == FailureClass.SELFTEST_FAILED and rec.age_s(1500.0) == 500
+    assert failures.recall(tmp_path, "k1", ttl_s=600, now=1600.0) is None           # expired
+    assert failures.recall(tmp_path, "k2", ttl_s=600, now=1500.0) is None           # another key
+    told = failures.as_failure(rec, ttl_s=600, now=1500.0)
+    assert told.failure_class == FailureClass.SELFTEST_FAILED
+    assert "by worker w1" in told.reason and "fatal probe(s) failed: code-add" in told.reason
+    assert "expires in 100 s" in told.reason and str(path) in told.reason
+
+
+def test_a_record_from_a_clock_ahead_still_expires_and_a_damaged_one_is_no_refusal(tmp_path):
+    f = Failure(FailureClass.OOM, "oom", rung="only")
+    failures.record(tmp_path, "k", f, reason="oom", worker="w", now=10_000.0, about={})
+    assert failures.recall(tmp_path, "k", ttl_s=60, now=100.0) is not None       # counted from now...
+    assert failures.recall(tmp_path, "k", ttl_s=60, now=100.0).age_s(100.0) == 0
+    (tmp_path / "serverless/failures/k.json").write_text("{not json")
+    assert failures.recall(tmp_path, "k", ttl_s=60, now=100.0) is None
+    (tmp_path / "serverless/failures/k.json").write_text(json.dumps({"class": "nonsense", "at": 99}))
+    assert failures.recall(tmp_path, "k", ttl_s=60, now=100.0) is None
+
+
+def test_the_reason_kept_is_bounded(tmp_path):
+    failures.record(tmp_path, "k", Failure(FailureClass.OOM, "o"), reason="r" * 5000, worker="w", now=1.0, about={})
+    assert len(json.loads((tmp_path / "serverless/failures/k.json").read_text())["reason"]) == failures.REASON_MAX
+
+
+# -- the release, in the machine ---------------------------------------------------------------------
+
+def machine(grace: float | None) -> Machine:
+    cfg = parse_config(BASE + "[selftest]\nenabled = false\n", env={})
+    return Machine(Live(cfg, origin=Origin()), release_after_s=grace)
+
+
+def fail_at_boot(m: Machine, now: float) -> list[E.Effect]:
+    m.start()
+    return m.step(E.Prepared(m.waiting[1], Failure(FailureClass.SELFTEST_FAILED, "recorded")), now)
+
+
+def test_a_failed_worker_is_released_after_the_grace_and_exits_as_failed():
+    m = machine(60.0)
+    fx = fail_at_boot(m, 100.0)
+    assert m.state == State.FAILED and any(isinstance(x, E.Failed) for x in fx)
+    assert m.next_deadline() == 160.0
+    assert m.step(E.Tick(), 159.9) == [] and m.state == State.FAILED
+    fx = m.step(E.Tick(), 160.0)
+    assert [x for x in fx if isinstance(x, E.Shutdown)] == [E.Shutdown(3)] and m.state == State.STOPPED
+    assert any(isinstance(x, E.Enter) and x.detail.startswith("released") for x in fx)
+
+
+def test_a_pod_stays_failed_to_explain():
+    m = machine(None)
+    fail_at_boot(m, 100.0)
+    assert m.next_deadline() is None and m.step(E.Tick(), 1e9) == [] and m.state == State.FAILED
+
+
+def test_a_term_during_the_grace_stops_at_once():
+    m = machine(60.0)
+    fail_at_boot(m, 0.0)
+    fx = m.step(E.Signal(signal.SIGTERM), 1.0)
+    assert E.Shutdown(3) in fx and m.done and m.release_at is None
+
+
+# -- many workers, one volume -------------------------------------------------------------------------
+
+def test_a_worker_with_the_volume_keeps_its_state_there_and_without_it_where_the_config_says(tmp_path):
+    vol = tmp_path / "runpod-volume"
+    env = {"PORT": "8000", "PORT_HEALTH": "8001", "KILN_SERVERLESS_VOLUME": str(vol)}
+    assert parse(env).state_dir == "/workspace/kiln"                       # no volume mounted
+    vol.mkdir()
+    assert parse(env).state_dir == str(vol / "kiln")
+    assert parse({**env, "KILN_STATE_DIR": "/elsewhere"}).state_dir == "/elsewhere"   # said outright: kept
+    assert parse({"KILN_SERVERLESS_VOLUME": str(vol)}).state_dir == "/workspace/kiln"  # a pod: never
+    running = parse(env)     # a published config naming the image's state_dir is no change on a worker
+    assert boot_only_changes({"state_dir": "/workspace/kiln"}, running, env) == []
+
+
+def test_each_worker_has_its_own_directory_beside_the_shared_state(tmp_path):
+    from supervisor.serverless.volume import worker_dir
+
+    assert worker_dir(tmp_path, {"RUNPOD_POD_ID": "w1"}) == tmp_path / "workers/w1"
+    assert worker_dir(tmp_path, {"RUNPOD_POD_ID": "w1"}) != worker_dir(tmp_path, {"RUNPOD_POD_ID": "w2"})
+
+
+def test_the_driver_jit_cache_is_the_workers_own_and_the_compile_caches_are_shared(tmp_path):
+    from supervisor.engines import vllm
+    from supervisor.engines.launch import engine_environment
+
+    cfg = parse_config(BASE.replace('engine = "llamacpp"', 'engine = "vllm"'), env={})
+    rung = cfg.ladder.rungs[0]
+    own = tmp_path / "kiln/workers/w1"
+    env = engine_environment(vllm, cfg, rung, {}, None, own_dir=own)
+    assert env["CUDA_CACHE_PATH"] == str(own / "cache/cuda-jit")
+    assert env["VLLM_CACHE_ROOT"] == "/workspace/kiln/cache/vllm"          # cfg.state_dir: shared
+    assert env["TRITON_CACHE_DIR"] == "/workspace/kiln/cache/triton"
+    pod = engine_environment(vllm, cfg, rung, {}, None, own_dir=Path(cfg.state_dir))
+    assert pod["CUDA_CACHE_PATH"] == "/workspace/kiln/cache/cuda-jit"       # a pod: as before
+    mine = engine_environment(vllm, cfg, rung, {"CUDA_CACHE_PATH": "/mine"}, None, own_dir=own)
+    assert mine["CUDA_CACHE_PATH"] == "/mine"                                # the pod's env still wins
+
+
+def test_a_generated_key_is_created_once_for_every_worker(tmp_path):
+    from supervisor.engines.apikey import resolve
+
+    first = resolve("env:KILN_API_KEY", tmp_path, {})
+    second = resolve("env:KILN_API_KEY", tmp_path, {})
+    assert first.value == second.value and first.origin.startswith("generated") and second.origin.startswith("stored")
+    assert oct((tmp_path / "api-key").stat().st_mode & 0o777) == "0o600"
+    assert [p.name for p in tmp_path.iterdir()] == ["api-key"]               # no temporary file left
+
+
+def test_a_worker_that_finds_the_download_taken_waits_saying_for_whom_then_takes_its_turn(tmp_path):
+    from supervisor.errors import Cancelled
+    from supervisor.model.fetch.parent import wait_turn
+    from supervisor.model.fetch.volume_lock import VolumeLock, lock_file
+
+    path = lock_file(tmp_path / "hf", "owner/model")
+    assert path == tmp_path / "hf/.locks/kiln-fetch/models--owner--model.lock"
+    holder = VolumeLock(path, "wa")
+    assert holder.try_acquire()
+    assert holder.held_by()["worker"] == "wa"
+    seen: list[dict] = []
+    slept: list[float] = []
+
+    def sleep(s: float) -> None:        # the holder finishes while the waiter waits its fourth time
+        slept.append(s)
+        if len(slept) == 4:
+            holder.release()
+
+    waiter = VolumeLock(path, "wb")
+    waited = wait_turn(waiter, should_stop=lambda: False, sleep=sleep, report=seen.append)
+    assert waited >= 0 and len(slept) == 4
+    assert seen[0]["event"] == "waiting" and seen[0]["for"].startswith("worker wa (host ")
+    assert waiter.held_by()["worker"] == "wb"
+    other = VolumeLock(path, "wc")
+    with pytest.raises(Cancelled):
+        wait_turn(other, should_stop=lambda: True, sleep=lambda s: None, report=seen.append)
+    waiter.release()
+    assert other.try_acquire()                    # a holder that lets go (or dies) frees it
+    other.release()
