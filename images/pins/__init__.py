@@ -4,6 +4,10 @@
                                               sha256, patch sha256s, each with where it came from
                                  resolve.py   `build.py lock`: registry digests (OCI), git ls-remote, PyPI hashes
                                  pyclosure.py can the index reach every package a pinned engine wheel needs?
+                                              (a walk that checks itself against every requirement met)
+                                 closure.py   that closure hash-locked: images/closures/<pkg>-<ver>-cp312.txt,
+                                              its sha256 the pin engine.closure; the image installs it
+                                              with pip --require-hashes
                                  requirements.py  supervisor/requirements.txt, every wheel hashed (generate)
     the engine's CUDA ────────── cuda.py      what the target declares vs what its engine is known to need
                                  cudafloor.py measured from what is installed (libcudart SONAME, torch's CUDA);
