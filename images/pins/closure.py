@@ -49,7 +49,8 @@ def text(root: str, closure: Closure, index: str) -> str:
              "# edit. The image installs it with `pip install --require-hashes`; its sha256 is the lock's",
              '# "engine.closure".']
     for name in sorted(closure.found):
-        hashes = sorted({f["hashes"]["sha256"] for f in closure.files.get(name, []) if f.get("hashes", {}).get("sha256")})
+        hashes = sorted({f["hashes"]["sha256"] for f in closure.files.get(name, [])
+                         if f.get("hashes", {}).get("sha256")})
         if not hashes:
             raise ClosureIncomplete(f"{name}=={closure.found[name]}: the index gives no sha256 for its wheels")
         lines.append(f"{name}=={closure.found[name]} \\")

@@ -10,8 +10,10 @@ What the seed paid for (shared/seed/FINDINGS.md, sessions 3-5) and this module e
 - "No available shared memory broadcast block found in 60 seconds" looped for ~10 minutes:
   repeated, it is a stall, not progress (the seed's hypothesis: torch.compile; try --enforce-eager).
 The parser accepts what vLLM's does: unique prefixes, underscores for dashes, `--flag=value`,
-dotted sub-keys of JSON options (`--speculative-config.num_speculative_tokens 3`), `-O3`, and
-`--config FILE`. `--tool-call-parser` values are checked against the parsers this version ships
+dotted sub-keys of JSON options (`--speculative-config.num_speculative_tokens 3`), `-O3`,
+`--config FILE`, and the negatives vLLM >= 0.33 accepts without showing them (`--no-enable-prefix-caching`
+beside the shown `--disable-prefix-caching`: engines/flags.py reads them off the help's
+`--enable-X, --disable-X` pairs). `--tool-call-parser` values are checked against the parsers this version ships
 (vLLM itself accepts an unknown one at parse time).
 """
 
@@ -31,10 +33,25 @@ from .llamacpp import LintIssue
 
 load_snapshot = load_argparse_snapshot
 
-# Removed flags and what to do instead (vLLM's parser then says only "unrecognized arguments").
+# Flags vLLM removed and what to do instead: its parser then says only "unrecognized arguments", and
+# its help names no replacement, so the words are the changelog's or the code's (each entry says which;
+# docs/research/vllm-0.27.1-to-0.33.0-flags.md). An entry speaks only where the flag snapshot lacks the
+# flag, or where there is no snapshot at all (then it is advice: which vLLM runs is unknown).
 REMOVED = {
-    "--disable-log-requests": "removed in vLLM 0.27 (the seed's server crash-looped on it): request "
-                              "logging is off by default; remove it (--enable-log-requests turns it on)",
+    "--disable-log-requests": "removed in vLLM 0.27 (the seed's server crash-looped on it) and accepted again "
+                              "from 0.33.0 as the negative of --enable-log-requests: request logging is off "
+                              "by default; remove it (--enable-log-requests turns it on)",
+    "--calculate-kv-scales": "removed in vLLM 0.28.0 with no replacement: fp8 KV-cache scales come from the "
+                             "checkpoint when it has them, else 1.0 (vllm-project/vllm#49389; 0.27.1's help "
+                             "already called it deprecated); remove it",
+    "--no-calculate-kv-scales": "removed in vLLM 0.28.0 with --calculate-kv-scales (vllm-project/vllm#49389); "
+                                "remove it: it was the default",
+    "--override-attention-dtype": "removed in vLLM 0.28.0; neither its help nor the 0.28.0 code names a "
+                                  "replacement; remove it",
+    "--enable-bf16x3-router-gemm": "removed in vLLM 0.30.0: the BF16x3 router GEMM is chosen automatically on "
+                                   "Blackwell (fused_moe/router/gate_linear.py); remove it",
+    "--no-enable-bf16x3-router-gemm": "removed in vLLM 0.30.0 with --enable-bf16x3-router-gemm (now automatic "
+                                      "on Blackwell); remove it",
 }
 SPECULATION = ("--speculative-config", "-sc")
 TENSOR_PARALLEL = ("--tensor-parallel-size", "-tp")
