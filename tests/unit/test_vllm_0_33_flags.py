@@ -4,6 +4,7 @@ research for issue 27 dumped their option strings: 485 for 0.33.0, 383 for 0.27.
 
 from __future__ import annotations
 
+import hashlib
 import json
 from pathlib import Path
 
@@ -147,3 +148,51 @@ def test_the_cpu_stand_in_serves_0_33_0s_metrics_and_help():
     assert "my-model" not in text and "python_gc" not in text
     assert Counters.from_text(fake_vllm.metrics_text("served", speculating=True)).spec_drafts == 0.0
     assert fake_vllm.VERSION == "0.33.0" and fake_vllm.HELP == "vllm-0.33.0-serve-help-all.txt"
+
+
+def fast(args, extra=""):
+    return parse_config(f"""
+engine = "vllm"
+[model]
+source = "/models/m/config.json"
+entry = "config.json"
+[server]
+fast_start = true
+{extra}
+[ladder]
+[[ladder.rungs]]
+name = "r"
+args = {json.dumps(args)}
+""", env={})
+
+
+def test_fast_start_is_off_by_default_and_adds_only_what_the_rung_does_not_set(new):
+    plain = cfg(["--max-model-len", "4096"])
+    assert plain.server.fast_start is False
+    argv = vllm.build_argv(plain, plain.ladder.rungs[0], model_path="/models/m/config.json")
+    assert "--safetensors-load-strategy" not in argv and not any(a.startswith("-O") for a in argv)
+    on = fast(["--max-model-len", "4096"])
+    argv = vllm.build_argv(on, on.ladder.rungs[0], model_path="/models/m/config.json")
+    assert argv[argv.index("--safetensors-load-strategy") + 1] == "prefetch" and "-O1" in argv
+    own = fast(["-O3", "--safetensors-load-strategy=eager"])
+    argv = vllm.build_argv(own, own.ladder.rungs[0], model_path="/models/m/config.json")
+    assert "-O1" not in argv and "prefetch" not in argv and "-O3" in argv
+    assert vllm.lint_rung(on, 0, on.ladder.rungs[0], new) == []
+
+
+def test_fast_start_keeps_the_hash_of_a_config_that_does_not_set_it_and_is_vllm_only():
+    from supervisor.errors import ConfigError
+
+    off = cfg(["--max-model-len", "4096"])
+    assert off.to_dict()["server"]["fast_start"] is False
+    assert fast(["--max-model-len", "4096"]).hash != off.hash
+    # the hash of a config without the key is what it was before the key existed
+    d = off.to_dict()
+    for k in ("watch", "runpod"):
+        d.pop(k)
+    d["server"].pop("fast_start")
+    assert off.hash == hashlib.sha256(json.dumps(d, sort_keys=True, separators=(",", ":"), default=list)
+                                      .encode()).hexdigest()
+    with pytest.raises(ConfigError, match="fast_start: is a vLLM option"):
+        parse_config('engine = "llamacpp"\n[model]\nsource = "/m.gguf"\n[server]\nfast_start = true\n'
+                     '[ladder]\n[[ladder.rungs]]\nname = "r"\nplacement = "cpu"\n', env={})
