@@ -161,8 +161,7 @@ def _cell(text: str) -> str:
 def markdown(d: FlagDiff) -> list[str]:
     """The diff as Markdown lines (a section of `upgrade`'s report)."""
     c = d.counts
-    out = [f"Flag snapshots: {d.old_version} `{d.old_source}`; {d.new_version} `{d.new_source}`.",
-           f"{d.old_version}: {c['old_flags']} flags, {c['old_spellings']} spellings shown. "
+    out = [f"{d.old_version}: {c['old_flags']} flags, {c['old_spellings']} spellings shown. "
            f"{d.new_version}: {c['new_flags']} flags, {c['new_spellings']} spellings shown"
            + (f" and {c['new_hidden']} accepted but not shown." if c["new_hidden"] else "."), ""]
     out += [f"### Removed: the {d.new_version} parser rejects them ({len(d.removed)})", ""]

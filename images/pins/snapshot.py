@@ -153,8 +153,9 @@ def _cpu_torch(venv: Path, spec: str | None, log: Log) -> list[str]:
 
 
 def _install_skipping(venv: Path, reqs: list[str], log: Log) -> None:
-    """pip install --no-deps every requirement that has a wheel for the venv's Python (the closure was
-    walked for the image's 3.12; networkx 3.7 has none for 3.11, and the parser does not need it)."""
+    """pip install --no-deps every requirement, each at the closure's version where that has a wheel for
+    the venv's Python, else at the newest that has (the closure was walked for the image's 3.12:
+    networkx 3.7 needs >= 3.12, and torch imports networkx while the parser loads), else not at all."""
     reqs = list(reqs)
     while reqs:
         r = _run(_pip(venv) + reqs, log, what=f"{len(reqs)} packages", check=False)
@@ -163,8 +164,14 @@ def _install_skipping(venv: Path, reqs: list[str], log: Log) -> None:
         m = re.search(r"No matching distribution found for (\S+)", r.stderr)
         if not m or m.group(1) not in reqs:
             raise SnapshotFailed(f"pip install into {venv} failed: {_tail(r.stderr)}")
-        log(f"upgrade: skipped {m.group(1)}: no wheel for this Python (the parser may not need it)")
-        reqs.remove(m.group(1))
+        req = m.group(1)
+        name = req.split("==", 1)[0]
+        reqs[reqs.index(req)] = name
+        if name == req:
+            reqs.remove(name)
+            log(f"upgrade: skipped {name}: no wheel for this Python at all")
+        else:
+            log(f"upgrade: {req} has no wheel for this Python: the newest that has instead")
 
 
 def _vllm_help(venv: Path, package: str, version: str, closure_text: str, python: str,
@@ -192,7 +199,7 @@ def _vllm_help(venv: Path, package: str, version: str, closure_text: str, python
         if not module or dist not in pinned or dist in installed:
             raise SnapshotFailed(f"vllm-flag-snapshot.py failed (exit {r.returncode}) in {venv}: {_tail(r.stderr)}")
         log(f"upgrade: the parser imports {module}: installing {dist}=={pinned[dist][0]} from the closure")
-        _run(_pip(venv) + [f"{dist}=={pinned[dist][0]}"], log, what=dist)
+        _install_skipping(venv, [f"{dist}=={pinned[dist][0]}"], log)
         installed.add(dist)
     raise SnapshotFailed(f"vllm-flag-snapshot.py still fails after {ROUNDS} rounds in {venv}")
 

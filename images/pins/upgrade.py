@@ -84,10 +84,13 @@ class Plan:
 
 
 def _rel(path: Path) -> str:
-    try:
-        return str(path.resolve().relative_to(REPO_ROOT))
-    except ValueError:
-        return str(path)
+    """A path as a reader of the report would write it: repository-relative, else under ~, else whole."""
+    for root, prefix in ((REPO_ROOT, ""), (Path.home(), "~/")):
+        try:
+            return prefix + str(path.resolve().relative_to(root.resolve()))
+        except ValueError:
+            continue
+    return str(path)
 
 
 def _moved(target: Target, release: releases.Release) -> Target:
@@ -155,7 +158,7 @@ def plan(name: str, to: str | None = None, *, index: str = "https://pypi.org/sim
         else:
             path, made = snapshot.snapshot(tgt, tpins, closure_text=text, python=python, cpu_torch=cpu_torch,
                                            log=log)
-            how[version] = f"{made}: {path}"
+            how[version] = f"{made}: {_rel(path)}"
         snaps[version] = engine.load_snapshot(path)
     known = getattr(engine, "REMOVED", None) or {k: f"use {v}" for k, v in getattr(engine, "KNOWN_RENAMES", {}).items()}
     diff = flagdiff.diff(snaps[str(src.version)], snaps[release.version], old_version=str(src.version),
