@@ -160,12 +160,13 @@ def plan(name: str, to: str | None = None, *, index: str = "https://pypi.org/sim
                                            log=log)
             how[version] = f"{made}: {_rel(path)}"
         snaps[version] = engine.load_snapshot(path)
-    known = getattr(engine, "REMOVED", None) or {k: f"use {v}" for k, v in getattr(engine, "KNOWN_RENAMES", {}).items()}
+    known = getattr(engine, "REMOVED", None) or {k: f"use {v}"
+                                                 for k, v in getattr(engine, "KNOWN_RENAMES", {}).items()}
     diff = flagdiff.diff(snaps[str(src.version)], snaps[release.version], old_version=str(src.version),
                          new_version=release.version, known=known)
     p = Plan(target, moved, pins, closure_name, closure_text, old_closure, diff, how, index=index, today=today)
-    _lint_all(p, engine, snaps[str(src.version)], snaps[release.version], _configs(target.engine, targets_dir) + [
-        path.resolve() for path in published or []])
+    configs = _configs(target.engine, targets_dir) + [path.resolve() for path in published or []]
+    _lint_all(p, engine, snaps[str(src.version)], snaps[release.version], configs)
     return p
 
 
@@ -248,7 +249,12 @@ def apply(p: Plan) -> list[str]:
         if closure_file.write(path, p.closure_text):
             done.append(f"wrote {_rel(path)}")
     lock = load_lock()
-    lock[p.target.name] = {**lock.get(p.target.name, {}), **p.pins}
+    pins = dict(lock.get(p.target.name, {}))
+    for key, pin in p.pins.items():
+        # resolved_on says when a value last changed: a pin found as it was stays as it was
+        if key not in pins or (pins[key].value, pins[key].source) != (pin.value, pin.source):
+            pins[key] = pin
+    lock[p.target.name] = pins
     if save_lock(lock):
         done.append(f"wrote {_rel(lockfile.LOCK_PATH)}")
     text = p.target.path.read_text(encoding="utf-8")
