@@ -205,6 +205,11 @@ def _lint_all(p: Plan, engine: Any, old: Any, new: Any, paths: list[Path]) -> No
                 fix = p.diff.replacement(flag) if flag else None
                 p.refusals.append(Refusal(rel, rung.name, _short_where(issue.where), flag, fix or issue.message))
             p.refusals += _lost_values(p, rel, rung.name, i, args, new)
+            deprecated = {n for ch in p.diff.deprecated for n in ch.flag.split(", ")}
+            for k, tok in enumerate(args):
+                if tok.split("=", 1)[0] in deprecated:
+                    p.notes.append(f"{rel}: rung {rung.name} (ladder.rungs[{i}].args[{k}]) {tok.split('=', 1)[0]}: "
+                                   f"deprecated in {p.new_version}, still accepted")
 
 
 def _short_where(where: str) -> str:

@@ -196,3 +196,22 @@ def test_fast_start_keeps_the_hash_of_a_config_that_does_not_set_it_and_is_vllm_
     with pytest.raises(ConfigError, match="fast_start: is a vLLM option"):
         parse_config('engine = "llamacpp"\n[model]\nsource = "/m.gguf"\n[server]\nfast_start = true\n'
                      '[ladder]\n[[ladder.rungs]]\nname = "r"\nplacement = "cpu"\n', env={})
+
+
+def test_a_flag_0_33_0_deprecates_is_a_note_not_a_refusal(tmp_path, old, new):
+    import dataclasses
+
+    from images.pins import upgrade
+    from images.target import load_target
+
+    moved = load_target("a40-vllm-qwen3-coder")                        # pinned on 0.33.0
+    pinned = dataclasses.replace(moved, source=dataclasses.replace(moved.source, version="0.27.1"))
+    d = flagdiff.diff(old, new, old_version="0.27.1", new_version="0.33.0", known=vllm.REMOVED)
+    path = tmp_path / "c.toml"
+    path.write_text('engine = "vllm"\n[model]\nsource = "/m/config.json"\nentry = "config.json"\n[ladder]\n'
+                    '[[ladder.rungs]]\nname = "r"\nargs = ["--mamba-cache-mode", "none", "--calculate-kv-scales"]\n')
+    p = upgrade.Plan(pinned, moved, {}, "", "", "", d, {})
+    upgrade._lint_all(p, vllm, old, new, [path])
+    assert [(r.rung, r.where, r.flag) for r in p.refusals] == [("r", "ladder.rungs[0].args[2]", "--calculate-kv-scales")]
+    assert [n for n in p.notes if "deprecated" in n] == [
+        f"{path}: rung r (ladder.rungs[0].args[0]) --mamba-cache-mode: deprecated in 0.33.0, still accepted"]
