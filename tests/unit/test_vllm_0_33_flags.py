@@ -212,6 +212,7 @@ def test_a_flag_0_33_0_deprecates_is_a_note_not_a_refusal(tmp_path, old, new):
                     '[[ladder.rungs]]\nname = "r"\nargs = ["--mamba-cache-mode", "none", "--calculate-kv-scales"]\n')
     p = upgrade.Plan(pinned, moved, {}, "", "", "", d, {})
     upgrade._lint_all(p, vllm, old, new, [path])
-    assert [(r.rung, r.where, r.flag) for r in p.refusals] == [("r", "ladder.rungs[0].args[2]", "--calculate-kv-scales")]
+    refused = [(r.rung, r.where, r.flag) for r in p.refusals]
+    assert refused == [("r", "ladder.rungs[0].args[2]", "--calculate-kv-scales")]
     assert [n for n in p.notes if "deprecated" in n] == [
         f"{path}: rung r (ladder.rungs[0].args[0]) --mamba-cache-mode: deprecated in 0.33.0, still accepted"]
