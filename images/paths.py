@@ -15,6 +15,7 @@ TARGETS_DIR = IMAGES_DIR / "targets"              # one <target>.toml per image
 DEPLOY_DIR = IMAGES_DIR / "deploy"                # the deploy configs targets name ([deploy] config)
 TEMPLATES_DIR = IMAGES_DIR / "templates"          # the Dockerfile templates (jinja2)
 LOCK_PATH = IMAGES_DIR / "lock.toml"              # the resolved pins of every target
+CLOSURES_DIR = IMAGES_DIR / "closures"            # <package>-<version>-cp312.txt: a wheel engine's hash-locked closure
 SCHEMAS_DIR = IMAGES_DIR / "schemas"
 RUNPOD_SCHEMA = SCHEMAS_DIR / "runpod-rest-v2.json"   # the vendored excerpt of RunPod's REST v2 document
 

@@ -6,7 +6,7 @@ by supervisor/ or images/ (the image ships without it), and it never imports tes
     engine              where a real llama-server is (the cached CPU compile, or $KILN_LLAMA_PREFIX)
     llama_server        a real llama-server as a context manager, ready when /health answers 200
     fake_llama_server   an executable stand-in for llama-server, replaying recorded engine output
-    fake_vllm           an executable stand-in for `vllm serve` 0.26.0, replaying what it printed on an H200
+    fake_vllm           an executable stand-in for `vllm serve`: 0.33.0's parser and metrics, 0.26.0's H200 boot lines
     supervised          the real supervisor as a child, watched through its status port;
                         wait_for, free_port, http, and the deploy-config builder
     children            children that never outlive their parent (parent-death signal, TERM cleanup)

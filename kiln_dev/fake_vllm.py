@@ -1,12 +1,14 @@
 #!/usr/bin/env python3
-"""Stand-in for `vllm serve`: vLLM 0.26.0 as it ran on the lent H200 (2026-12-01), for CPU machines,
-where a real vLLM cannot start (it needs a GPU). What it prints is what the real one printed
-(tests/fixtures/engine-logs/vllm-0.26.0-*.log, PROVENANCE.md says how each was recorded); how it
-binds, answers and stops follows vLLM 0.26.0's own code (named below).
+"""Stand-in for `vllm serve` on CPU machines, where a real vLLM cannot start (it needs a GPU): the parser
+and the metrics of vLLM 0.33.0, the version the vLLM targets pin, and the start-up, failure and shutdown
+lines vLLM 0.26.0 printed on the lent H200 (2026-12-01), the newest vLLM a GPU here has run: 0.33.0
+needs torch 2.14, the H200 has torch 2.11. What it prints is what a real one printed
+(tests/fixtures/engine-logs/, PROVENANCE.md says how each was recorded); how it binds, answers and
+stops follows vLLM 0.26.0's own code (named below).
 
     fake_vllm.py serve MODEL_DIR --host H --port P [--served-model-name N] [any other flag]
-    fake_vllm.py serve --help=all      the real 0.26.0 parser's text, as printed on the H200
-    fake_vllm.py --version             0.26.0
+    fake_vllm.py serve --help=all      the real 0.33.0 parser's text (vllm-0.33.0-serve-help-all.txt)
+    fake_vllm.py --version             0.33.0
 
 The scenario comes from the environment (a rung's env picks it), so argv stays what the
 supervisor gives the real binary:
@@ -18,9 +20,11 @@ supervisor gives the real binary:
                        setup_server) the port is bound right after the banner and the non-default
                        args line but listened on only once the engine is up, so /health is refused
                        while loading. GET /health: 200, empty body (serve/instrumentator/health.py);
-                       GET /metrics: Prometheus text with the counters Kiln reads, names and help as
-                       0.26.0's v1/metrics/loggers.py has them, values 0 (nothing runs here; bucket
-                       lines left out); any other path: 404 {"detail":"Not Found"} (FastAPI's).
+                       GET /metrics: the vllm:* families of vLLM 0.33.0's own metrics logger
+                       (vllm-0.33.0-metrics-format-sample.txt: names, help, types and labels real,
+                       values synthetic, zero: nothing runs here), this served name put in, the
+                       spec_decode families only when --speculative-config is given; any other path:
+                       404 {"detail":"Not Found"} (FastAPI's).
                        Each request is logged in uvicorn's access form. SIGTERM once serving: the
                        recorded shutdown lines, exit 0; before that, the default action.
       vllm-oom-h200    the real failure at --max-model-len 20000000 (vllm-0.26.0-oom-h200.log: its
@@ -53,25 +57,15 @@ from pathlib import Path
 
 LOG_DIR = Path(os.environ.get("KILN_FAKE_LOG_DIR")
                or Path(__file__).resolve().parents[1] / "tests" / "fixtures" / "engine-logs")
-VERSION = "0.26.0"
+VERSION = "0.33.0"
 SERVE_LOG = "vllm-0.26.0-serve-h200.log"
 OOM_LOG = "vllm-0.26.0-oom-h200.log"
-HELP = "vllm-0.26.0-serve-help-all-h200.txt"
+HELP = "vllm-0.33.0-serve-help-all.txt"
+METRICS_SAMPLE = "vllm-0.33.0-metrics-format-sample.txt"
+SAMPLE_MODEL = 'model_name="my-model"'        # the served name the sample was made with
 # What the recorded boot was given, to be replaced by what this one is given.
 REC_MODEL, REC_NAME, REC_HOST, REC_PORT = "/root/k/models/smollm2-bf16", "smollm2-bf16", "127.0.0.1", "18180"
 REC_API = "(APIServer pid=8736)"
-
-# name, type, help: vLLM 0.26.0's v1/metrics/loggers.py (labels model_name and engine; Counter names
-# get prometheus_client's _total). Only what supervisor/selftest/metrics.py reads, plus the gauge.
-METRICS = (
-    ("vllm:num_requests_running", "gauge", "Number of requests in model execution batches."),
-    ("vllm:prompt_tokens_total", "counter", "Number of prefill tokens processed."),
-    ("vllm:prompt_tokens_cached_total", "counter", "Number of cached prompt tokens (local + external)."),
-    ("vllm:generation_tokens_total", "counter", "Number of generation tokens processed."),
-    ("vllm:request_prefill_time_seconds", "histogram", "Histogram of time spent in PREFILL phase for request."),
-    ("vllm:request_decode_time_seconds", "histogram", "Histogram of time spent in DECODE phase for request."),
-)
-
 
 def out(line: str) -> None:
     sys.stdout.write(line + "\n")
@@ -92,6 +86,8 @@ class Args:
         self.host = self.opt(rest, "--host", "0.0.0.0")
         self.port = int(self.opt(rest, "--port", "8000"))
         self.name = self.opt(rest, "--served-model-name", self.model)
+        self.speculating = any(x in ("--speculative-config", "-sc") or x.startswith("--speculative-config")
+                               for x in rest)
 
     @staticmethod
     def opt(argv: list[str], name: str, default: str) -> str:
@@ -125,6 +121,7 @@ def boot_lines(a: Args) -> tuple[list[str], list[str], list[str]]:
 class Handler(BaseHTTPRequestHandler):
     protocol_version = "HTTP/1.1"
     model_name = REC_NAME
+    speculating = False
 
     def version_string(self) -> str:
         return "uvicorn"
@@ -134,7 +131,8 @@ class Handler(BaseHTTPRequestHandler):
         if path == "/health":
             self.reply(200, b"", None)
         elif path == "/metrics":
-            self.reply(200, metrics_text(self.model_name).encode(), "text/plain; version=0.0.4; charset=utf-8")
+            self.reply(200, metrics_text(self.model_name, self.speculating).encode(),
+                       "text/plain; version=0.0.4; charset=utf-8")
         else:
             self.reply(404, b'{"detail":"Not Found"}', "application/json")
 
@@ -155,21 +153,23 @@ class Handler(BaseHTTPRequestHandler):
         pass
 
 
-def metrics_text(model: str) -> str:
-    labels = f'{{engine="0",model_name="{model}"}}'
-    lines = []
-    for name, kind, doc in METRICS:
-        lines += [f"# HELP {name} {doc}", f"# TYPE {name} {kind}"]
-        if kind == "histogram":
-            lines += [f"{name}_count{labels} 0.0", f"{name}_sum{labels} 0.0"]
-        else:
-            lines.append(f"{name}{labels} 0.0")
+def metrics_text(model: str, speculating: bool = False) -> str:
+    """vLLM 0.33.0's vllm:* families as its metrics logger printed them (the recorded sample), for this
+    served name; its speculative-decoding families only for a speculating server, as in vLLM."""
+    keep, lines = False, []
+    for ln in recorded(METRICS_SAMPLE):
+        if ln.startswith("# HELP "):
+            name = ln.split()[2]
+            keep = name.startswith("vllm:") and (speculating or not name.startswith("vllm:spec_decode"))
+        if keep:
+            lines.append(ln.replace(SAMPLE_MODEL, f'model_name="{model}"'))
     return "\n".join(lines) + "\n"
 
 
 def bind(a: Args) -> ThreadingHTTPServer:
     """vLLM binds before it builds the engine (setup_server) and listens only in uvicorn."""
     Handler.model_name = a.name
+    Handler.speculating = a.speculating
     httpd = ThreadingHTTPServer((a.host, a.port), Handler, bind_and_activate=False)
     httpd.socket.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
     try:

@@ -128,6 +128,9 @@ class ServerSpec:
     # A second port relayed to the engine as plain TCP: RunPod's TCP ports skip its HTTP proxy,
     # which cuts requests at ~125 s (a long cold prefill). None = no relay.
     tcp_port: int | None = None
+    # vLLM only, off by default: start-up options that trade nothing Kiln checks for a quicker load
+    # (engines/vllm.py FAST_START says which; their measured effect is issue 28's).
+    fast_start: bool = False
 
 
 @dataclass(frozen=True)
@@ -312,6 +315,8 @@ class DeployConfig:
         d.pop("watch")
         d.pop("runpod")
         d.pop("serverless")
+        if not d["server"]["fast_start"]:
+            d["server"].pop("fast_start")   # added later: a config that does not set it keeps its hash
         blob = json.dumps(d, sort_keys=True, separators=(",", ":"), default=list)
         return hashlib.sha256(blob.encode()).hexdigest()
 
@@ -481,11 +486,14 @@ def _server(r: Reader, engine: str) -> ServerSpec:
     snapshot = r.str("flag_snapshot", DEFAULT_SNAPSHOTS.get(engine, ""))
     extra = r.str_list("extra_args", item=_arg_problem)
     tcp_port = r.int("tcp_port", None, min=1, max=65535)
+    fast_start = r.bool("fast_start", False)
     r.finish()
     if tcp_port is not None and tcp_port == port:
         r.problem("tcp_port", "must differ from server.port (it relays to it)", tcp_port)
+    if fast_start and engine != "vllm":
+        r.problem("fast_start", f"is a vLLM option; engine {engine} has no such switch", fast_start)
     return ServerSpec(host=host, port=port, api_key=api_key, binary=binary, flag_snapshot=snapshot,
-                      extra_args=extra, tcp_port=tcp_port)
+                      extra_args=extra, tcp_port=tcp_port, fast_start=fast_start)
 
 
 def _owned_flag_problem(arg: str) -> str | None:

@@ -24,9 +24,12 @@ this tree and listed here.
     │   └── PortBusy             another process already listens on it (named when psutil can tell)
     ├── FloatingRefused          (images.build.render) a target has unresolved pins and floating was not allowed
     ├── CudaMismatch             (images.build.render) a target's [cuda] version is not the CUDA its engine runs
+    ├── ClosureMismatch          (images.build.render) the lock's engine.closure is not the closure file's sha256
     ├── FloorError               (images.pins.cudafloor) the engine's CUDA could not be measured, or disagrees
     ├── CudaUnknown              (images.pins.cuda) the index did not say which CUDA the engine runs
-    ├── ClosureIncomplete        (images.pins.resolve) the index lacks a package the engine's tree needs
+    ├── ClosureIncomplete        (images.pins.closure) the index lacks a package the engine's tree needs
+    ├── NoSuchRelease            (images.pins.releases) the index has no usable file of the version asked for
+    ├── SnapshotFailed           (images.pins.snapshot) an engine's parser could not be made to print its flags
     ├── BinariesError            (images.binaries.obtain) engine binaries could not be compiled or published
     ├── FactsError               (images.build.engine_facts) the pinned engine source cannot be read for its facts
     ├── PipFailed                (images.pins.requirements) pip could not download the supervisor's pinned wheels

@@ -23,6 +23,7 @@ import jinja2
 import supervisor
 from supervisor.errors import KilnError
 
+from ..pins import closure as closure_file
 from ..pins.cuda import declared_problems
 from ..pins.cudafloor import require_cuda
 from .engine_facts import FACTS_FILE, facts_path
@@ -41,6 +42,11 @@ class CudaMismatch(KilnError):
     def __init__(self, target: Target, problems: list[str]):
         self.problems = problems
         super().__init__(f"target {target.name}: " + "; ".join(problems))
+
+
+class ClosureMismatch(KilnError):
+    """The lock's engine.closure does not match the closure file, or the file does not hold the engine's
+    own pinned wheel."""
 
 
 class FloatingRefused(KilnError):
@@ -102,6 +108,9 @@ class RenderContext:
     ports: tuple[str, ...]
     floating: bool
     engine_facts: str = ""           # images/engine-facts/ file baked beside the flag snapshot; "" none
+    closure_file: str = ""           # images/closures/ file a wheel engine installs hash-locked; "" none
+    closure_sha256: str = ""         # its sha256, the lock's engine.closure
+    closure_count: int = 0           # how many packages it pins
 
 
 def pinned_ref(tag_ref: str, pin: Pin) -> str:
@@ -128,6 +137,7 @@ def make_context(target: Target, pins: dict[str, Pin], *, allow_floating: bool =
     patches = tuple(PatchRef(p.name, f"{p.name}.patch", pins[f"patch.{p.name}"].value or "")
                     for p in target.patches)
     excludes = tuple(sorted({e for p in target.patches for e in p.exclude}))
+    closure_name, closure_sha, closure_count = _closure(target, pins, source_pin)
     labels = _labels(target, pins, build_base, runtime_base, source_pin, patches, floating_keys, base_image)
     header = _header(target, floating_keys, base_image)
     ports = tuple(p.split("/")[0] for p in target.runpod.ports if p.endswith("/http")) or ("8080", "8081")
@@ -139,7 +149,33 @@ def make_context(target: Target, pins: dict[str, Pin], *, allow_floating: bool =
                          nvidia_require_cuda=require_cuda(target.cuda_version) if target.cuda_version else "",
                          cmake_flags=target.cmake_flags, runtime_packages=target.runtime_packages,
                          labels=labels, ports=ports, floating=bool(floating_keys),
-                         engine_facts=str(facts) if facts and facts.is_file() else "")
+                         engine_facts=str(facts) if facts and facts.is_file() else "",
+                         closure_file=closure_name, closure_sha256=closure_sha, closure_count=closure_count)
+
+
+def _closure(target: Target, pins: dict[str, Pin], source_pin: str) -> tuple[str, str, int]:
+    """(file name, sha256, package count) of the engine's hash-locked closure; ("", "", 0) when the lock
+    has none (the image then installs the wheel's requirements unpinned, and says so)."""
+    pin = pins.get("engine.closure")
+    src = target.source
+    if target.source.kind != "pypi-wheel" or pin is None or not pin.resolved or not src.package or not src.version:
+        return "", "", 0
+    path = closure_file.path_for(src.package, src.version)
+    fix = f"run `python build.py lock --target {target.name}` (or `upgrade`), which writes both"
+    try:
+        text = path.read_text(encoding="utf-8")
+    except OSError:
+        raise ClosureMismatch(f"target {target.name}: images/lock.toml pins engine.closure {pin.value[:12]}… but "
+                              f"{path} cannot be read: {fix}") from None
+    if closure_file.digest(text) != pin.value:
+        raise ClosureMismatch(f"target {target.name}: {path} has sha256 {closure_file.digest(text)}, images/lock.toml "
+                              f"pins engine.closure {pin.value}: {fix}")
+    pinned = closure_file.pinned(text)
+    version, hashes = pinned.get(src.package, ("", ()))
+    if version != src.version or (source_pin and source_pin not in hashes):
+        raise ClosureMismatch(f"target {target.name}: {path} does not pin {src.package}=={src.version} with the "
+                              f"lock's source.sha256 {source_pin}: {fix}")
+    return path.name, pin.value, len(pinned)
 
 
 def _header(target: Target, floating: tuple[str, ...], base_image: str | None) -> str:
@@ -219,6 +255,8 @@ def write_context(ctx: RenderContext, out: Path, *, patch_files: dict[str, Path]
                     ignore=shutil.ignore_patterns("__pycache__", "*.pyc", "requirements.txt"))
     if ctx.engine_facts:
         shutil.copy2(ctx.engine_facts, kiln / FACTS_FILE)
+    if ctx.closure_file:
+        shutil.copy2(closure_file.CLOSURES_DIR / ctx.closure_file, kiln / "engine-requirements.txt")
     (kiln / "patches").mkdir()
     (kiln / "binaries").mkdir()
     for p in ctx.patches:

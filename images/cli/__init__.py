@@ -6,6 +6,7 @@ script `pip install -e .` installs): one parser, every workstation command. Impo
     command.py    how a command is declared (Command), the options several commands share
     image.py      build, render, list, tag
     pins.py       lock
+    upgrade.py    upgrade (what it does: images/pins/upgrade.py)
     binaries.py   compile, publish-binaries
     runpod.py     template
     pods.py       pods up|status|logs|down|volumes

@@ -23,7 +23,7 @@ import supervisor
 from supervisor.errors import KilnError
 from supervisor.redact import redact
 
-from . import binaries, endpoint, fleet, generate, image, legacy, pins, pods, reference, runpod
+from . import binaries, endpoint, fleet, generate, image, legacy, pins, pods, reference, runpod, upgrade
 from .command import Command, Formatter, add_commands, walk
 
 EXIT_USAGE = 2
@@ -33,6 +33,7 @@ SECRET_ENV = ("HF_TOKEN", "HUGGING_FACE_HUB_TOKEN", "RUNPOD_API_KEY", "KILN_API_
 COMMANDS: tuple[Command, ...] = (
     *image.COMMANDS,        # build, render, list, tag
     *pins.COMMANDS,         # lock
+    *upgrade.COMMANDS,      # upgrade
     *binaries.COMMANDS,     # compile, publish-binaries
     *runpod.COMMANDS,       # template
     *pods.COMMANDS,         # pods up|status|logs|down|volumes

@@ -4,10 +4,20 @@
                                               sha256, patch sha256s, each with where it came from
                                  resolve.py   `build.py lock`: registry digests (OCI), git ls-remote, PyPI hashes
                                  pyclosure.py can the index reach every package a pinned engine wheel needs?
+                                              (a walk that checks itself against every requirement met)
+                                 closure.py   that closure hash-locked: images/closures/<pkg>-<ver>-cp312.txt,
+                                              its sha256 the pin engine.closure; the image installs it
+                                              with pip --require-hashes
                                  requirements.py  supervisor/requirements.txt, every wheel hashed (generate)
     the engine's CUDA ────────── cuda.py      what the target declares vs what its engine is known to need
                                  cudafloor.py measured from what is installed (libcudart SONAME, torch's CUDA);
                                               also copied into the image build, where it writes share/kiln/cuda.json
+    another engine version ───── upgrade.py   `build.py upgrade`: the steps below, every deploy config linted,
+                                              then the lock (or the refusal: file, rung, flag, fix)
+                                 releases.py  the index's newest (or the named) version and its one file
+                                 snapshot.py  a version's flag snapshot from its own parser (cached by version)
+                                 flagdiff.py  two snapshots compared: removed + replacement, renamed, added, ...
+                                 upgrade_report.py  what upgrade prints (Markdown)
 
 A failed refresh keeps a previously resolved value: an outage never unpins a working build.
 """

@@ -28,7 +28,6 @@ DIGEST_RE = re.compile(r"sha256:[0-9a-f]{64}")
 SHA256_RE = re.compile(r"[0-9a-f]{64}")
 COMMIT_RE = re.compile(r"[0-9a-f]{40}")
 CUDA_RE = re.compile(r"\d+\.\d+")
-CLOSURE_COMPLETE = "complete"
 
 
 @dataclass(frozen=True)
@@ -74,7 +73,8 @@ def how_to_resolve(target: Target, key: str) -> str:
         return (f"run `python build.py lock --target {t}` (reads {target.source.package}'s and torch's "
                 "metadata from PyPI, PEP 658)")
     if key == "engine.closure":
-        return f"run `python build.py lock --target {t}` where the index has every package the engine needs"
+        return (f"run `python build.py lock --target {t}` where the index has every package the engine needs "
+                "(writes images/closures/ and the file's sha256)")
     if key.startswith("patch."):
         name = key.split(".", 1)[1]
         return (f"run `python build.py lock --target {t} --patch-file {name}=PATH` with your copy of "
@@ -90,7 +90,8 @@ def _validate_value(key: str, value: str) -> str | None:
     if key == "engine.cuda":
         return None if CUDA_RE.fullmatch(value) else 'must be a CUDA major.minor, e.g. "13.0"'
     if key == "engine.closure":
-        return None if value == CLOSURE_COMPLETE else f'must be "{CLOSURE_COMPLETE}" (else: unresolved, naming what is missing)'
+        return None if SHA256_RE.fullmatch(value) else ("must be the sha256 of the closure file (64 lowercase hex; "
+                                                        "else: unresolved, naming what is missing)")
     return None if SHA256_RE.fullmatch(value) else "must be 64 lowercase hex digits"
 
 
@@ -140,8 +141,11 @@ def load_lock(path: Path | None = None) -> dict[str, dict[str, Pin]]:
 
 
 def pins_for(target: Target, lock: Mapping[str, Mapping[str, Pin]]) -> dict[str, Pin]:
+    """The target's required pins (an absent one unresolved), and its optional ones where resolved."""
     have = lock.get(target.name, {})
-    return {k: have.get(k, Pin(k, None, unresolved="not in images/lock.toml")) for k in required_pins(target)}
+    pins = {k: have.get(k, Pin(k, None, unresolved="not in images/lock.toml")) for k in required_pins(target)}
+    pins.update({k: have[k] for k in optional_pins(target) if k in have and have[k].resolved})
+    return pins
 
 
 def missing(target: Target, pins: Mapping[str, Pin]) -> list[str]:

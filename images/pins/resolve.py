@@ -13,10 +13,9 @@ from typing import Callable
 
 import requests
 
-from supervisor.errors import KilnError
-
+from . import closure as closure_file
 from .cuda import engine_cuda
-from .lock import CLOSURE_COMPLETE, Resolver, git_commit_resolver
+from .lock import Resolver, git_commit_resolver
 from .pyclosure import walk
 from ..target import Target
 
@@ -80,12 +79,14 @@ def pypi_sha256(package: str, filename: str, *, index: str = "https://pypi.org/s
     raise RuntimeError(f"{index} has no file {filename} for {package}")
 
 
-class ClosureIncomplete(KilnError):
-    """The index lacks a package the engine's dependency tree needs (the message names it)."""
+ClosureIncomplete = closure_file.ClosureIncomplete
 
 
-def default_resolvers(*, registry_scheme: str = "https", pypi_index: str = "https://pypi.org/simple"
-                      ) -> dict[str, Resolver]:
+def default_resolvers(*, registry_scheme: str = "https", pypi_index: str = "https://pypi.org/simple",
+                      closure_files: dict[str, str] | None = None) -> dict[str, Resolver]:
+    """The resolvers `build.py lock` uses. The closure's text goes into `closure_files` (file name ->
+    text), for the caller to write beside the lock once the lock is written; its pin is the text's
+    sha256."""
     def base(target: Target, key: str) -> str:
         ref = target.bases.build if key == "base.build" else target.bases.runtime
         digest = registry_digest(ref, scheme=registry_scheme)
@@ -111,13 +112,22 @@ def default_resolvers(*, registry_scheme: str = "https", pypi_index: str = "http
 
     def closure(target: Target, key: str) -> str:
         src = target.source
-        found = walk(f"{src.package}=={src.version}", index=pypi_index)
-        if found.missing:
-            raise ClosureIncomplete("; ".join(found.missing))
-        return f"{CLOSURE_COMPLETE}|{len(found.found)} packages walked on {pypi_index} (PEP 691 + PEP 658), none missing"
+        assert src.package and src.version
+        root = f"{src.package}=={src.version}"
+        text = closure_file.text(root, walk(root, index=pypi_index), pypi_index)
+        name = closure_file.file_name(src.package, src.version)
+        if closure_files is not None:
+            closure_files[name] = text
+        return f"{closure_file.digest(text)}|{closure_source(text, pypi_index, name)}"
 
     resolvers: dict[str, Callable[[Target, str], str]] = {
         "base": base, "source.commit": git_commit_resolver, "source.sha256": sdist, "patch": patch,
         "engine.cuda": cuda, "engine.closure": closure,
     }
     return resolvers
+
+
+def closure_source(text: str, index: str, name: str) -> str:
+    count = len(closure_file.pinned(text))
+    return (f"sha256 of images/closures/{name}: {count} packages walked on {index} (PEP 691 + PEP 658), "
+            "every requirement met")

@@ -16,11 +16,16 @@ from pathlib import Path
 
 @dataclass(frozen=True)
 class Flag:
-    names: tuple[str, ...]          # every spelling: ("-c", "--ctx-size")
+    names: tuple[str, ...]          # every spelling the help shows: ("-c", "--ctx-size")
     takes_value: bool
     env: str | None = None          # LLAMA_ARG_* where the engine reads it from the environment
     removed: str | None = None      # the engine's own "removed, use X" text
     choices: tuple[str, ...] | None = None   # argparse {a,b,c} choices, when the engine lists them
+    hidden: tuple[str, ...] = ()    # spellings the parser accepts but the help does not show
+    # What an upgrade's flag diff reads; not what the lint compares (a GPU prints another default of
+    # --compilation-config than a CPU does: the same flag to the parser).
+    default: str | None = field(default=None, compare=False)   # the help's "(default: X)", if printed
+    description: str = field(default="", compare=False)        # the help text, its lines joined
 
 
 @dataclass(frozen=True)
@@ -32,7 +37,7 @@ class FlagSnapshot:
 
     def __post_init__(self) -> None:
         for f in self.flags:
-            for n in f.names:
+            for n in (*f.names, *f.hidden):
                 self.by_name.setdefault(n, f)
             if f.env:
                 self.by_env.setdefault(f.env, f)
@@ -41,7 +46,7 @@ class FlagSnapshot:
         return self.by_name.get(name)
 
     def nearest(self, name: str) -> str | None:
-        live = [n for n, f in self.by_name.items() if not f.removed and n.startswith("--")]
+        live = [n for f in self.flags if not f.removed for n in f.names if n.startswith("--")]
         hits = difflib.get_close_matches(name, live, n=1, cutoff=0.6)
         return hits[0] if hits else None
 
@@ -90,8 +95,26 @@ def parse_llama_help(text: str, source: str = "<memory>") -> FlagSnapshot:
         if removed:
             removed_text = _ENV.sub("", removed.group(1)).strip() or "removed"
         if names:
-            flags.append(Flag(tuple(names), takes_value, env.group(1) if env else None, removed_text))
+            flags.append(Flag(tuple(names), takes_value, env.group(1) if env else None, removed_text,
+                              default=_default(_ENV.sub("", desc)), description=desc))
     return FlagSnapshot(tuple(flags), source)
+
+
+def _default(description: str) -> str | None:
+    """The last "(default: X)" of a help text, X with its own parentheses: "(default: F(a=(1, 2)))"."""
+    at = description.rfind("(default: ")
+    if at < 0:
+        return None
+    depth, start = 0, at + len("(default: ")
+    for i in range(start, len(description)):
+        c = description[i]
+        if c in "([{":
+            depth += 1
+        elif c in ")]}":
+            if depth == 0:
+                return description[start:i].strip()
+            depth -= 1
+    return description[start:].strip()
 
 
 def load_llama_snapshot(path: str | Path) -> FlagSnapshot:
@@ -104,18 +127,27 @@ def load_llama_snapshot(path: str | Path) -> FlagSnapshot:
 # two or more spaces or on the following, deeper-indented lines.
 _ARGPARSE_OPT = re.compile(r"^  (-\S.*?)(?:\s{2,}(.*))?$")
 _CHOICES = re.compile(r"\{([^}]*)\}")
+_DESCRIPTION = re.compile(r"^ {4,}\S")
 
 
 def parse_argparse_help(text: str, source: str = "<memory>") -> FlagSnapshot:
-    flags: list[Flag] = []
+    entries: list[tuple[str, list[str]]] = []
     for line in text.splitlines():
         m = _ARGPARSE_OPT.match(line.rstrip())
-        if not m:
+        if m:
+            entries.append((m.group(1), [m.group(2) or ""]))
+        elif entries and entries[-1][0] and _DESCRIPTION.match(line):
+            entries[-1][1].append(line.strip())
+        elif line.strip():
+            entries.append(("", []))      # a group heading or its text ends the flag before it
+    flags: list[Flag] = []
+    for head, desc_lines in entries:
+        if not head:
             continue
         names: list[str] = []
         takes_value = False
         choices: tuple[str, ...] | None = None
-        for part in m.group(1).split(", "):
+        for part in head.split(", "):
             tokens = part.strip().split(" ", 1)
             if not tokens[0].startswith("-"):
                 continue
@@ -126,8 +158,23 @@ def parse_argparse_help(text: str, source: str = "<memory>") -> FlagSnapshot:
                 if c:
                     choices = tuple(x for x in c.group(1).split(",") if x)
         if names:
-            flags.append(Flag(tuple(names), takes_value, choices=choices))
+            desc = " ".join(x for x in desc_lines if x)
+            flags.append(Flag(tuple(names), takes_value, choices=choices, default=_default(desc),
+                              hidden=_hidden_negatives(names), description=desc))
     return FlagSnapshot(tuple(flags), source)
+
+
+def _hidden_negatives(names: list[str]) -> tuple[str, ...]:
+    """What vLLM >= 0.33's EnableDisableAction accepts without showing it: a flag shown as
+    `--enable-X, --disable-X` still takes `--no-enable-X` (the old BooleanOptionalAction negative), one
+    shown as `--disable-X, --enable-X` takes `--no-disable-X` (vllm/utils/argparse_utils.py; checked
+    against the real 0.33.0 parser's option strings: exactly these 50, docs/research/
+    vllm-0.27.1-to-0.33.0-flags.md). A help without such pairs (0.27.1 and older) gets none."""
+    for i, first in enumerate(names):
+        for prefix, other in (("--enable-", "--disable-"), ("--disable-", "--enable-")):
+            if first.startswith(prefix) and other + first[len(prefix):] in names[i + 1:]:
+                return ("--no-" + first[2:],)
+    return ()
 
 
 def load_argparse_snapshot(path: str | Path) -> FlagSnapshot:

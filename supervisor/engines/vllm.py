@@ -10,8 +10,10 @@ What the seed paid for (shared/seed/FINDINGS.md, sessions 3-5) and this module e
 - "No available shared memory broadcast block found in 60 seconds" looped for ~10 minutes:
   repeated, it is a stall, not progress (the seed's hypothesis: torch.compile; try --enforce-eager).
 The parser accepts what vLLM's does: unique prefixes, underscores for dashes, `--flag=value`,
-dotted sub-keys of JSON options (`--speculative-config.num_speculative_tokens 3`), `-O3`, and
-`--config FILE`. `--tool-call-parser` values are checked against the parsers this version ships
+dotted sub-keys of JSON options (`--speculative-config.num_speculative_tokens 3`), `-O3`,
+`--config FILE`, and the negatives vLLM >= 0.33 accepts without showing them (`--no-enable-prefix-caching`
+beside the shown `--disable-prefix-caching`: engines/flags.py reads them off the help's
+`--enable-X, --disable-X` pairs). `--tool-call-parser` values are checked against the parsers this version ships
 (vLLM itself accepts an unknown one at parse time).
 """
 
@@ -31,11 +33,39 @@ from .llamacpp import LintIssue
 
 load_snapshot = load_argparse_snapshot
 
-# Removed flags and what to do instead (vLLM's parser then says only "unrecognized arguments").
+# Flags vLLM removed and what to do instead: its parser then says only "unrecognized arguments", and
+# its help names no replacement, so the words are the changelog's or the code's (each entry says which;
+# docs/research/vllm-0.27.1-to-0.33.0-flags.md). An entry speaks only where the flag snapshot lacks the
+# flag, or where there is no snapshot at all (then it is advice: which vLLM runs is unknown).
 REMOVED = {
-    "--disable-log-requests": "removed in vLLM 0.27 (the seed's server crash-looped on it): request "
-                              "logging is off by default; remove it (--enable-log-requests turns it on)",
+    "--disable-log-requests": "removed in vLLM 0.27 (the seed's server crash-looped on it) and accepted again "
+                              "from 0.33.0 as the negative of --enable-log-requests: request logging is off "
+                              "by default; remove it (--enable-log-requests turns it on)",
+    "--calculate-kv-scales": "removed in vLLM 0.28.0 with no replacement: fp8 KV-cache scales come from the "
+                             "checkpoint when it has them, else 1.0 (vllm-project/vllm#49389; 0.27.1's help "
+                             "already called it deprecated); remove it",
+    "--no-calculate-kv-scales": "removed in vLLM 0.28.0 with --calculate-kv-scales (vllm-project/vllm#49389); "
+                                "remove it: it was the default",
+    "--override-attention-dtype": "removed in vLLM 0.28.0; neither its help nor the 0.28.0 code names a "
+                                  "replacement; remove it",
+    "--enable-bf16x3-router-gemm": "removed in vLLM 0.30.0: the BF16x3 router GEMM is chosen automatically on "
+                                   "Blackwell (fused_moe/router/gate_linear.py); remove it",
+    "--no-enable-bf16x3-router-gemm": "removed in vLLM 0.30.0 with --enable-bf16x3-router-gemm (now automatic "
+                                      "on Blackwell); remove it",
 }
+# [server] fast_start = true (off by default): what Kiln adds to a rung that sets neither itself. Both
+# change only how vLLM loads and compiles, never what it answers (the selftest checks that anyway):
+#   --safetensors-load-strategy prefetch   the checkpoint is read into the page cache before the workers
+#                                          load it ("useful on network or high-latency storage": the pod's
+#                                          volume); vLLM's default prefetches only on NFS that fits in RAM
+#   -O1                                    less compilation at start than the default -O2 (-O0 would skip
+#                                          CUDA graphs too); decode speed may differ: the selftest measures it
+# Not wired: `vllm preload` + --load-format ipc_cache (0.31+: weights kept in GPU memory by a daemon
+# across engine restarts). The daemon is a second process holding GPU memory between engines, which the
+# reclaim barrier (GPU memory back near baseline before a launch) and the ladder's OOM fall-through
+# would read as a leak; it needs its own place in the lifecycle and a GPU to measure, issue 28.
+FAST_START = (("--safetensors-load-strategy", ("--safetensors-load-strategy", "prefetch")),
+              ("--optimization-level", ("-O1",)))
 SPECULATION = ("--speculative-config", "-sc")
 TENSOR_PARALLEL = ("--tensor-parallel-size", "-tp")
 _OPT_LEVEL = re.compile(r"-O\d?")
@@ -127,6 +157,11 @@ def lint_rung(cfg: DeployConfig, index: int, rung: Rung, snapshot: FlagSnapshot 
         issues.append(LintIssue(where, "speculative decoding on Kimi-Linear corrupts code (the seed: "
                                 "`return a -b):` for `return a - b`) and is 3-4x slower under vLLM "
                                 "(CUDA graphs off on TritonMLABackend): remove --speculative-config"))
+    if cfg.server.fast_start and snapshot is not None:
+        lacking = [flag for flag, _ in FAST_START if snapshot.get(flag) is None]
+        if lacking:
+            issues.append(LintIssue("server.fast_start", f"needs {', '.join(lacking)}, which this vLLM does not "
+                                    f"have (flag snapshot {snapshot.source}): set fast_start = false"))
     tp = next((names[t] for t in TENSOR_PARALLEL if t in names), None)
     if tp and tp.isdigit() and int(tp) > 1 and rung.env.get("NCCL_P2P_DISABLE") != "1":
         issues.append(LintIssue(f"{where}.env", f"tensor parallelism over {tp} GPUs needs NCCL_P2P_DISABLE = \"1\" "
@@ -239,6 +274,8 @@ def build_argv(cfg: DeployConfig, rung: Rung, *, model_path: str, api_key_file: 
     if "--served-model-name" not in user_flags:
         # Clients name the model; a path in the volume would leak into every request they write.
         argv += ["--served-model-name", cfg.model.hf_repo or Path(cfg.model.source).name]
+    if cfg.server.fast_start:
+        argv += [a for flag, args in FAST_START if flag not in user_flags for a in args]
     return argv + _with_sampler_defaults(cfg, user)
 
 

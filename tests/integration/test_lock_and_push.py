@@ -154,7 +154,7 @@ def test_build_py_lock_that_changes_no_pin_leaves_the_lock_byte_identical(tmp_pa
     monkeypatch.setenv("HTTPS_PROXY", "http://127.0.0.1:9")
     monkeypatch.setenv("NO_PROXY", "127.0.0.1")
     stand_ins = default_resolvers(pypi_index=pypi)
-    monkeypatch.setattr(resolve, "default_resolvers", lambda: stand_ins)
+    monkeypatch.setattr(resolve, "default_resolvers", lambda **_: stand_ins)
     # The first lock from the stand-in records its index as the source (a real change), dated long ago...
     lock = lockfile.load_lock()
     refresh(load_target("cpu-llamacpp"), lock, resolvers=stand_ins, today="2020-01-01")

@@ -5,9 +5,11 @@ the index is missing, against a loopback index that speaks PEP 691, PEP 658 and 
 from __future__ import annotations
 
 import dataclasses
+import hashlib
 
 import pytest
 
+from images.pins import closure as closure_file
 from images.pins.cuda import engine_cuda
 from images.pins.lock import dump_lock, load_lock, pins_for, refresh
 from images.pins.pyclosure import walk
@@ -35,11 +37,18 @@ def index_wheels(nccl_versions=("2.27.7", "2.30.7")) -> list[Wheel]:
     ]
 
 
-def loopback_resolvers(index_url: str):
+def loopback_resolvers(index_url: str, closure_files: dict | None = None):
     """The real resolvers, with the registry one replaced: tests talk to loopback only."""
     def no_registry(target, key):
         raise RuntimeError("no registry in this test")
-    return {**default_resolvers(pypi_index=index_url), "base": no_registry}
+    return {**default_resolvers(pypi_index=index_url, closure_files=closure_files), "base": no_registry}
+
+
+def vllm_0_27_1():
+    """The vLLM target as it was when these index wheels were modelled (vllm 0.27.1, torch 2.13.0)."""
+    t = load_target("a40-vllm-qwen3-coder")
+    return dataclasses.replace(t, source=dataclasses.replace(
+        t.source, version="0.27.1", filename="vllm-0.27.1-cp38-abi3-manylinux_2_28_x86_64.whl"))
 
 
 @pytest.fixture
@@ -50,7 +59,7 @@ def index():
 
 
 def test_engine_cuda_comes_from_torchs_metadata_read_out_of_the_remote_zip(index):
-    version, source = engine_cuda(load_target("a40-vllm-qwen3-coder"), index=index.simple)
+    version, source = engine_cuda(vllm_0_27_1(), index=index.simple)
     assert version == "13.0"
     assert "requires torch==2.13.0" in source and "cuda-toolkit" in source and "==13.0.3" in source
     assert "torch-2.13.0-cp312-cp312-manylinux_2_28_x86_64.whl" in source
@@ -67,7 +76,7 @@ def test_the_closure_names_the_missing_exact_pin_its_parent_and_what_the_index_h
 
 
 def test_lock_records_the_cuda_and_the_missing_package_and_keeps_both_through_a_round_trip(index, tmp_path):
-    target = load_target("a40-vllm-qwen3-coder")
+    target = vllm_0_27_1()
     lock: dict = {}
     report = refresh(target, lock, resolvers=loopback_resolvers(index.simple), today="2026-12-01")
     pins = lock[target.name]
@@ -84,13 +93,36 @@ def test_lock_records_the_cuda_and_the_missing_package_and_keeps_both_through_a_
     assert "engine.closure" not in pins_for(target, again)
 
 
-def test_a_complete_closure_is_recorded_as_complete(tmp_path):
+def test_a_complete_closure_is_locked_by_the_sha256_of_its_hashed_requirements(tmp_path):
     idx = PackageIndex(index_wheels(nccl_versions=("2.27.7", "2.29.7")))
     try:
-        target = load_target("a40-vllm-qwen3-coder")
+        target = vllm_0_27_1()
         lock: dict = {}
-        refresh(target, lock, resolvers=loopback_resolvers(idx.simple), today="2026-12-01")
-        assert lock[target.name]["engine.closure"].value == "complete"
+        files: dict = {}
+        refresh(target, lock, resolvers=loopback_resolvers(idx.simple, files), today="2026-12-01")
+        text = files["vllm-0.27.1-cp312.txt"]
+        assert lock[target.name]["engine.closure"].value == closure_file.digest(text)
+        pinned = closure_file.pinned(text)
+        # every package with the sha256 the index gave for its wheel: what pip --require-hashes checks
+        wheel = next(w for w in idx.wheels if w.filename.startswith("torch-2.13.0-cp312"))
+        assert pinned["torch"] == ("2.13.0", (hashlib.sha256(wheel.zip_bytes()).hexdigest(),))
+        assert pinned["nvidia-nccl-cu13"][0] == "2.29.7" and "regex" in pinned
+        assert "# via torch==2.13.0" in text
+    finally:
+        idx.close()
+
+
+def test_a_walk_that_took_a_version_a_later_asker_refuses_walks_again_with_both_applied():
+    # vllm takes numpy's newest (2.5.5) first; numba, met later, wants numpy<2.5: pip would pick
+    # 2.4.1, so must the lock (vllm 0.33.0's real tree has this very shape, mistral-common and numba).
+    wheels = [Wheel("vllm", "0.33.0", ["numpy", "numba"], tag="cp38-abi3-manylinux_2_28_x86_64"),
+              Wheel("numba", "0.65.0", ["numpy<2.5,>=1.22"]),
+              *[Wheel("numpy", v, tag="cp312-cp312-manylinux_2_27_x86_64") for v in ("2.3.5", "2.4.1", "2.5.5")],
+              Wheel("numpy", "2.6.0", tag="cp312-cp312-manylinux_2_41_x86_64")]   # too new a glibc for 24.04
+    idx = PackageIndex(wheels)
+    try:
+        c = walk("vllm==0.33.0", index=idx.simple)
+        assert c.complete and c.found == {"vllm": "0.33.0", "numpy": "2.4.1", "numba": "0.65.0"}
     finally:
         idx.close()
 
@@ -98,7 +130,7 @@ def test_a_complete_closure_is_recorded_as_complete(tmp_path):
 def test_a_wheel_whose_torch_is_not_pinned_leaves_the_cuda_unresolved_with_why(tmp_path):
     idx = PackageIndex([Wheel("vllm", "0.27.1", ["torch>=2.0"], tag="cp38-abi3-manylinux_2_28_x86_64")])
     try:
-        target = load_target("a40-vllm-qwen3-coder")
+        target = vllm_0_27_1()
         lock: dict = {}
         refresh(dataclasses.replace(target), lock, resolvers=loopback_resolvers(idx.simple))
         pin = lock[target.name]["engine.cuda"]

@@ -1,6 +1,7 @@
 """The supervisor running the vLLM engine. vLLM cannot run on these CPU machines; the engine here
-is kiln_dev/fake_vllm.py standing for `vllm serve` 0.26.0 as it ran on the lent H200 (2026-12-01):
-it prints what the real one printed (tests/fixtures/engine-logs/vllm-0.26.0-*.log), binds and
+is kiln_dev/fake_vllm.py standing for `vllm serve`: the boot 0.26.0 printed on the lent H200
+(2026-12-01; tests/fixtures/engine-logs/vllm-0.26.0-*.log), 0.33.0's metrics (the version the images
+pin; the rungs are linted against its flag snapshot); it binds and
 answers /health as vLLM does, and replays the real CUDA OOM of a rung that cannot fit and the
 start-up hang the seed recorded. What is proven is the supervisor's side: argv, the API key kept out
 of argv, the real OOM classified and fallen through to a rung that serves, a repeated hang line
@@ -29,7 +30,7 @@ ONE_RUNG = '[[ladder.rungs]]\nname = "main"\nargs = ["--max-model-len", "4096"]\
 
 
 def vllm_config(tmp: Path, model_dir: Path, *, port: int, sport: int, rungs: str = ONE_RUNG,
-                snapshot: str = "vllm-0.27.1-serve-help-all.txt") -> str:
+                snapshot: str = "vllm-0.33.0-serve-help-all.txt") -> str:
     return f"""
 engine = "vllm"
 state_dir = "{tmp / 'state'}"

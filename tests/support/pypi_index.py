@@ -9,6 +9,7 @@ client has to read METADATA out of the zip through range requests.
 
 from __future__ import annotations
 
+import hashlib
 import io
 import json
 import re
@@ -70,7 +71,7 @@ class PackageIndex:
                 if "application/vnd.pypi.simple.v1+json" not in self.headers.get("Accept", ""):
                     return self._send(406, b"JSON only")
                 files = [{"filename": w.filename, "url": f"{index.url}/files/{w.filename}",
-                          "hashes": {}, "yanked": False}
+                          "hashes": {"sha256": hashlib.sha256(w.zip_bytes()).hexdigest()}, "yanked": False}
                          for w in index.wheels if w.name == project]
                 if not files:
                     return self._send(404, b"no such project")

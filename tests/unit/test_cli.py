@@ -42,6 +42,7 @@ TAKES = {
     "list": set(),
     "tag": {"--target", "--image", "--base-image"},
     "lock": {"--target", "--patch-file"},
+    "upgrade": {"--target", "--to", "--dry-run", "--published", "--snapshot", "--index", "--python", "--cpu-torch"},
     "compile": {"--target", "--patch-file", "--jobs", "--force", "--allow-floating", "--publish"},
     "publish-binaries": {"--target", "--store", "--patch-file", "--allow-floating", "--in-build", "--build-network"},
     "template": {"--target", "--image", "--image-ref", "--name", "--registry-auth", "--upsert", "--api",

@@ -183,7 +183,7 @@ def test_every_baked_deploy_config_is_valid():
     logs = ROOT / "tests/fixtures/engine-logs"
     for path in sorted((ROOT / "images/deploy").glob("*.toml")):
         engine = "vllm" if 'engine = "vllm"' in path.read_text() else "llamacpp"
-        flags = logs / ("vllm-0.27.1-serve-help-all.txt" if engine == "vllm" else "llama-server-help-cpu-11434.txt")
+        flags = logs / ("vllm-0.33.0-serve-help-all.txt" if engine == "vllm" else "llama-server-help-cpu-11434.txt")
         r = _check(path, "--flags", str(flags), "--skip-binary")   # the binary is in the image, not here
         assert r.returncode == 0, f"{path}: {r.stderr}"
 

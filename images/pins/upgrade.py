@@ -1,0 +1,297 @@
+"""`build.py upgrade`: move a target's engine to another version, and show what the move changes before
+anything is written.
+
+    releases.py    the version (the index's newest by default, or --to) and the one file to pin
+    cuda.py        its CUDA floor, from the wheel's and torch's metadata (vLLM)
+    pyclosure.py   its closure walked and checked; closure.py: hash-locked (vLLM)
+    snapshot.py    the flag snapshots of the pinned and the new version, from the engines' own parsers
+    flagdiff.py    what the flags did: removed (with the replacement named), renamed, added, defaults
+    here           every deploy config of every target on that engine, and the published configs given,
+                   linted against both snapshots: a rung the new version would refuse where the pinned
+                   one did not refuses the whole upgrade (file, rung, flag, fix); then the writes
+
+Nothing is written until everything above is known and clean, and with --dry-run nothing at all: the
+closure file (images/closures/), the target's pins in images/lock.toml, the target's [source] (and
+[cuda] version where the floor moved). The rendered Dockerfiles follow with `python build.py generate`.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import datetime as _dt
+import re
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Callable
+
+from supervisor.config import load_config
+from supervisor.engines import registry
+from supervisor.errors import ConfigError, KilnError
+
+from . import closure as closure_file
+from . import flagdiff, releases, snapshot
+from . import lock as lockfile
+from .cuda import engine_cuda
+from .lock import Pin, load_lock, pins_for, save_lock
+from .pyclosure import walk
+from .resolve import closure_source
+from ..paths import REPO_ROOT, TARGETS_DIR
+from ..target import Target, load_target
+
+Log = Callable[[str], None]
+
+
+@dataclass(frozen=True)
+class Refusal:
+    file: str
+    rung: str
+    where: str
+    flag: str
+    fix: str
+
+    def __str__(self) -> str:
+        flag = f" {self.flag}" if self.flag else ""
+        return f"{self.file}: rung {self.rung} ({self.where}){flag}: {self.fix}"
+
+
+@dataclass
+class Plan:
+    target: Target                  # as pinned now
+    moved: Target                   # with the new version's source (and CUDA)
+    pins: dict[str, Pin]            # the new pins: source.sha256, engine.cuda, engine.closure
+    closure_name: str               # "" for an engine without a closure (llama.cpp)
+    closure_text: str
+    old_closure: str                # the pinned version's closure file text, "" when there is none
+    diff: flagdiff.FlagDiff
+    snapshots: dict[str, str]       # version -> where its snapshot came from
+    linted: list[tuple[str, int]] = field(default_factory=list)   # (file, rungs)
+    refusals: list[Refusal] = field(default_factory=list)
+    notes: list[str] = field(default_factory=list)
+    index: str = ""
+    today: str = ""
+
+    @property
+    def old_version(self) -> str:
+        return str(self.target.source.version)
+
+    @property
+    def new_version(self) -> str:
+        return str(self.moved.source.version)
+
+    @property
+    def clean(self) -> bool:
+        return not self.refusals
+
+
+def _rel(path: Path) -> str:
+    """A path as a reader of the report would write it: repository-relative, else under ~, else whole."""
+    for root, prefix in ((REPO_ROOT, ""), (Path.home(), "~/")):
+        try:
+            return prefix + str(path.resolve().relative_to(root.resolve()))
+        except ValueError:
+            continue
+    return str(path)
+
+
+def _moved(target: Target, release: releases.Release) -> Target:
+    src = target.source
+    url = release.url if src.kind == "sdist" else src.url
+    return dataclasses.replace(target, source=dataclasses.replace(src, version=release.version,
+                                                                  filename=release.filename, url=url))
+
+
+def _closure(package: str, version: str, index: str, log: Log) -> str:
+    """The version's hash-locked closure text: the committed file, else the cache, else a walk."""
+    committed = closure_file.path_for(package, version)
+    cache = snapshot.slot(package, version) / closure_file.file_name(package, version)
+    for path in (committed, cache):
+        try:
+            text = path.read_text(encoding="utf-8")
+        except OSError:
+            continue
+        if f"walked on {index} " in text:
+            return text
+    root = f"{package}=={version}"
+    log(f"upgrade: walking {root}'s closure on {index} (metadata only)")
+    text = closure_file.text(root, walk(root, index=index), index)
+    cache.parent.mkdir(parents=True, exist_ok=True)
+    closure_file.write(cache, text)
+    return text
+
+
+def plan(name: str, to: str | None = None, *, index: str = "https://pypi.org/simple",
+         given: dict[str, Path] | None = None, published: list[Path] | None = None,
+         python: str | None = None, cpu_torch: str | None = None, log: Log = snapshot._stderr,
+         today: str | None = None, targets_dir: Path | None = None) -> Plan:
+    """Everything `upgrade` would do, found out and nothing written."""
+    today = today or _dt.date.today().isoformat()
+    given = given or {}
+    targets_dir = targets_dir or TARGETS_DIR
+    target = load_target(name, targets_dir)
+    src = target.source
+    if src.kind not in ("pypi-wheel", "sdist") or not src.package:
+        raise KilnError(f"target {name}: upgrade moves an engine pinned on PyPI (source kind pypi-wheel or "
+                        f"sdist); {src.kind} sources follow their branch with `python build.py lock`")
+    release = releases.release(target, to, index=index)
+    moved = _moved(target, release)
+    pins = {"source.sha256": Pin("source.sha256", release.sha256,
+                                 f"PyPI simple API ({index}) for {release.filename}", today)}
+    closure_text = old_closure = closure_name = ""
+    if target.engine == "vllm":
+        floor, evidence = engine_cuda(moved, index=index)
+        pins["engine.cuda"] = Pin("engine.cuda", floor, evidence, today)
+        if floor != target.cuda_version:
+            moved = dataclasses.replace(moved, cuda_version=floor)
+        closure_name = closure_file.file_name(src.package, release.version)
+        closure_text = _closure(src.package, release.version, index, log)
+        pins["engine.closure"] = Pin("engine.closure", closure_file.digest(closure_text),
+                                     closure_source(closure_text, index, closure_name), today)
+        old_closure = _closure(src.package, str(src.version), index, log)
+    current = pins_for(target, load_lock())
+    engine = registry.get(target.engine)
+    snaps: dict[str, Any] = {}
+    how: dict[str, str] = {}
+    for version, tgt, tpins, text in ((str(src.version), target, current, old_closure),
+                                      (release.version, moved, {**current, **pins}, closure_text)):
+        if version in given:
+            path, how[version] = given[version], f"given: {_rel(given[version])}"
+        else:
+            path, made = snapshot.snapshot(tgt, tpins, closure_text=text, python=python, cpu_torch=cpu_torch,
+                                           log=log)
+            how[version] = f"{made}: {_rel(path)}"
+        snaps[version] = engine.load_snapshot(path)
+    known = getattr(engine, "REMOVED", None) or {k: f"use {v}"
+                                                 for k, v in getattr(engine, "KNOWN_RENAMES", {}).items()}
+    diff = flagdiff.diff(snaps[str(src.version)], snaps[release.version], old_version=str(src.version),
+                         new_version=release.version, known=known)
+    p = Plan(target, moved, pins, closure_name, closure_text, old_closure, diff, how, index=index, today=today)
+    configs = _configs(target.engine, targets_dir) + [path.resolve() for path in published or []]
+    _lint_all(p, engine, snaps[str(src.version)], snaps[release.version], configs)
+    return p
+
+
+def _configs(engine: str, targets_dir: Path) -> list[Path]:
+    """Every deploy config (default and profiles) of every target on this engine."""
+    out: list[Path] = []
+    for path in sorted(targets_dir.glob("*.toml")):
+        t = load_target(path.stem, targets_dir)
+        if t.engine == engine:
+            out += [t.deploy_config_path, *t.profiles.values()]
+    return list(dict.fromkeys(out))
+
+
+def _lint_all(p: Plan, engine: Any, old: Any, new: Any, paths: list[Path]) -> None:
+    for path in paths:
+        rel = _rel(path)
+        try:
+            cfg = load_config(path, env={})
+        except ConfigError as e:
+            p.refusals.append(Refusal(rel, "-", "(file)", "", f"not a valid deploy config: {e}"))
+            continue
+        if cfg.engine != p.target.engine:
+            p.notes.append(f"{rel}: engine {cfg.engine}, not {p.target.engine}: not linted")
+            continue
+        p.linted.append((rel, len(cfg.ladder.rungs)))
+        for i, rung in enumerate(cfg.ladder.rungs):
+            args = list(cfg.server.extra_args) + list(rung.args)
+            before = {x.where for x in engine.lint_rung(cfg, i, rung, old) if x.severity == "error"}
+            for issue in engine.lint_rung(cfg, i, rung, new):
+                if issue.severity != "error":
+                    continue
+                if issue.where in before:
+                    p.notes.append(f"{rel}: {issue} (so on {p.old_version} already)")
+                    continue
+                flag = _flag_at(issue.where, args)
+                fix = p.diff.replacement(flag) if flag else None
+                p.refusals.append(Refusal(rel, rung.name, _short_where(issue.where), flag, fix or issue.message))
+            p.refusals += _lost_values(p, rel, rung.name, i, args, new)
+            deprecated = {n for ch in p.diff.deprecated for n in ch.flag.split(", ")}
+            for k, tok in enumerate(args):
+                if tok.split("=", 1)[0] in deprecated:
+                    p.notes.append(f"{rel}: rung {rung.name} (ladder.rungs[{i}].args[{k}]) {tok.split('=', 1)[0]}: "
+                                   f"deprecated in {p.new_version}, still accepted")
+
+
+def _short_where(where: str) -> str:
+    """"ladder.rungs[0] (262k).args[4]" -> "ladder.rungs[0].args[4]": the rung's name is said beside it."""
+    return re.sub(r"^(ladder\.rungs\[\d+\]) \([^)]*\)", r"\1", where)
+
+
+def _flag_at(where: str, args: list[str]) -> str:
+    m = re.search(r"\.args\[(\d+)\]$", where)
+    if not m or int(m.group(1)) >= len(args):
+        return ""
+    return args[int(m.group(1))].split("=", 1)[0]
+
+
+def _lost_values(p: Plan, rel: str, rung: str, index: int, args: list[str], new: Any) -> list[Refusal]:
+    """A value the new parser's choices no longer hold (`--spec-method medusa` on 0.33.0)."""
+    out = []
+    for i, tok in enumerate(args):
+        if not tok.startswith("--"):
+            continue
+        name, eq, inline = tok.partition("=")
+        value = inline if eq else (args[i + 1] if i + 1 < len(args) else "")
+        flag = new.get(name)
+        if flag is not None and value in p.diff.lost_values(flag.names):
+            choices = list(flag.choices or ())
+            shown = ", ".join(choices[:12]) + (f", … ({len(choices)} in all)" if len(choices) > 12 else "")
+            out.append(Refusal(rel, rung, f"ladder.rungs[{index}].args[{i}]", f"{name} {value}",
+                               f"{p.new_version} no longer accepts {value!r}; choose one of its choices: {shown}"))
+    return out
+
+
+# -- writing --------------------------------------------------------------------------------------------
+def apply(p: Plan) -> list[str]:
+    """Write the closure file, the target's pins and its [source]; returns one line per file written."""
+    if not p.clean:
+        raise KilnError("refusing to write: " + "; ".join(str(r) for r in p.refusals))
+    done: list[str] = []
+    src = p.target.source
+    assert src.package
+    if p.closure_name:
+        path = closure_file.path_for(src.package, p.new_version)
+        if closure_file.write(path, p.closure_text):
+            done.append(f"wrote {_rel(path)}")
+    lock = load_lock()
+    pins = dict(lock.get(p.target.name, {}))
+    for key, pin in p.pins.items():
+        # resolved_on says when a value last changed: a pin found as it was stays as it was
+        if key not in pins or (pins[key].value, pins[key].source) != (pin.value, pin.source):
+            pins[key] = pin
+    lock[p.target.name] = pins
+    if save_lock(lock):
+        done.append(f"wrote {_rel(lockfile.LOCK_PATH)}")
+    text = p.target.path.read_text(encoding="utf-8")
+    new_text = edit_target(text, p.target, p.moved)
+    if new_text != text:
+        p.target.path.write_text(new_text, encoding="utf-8")
+        done.append(f"wrote {_rel(p.target.path)}")
+    return done
+
+
+def edit_target(text: str, old: Target, new: Target) -> str:
+    """The target's TOML with [source] version/filename/url (and [cuda] version, the description's
+    version) set to the new ones; comments and everything else as they were."""
+    out, table = [], ""
+    for line in text.splitlines(keepends=True):
+        if m := re.match(r"^\[([\w.-]+)\]\s*$", line):
+            table = m.group(1)
+        key = re.match(r"^(\w+)\s*=", line)
+        if key and table == "source" and key.group(1) in ("version", "filename", "url"):
+            value = getattr(new.source, key.group(1))
+            if value:
+                line = f'{key.group(1)} = "{value}"\n'
+        elif key and table == "cuda" and key.group(1) == "version" and new.cuda_version:
+            line = f'version = "{new.cuda_version}"\n'
+        elif key and table == "" and key.group(1) == "description" and old.source.version:
+            line = re.sub(rf"(?<![\w.]){re.escape(old.source.version)}(?![\w.])", str(new.source.version), line)
+        out.append(line)
+    return "".join(out)
+
+
+def stale_mentions(p: Plan) -> list[str]:
+    """Lines of the target file (comments) that still name the old version, for a person to re-read."""
+    pattern = re.compile(rf"(?<![\w.]){re.escape(p.old_version)}(?![\w.])")
+    return [f"{_rel(p.target.path)}:{n}: {line.strip()}"
+            for n, line in enumerate(p.target.path.read_text(encoding="utf-8").splitlines(), 1) if pattern.search(line)]
