@@ -173,6 +173,7 @@ def main(argv: list[str] | None = None) -> int:
         from .config import load_config
         from .errors import ConfigError
         from .lifecycle.loop import Options, run, setup_logging
+        from .lifecycle.timeline import process_start
 
         setup_logging()
         config = getattr(args, "config", os.environ.get("KILN_CONFIG", DEFAULT_CONFIG))
@@ -181,7 +182,8 @@ def main(argv: list[str] | None = None) -> int:
         except ConfigError as e:
             print(e, file=sys.stderr)
             return EXIT_INVALID
-        return run(cfg, Options(exit_on_failure=getattr(args, "exit_on_failure", False)))
+        return run(cfg, Options(exit_on_failure=getattr(args, "exit_on_failure", False),
+                                process_start=process_start()))
     return EXIT_INVALID
 
 

