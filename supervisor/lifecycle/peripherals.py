@@ -35,6 +35,7 @@ class Wiring:
     env: Mapping[str, str]
     hub_token: str | None = None
     status: bool = True                             # serve the status page (tests may run without)
+    probe: Callable[[], dict[str, Any]] | None = None   # /ready's few fields, cheaper than a snapshot
 
 
 class Peripherals:
@@ -55,7 +56,8 @@ class Peripherals:
         if w.status:
             from ..status.server import StatusServer
 
-            self.status = StatusServer(cfg.status.host, cfg.status.port, self.snapshot, secrets=w.secrets)
+            self.status = StatusServer(cfg.status.host, cfg.status.port, self.snapshot, secrets=w.secrets,
+                                       probe=w.probe)
             self.status.start()
         if cfg.server.tcp_port:
             self._start_tcp_relay(cfg.server.tcp_port)

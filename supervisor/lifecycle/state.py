@@ -140,6 +140,12 @@ class Record:
             if message not in self.data["warnings"]:
                 self.data["warnings"].append(message)
 
+    def probe(self) -> dict[str, Any]:
+        """What /ready says, without copying the record: a probe every second costs little (P2b)."""
+        with self.lock:
+            failure = self.data.get("last_failure") or {}
+            return {"ready": self.ready, "state": self.state.value, "last_failure": {"class": failure.get("class")}}
+
     def snapshot(self) -> dict[str, Any]:
         with self.lock:
             out = {k: v for k, v in self.data.items()}

@@ -400,10 +400,12 @@ class StatusServer:
         snapshot: Callable[[], dict[str, Any]],
         *,
         secrets: Callable[[], Sequence[str]] = lambda: (),
+        probe: Callable[[], Mapping[str, Any]] | None = None,
     ) -> None:
         self._address = (host, port)
         self._snapshot = snapshot
         self._secrets = secrets
+        self._probe = probe          # /ready's fields alone (state, ready, failure class): no snapshot
         self._server: HttpServer | None = None
 
     def start(self) -> None:
@@ -443,8 +445,12 @@ class StatusServer:
         secrets: list[str] = []
         try:
             secrets = list(ordered(self._secrets()))
-            snap = redact_data(dict(self._snapshot()), secrets)
-            status, content_type, body = render(snap)
+            if path == "/ready" and self._probe is not None:
+                # a state name and a failure class hold no secret; the bytes are still masked below
+                status, content_type, body = render(self._probe())
+            else:
+                snap = redact_data(dict(self._snapshot()), secrets)
+                status, content_type, body = render(snap)
         except Exception:
             # The client gets no detail (it could leak state); the log gets the traceback,
             # masked as well as we can (if secrets() itself failed there is nothing to mask).
