@@ -23,6 +23,7 @@ from typing import Iterable, Sequence
 from ..config import DeployConfig, Rung
 from ..failure import CUDA_DRIVER_SIGNATURES, FailureClass as F, Signature, sig
 from ..model.gguf_layout import FileHeader
+from . import startup
 from .caches import CUDA_JIT, cache_env
 from .flags import FlagSnapshot, load_llama_snapshot
 
@@ -147,6 +148,7 @@ def lint_rung(cfg: DeployConfig, index: int, rung: Rung, snapshot: FlagSnapshot 
     issues += _lint_placement(where, rung, flags, snapshot, gpu_count or cfg.hardware.gpu_count)
     if model is not None:
         issues += _lint_expert_count(where, rung, flags, model)
+    issues += [LintIssue(w, m) for w, m in startup.lint(cfg, "llamacpp", snapshot)]
     return issues
 
 
@@ -366,6 +368,7 @@ def build_argv(cfg: DeployConfig, rung: Rung, *, model_path: str, api_key_file: 
     if vcpus and not user_flags & {"-t", "--threads"}:
         # llama.cpp counts the host's cores; a pod's cgroup quota may allow far fewer.
         argv += ["--threads", str(max(1, int(vcpus)))]
+    argv += startup.args(cfg, "llamacpp", user_flags)     # [startup] levers the rung does not set itself
     return argv + user
 
 

@@ -25,6 +25,7 @@ from typing import Any, Sequence
 
 from ..config import DeployConfig, Rung
 from ..failure import CUDA_DRIVER_SIGNATURES, FailureClass as F, Signature, sig
+from . import startup
 from .caches import CUDA_JIT, TORCH_COMPILE, cache_env
 from .flags import FlagSnapshot, load_argparse_snapshot
 from .llamacpp import LintIssue
@@ -164,6 +165,7 @@ def lint_rung(cfg: DeployConfig, index: int, rung: Rung, snapshot: FlagSnapshot 
         issues.append(LintIssue(f"{where}.env", f"tensor parallelism over {tp} GPUs needs NCCL_P2P_DISABLE = \"1\" "
                                 "in the rung's env: without it the seed's A40 pair hung 22 minutes in NCCL "
                                 "peer-to-peer init"))
+    issues += [LintIssue(w, m) for w, m in startup.lint(cfg, "vllm", snapshot)]
     return issues
 
 
@@ -271,6 +273,7 @@ def build_argv(cfg: DeployConfig, rung: Rung, *, model_path: str, api_key_file: 
     if "--served-model-name" not in user_flags:
         # Clients name the model; a path in the volume would leak into every request they write.
         argv += ["--served-model-name", cfg.model.hf_repo or Path(cfg.model.source).name]
+    argv += startup.args(cfg, "vllm", user_flags)        # [startup] levers the rung does not set itself
     return argv + _with_sampler_defaults(cfg, user)
 
 

@@ -124,7 +124,9 @@ class Timelines:
     """The current timeline and the one before it. Thread-safe: the loop thread marks states and
     launches, engine reader threads mark the engine's phases."""
 
-    def __init__(self, *, process_start: float | None = None) -> None:
+    def __init__(self, *, process_start: float | None = None, supervised: bool = True) -> None:
+        """`supervised` False: an engine timed alone (bench/coldstart.py's bare boots), from
+        `process_start` (its exec), without the supervisor's own phases."""
         self.lock = threading.Lock()
         now_mono, now_wall = time.monotonic(), time.time()
         age = now_mono - process_start if process_start is not None and process_start <= now_mono else None
@@ -133,9 +135,12 @@ class Timelines:
         self.current = Timeline(1, "boot")
         self.previous: Timeline | None = None
         self.watch: EngineWatch | None = None   # the launch whose lines are matched now
-        if age is not None:                     # the interpreter, the imports, the config parsed
+        if not supervised:
+            self.current = Timeline(1, "bare")
+        elif age is not None:                   # the interpreter, the imports, the config parsed
             self.current.mark("supervisor_start", self.origin_mono)
-        self.current.mark("preflight", now_mono)
+        if supervised:
+            self.current.mark("preflight", now_mono)
 
     def _begin(self, cause: str) -> None:
         self.previous = self.current
