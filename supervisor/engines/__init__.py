@@ -5,6 +5,7 @@
     vllm.py       vLLM's `vllm serve`        ┘ which engine it is (below)
     flags.py      the engine's own --help, captured at build time: every rung is linted against it
     caches.py     compile caches (torch.compile, Triton, the driver's PTX JIT) on the state volume
+    startup.py    the deploy config's [startup] levers on a boot's time, as each engine's flags
     apikey.py     the server's API key: env, file or generated into the volume; never in argv
     launch.py     a rung's checks before anything starts, the start, why it went down
     health.py     the health wait, racing the deadline, the engine's exit and a stop
