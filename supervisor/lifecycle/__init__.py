@@ -11,6 +11,8 @@
            │                config, a tick) and what comes out (effects), all immutable data
            ├─ state.py      the states, the transitions allowed between them, the live config,
            │                the record /status shows
+           │   └─ timeline.py   the boot timeline (/status `boot`): phases from the states, the
+           │                    loop's launches and the engine's own lines; this boot and the last
            ├─ preflight.py  PREFLIGHT: engine, binary, API key, driver, [hardware], flag snapshot,
            │                and the rung the walk starts at
            ├─ runtime.py    what the loop knows about the host and the prepared config, handed to

@@ -74,6 +74,7 @@ class Options:
     gpu_used: Callable[[], list[int] | None] = hardware.gpu_memory_used_mib
     env: Mapping[str, str] | None = None
     status: bool = True
+    process_start: float | None = None     # when this process was exec'd (monotonic): timeline.py
 
 
 @dataclass(frozen=True)
@@ -108,7 +109,7 @@ class Supervisor:
             from ..serverless.volume import worker_dir
 
             self.state_dir = worker_dir(cfg.state_dir, env)
-        self.rec = Record(__version__)
+        self.rec = Record(__version__, process_start=self.opts.process_start)
         self.rt = Runtime(env=env, state_dir=self.state_dir, rec=self.rec, secrets=Secrets(),
                           hardware_probe=self.opts.hardware_probe, gpu_used=self.opts.gpu_used,
                           shared_dir=Path(cfg.state_dir))
@@ -199,7 +200,7 @@ class Supervisor:
         self.peripherals = Peripherals(boot, Wiring(
             snapshot=self.rec.snapshot, wake=lambda: self.inbox.put(E.Tick()), engine_port=engine_port,
             secrets=lambda: list(self.rt.secrets), seen=self.reloads.book.seen, warn=self.rt.warn,
-            env=self.rt.env, hub_token=self.rt.hub_token, status=self.opts.status))
+            env=self.rt.env, hub_token=self.rt.hub_token, status=self.opts.status, probe=self.rec.probe))
         self.peripherals.start()
 
     def _stop_terminator(self) -> None:
@@ -277,6 +278,7 @@ class Supervisor:
                  f" at revision {o.revision}" if o.revision else "")
 
     def _do_Prepare(self, fx: E.Prepare) -> None:
+        self.rec.phase("preflight")
         if fx.probe:
             preflight.probe(self.rt)
             recorded = self._recall_failure(fx.live.cfg) if self.boot_cfg.serverless.active else None
@@ -298,10 +300,12 @@ class Supervisor:
                     warn=self.rt.warn)
 
     def _do_CheckLaunch(self, fx: E.CheckLaunch) -> None:
+        self.rec.phase("launch", rung=fx.live.cfg.ladder.rungs[fx.index].name)
         self.inbox.put(E.LaunchChecked(fx.token, launch.check(self.rt, fx.live, fx.index)))
 
     def _do_Barrier(self, fx: E.Barrier) -> None:
         spec = self.machine.live.cfg.ladder if self.machine else self.boot_cfg.ladder
+        self.rec.phase("reclaim")
 
         def work(task: Task) -> E.BarrierDone:
             rep = reclaim(REGISTRY, baseline_mib=self.rt.baseline_mib, gpu_used=self.rt.gpu_used_visible,
@@ -316,11 +320,18 @@ class Supervisor:
 
     def _do_Launch(self, fx: E.Launch) -> None:
         assert fx.live.model_path is not None
-        started = launch.start(self.rt, fx.live.cfg, fx.index, fx.live.model_path, on_line=_engine_line)
+        watch = self.rec.boot.engine(getattr(self.rt.engine, "PHASES", ()), fx.live.cfg.ladder.rungs[fx.index].name)
+
+        def on_line(line: str) -> None:
+            _engine_line(line)
+            watch.line(line)
+
+        started = launch.start(self.rt, fx.live.cfg, fx.index, fx.live.model_path, on_line=on_line)
         if isinstance(started, Failure):
             self.inbox.put(E.EngineDown(fx.token, started, started=False))
             return
         proc = started
+        watch.arm(proc.started_at)             # the boot timeline's engine_exec, then the engine's own phases
         if self.last_exit_at is not None:      # from the failed rung's exit to this one's start (P6)
             switch = proc.started_at - self.last_exit_at
             self.rt.timing(last_rung_switch_s=switch)

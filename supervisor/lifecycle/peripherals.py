@@ -35,6 +35,7 @@ class Wiring:
     env: Mapping[str, str]
     hub_token: str | None = None
     status: bool = True                             # serve the status page (tests may run without)
+    probe: Callable[[], dict[str, Any]] | None = None   # /ready's few fields, cheaper than a snapshot
 
 
 class Peripherals:
@@ -57,7 +58,7 @@ class Peripherals:
 
             health = cfg.serverless.health_path if cfg.serverless.active else None   # RunPod's health check
             self.status = StatusServer(cfg.status.host, cfg.status.port, self.snapshot, secrets=w.secrets,
-                                       health_path=health)
+                                       health_path=health, probe=w.probe)
             self.status.start()
         if cfg.server.tcp_port:
             self._start_tcp_relay(cfg.server.tcp_port)

@@ -15,6 +15,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from ..errors import KilnError
+from .timeline import Timelines
 
 if TYPE_CHECKING:
     from ..config import DeployConfig
@@ -84,7 +85,7 @@ class IllegalTransition(KilnError):
 class Record:
     """What the supervisor knows, guarded by one lock; `snapshot()` is what /status shows."""
 
-    def __init__(self, version: str):
+    def __init__(self, version: str, *, process_start: float | None = None):
         self.lock = threading.Lock()
         self.state = State.PREFLIGHT
         self.since = time.time()
@@ -97,6 +98,11 @@ class Record:
         }
         self.history: collections.deque[dict[str, Any]] = collections.deque(maxlen=50)
         self.ready = False
+        self.boot = Timelines(process_start=process_start)   # /status `boot`: timeline.py
+
+    def phase(self, name: str, *, rung: str | None = None, t: float | None = None) -> None:
+        """A boot phase that is not a state (the loop's launch checks, the barrier): timeline.py."""
+        self.boot.mark(name, rung=rung, t=t)
 
     def transition(self, new: State, detail: str = "") -> None:
         with self.lock:
@@ -106,6 +112,7 @@ class Record:
             self.since = time.time()
             self.ready = new == State.SERVING
             self.history.append({"t": round(self.since, 3), "event": new.value, "detail": detail})
+            self.boot.on_state(new.value, detail)
 
     def event(self, event: str, detail: str = "") -> None:
         with self.lock:
@@ -133,11 +140,18 @@ class Record:
             if message not in self.data["warnings"]:
                 self.data["warnings"].append(message)
 
+    def probe(self) -> dict[str, Any]:
+        """What /ready says, without copying the record: a probe every second costs little (P2b)."""
+        with self.lock:
+            failure = self.data.get("last_failure") or {}
+            return {"ready": self.ready, "state": self.state.value, "last_failure": {"class": failure.get("class")}}
+
     def snapshot(self) -> dict[str, Any]:
         with self.lock:
             out = {k: v for k, v in self.data.items()}
             out.update(state=self.state.value, ready=self.ready, since=round(self.since, 3),
-                       uptime_s=round(time.time() - self.started, 3), history=list(self.history))
+                       uptime_s=round(time.time() - self.started, 3), history=list(self.history),
+                       boot=self.boot.to_dict())
             return _copy(out)
 
 

@@ -34,7 +34,12 @@ __all__ = ["ManagedProcess", "ProcessRegistry", "REGISTRY"]
 
 log = logging.getLogger(__name__)
 
-_REFRESH_S = 0.5  # how often the reader thread re-scans the tree while it runs
+_REFRESH_S = 0.5  # how often the reader thread re-scans the tree while it runs and changes
+# ... backing off, doubling, to this while scans find nothing new (a serving engine's tree is still):
+# a scan reads every process's /proc/<pid>/stat (~2-3 ms on a host of 120 processes), twice a second
+# half of a serving supervisor's CPU (P2b, bench/supervisor_cpu.py). A new process in the tree
+# brings the 0.5 s back; stop() scans again before it kills.
+_REFRESH_MAX_S = 8.0
 _KILL_WAIT_S = 10.0  # after SIGKILL only an uninterruptible (D state) process takes this long
 _UNKNOWN = "unknown"  # a state psutil could not read
 _READER_JOIN_S = 2.0  # after the tree is dead its pipe reaches EOF at once; this is a backstop
@@ -229,9 +234,11 @@ class ManagedProcess:
             procs = [self._ps, *self._desc.values()]
         return sorted(p.pid for p in procs if _running(p))
 
-    def _refresh_tree(self) -> None:
+    def _refresh_tree(self) -> bool:
+        """Scan for descendants; True when one not tracked before was found."""
         # Children are found through parent links, which break when an intermediate process
         # dies; so scan from every tracked process still alive, not only from the leader.
+        new = False
         with self._tree_lock:
             roots = [p for p in (self._ps, *self._desc.values()) if _running(p)]
             covered: set[int] = set()
@@ -248,7 +255,7 @@ class ManagedProcess:
                     if not self._scan_failed:
                         log.warning("pid %d: cannot scan its process tree (%s); retrying", self.pid, e)
                     self._scan_failed = True
-                    return
+                    return True                  # retry at the fast pace
                 if self._scan_failed:
                     log.warning("pid %d: scanning its process tree again", self.pid)
                     self._scan_failed = False
@@ -257,6 +264,8 @@ class ManagedProcess:
                     known = self._desc.get(child.pid)
                     if child.pid != self.pid and (known is None or not _running(known)):
                         self._desc[child.pid] = child
+                        new = True
+        return new
 
     def _descendants(self) -> list[psutil.Process]:
         with self._tree_lock:
@@ -370,10 +379,12 @@ class ManagedProcess:
         poller = select.poll()
         poller.register(fd, select.POLLIN | select.POLLHUP | select.POLLERR)
         buf = b""
-        next_refresh = time.monotonic() + _REFRESH_S
+        interval = _REFRESH_S
+        next_refresh = time.monotonic() + interval
         try:
             while not self._abandon_pipe.is_set():
-                if poller.poll(_REFRESH_S * 1000):
+                wait_s = _REFRESH_S if self._exited.is_set() else max(0.0, next_refresh - time.monotonic())
+                if poller.poll(wait_s * 1000):
                     chunk = os.read(fd, 65536)
                     if not chunk:
                         break
@@ -387,8 +398,8 @@ class ManagedProcess:
                         self._emit(buf[:_MAX_LINE])
                         buf = buf[_MAX_LINE:]
                 if time.monotonic() >= next_refresh and not self._exited.is_set():
-                    self._refresh_tree()
-                    next_refresh = time.monotonic() + _REFRESH_S
+                    interval = _REFRESH_S if self._refresh_tree() else min(interval * 2, _REFRESH_MAX_S)
+                    next_refresh = time.monotonic() + interval
             if buf:
                 self._emit(buf)
         except Exception:

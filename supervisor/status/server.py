@@ -26,6 +26,7 @@ from ..redact import ordered, redact_data
 from ..redact import redact as _mask_text
 from ..lifecycle.state import State
 from ..serverless.contract import health_code
+from ..lifecycle.timeline import summed
 
 __all__ = ["StatusServer", "STATES", "render_metrics", "render_html", "ready_text"]
 
@@ -142,6 +143,7 @@ def render_metrics(snap: Snapshot) -> str:
           timings.get("boot_to_ready_s"))  # fmt: skip
     m.one("last_rung_switch_seconds", "gauge", "Seconds the last rung switch took.",
           timings.get("last_rung_switch_s"))  # fmt: skip
+    _boot_metrics(m, _section(snap, "boot"))
 
     m.one("engine_pid", "gauge", "PID of the engine process.", _section(snap, "engine").get("pid"))
     config_hash = _section(snap, "config").get("hash")
@@ -185,6 +187,18 @@ def render_metrics(snap: Snapshot) -> str:
     return "\n".join(m.lines) + "\n"
 
 
+def _boot_metrics(m: _Exposition, boot: Mapping[str, Any]) -> None:
+    """The boot timeline (lifecycle/timeline.py): this boot and the one before, seconds per phase
+    (a phase that recurs, a rung that fell through, summed)."""
+    boots = [(label, b) for label, b in (("current", boot), ("previous", _section(boot, "previous"))) if b]
+    m.family("boot_phase_seconds", "gauge", "Seconds a boot spent in each phase (the open one: so far).",
+             [({"boot": label, "phase": name}, v) for label, b in boots
+              for name, v in summed(p for p in _list(b.get("phases")) if isinstance(p, Mapping)).items()])
+    m.family("boot_seconds", "gauge", "Seconds from a boot's first phase to its end (ready, failed) or now.",
+             [({"boot": label, "cause": b.get("cause") or "", "outcome": b.get("outcome") or "open"},
+               b.get("seconds")) for label, b in boots])
+
+
 # --- / (HTML) ------------------------------------------------------------------------------------
 
 
@@ -210,7 +224,7 @@ _CSS = (
     "body{font-family:system-ui,sans-serif;margin:1.5em;max-width:70em}"
     "table{border-collapse:collapse}th,td{text-align:left;padding:.15em .8em .15em 0;"
     "vertical-align:top}pre{background:#f4f4f4;padding:.6em;overflow-x:auto}"
-    ".ok{color:#070}.bad{color:#b00}"
+    ".ok{color:#070}.bad{color:#b00}.bar{display:inline-block;height:.7em;background:#69c}"
 )
 
 
@@ -315,6 +329,8 @@ def render_html(snap: Snapshot) -> str:
                 parts.append("<tr>" + "".join(f"<td>{_e(c)}</td>" for c in cells) + "</tr>")
             parts.append("</table>")
 
+    parts += _boot_html(_section(snap, "boot"))
+
     history = [h for h in _list(snap.get("history")) if isinstance(h, Mapping)]
     if history:
         parts.append("<h2>Recent history</h2><table>")
@@ -324,6 +340,31 @@ def render_html(snap: Snapshot) -> str:
         parts.append("</table>")
     parts.append("</body></html>\n")
     return "".join(parts)
+
+
+def _boot_html(boot: Mapping[str, Any]) -> list[str]:
+    """The boot timeline as a table: each phase, where it began, how long, and a bar to scale."""
+    phases = [p for p in _list(boot.get("phases")) if isinstance(p, Mapping)]
+    if not phases:
+        return []
+    total = boot.get("seconds") if isinstance(boot.get("seconds"), (int, float)) else None
+    head = f"Boot {_e(boot.get('n'))} ({_e(boot.get('cause'))}): {_e(boot.get('outcome') or 'under way')}"
+    if total is not None:
+        head += f", {total:.2f} s"
+    out = [f"<h2>{head}</h2><table><tr><th>phase</th><th>rung</th><th>from (s)</th><th>seconds</th><th></th></tr>"]
+    for p in phases:
+        secs = p.get("seconds")
+        width = int(200 * secs / total) if isinstance(secs, (int, float)) and total else 0
+        out.append(f"<tr><td>{_e(p.get('phase'))}</td><td>{_e(p.get('rung'))}</td><td>{_e(p.get('start_s'))}</td>"
+                   f"<td>{_e(secs)}</td><td><span class=\"bar\" style=\"width:{max(width, 0)}px\"></span></td></tr>")
+    out.append("</table>")
+    prev = _section(boot, "previous")
+    if prev:
+        out.append(f"<p>Boot before: {_e(prev.get('n'))} ({_e(prev.get('cause'))}), {_e(prev.get('outcome'))}"
+                   f" after {_e(prev.get('seconds'))} s: "
+                   + ", ".join(f"{_e(k)} {v:.2f} s" for k, v in summed(
+                       p for p in _list(prev.get("phases")) if isinstance(p, Mapping)).items()) + "</p>")
+    return out
 
 
 # --- the server ----------------------------------------------------------------------------------
@@ -362,11 +403,13 @@ class StatusServer:
         *,
         secrets: Callable[[], Sequence[str]] = lambda: (),
         health_path: str | None = None,
+        probe: Callable[[], Mapping[str, Any]] | None = None,
     ) -> None:
         self._address = (host, port)
         self._snapshot = snapshot
         self._secrets = secrets
         self._health_path = health_path        # RunPod's health check: 204 / 200 / 503, no body
+        self._probe = probe          # /ready's fields alone (state, ready, failure class): no snapshot
         self._server: HttpServer | None = None
 
     def start(self) -> None:
@@ -428,8 +471,12 @@ class StatusServer:
         secrets: list[str] = []
         try:
             secrets = list(ordered(self._secrets()))
-            snap = redact_data(dict(self._snapshot()), secrets)
-            status, content_type, body = render(snap)
+            if path == "/ready" and self._probe is not None:
+                # a state name and a failure class hold no secret; the bytes are still masked below
+                status, content_type, body = render(self._probe())
+            else:
+                snap = redact_data(dict(self._snapshot()), secrets)
+                status, content_type, body = render(snap)
         except Exception:
             # The client gets no detail (it could leak state); the log gets the traceback,
             # masked as well as we can (if secrets() itself failed there is nothing to mask).

@@ -1,0 +1,492 @@
+#!/usr/bin/env python3
+"""Time to ready from a cold worker (issue 28): Kiln's supervised boot with Kiln's defaults against
+the bare engine with its own defaults, the same model and card, cold volume and warm; every phase
+of every boot shown from the boot timeline (supervisor/lifecycle/timeline.py).
+
+    python3 bench/coldstart.py --engine vllm     [--root ROOT] --out $OUT [--steps ...] [--vllm BIN] [--model DIR]
+    python3 bench/coldstart.py --engine llamacpp [--root ROOT] --out $OUT [--steps ...] [--prefix DIR]
+                               [--gguf PATH | --gguf-gib 6] [--selftest-gguf PATH]
+    python3 bench/coldstart.py --report [--root ROOT] --out $OUT      the P-lines from every step so far
+
+A step is WHO-VOLUME[:LEVER]:
+  WHO     bare   the engine alone, its own defaults: `vllm serve MODEL --host --port` + the model's
+                 args, or `llama-server -m MODEL --host --port` + the same; its caches where it puts
+                 them ($HOME), and $HOME fresh each boot (a scale-to-zero worker's container disk is
+                 new; only the volume lasts) unless the lever is `kept-home`
+          kiln   `python -m supervisor run` with Kiln's defaults (the selftest on, the compile and JIT
+                 caches on the state volume: supervisor/engines/caches.py) plus the lever
+  VOLUME  cold   the page cache dropped first (`echo 3 > /proc/sys/vm/drop_caches`, where permitted:
+                 each record says whether it was); kiln: the state volume emptied; bare: a fresh $HOME
+          warm   the page cache as the step before left it; kiln: the state volume as the kiln step
+                 before left it (a lever that changes vLLM's compile key needs its own cold step first)
+  LEVER   a switch of the deploy config's [startup] table (supervisor/engines/startup.py) or of the
+          boot, off in Kiln's defaults until measured here: LEVERS below
+  read-cold (llama.cpp)  the page cache dropped, the model file read once: P9's denominator
+
+Ready is measured from the spawn: bare to /health 200, kiln to /ready 200 (after its selftest), both
+polled every 20 ms. Results accumulate in ROOT/coldstart.json (a device call is at most 10 minutes:
+the steps of one run are split over calls) and are copied to OUT; each boot's /status, logs and
+timeline land in OUT. The figures (printed by every call, from all steps so far):
+
+  P15 kiln_over_engine_defaults_ready=   vLLM, kiln-warm / bare-warm (goal <= 0.6); cold printed too
+  P9 boot_over_read=                     llama.cpp, kiln-cold / read-cold (goal <= 1.05); per lever too
+  selftest_share=                        the selftest phase over the boot, for each Kiln boot with one
+
+On a machine without a GPU the same flow runs against the CPU llama-server and the vLLM stand-in
+(tests/integration/test_bench_coldstart.py); such figures mean nothing.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+import urllib.request
+from pathlib import Path
+from typing import Any
+
+HERE = Path(__file__).resolve().parent
+sys.path.insert(0, str(HERE.parent))
+sys.path.insert(0, str(HERE))
+
+from common import (REPO, SUPERVISOR_PYTHON, add_device_root, env_without_kiln, spawn, status_code,  # noqa: E402
+                    stop, stop_on_term, wait_until)
+from gpu import drop_caches, read_once  # noqa: E402
+from gpu_vllm import gpu_apps  # noqa: E402
+
+KEY = "kiln-coldstart-key"
+POLL_S = 0.02
+GOALS = {"P15": 0.6, "P9": 1.05}
+
+# lever -> what it changes: `startup` ([startup] fields), `args` / `env` (the rung's), `selftest`
+# (on/off), `bare` (applies to bare boots), `engine` (which engine it belongs to; None: both)
+LEVERS: dict[str, dict[str, Any]] = {
+    # vLLM: -O0 neither compiles nor captures CUDA graphs (its help: "the best startup time")
+    "O0": {"engine": "vllm", "startup": {"optimization_level": 0}},
+    "O1": {"engine": "vllm", "startup": {"optimization_level": 1}},
+    "O3": {"engine": "vllm", "startup": {"optimization_level": 3}},
+    "st-eager": {"engine": "vllm", "startup": {"safetensors_load_strategy": "eager"}},
+    "st-prefetch": {"engine": "vllm", "startup": {"safetensors_load_strategy": "prefetch"}},
+    # fewer CUDA graphs to capture (vLLM's default captured 51 + 51 on the H200, 2026-12-01)
+    "graphs-small": {"engine": "vllm", "startup": {"compilation_config": '{"cudagraph_capture_sizes": [1, 2, 4, 8, 16, 32]}'}},
+    # no bytecode in the image: every module compiled on import, into an empty pycache (an upper
+    # bound: the standard library and torch are compiled again too, which an image would not do)
+    "nopyc": {"engine": "vllm", "env": {"PYTHONPYCACHEPREFIX": "{tmp}/pycache"}},
+    # llama.cpp's load modes (llama-server --help: auto = mmap; dio = direct I/O)
+    "lm-dio": {"engine": "llamacpp", "startup": {"load_mode": "dio"}},
+    "lm-none": {"engine": "llamacpp", "startup": {"load_mode": "none"}},
+    "lm-mmap": {"engine": "llamacpp", "startup": {"load_mode": "mmap"}},
+    "no-warmup": {"engine": "llamacpp", "args": ["--no-warmup"]},
+    # the selftest off: its cost seen whole (Kiln's default is on)
+    "no-selftest": {"engine": None, "selftest": False},
+    # llama.cpp: a real model (--selftest-gguf, SmolLM2) with the selftest on, for its share of a boot
+    # (P9's model is random: its boots run without the selftest, which it would rightly fail)
+    "smollm2": {"engine": "llamacpp", "selftest": True, "model": "selftest_gguf"},
+    # bare only: the engine's $HOME kept from the bare boot before (the same container booted again)
+    "kept-home": {"engine": None, "bare": True},
+}
+
+
+def log(msg: str) -> None:
+    print(f"[coldstart {time.strftime('%H:%M:%S')}] {msg}", flush=True)
+
+
+def get(url: str, timeout: float = 2.0) -> tuple[int, str]:
+    try:
+        with urllib.request.urlopen(url, timeout=timeout) as r:
+            return r.status, r.read().decode(errors="replace")
+    except urllib.error.HTTPError as e:
+        return e.code, e.read().decode(errors="replace")
+    except OSError:
+        return 0, ""
+
+
+# -- what a step is ----------------------------------------------------------------------------------
+def parse_step(text: str, engine: str) -> tuple[str, str, str | None]:
+    head, _, lever = text.partition(":")
+    who, _, volume = head.partition("-")
+    if head == "read-cold" and engine == "llamacpp" and not lever:
+        return "read", "cold", None
+    if who not in ("bare", "kiln") or volume not in ("cold", "warm"):
+        raise SystemExit(f"step {text!r}: WHO-VOLUME[:LEVER], WHO bare|kiln, VOLUME cold|warm (or read-cold)")
+    if lever:
+        spec = LEVERS.get(lever)
+        if spec is None:
+            raise SystemExit(f"step {text!r}: unknown lever {lever!r}; known: {', '.join(LEVERS)}")
+        if spec["engine"] not in (None, engine):
+            raise SystemExit(f"step {text!r}: lever {lever} is for {spec['engine']}, not {engine}")
+        if (who == "bare") != bool(spec.get("bare")):
+            raise SystemExit(f"step {text!r}: lever {lever} is for {'bare' if spec.get('bare') else 'kiln'} boots")
+    return who, volume, lever or None
+
+
+class Engine:
+    """What differs between the two engines: the model's args, the bare argv, the deploy config."""
+
+    def __init__(self, a: argparse.Namespace):
+        self.a = a
+        self.name = a.engine
+        from supervisor.engines import llamacpp, vllm
+
+        self.module = vllm if a.engine == "vllm" else llamacpp
+
+    def model_args(self) -> list[str]:
+        return list(self.a.model_args)
+
+    def bare_argv(self, port: int) -> list[str]:
+        a = self.a
+        if self.name == "vllm":
+            return [a.vllm, "serve", a.model, "--host", "127.0.0.1", "--port", str(port), *self.model_args()]
+        return [str(Path(a.prefix) / "bin" / "llama-server"), "--model", a.gguf, "--host", "127.0.0.1",
+                "--port", str(port), *self.model_args()]
+
+    def health(self, port: int) -> bool:
+        return status_code(f"http://127.0.0.1:{port}/health") == 200
+
+    def config(self, state: Path, port: int, sport: int, lever: str | None, tmp: Path) -> str:
+        """The deploy config of a Kiln boot: Kiln's defaults, the model's args, the lever."""
+        a, spec = self.a, LEVERS.get(lever or "", {})
+        args = self.model_args() + list(spec.get("args", []))
+        env = {**a.rung_env, **{k: v.replace("{tmp}", str(tmp)) for k, v in spec.get("env", {}).items()}}
+        selftest = spec.get("selftest", a.selftest)
+        vllm = self.name == "vllm"
+        model = a.selftest_gguf if spec.get("model") == "selftest_gguf" else (a.model if vllm else a.gguf)
+        binary = a.vllm if vllm else Path(a.prefix) / "bin" / "llama-server"
+        placement = "engine" if vllm else ("autofit" if a.gpu else "cpu")
+        q = json.dumps               # a JSON string is a TOML basic string
+        lines = ["# written by bench/coldstart.py", f"engine = {q(self.name)}", f"state_dir = {q(str(state))}",
+                 "[model]", f"source = {q(str(model))}", *(['entry = "config.json"'] if vllm else []),
+                 f"family = {q(a.family)}",
+                 "[server]", 'host = "127.0.0.1"', f"port = {port}", f"binary = {q(str(binary))}",
+                 'api_key = "env:KILN_API_KEY"', *([f"flag_snapshot = {q(a.snapshot)}"] if a.snapshot else []),
+                 "[ladder]", "remember = false", "[[ladder.rungs]]", 'name = "main"', f"placement = {q(placement)}",
+                 f"args = {q(args)}"]
+        if env:
+            lines += ["[ladder.rungs.env]", *(f"{k} = {q(v)}" for k, v in env.items())]
+        lines += ["[health]", f"stall_s = {a.stall_s}", "[selftest]", f"enabled = {str(bool(selftest)).lower()}"]
+        if selftest and a.selftest_decode is not None:
+            lines.append(f"decode_tokens = {a.selftest_decode}")
+        if selftest and a.selftest_prefill is not None:
+            lines.append(f"prefill_tokens = {a.selftest_prefill}")
+        if spec.get("startup"):
+            lines += ["[startup]", *(f"{k} = {q(v)}" for k, v in spec["startup"].items())]
+        lines += ["[status]", 'host = "127.0.0.1"', f"port = {sport}"]
+        return "\n".join(lines) + "\n"
+
+
+# -- one boot of each kind ---------------------------------------------------------------------------
+def ports_free(*ports: int) -> str | None:
+    for p in ports:
+        if get(f"http://127.0.0.1:{p}/")[0] or status_code(f"http://127.0.0.1:{p}/health"):
+            return f"port {p} already answers: something from an earlier run is still up"
+    return None
+
+
+def prepare_volume(a: argparse.Namespace, volume: str, state: Path | None) -> dict[str, Any]:
+    out: dict[str, Any] = {}
+    if volume == "cold":
+        if state is not None:
+            shutil.rmtree(state, ignore_errors=True)
+            out["state_emptied"] = True
+        out["page_cache_dropped"] = False if a.no_drop else drop_caches()
+        if a.no_drop:
+            out["page_cache_note"] = "not dropped: --no-drop (a dry run on a shared machine)"
+        elif not out["page_cache_dropped"]:
+            out["page_cache_note"] = "not permitted here (/proc/sys/vm/drop_caches not writable): the cold figure is not cold"
+    return out
+
+
+def bare(a: argparse.Namespace, eng: Engine, volume: str, lever: str | None, tag: str) -> dict[str, Any]:
+    from supervisor.lifecycle.timeline import Timelines
+
+    port = a.port
+    busy = ports_free(port)
+    if busy:
+        return {"error": busy}
+    home = a.root / "bare-home"
+    if lever != "kept-home":
+        shutil.rmtree(home, ignore_errors=True)        # a new worker's container disk
+    home.mkdir(parents=True, exist_ok=True)
+    rec: dict[str, Any] = {"who": "bare", "volume": volume, "lever": lever, **prepare_volume(a, volume, None)}
+    (home / "tmp").mkdir(exist_ok=True)
+    # Its own defaults: caches under $HOME (vLLM, Triton, the driver's JIT) and /tmp (Inductor's
+    # /tmp/torchinductor_<user>, through tempfile): a new container has both empty, so TMPDIR goes with $HOME
+    env = {**env_without_kiln(), "HOME": str(home), "TMPDIR": str(home / "tmp"), **a.rung_env}
+    for k in ("XDG_CACHE_HOME", "VLLM_CACHE_ROOT", "TRITON_CACHE_DIR", "CUDA_CACHE_PATH", "TORCHINDUCTOR_CACHE_DIR"):
+        env.pop(k, None)
+    argv = eng.bare_argv(port)
+    logf = open(a.out / f"engine-{tag}.log", "w")
+    t0 = time.monotonic()
+    timeline = Timelines(process_start=t0, supervised=False)
+    watch = timeline.engine(eng.module.PHASES, "bare")
+    proc = spawn(argv, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, env=env)
+    watch.arm(t0)
+    reader = threading.Thread(target=pump, args=(proc, logf, watch), daemon=True)
+    reader.start()
+    try:
+        wait_until(lambda: proc.poll() is not None or eng.health(port), a.boot_deadline_s, POLL_S)
+        ok = proc.poll() is None
+    except TimeoutError:
+        ok = False
+    ready = time.monotonic()
+    if ok:
+        timeline.on_state("SERVING", t=ready)
+    rec.update(argv=argv, ready_s=round(ready - t0, 3) if ok else None, exit=proc.poll(),
+               boot=timeline.to_dict(), gpu_apps_serving=gpu_apps())
+    rec["stop"] = stop_engine(proc)
+    reader.join(10)
+    logf.close()
+    return rec
+
+
+def pump(proc: subprocess.Popen, logf: Any, watch: Any) -> None:
+    """The bare engine's output to its log, each line to the timeline as it arrives."""
+    assert proc.stdout is not None
+    for raw in iter(proc.stdout.readline, b""):
+        line = raw.decode("utf-8", errors="replace").rstrip("\n")
+        logf.write(line + "\n")
+        watch.line(line)
+
+
+def stop_engine(proc: subprocess.Popen) -> dict[str, Any]:
+    t0 = time.monotonic()
+    code = stop(proc, 60)
+    out: dict[str, Any] = {"exit": code, "exit_s": round(time.monotonic() - t0, 2)}
+    freed = None
+    try:
+        freed = wait_until(lambda: not gpu_apps(), 30, 0.5) - t0
+    except TimeoutError:
+        pass
+    out.update(gpu_free_after_s=None if freed is None else round(freed, 2), gpu_apps_left=gpu_apps())
+    return out
+
+
+def kiln(a: argparse.Namespace, eng: Engine, volume: str, lever: str | None, tag: str) -> dict[str, Any]:
+    port, sport = a.port, a.port + 1
+    busy = ports_free(port, sport)
+    if busy:
+        return {"error": busy}
+    state = a.root / f"state-{eng.name}"
+    rec: dict[str, Any] = {"who": "kiln", "volume": volume, "lever": lever, **prepare_volume(a, volume, state)}
+    tmp = Path(tempfile.mkdtemp(prefix="kiln-coldstart-", dir=a.root))
+    cfg = a.out / f"deploy-{tag}.toml"
+    cfg.write_text(eng.config(state, port, sport, lever, tmp))
+    env = {**env_without_kiln(), "KILN_API_KEY": KEY}
+    logf = open(a.out / f"supervisor-{tag}.log", "w")
+    t0 = time.monotonic()
+    proc = spawn([SUPERVISOR_PYTHON, "-m", "supervisor", "run", "--config", str(cfg), "--exit-on-failure"],
+                 death_signal=signal.SIGTERM, cwd=REPO, env=env, stdout=logf, stderr=subprocess.STDOUT)
+    try:
+        wait_until(lambda: proc.poll() is not None or status_code(f"http://127.0.0.1:{sport}/ready") == 200,
+                   a.boot_deadline_s, POLL_S)
+        ok = proc.poll() is None
+    except TimeoutError:
+        ok = False
+    ready = time.monotonic()
+    status: dict[str, Any] = {}
+    for _ in range(3):                   # a loaded machine can take seconds to answer
+        code, body = get(f"http://127.0.0.1:{sport}/status", timeout=10.0)
+        if code == 200:
+            status = json.loads(body)
+            break
+    else:
+        rec["status_error"] = f"/status did not answer 200 (last: {code})"
+    (a.out / f"status-{tag}.json").write_text(json.dumps(status, indent=1))
+    boot = status.get("boot") or {}
+    selftest = sum(p["seconds"] for p in boot.get("phases", []) if p.get("phase") == "selftest")
+    rec.update(ready_s=round(ready - t0, 3) if ok else None, state=status.get("state"), boot=boot,
+               argv=(status.get("engine") or {}).get("argv"), timings=status.get("timings"),
+               selftest={"passed": (status.get("selftest") or {}).get("passed"), "seconds": round(selftest, 3),
+                         "share": round(selftest / boot["seconds"], 4) if selftest and boot.get("seconds") else None},
+               last_failure=status.get("last_failure"), gpu_apps_serving=gpu_apps())
+    t1 = time.monotonic()
+    code = stop(proc, 60)
+    rec["stop"] = {"exit": code, "exit_s": round(time.monotonic() - t1, 2), "gpu_apps_left": gpu_apps()}
+    logf.close()
+    shutil.rmtree(tmp, ignore_errors=True)
+    return rec
+
+
+def read_step(a: argparse.Namespace) -> dict[str, Any]:
+    rec: dict[str, Any] = {"who": "read", "volume": "cold", "lever": None, **prepare_volume(a, "cold", None)}
+    size = Path(a.gguf).stat().st_size
+    seconds = read_once(Path(a.gguf))
+    rec.update(read_s=round(seconds, 6), bytes=size, gib_s=round(size / 2**30 / seconds, 3) if seconds else None)
+    return rec
+
+
+# -- the figures --------------------------------------------------------------------------------------
+def latest(runs: list[dict[str, Any]], engine: str, who: str, volume: str, lever: str | None = None) -> dict | None:
+    hits = [r for r in runs if r.get("engine") == engine and r.get("who") == who and r.get("volume") == volume
+            and r.get("lever") == lever and (r.get("ready_s") or r.get("read_s") is not None)]
+    return hits[-1] if hits else None
+
+
+def ratio(x: dict | None, y: dict | None, kx: str = "ready_s", ky: str = "ready_s") -> float | None:
+    if not x or not y or not x.get(kx) or not y.get(ky):
+        return None
+    return round(x[kx] / y[ky], 4)
+
+
+def report(runs: list[dict[str, Any]]) -> list[str]:
+    lines = []
+    for r in runs:
+        if r.get("who") == "read":
+            lines.append(f"  {r['engine']:8} read-cold: {r['read_s']} s for {r['bytes'] / 2**30:.2f} GiB "
+                         f"({r['gib_s']} GiB/s), page cache dropped: {r.get('page_cache_dropped')}")
+            continue
+        name = f"{r.get('who')}-{r.get('volume')}" + (f":{r['lever']}" if r.get("lever") else "")
+        phases = (r.get("boot") or {}).get("phases") or []
+        shown = ", ".join(f"{p['phase']} {p['seconds']:.2f}" for p in phases)
+        extra = ""
+        if r.get("selftest", {}).get("share") is not None:
+            extra = f"; selftest {r['selftest']['seconds']:.2f} s = {r['selftest']['share']:.1%} of the boot"
+        lines.append(f"  {r.get('engine'):8} {name:24} ready {r.get('ready_s')} s"
+                     f"{'' if r.get('page_cache_dropped') or r.get('volume') != 'cold' else ' (page cache NOT dropped)'}"
+                     f"{extra}{' ERROR ' + str(r.get('error')) if r.get('error') else ''}\n      phases (s): {shown}")
+    kw, bw = latest(runs, "vllm", "kiln", "warm"), latest(runs, "vllm", "bare", "warm")
+    kc, bc = latest(runs, "vllm", "kiln", "cold"), latest(runs, "vllm", "bare", "cold")
+    if kw or kc:
+        lines.append(f"P15 kiln_over_engine_defaults_ready={ratio(kw, bw)}   (vLLM, warm volume; goal <= {GOALS['P15']})")
+        lines.append(f"P15 kiln_over_engine_defaults_ready_cold={ratio(kc, bc)}   (vLLM, cold volume)")
+        for lever in sorted({r["lever"] for r in runs if r.get("engine") == "vllm" and r.get("who") == "kiln"
+                             and r.get("lever")}):
+            for vol, base in (("warm", bw), ("cold", bc)):
+                k = latest(runs, "vllm", "kiln", vol, lever)
+                if k:
+                    lines.append(f"P15 kiln_over_engine_defaults_ready_{vol}[{lever}]={ratio(k, base)}")
+        if kw and kw.get("selftest", {}).get("share") is not None:
+            lines.append(f"P15 selftest_share={kw['selftest']['share']}   (vLLM kiln-warm: the selftest phase / the boot)")
+    rd, kl = latest(runs, "llamacpp", "read", "cold"), latest(runs, "llamacpp", "kiln", "cold")
+    if rd:
+        lines.append(f"P9 boot_over_read={ratio(kl, rd, ky='read_s')}   (llama.cpp, default load mode; goal <= {GOALS['P9']})")
+        for lever in ("lm-dio", "lm-none", "lm-mmap", "no-warmup"):
+            k = latest(runs, "llamacpp", "kiln", "cold", lever)
+            if k:
+                lines.append(f"P9 boot_over_read[{lever}]={ratio(k, rd, ky='read_s')}")
+        b = latest(runs, "llamacpp", "bare", "cold")
+        if b:
+            lines.append(f"P9 bare_boot_over_read={ratio(b, rd, ky='read_s')}   (the engine alone, its defaults)")
+    st = latest(runs, "llamacpp", "kiln", "warm", "smollm2")
+    if st and st.get("selftest", {}).get("share") is not None:
+        lines.append(f"P9 selftest_share={st['selftest']['share']}   (llama.cpp kiln-warm:smollm2, the selftest / the boot)")
+    return lines
+
+
+# -- main ---------------------------------------------------------------------------------------------
+DEFAULT_STEPS = {
+    "vllm": "bare-cold,bare-warm,kiln-cold,kiln-warm",
+    "llamacpp": "read-cold,bare-cold,kiln-cold,kiln-cold:lm-dio,kiln-cold:lm-none,bare-warm,kiln-warm",
+}
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    add_device_root(ap)
+    ap.add_argument("--out", type=Path, default=Path(os.environ.get("OUT", "/tmp/out")))
+    ap.add_argument("--engine", choices=("vllm", "llamacpp"))
+    ap.add_argument("--steps", help="comma-separated steps (default per engine: see DEFAULT_STEPS)")
+    ap.add_argument("--report", action="store_true", help="print the figures from ROOT/coldstart.json and stop")
+    ap.add_argument("--vllm", help="vLLM: the `vllm` executable (default ROOT/bin/vllm)")
+    ap.add_argument("--model", help="vLLM: the model directory (default ROOT/models/smollm2-bf16)")
+    ap.add_argument("--prefix", help="llama.cpp: the llama-server prefix (default ROOT/h200)")
+    ap.add_argument("--gguf", help="llama.cpp: the model for P9 (default: made, --gguf-gib, in ROOT/models)")
+    ap.add_argument("--gguf-gib", type=float, default=6.0, help="size of the random GGUF made for P9 (default 6)")
+    ap.add_argument("--selftest-gguf", help="llama.cpp: a real model for the selftest's share (lever smollm2)")
+    ap.add_argument("--snapshot", help="the engine's flag snapshot (default: taken from the engine's --help)")
+    ap.add_argument("--model-args", type=json.loads, help="the model's args, for both sides (JSON list)")
+    ap.add_argument("--rung-env", type=json.loads, default=None, help="environment for both sides (JSON object)")
+    ap.add_argument("--family", default="smollm2", help="model.family: the selftest's probe set (default smollm2)")
+    ap.add_argument("--no-selftest", dest="selftest", action="store_false",
+                    help="Kiln's boots without the selftest (a model that cannot answer: a stand-in); llama.cpp's "
+                         "P9 boots never run it (a random model), its lever smollm2 always does")
+    ap.add_argument("--selftest-decode", type=int, help="[selftest] decode_tokens (default: Kiln's)")
+    ap.add_argument("--selftest-prefill", type=int, help="[selftest] prefill_tokens (default: Kiln's)")
+    ap.add_argument("--cpu", dest="gpu", action="store_false", help="llama.cpp: the CPU build (a dry run)")
+    ap.add_argument("--no-drop", action="store_true", help="never drop the page cache (a dry run on a shared machine)")
+    ap.add_argument("--port", type=int, default=18180)
+    ap.add_argument("--stall-s", type=float, default=120.0)
+    ap.add_argument("--boot-deadline-s", type=float, default=420.0)
+    a = ap.parse_args()
+    a.out.mkdir(parents=True, exist_ok=True)
+    a.root.mkdir(parents=True, exist_ok=True)
+    results_path = a.root / "coldstart.json"
+    results = json.loads(results_path.read_text()) if results_path.exists() else {"runs": []}
+    if a.report:
+        print("\n".join(report(results["runs"])))
+        return 0
+    if a.engine is None:
+        ap.error("--engine vllm|llamacpp (or --report)")
+    steps = [parse_step(s, a.engine) for s in (a.steps or DEFAULT_STEPS[a.engine]).split(",")]
+    setup(a)
+    eng = Engine(a)
+    for (who, volume, lever), text in zip(steps, (a.steps or DEFAULT_STEPS[a.engine]).split(",")):
+        tag = f"{a.engine}-{text.replace(':', '-')}-{len(results['runs'])}"
+        log(f"step {text}")
+        if who == "read":
+            rec = read_step(a)
+        elif who == "bare":
+            rec = bare(a, eng, volume, lever, tag)
+        else:
+            rec = kiln(a, eng, volume, lever, tag)
+        rec.update(engine=a.engine, step=text, tag=tag, date=time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()))
+        results["runs"].append(rec)
+        results_path.write_text(json.dumps(results, indent=1, default=str))
+        shutil.copy(results_path, a.out / "coldstart.json")
+        said = f"read {rec['read_s']} s" if who == "read" else f"ready {rec.get('ready_s')} s"
+        log(f"{text}: {said}" + (f" ERROR {rec['error']}" if rec.get("error") else ""))
+    print("\n".join(report(results["runs"])))
+    return 0
+
+
+def setup(a: argparse.Namespace) -> None:
+    """Defaults that depend on the engine: binaries, the model, its args, the snapshot, the selftest."""
+    if a.engine == "vllm":
+        a.vllm = a.vllm or str(a.root / "bin" / "vllm")
+        a.model = a.model or str(a.root / "models" / "smollm2-bf16")
+        a.model_args = a.model_args or ["--max-model-len", "4096", "--gpu-memory-utilization", "0.85"]
+        # flashinfer is not carried to the device (docs/research/device-plan-2026-12-01.md): both sides
+        a.rung_env = {"VLLM_USE_FLASHINFER_SAMPLER": "0"} if a.rung_env is None else a.rung_env
+        help_argv = [a.vllm, "serve", "--help=all"]
+    else:
+        a.prefix = a.prefix or str(a.root / "h200")
+        if not a.gguf:
+            path = a.root / "models" / f"p9-{a.gguf_gib:g}gib.gguf"
+            if not path.exists():
+                path.parent.mkdir(parents=True, exist_ok=True)
+                layers = max(2, round(a.gguf_gib / 6.3 * 28))       # 28 layers of width 3072: 6.3 GiB (2026-11-29)
+                log(f"making a random GGUF of ~{a.gguf_gib:g} GiB ({layers} layers, width 3072)")
+                # `gguf` is among the wheels carried into ROOT/site on the device (scripts/device/take.sh)
+                site = [str(a.root / "site")] if (a.root / "site").is_dir() else []
+                env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(REPO), *site])}
+                subprocess.run([sys.executable, "-m", "kiln_dev.models", "tiny", str(path) + ".part",
+                                "--n-layers", str(layers), "--width", "3072", "--n-ff", "8192", "--n-vocab", "32000"],
+                               env=env, check=True, stdout=subprocess.DEVNULL)
+                os.replace(str(path) + ".part", path)
+            a.gguf = str(path)
+        # llama.cpp's own default placement is autofit (all layers on the GPU when they fit): no -ngl
+        a.model_args = a.model_args or (["-c", "8192"] if a.gpu else ["-t", "2", "-c", "2048"])
+        a.rung_env = a.rung_env or {}
+        a.selftest = False               # a random model: the selftest would rightly fail it (lever smollm2)
+        help_argv = [str(Path(a.prefix) / "bin" / "llama-server"), "--help"]
+        shipped = Path(a.prefix) / "share" / "kiln" / "llama-server.help.txt"
+        if not a.snapshot and shipped.exists():
+            a.snapshot = str(shipped)
+    if not a.snapshot:                    # taken once per root: vLLM's --help=all imports vLLM (~20 s)
+        snap = a.root / f"{a.engine}-help.txt"
+        if not snap.exists() or snap.stat().st_size == 0:
+            with open(snap, "w") as f:
+                subprocess.run(help_argv, stdout=f, stderr=subprocess.DEVNULL, timeout=300)
+        a.snapshot = str(snap)
+
+
+if __name__ == "__main__":
+    stop_on_term()
+    sys.exit(main())

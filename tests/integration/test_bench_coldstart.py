@@ -1,0 +1,134 @@
+"""bench/coldstart.py's flow on a CPU machine, before it costs device time: the real llama-server
+(CPU build) and the vLLM stand-in (kiln_dev/fake_vllm.py) in the bare engine's place and Kiln's.
+Its figures mean nothing here; what must hold is what the H200 run relies on: a cold step empties the
+state volume and says whether the page cache was dropped, a bare boot gets a fresh $HOME unless told
+to keep it, each lever reaches the engine's argv through the deploy config's [startup], every boot
+carries its phases, the P-lines come out from the steps so far (results accumulate across calls),
+and nothing it started is left running."""
+
+from __future__ import annotations
+
+import json
+import os
+import socket
+import subprocess
+import sys
+from pathlib import Path
+
+import psutil
+import pytest
+
+from kiln_dev.supervised import FAKE_VLLM, free_port
+from supervisor.engines import llamacpp, vllm
+
+REPO = Path(__file__).resolve().parents[2]
+BENCH = [sys.executable, "bench/coldstart.py"]
+
+
+def run(*args: str, timeout: float = 300) -> subprocess.CompletedProcess:
+    return subprocess.run([*BENCH, *args], cwd=REPO, capture_output=True, text=True, timeout=timeout,
+                          env={**os.environ, "PYTHONPATH": str(REPO)})
+
+
+def free_pair() -> int:
+    """A port whose next one is free too: the bench's status port is --port + 1."""
+    for _ in range(50):
+        port = free_port()
+        with socket.socket() as s:
+            try:
+                s.bind(("127.0.0.1", port + 1))
+                return port
+            except OSError:
+                continue
+    raise AssertionError("no two free ports in a row")
+
+
+def left_behind(tmp_path: Path) -> list:
+    return [p.info for p in psutil.process_iter(["pid", "cmdline"])
+            if any(str(tmp_path) in a for a in (p.info["cmdline"] or []))]
+
+
+def phases(rec: dict) -> list[str]:
+    return [p["phase"] for p in rec["boot"]["phases"]]
+
+
+@pytest.mark.llama
+@pytest.mark.slow
+def test_the_llama_cpp_flow_reads_boots_cold_and_warm_and_prints_p9(tmp_path, prefix, tiny):
+    root, out = tmp_path / "root", tmp_path / "out"
+    (root / "state-llamacpp").mkdir(parents=True)
+    (root / "state-llamacpp" / "left-from-before").write_text("a volume used before")
+    r = run("--engine", "llamacpp", "--root", str(root), "--out", str(out), "--prefix", str(prefix),
+            "--gguf", str(tiny), "--cpu", "--no-drop", "--port", str(free_pair()),
+            "--steps", "read-cold,bare-cold,kiln-cold,kiln-cold:lm-dio,kiln-warm")
+    assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
+    runs = json.loads((out / "coldstart.json").read_text())["runs"]
+    assert [x["step"] for x in runs] == ["read-cold", "bare-cold", "kiln-cold", "kiln-cold:lm-dio", "kiln-warm"]
+    assert not (root / "state-llamacpp" / "left-from-before").exists()           # the cold step emptied it
+    read, bare, cold, dio, warm = runs
+    assert read["read_s"] >= 0 and read["bytes"] == tiny.stat().st_size
+    for rec in runs[1:]:
+        assert rec["ready_s"] > 0 and rec["stop"]["exit"] == 0, rec
+    for rec in (read, bare, cold, dio):
+        assert rec["page_cache_dropped"] is False and "--no-drop" in rec["page_cache_note"]
+    engine = [name for name, _ in llamacpp.PHASES]
+    assert phases(bare) == ["engine_exec", *engine]
+    assert phases(cold) == ["supervisor_start", "preflight", "fetch", "launch", "engine_exec", *engine]
+    assert "selftest" not in phases(warm)                      # a random model: the selftest stays off
+    assert dio["argv"][dio["argv"].index("--load-mode") + 1] == "dio" and "--load-mode" not in cold["argv"]
+    assert "P9 boot_over_read=" in r.stdout and "P9 boot_over_read[lm-dio]=" in r.stdout
+    assert "phases (s): supervisor_start" in r.stdout
+    assert left_behind(tmp_path) == []
+
+    again = run("--report", "--root", str(root), "--out", str(out))      # a later call: the same figures
+    assert again.returncode == 0 and [ln for ln in again.stdout.splitlines() if ln.startswith("P9")] == \
+        [ln for ln in r.stdout.splitlines() if ln.startswith("P9")]
+
+
+WRAPPER = "#!/bin/sh\nexport KILN_FAKE_SCENARIO=vllm-ok\nexec {python} {fake} \"$@\"\n"
+
+
+@pytest.mark.slow
+def test_the_vllm_flow_against_the_stand_in_keeps_or_renews_home_and_passes_the_levers(tmp_path):
+    vllm_bin = tmp_path / "vllm"
+    vllm_bin.write_text(WRAPPER.format(python=sys.executable, fake=FAKE_VLLM))
+    vllm_bin.chmod(0o755)
+    model = tmp_path / "model"
+    model.mkdir()
+    (model / "config.json").write_text("{}")
+    root, out = tmp_path / "root", tmp_path / "out"
+    (root / "bare-home").mkdir(parents=True)
+    (root / "bare-home" / "marker").write_text("a cache of the container before")
+    common = ["--engine", "vllm", "--root", str(root), "--out", str(out), "--vllm", str(vllm_bin), "--model", str(model),
+              "--no-selftest", "--no-drop", "--port", str(free_pair())]
+    r = run(*common, "--steps", "bare-cold,kiln-cold,kiln-warm")
+    assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
+    assert not (root / "bare-home" / "marker").exists()                    # a new worker's $HOME
+    (root / "bare-home" / "marker").write_text("this container's cache")
+    r = run(*common, "--steps", "bare-warm:kept-home,kiln-warm:O0,kiln-cold:graphs-small")    # the next call
+    assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
+    assert (root / "bare-home" / "marker").exists()
+    runs = {x["step"]: x for x in json.loads((out / "coldstart.json").read_text())["runs"]}
+    assert set(runs) == {"bare-cold", "kiln-cold", "kiln-warm", "bare-warm:kept-home", "kiln-warm:O0",
+                         "kiln-cold:graphs-small"}
+    engine = [name for name, _ in vllm.PHASES]
+    assert phases(runs["bare-cold"]) == ["engine_exec", *engine]
+    assert phases(runs["kiln-warm"])[-len(engine):] == engine
+    o0 = runs["kiln-warm:O0"]["argv"]
+    assert o0[o0.index("--optimization-level") + 1] == "0"
+    cc = runs["kiln-cold:graphs-small"]["argv"]
+    assert json.loads(cc[cc.index("--compilation-config") + 1]) == {"cudagraph_capture_sizes": [1, 2, 4, 8, 16, 32]}
+    assert "--optimization-level" not in runs["kiln-warm"]["argv"]         # Kiln's defaults: the engine's own
+    assert "P15 kiln_over_engine_defaults_ready=None" in r.stdout          # no bare-warm boot without kept-home
+    assert "P15 kiln_over_engine_defaults_ready_cold=" in r.stdout
+    assert "P15 kiln_over_engine_defaults_ready_warm[O0]=" in r.stdout
+    assert left_behind(tmp_path) == []
+
+
+def test_a_step_that_makes_no_sense_is_refused_before_anything_runs(tmp_path):
+    for step, why in (("bare-warm:O0", "is for kiln boots"), ("kiln-warm:kept-home", "is for bare boots"),
+                      ("kiln-warm:lm-dio", "is for llamacpp"), ("kiln-lukewarm", "VOLUME cold|warm"),
+                      ("kiln-warm:O9", "unknown lever")):
+        r = run("--engine", "vllm", "--root", str(tmp_path), "--out", str(tmp_path / "out"), "--steps", step,
+                timeout=60)
+        assert r.returncode != 0 and why in r.stderr, (step, r.stderr[-500:])
