@@ -184,7 +184,8 @@ class Supervisor:
         self.peripherals = Peripherals(boot, Wiring(
             snapshot=self.rec.snapshot, wake=lambda: self.inbox.put(E.Tick()), engine_port=engine_port,
             secrets=lambda: list(self.rt.secrets), seen=self.reloads.book.seen, warn=self.rt.warn,
-            env=self.rt.env, hub_token=self.rt.hub_token, status=self.opts.status))
+            env=self.rt.env, hub_token=self.rt.hub_token, status=self.opts.status,
+            live=lambda: self.machine.live.cfg if self.machine else boot, api_key=lambda: self.rt.api_key))
         self.peripherals.start()
 
     def _stop_terminator(self) -> None:
@@ -295,7 +296,6 @@ class Supervisor:
         self.tasks.start(fx.token, "reclaim", work, on_error=lambda e: E.BarrierDone(fx.token))
 
     def _do_Launch(self, fx: E.Launch) -> None:
-        assert fx.live.model_path is not None
         started = launch.start(self.rt, fx.live.cfg, fx.index, fx.live.model_path, on_line=_engine_line)
         if isinstance(started, Failure):
             self.inbox.put(E.EngineDown(fx.token, started, started=False))
