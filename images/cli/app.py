@@ -21,7 +21,7 @@ import supervisor
 from supervisor.errors import KilnError
 from supervisor.redact import redact
 
-from . import binaries, fleet, generate, image, legacy, pins, pods, reference, runpod
+from . import binaries, fleet, generate, image, legacy, pins, pods, reference, router, runpod
 from .command import Command, Formatter, add_commands, walk
 
 EXIT_USAGE = 2
@@ -34,6 +34,7 @@ COMMANDS: tuple[Command, ...] = (
     *runpod.COMMANDS,       # template
     *pods.COMMANDS,         # pods up|status|logs|down|volumes
     *fleet.COMMANDS,        # publish-config, fleet-status
+    *router.COMMANDS,       # router
     *generate.commands(lambda: reference.render(parser())),    # generate [--check]: docs/cli.md among them
 )
 PROG = "python build.py"    # the name docs/cli.md and every message use; `kiln` is the same parser
