@@ -50,6 +50,13 @@ def pod_prefix(target_name: str) -> str:
     return f"{NAME_PREFIX}{target_name}-"
 
 
+def is_replica(pod: dict[str, Any], target_name: str) -> bool:
+    """kiln-<target>-<n>: a replica (kiln-<target>-router, the router in front of them, is not one)."""
+    name = str(pod.get("name", ""))
+    prefix = pod_prefix(target_name)
+    return name.startswith(prefix) and name[len(prefix):].isdigit()
+
+
 def proxy_url(pod_id: str, port: int, base: str | None = None) -> str:
     return (base or os.environ.get("RUNPOD_PROXY_URL") or PROXY_URL).format(pod_id=pod_id, port=port)
 
@@ -227,7 +234,7 @@ def up(api: RunPodAPI, req: UpRequest, say: Say, session: requests.Session | Non
     say(f"template {tpl.name}: {tpl.action} ({tpl.template_id})")
     vol = _volume_for(api, req, say)
     prefix = pod_prefix(target.name)
-    existing = kiln_pods(api, prefix)
+    existing = [p for p in kiln_pods(api, prefix) if is_replica(p, target.name)]
     live = [p for p in existing if p.get("status") in LIVE]
     for p in existing:
         if p not in live:
