@@ -17,8 +17,9 @@
            │                the stages instead of the loop itself
            ├─ tasks.py      slow work beside the loop (fetch, barrier, health wait, selftest):
            │                cancellable threads answering with one event each
-           └─ peripherals.py  status page, TCP relay, config watcher, fleet reporter: started at the
-                            loop's first idle moment and wired with callbacks (never the loop)
+           └─ peripherals.py  status page, TCP relay, config watcher, fleet reporter, the router's
+                            feeder: started at the loop's first idle moment and wired with callbacks
+                            (never the loop)
 
 The boot:   PREFLIGHT -> FETCH -> LAUNCHING(rung) -> LOADING -> HEALTHY -> [SELFTEST] -> SERVING
 A rung fails: policy.next_rung -> the next rung after the reclaim barrier, or FAILED.
