@@ -12,6 +12,8 @@ docker-library's apply-templates.sh + verify-templating, for Kiln. The families 
                  (reads each pinned llama.cpp sdist: Kiln's cache, else a download)
   requirements   supervisor/requirements.txt, every wheel hashed                 images/pins/requirements.py
                  (pip downloads the wheels: needs the package index)
+  router-requirements  supervisor/router-requirements.txt: the router's smg and     images/pins/requirements.py
+                 what it needs beyond the supervisor's pins, every wheel hashed
   runpod-schema  images/schemas/runpod-rest-v2.json is vendored, not generated: `python -m images.runpod.vendor
                  OPENAPI.json ...` rewrites it from RunPod's document; here it is only checked to be a closed
                  excerpt (images/runpod/vendor.py excerpt_problems)
@@ -36,7 +38,8 @@ import requests
 from supervisor.errors import KilnError
 
 from .build import facts_generator, golden
-from .paths import DOCS_CLI, ENGINE_FACTS_DIR, RENDERED_DIR, REPO_ROOT, RUNPOD_SCHEMA, SUPERVISOR_REQUIREMENTS
+from .paths import (DOCS_CLI, ENGINE_FACTS_DIR, RENDERED_DIR, REPO_ROOT, ROUTER_REQUIREMENTS, RUNPOD_SCHEMA,
+                    SUPERVISOR_REQUIREMENTS)
 from .pins import requirements
 from .runpod import vendor
 
@@ -83,6 +86,16 @@ def _requirements() -> dict[Path, str]:
         raise Unavailable(f"pip could not download the pinned wheels from its package index ({e})") from e
 
 
+def _router_requirements() -> dict[Path, str]:
+    current = ROUTER_REQUIREMENTS.read_text(encoding="utf-8") if ROUTER_REQUIREMENTS.is_file() else None
+    try:
+        return {ROUTER_REQUIREMENTS: requirements.lock(
+            current, top_level=requirements.ROUTER_TOP_LEVEL, base=SUPERVISOR_REQUIREMENTS.read_text(encoding="utf-8"),
+            what="the router's smg and its deps")}
+    except requirements.PipFailed as e:
+        raise Unavailable(f"pip could not download the pinned wheels from its package index ({e})") from e
+
+
 def _runpod_schema() -> list[str]:
     try:
         return vendor.excerpt_problems(json.loads(RUNPOD_SCHEMA.read_text(encoding="utf-8")))
@@ -98,6 +111,7 @@ def families(cli_reference: Callable[[], str]) -> tuple[Family, ...]:
         Family("cli-reference", lambda: {DOCS_CLI: cli_reference()}),
         Family("engine-facts", _engine_facts, owns=((ENGINE_FACTS_DIR, "*.json"),)),
         Family("requirements", _requirements),
+        Family("router-requirements", _router_requirements),
         Family("runpod-schema", None, check=_runpod_schema),      # vendored: checked, never written
     )
 

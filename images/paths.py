@@ -26,6 +26,7 @@ VLLM_SNAPSHOT_SCRIPT = SCRIPTS_DIR / "vllm-flag-snapshot.py"
 CUDA_FLOOR_SCRIPT = IMAGES_DIR / "pins" / "cudafloor.py"    # runs in the build as kiln/cuda-floor.py
 SUPERVISOR_DIR = REPO_ROOT / "supervisor"                  # copied whole into every image
 SUPERVISOR_REQUIREMENTS = SUPERVISOR_DIR / "requirements.txt"
+ROUTER_REQUIREMENTS = SUPERVISOR_DIR / "router-requirements.txt"   # the router image's smg, hashed
 
 # -- committed generated files (`python build.py generate` writes them, `--check` verifies them) -----
 RENDERED_DIR = IMAGES_DIR / "rendered"            # <target>/Dockerfile and <target>/runpod-template.json

@@ -163,6 +163,8 @@ def parse_target(text: str, path: Path) -> Target:
         s.problem("kind", "a vllm target installs vLLM as a pinned wheel", kind, "pypi-wheel")
     if engine == "llamacpp" and kind == "pypi-wheel":
         s.problem("kind", "a llamacpp target is compiled from source", kind, "git, sdist")
+    if engine == "router" and kind != "pypi-wheel":
+        s.problem("kind", "a router target installs its router (smg) as a pinned wheel", kind, "pypi-wheel")
 
     bl = r.table("build")
     cmake_flags = bl.str_list("cmake_flags", item=lambda f: None if f.startswith("-D") and "=" in f
@@ -184,6 +186,8 @@ def parse_target(text: str, path: Path) -> Target:
         if p.path and (p.path.startswith("/") or ".." in p.path.split("/")):
             pr.problem("path", "must be relative to images/", p.path)
         patches.append(p)
+    if engine == "router" and cuda_version:
+        c.problem("version", "a router routes on a CPU: it needs no CUDA", cuda_version)
     if patches and engine != "llamacpp":
         r.problem("patches", "only llamacpp targets apply patches", len(patches))
 

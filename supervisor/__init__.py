@@ -14,6 +14,7 @@ Read lifecycle/ first: it is the main flow, and says where every step's work is 
     reload/       published configs: watch, candidate, decide, the book
     fleet/        the pod's side of the fleet: its record on the Hub, self-termination
     status/       the status page and metrics, the TCP relay, listening sockets
+    router/       engine = "router": smg fed with the replicas whose /ready says 200 (the feeder)
     selftest/     does the healthy engine answer well, and how fast
 
     config.py     the deploy-config schema: parse, validate, a frozen DeployConfig

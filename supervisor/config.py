@@ -31,7 +31,7 @@ from .serverless import contract as serverless_contract
 from .serverless.volume import volume_state_dir
 from .validate import Problem, Reader, raise_if, read_text
 
-ENGINES = ("llamacpp", "vllm")       # the first is the default
+ENGINES = ("llamacpp", "vllm", "router")   # the first is the default; router: smg in front of replicas
 DEFAULT_STATE_DIR = "/workspace/kiln"
 # autofit: llama.cpp fits placement itself (no pins). manual: the rung's own explicit -ot ranges.
 # balanced: Kiln plans -ot ranges from the model's layout and free VRAM, calibrating from
@@ -39,7 +39,8 @@ DEFAULT_STATE_DIR = "/workspace/kiln"
 PLACEMENTS = ("autofit", "manual", "balanced", "cpu", "engine")
 FAILURE_CLASSES = FailureClass.names()
 DEFAULT_FALL_THROUGH = (FailureClass.OOM.value, FailureClass.CONFIG_REJECTED.value)
-DEFAULT_BINARIES = {"llamacpp": "/opt/kiln/engine/bin/llama-server", "vllm": "vllm"}
+# The router's "binary" is the Python that has its pinned package (smg): the supervisor's own venv in an image.
+DEFAULT_BINARIES = {"llamacpp": "/opt/kiln/engine/bin/llama-server", "vllm": "vllm", "router": "/opt/kiln/venv/bin/python3"}
 DEFAULT_SNAPSHOTS = {"llamacpp": "/opt/kiln/engine/share/kiln/llama-server.help.txt",
                      "vllm": "/opt/kiln/engine/share/kiln/vllm-serve.help.txt"}
 
@@ -72,6 +73,9 @@ ENV_OVERRIDES: dict[str, tuple[str, type]] = {
     "KILN_STARTUP_LOAD_FORMAT": ("startup.load_format", str),
     "KILN_STARTUP_SAFETENSORS_LOAD_STRATEGY": ("startup.safetensors_load_strategy", str),
     "KILN_STARTUP_COMPILATION_CONFIG": ("startup.compilation_config", str),
+    # The router's replicas, known only when they exist (a router pod is created with its replicas):
+    # whitespace-separated entries, each URL or URL|STATUS_URL (ROUTER_REPLICAS_ENV below).
+    "KILN_ROUTER_REPLICAS": ("router.replicas", list),
 }
 _TRUE, _FALSE = ("1", "true", "yes", "on"), ("0", "false", "no", "off")
 
@@ -265,6 +269,36 @@ class SelfTerminateSpec:
     api_url: str = RUNPOD_API_URL                 # RunPod's REST API v2 (tests: $KILN_RUNPOD_API_URL)
 
 
+# smg's routing policies Kiln offers (smg launch --help, 1.13.0; passthrough, manual and bucket are
+# for single-worker, routing-key and prefill/decode setups, not for replicas of one model).
+ROUTER_POLICIES = ("cache_aware", "round_robin", "random", "power_of_two", "least_load", "consistent_hashing",
+                   "prefix_hash")
+# smg flags the supervisor sets itself from [server] and [router]; [router] extra_args must not.
+ROUTER_OWNED_FLAGS = {"--host", "--port", "--api-key", "--worker-urls", "--policy", "--prometheus-host",
+                      "--prometheus-port", "--service-discovery", "--discovery-provider", "--discovery-file"}
+ROUTER_METRICS_PORT = 29000          # smg's own default for its Prometheus exporter
+
+
+@dataclass(frozen=True)
+class ReplicaSpec:
+    """One server behind the router: where its API is, and where its readiness is asked (a Kiln
+    supervisor's /ready, which is 200 only once its selftest passed; a plain server's /health)."""
+    url: str
+    status_url: str
+
+
+@dataclass(frozen=True)
+class RouterSpec:
+    """[router], engine = "router": smg in front of replicas, fed by their readiness
+    (supervisor/router/feeder.py). The router enforces server.api_key, the key the replicas use."""
+    replicas: tuple[ReplicaSpec, ...] = ()
+    policy: str = "cache_aware"
+    poll_s: float = 1.0                 # each replica's readiness is asked this often
+    probe_timeout_s: float = 2.0        # a replica that does not answer within this is not ready
+    metrics_port: int = ROUTER_METRICS_PORT   # smg's Prometheus exporter, on 127.0.0.1
+    extra_args: tuple[str, ...] = ()    # more `smg launch` flags
+
+
 @dataclass(frozen=True)
 class ServerlessSpec:
     """[serverless]: a worker of a RunPod Serverless load-balancing endpoint (supervisor/serverless/).
@@ -315,6 +349,7 @@ class DeployConfig:
     runpod: SelfTerminateSpec = SelfTerminateSpec()
     serverless: ServerlessSpec = ServerlessSpec()
     startup: StartupSpec = StartupSpec()
+    router: RouterSpec = RouterSpec()
     state_dir: str = DEFAULT_STATE_DIR
     source: str = "<memory>"        # where it was read from (not hashed)
 
@@ -406,6 +441,8 @@ def _apply_env(data: dict[str, Any], env: Mapping[str, str], problems: list[Prob
                 problems.append(Problem(f"{path} (from env {name})",
                                         "must be an integer" if kind is int else "must be a number", raw))
                 continue
+        elif kind is list:
+            value = replicas_from_env(raw)
         elif kind is bool:
             if raw.strip().lower() not in _TRUE + _FALSE:
                 problems.append(Problem(f"{path} (from env {name})", "must be true or false", raw,
@@ -427,11 +464,20 @@ def _apply_env(data: dict[str, Any], env: Mapping[str, str], problems: list[Prob
 def _build(r: Reader, source: str, runpod_url_env: str | None = None,
            health_path: str | None = None) -> DeployConfig | None:
     engine = r.str("engine", ENGINES[0], choices=ENGINES)
-    model = _model(r.table("model", required=True))
+    routing = engine == "router"
+    model = _no_model(r) if routing else _model(r.table("model", required=True))
     server = _server(r.table("server"), engine)
     sampler = _sampler(r.table("sampler"))
     selftest = _selftest(r.table("selftest"))
-    ladder = _ladder(r, engine)
+    if routing:
+        selftest = _router_selftest(r, selftest)
+    ladder = _router_ladder(r) if routing else _ladder(r, engine)
+    router = _router(r.table("router")) if routing or r.has("router") else RouterSpec()
+    if r.has("router") and not routing:
+        r.problem("router", 'applies only to engine = "router"', allowed='engine = "router", or remove [router]')
+    if routing and server.extra_args:
+        r.problem("server.extra_args", "is for an engine's flags: the router's smg flags go in [router] extra_args",
+                  list(server.extra_args))
     hardware = _hardware(r.table("hardware"))
     health = _health(r.table("health"))
     restart = _restart(r.table("restart"))
@@ -444,7 +490,7 @@ def _build(r: Reader, source: str, runpod_url_env: str | None = None,
     r.finish()
     cfg = DeployConfig(engine=engine, model=model, ladder=ladder, server=server, sampler=sampler,
                         selftest=selftest, hardware=hardware, health=health, restart=restart, status=status,
-                        watch=watch, runpod=runpod, serverless=serverless, startup=startup, state_dir=state_dir, source=source)
+                        watch=watch, runpod=runpod, serverless=serverless, startup=startup, router=router, state_dir=state_dir, source=source)
     for prob in cross_problems(cfg):
         r.problems.append(prob)
     return cfg
@@ -459,6 +505,9 @@ def cross_problems(cfg: DeployConfig) -> list[Problem]:
     if cfg.status.port == cfg.server.port:
         out.append(Problem("status.port", "must differ from server.port (the supervisor and the engine both "
                            "listen)", cfg.status.port))
+    if cfg.engine == "router" and cfg.router.metrics_port in (cfg.server.port, cfg.status.port, cfg.server.tcp_port):
+        out.append(Problem("router.metrics_port", "must differ from server.port, status.port and server.tcp_port",
+                           cfg.router.metrics_port))
     return out
 
 
@@ -489,6 +538,96 @@ def _model(r: Reader) -> ModelSpec:
     r.finish()
     return ModelSpec(source=source, revision=revision, allow_patterns=allow, entry=entry, family=family,
                      fetch_stall_s=stall, fetch_connections=connections, fetch_segment_mib=segment_mib)
+
+
+def _no_model(r: Reader) -> ModelSpec:
+    """The router serves no model of its own: its replicas do."""
+    if r.has("model"):
+        r.table("model")          # said once, here (not again as an unknown field)
+        r.problem("model", 'the router serves no model of its own (its replicas do): remove [model]',
+                  allowed='[model] only with engine = "llamacpp" or "vllm"')
+    return ModelSpec(source="")
+
+
+def _router_selftest(r: Reader, spec: SelftestSpec) -> SelftestSpec:
+    """The replicas' selftest is the gate for traffic; the router has nothing to probe."""
+    if spec.enabled and r.table("selftest").has("enabled"):
+        r.problem("selftest.enabled", "the router has no model to test: each replica's supervisor runs its "
+                  "own selftest and the router takes only replicas whose /ready says 200", True, "false")
+    return dataclasses.replace(spec, enabled=False)
+
+
+ROUTER_RUNG = Rung(name="router", placement="engine")
+
+
+def _router_ladder(r: Reader) -> LadderSpec:
+    """One way to run a router: no ladder to walk (more smg flags go in [router] extra_args)."""
+    if r.has("ladder"):
+        r.table("ladder")          # said once, here (not again as an unknown field)
+        r.problem("ladder", "the router has one way to run: remove [ladder] and put smg flags in [router] "
+                  "extra_args")
+    return LadderSpec(rungs=(ROUTER_RUNG,))
+
+
+_HTTP_URL = re.compile(r"https?://[\w.\-\[\]:]+(:\d{1,5})?(/[\w./%~-]*)?")
+
+
+def replica_urls(url: str, status_url: str | None) -> ReplicaSpec:
+    """A replica from its API URL and its status URL; without one, the server's own /health. A status
+    URL with no path is a Kiln supervisor's status port: its /ready."""
+    url = url.rstrip("/")
+    if not status_url:
+        return ReplicaSpec(url, url + "/health")
+    parts = urllib.parse.urlsplit(status_url)
+    if parts.path in ("", "/"):
+        status_url = status_url.rstrip("/") + "/ready"
+    return ReplicaSpec(url, status_url)
+
+
+def replicas_from_env(raw: str) -> list[dict[str, str]]:
+    """KILN_ROUTER_REPLICAS: whitespace-separated entries, each URL or URL|STATUS_URL."""
+    out = []
+    for entry in raw.split():
+        url, _, status = entry.partition("|")
+        out.append({"url": url, "status_url": status} if status else {"url": url})
+    return out
+
+
+def _router(r: Reader) -> RouterSpec:
+    d = RouterSpec()
+    replicas: list[ReplicaSpec] = []
+    for rr in r.tables("replicas"):
+        url = rr.str("url", "", required=True)
+        status = rr.str("status_url", None)
+        rr.finish()
+        for key, value in (("url", url), ("status_url", status)):
+            if value and not _HTTP_URL.fullmatch(value):
+                rr.problem(key, "must be an http(s) URL such as http://10.0.0.2:8080", value)
+        if url and _HTTP_URL.fullmatch(url) and urllib.parse.urlsplit(url).path not in ("", "/"):
+            rr.problem("url", "must be the server's root (the router adds /v1/...), with no path", url,
+                       urllib.parse.urlunsplit(urllib.parse.urlsplit(url)[:2] + ("", "", "")))
+        if not url:
+            continue
+        rep = replica_urls(url, status)
+        if any(x.url == rep.url for x in replicas):
+            rr.problem("url", "names a replica listed before it: each replica once", url)
+            continue
+        replicas.append(rep)
+    policy = r.str("policy", d.policy, choices=ROUTER_POLICIES)
+    poll_s = r.float("poll_s", d.poll_s, min=0.1, max=60.0)
+    probe_timeout_s = r.float("probe_timeout_s", d.probe_timeout_s, min=0.1, max=60.0)
+    metrics_port = r.int("metrics_port", d.metrics_port, min=1, max=65535)
+    extra = r.str_list("extra_args", item=_router_arg_problem)
+    r.finish()
+    return RouterSpec(replicas=tuple(replicas), policy=policy, poll_s=poll_s, probe_timeout_s=probe_timeout_s,
+                      metrics_port=metrics_port, extra_args=extra)
+
+
+def _router_arg_problem(arg: str) -> str | None:
+    flag = arg.split("=", 1)[0]
+    if flag in ROUTER_OWNED_FLAGS:
+        return f"{flag} is set by the supervisor from [server] and [router]; remove it here"
+    return _SHELL_META_MESSAGE if SHELL_META.search(arg) else None
 
 
 def _glob_problem(pattern: str) -> str | None:

@@ -33,6 +33,7 @@ this tree and listed here.
     ├── BinariesError            (images.binaries.obtain) engine binaries could not be compiled or published
     ├── FactsError               (images.build.engine_facts) the pinned engine source cannot be read for its facts
     ├── PipFailed                (images.pins.requirements) pip could not download the supervisor's pinned wheels
+    ├── RouterUnavailable        (supervisor.router.smg) the router did not answer its worker API
     ├── Unavailable              (images.generate) what a generated file is made from cannot be had here
     ├── EngineUnavailable        (images.build.docker) no Docker engine answers
     ├── BuildFailed              (images.build.docker) the image build failed

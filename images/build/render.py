@@ -27,8 +27,8 @@ from ..pins import closure as closure_file
 from ..pins.cuda import declared_problems
 from ..pins.cudafloor import require_cuda
 from .engine_facts import FACTS_FILE, facts_path
-from ..paths import (COMPILE_SCRIPT, CUDA_FLOOR_SCRIPT, IMAGES_DIR, SUPERVISOR_DIR, SUPERVISOR_REQUIREMENTS,
-                     TEMPLATES_DIR, VLLM_SNAPSHOT_SCRIPT)
+from ..paths import (COMPILE_SCRIPT, CUDA_FLOOR_SCRIPT, IMAGES_DIR, ROUTER_REQUIREMENTS, SUPERVISOR_DIR,
+                     SUPERVISOR_REQUIREMENTS, TEMPLATES_DIR, VLLM_SNAPSHOT_SCRIPT)
 from ..pins.lock import Pin, missing
 from ..target import Target
 
@@ -247,12 +247,14 @@ def write_context(ctx: RenderContext, out: Path, *, patch_files: dict[str, Path]
     shutil.copy2(VLLM_SNAPSHOT_SCRIPT, kiln / "vllm-flag-snapshot.py")
     shutil.copy2(CUDA_FLOOR_SCRIPT, kiln / "cuda-floor.py")
     shutil.copy2(SUPERVISOR_REQUIREMENTS, kiln / "requirements.txt")
+    if ctx.target.engine == "router":
+        shutil.copy2(ROUTER_REQUIREMENTS, kiln / "router-requirements.txt")
     shutil.copy2(ctx.target.deploy_config_path, kiln / "deploy.toml")
     (kiln / "profiles").mkdir()
     for name, path in ctx.target.profiles.items():
         shutil.copy2(path, kiln / "profiles" / f"{name}.toml")
     shutil.copytree(SUPERVISOR_DIR, kiln / "supervisor",
-                    ignore=shutil.ignore_patterns("__pycache__", "*.pyc", "requirements.txt"))
+                    ignore=shutil.ignore_patterns("__pycache__", "*.pyc", "requirements.txt", "router-requirements.txt"))
     if ctx.engine_facts:
         shutil.copy2(ctx.engine_facts, kiln / FACTS_FILE)
     if ctx.closure_file:

@@ -12,10 +12,11 @@ script `pip install -e .` installs): one parser, every workstation command. Impo
     pods.py       pods up|status|logs|down|volumes
     endpoint.py   endpoint plan|up|status|logs|down (RunPod Serverless load-balancing endpoints)
     fleet.py      publish-config, fleet-status
+    router.py     router: the supervised router in front of replicas, here
     generate.py   generate [--check]: every committed generated file (what they are: images/generate.py)
     legacy.py     the old single-command flag spellings (--list, --render, ...), for one release
     reference.py  docs/cli.md, generated from the parsers' --help
 
 Each command module holds arguments and wiring only; what a command does lives in the package of
-its concept (images/build, pins, binaries, runpod, fleet).
+its concept (images/build, pins, binaries, runpod, fleet, router).
 """

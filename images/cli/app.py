@@ -23,7 +23,7 @@ import supervisor
 from supervisor.errors import KilnError
 from supervisor.redact import redact
 
-from . import binaries, endpoint, fleet, generate, image, legacy, pins, pods, reference, runpod, upgrade
+from . import binaries, endpoint, fleet, generate, image, legacy, pins, pods, reference, router, runpod, upgrade
 from .command import Command, Formatter, add_commands, walk
 
 EXIT_USAGE = 2
@@ -39,6 +39,7 @@ COMMANDS: tuple[Command, ...] = (
     *pods.COMMANDS,         # pods up|status|logs|down|volumes
     *endpoint.COMMANDS,     # endpoint plan|up|status|logs|down
     *fleet.COMMANDS,        # publish-config, fleet-status
+    *router.COMMANDS,       # router
     *generate.commands(lambda: reference.render(parser())),    # generate [--check]: docs/cli.md among them
 )
 PROG = "python build.py"    # the name docs/cli.md and every message use; `kiln` is the same parser

@@ -30,8 +30,9 @@ def commands(cli_reference: Callable[[], str]) -> tuple[Command, ...]:
                 run, arguments,
                 description="Regenerate every committed generated file from its source: the rendered Dockerfiles "
                 "and RunPod templates (images/rendered/), docs/cli.md, the engine facts (images/engine-facts/, "
-                "from each pinned llama.cpp sdist), supervisor/requirements.txt (wheels hashed by pip from its "
-                "package index); the vendored RunPod schema (images/schemas/) is checked, not written.\n"
+                "from each pinned llama.cpp sdist), supervisor/requirements.txt and the router's "
+                "supervisor/router-requirements.txt (wheels hashed by pip from its package index); the vendored "
+                "RunPod schema (images/schemas/) is checked, not written.\n"
                 "--check writes nothing and exits 1 naming each drifted file and the command that fixes it; "
                 "what could not be checked here (no network, no package index) is named too, and fails the check."),
     )

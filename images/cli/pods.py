@@ -26,6 +26,7 @@ from supervisor.errors import KilnError
 
 from ..build import render
 from ..pins.lock import load_lock, missing, pins_for
+from ..router import pod as router_pod
 from ..runpod import pods
 from ..runpod.api import RunPodAPI
 from ..runpod.template import build_template
@@ -77,6 +78,14 @@ def _up_arguments(up: argparse.ArgumentParser) -> None:
     up.add_argument("--terminate-on-failure", action="store_true", help="each pod's supervisor terminates "
                     "its own pod after a grace period when it can never serve ([runpod] "
                     "terminate_on_terminal_failure)")
+    up.add_argument("--router", action="store_true", help="also run the router (the `router` target's image: "
+                    "smg, prefix-aware, fed by the replicas' /ready) on a CPU pod kiln-<target>-router, reaching "
+                    "the replicas over their TCP port: one URL and one key for all of them")
+    up.add_argument("--router-cpu-flavor", metavar="ID", default=router_pod.DEFAULT_CPU_FLAVOR,
+                    help=f"the router pod's CPU flavor (default {router_pod.DEFAULT_CPU_FLAVOR}, RunPod's own "
+                    "example id; GET /v2/catalog/cpus lists them)")
+    up.add_argument("--router-vcpu", type=int, default=router_pod.DEFAULT_VCPU,
+                    help=f"the router pod's vCPUs (default {router_pod.DEFAULT_VCPU}, RunPod's least)")
     up.add_argument("--cpu-flavor", metavar="ID", help="CPU targets: a flavor id from GET /v2/catalog/cpus")
     up.add_argument("--vcpu", type=int, help="CPU targets: vCPUs (a power of two, at least 2)")
     up.add_argument("--timeout", type=float, default=3600.0, help="seconds to wait for every pod to be ready")
@@ -127,8 +136,21 @@ def _template(args: argparse.Namespace, target, pins):
 
 
 def cmd_up(args: argparse.Namespace) -> int:
+    if args.target == router_pod.ROUTER_TARGET:
+        raise KilnError("--target router: the router runs in front of another target's replicas: "
+                        "`pods up --target T --replicas N --router`")
     target = load_target(args.target)
-    pins = pins_for(target, load_lock())
+    lock = load_lock()
+    pins = pins_for(target, lock)
+    router_req = None
+    if args.router:          # everything the router needs is checked before any pod is created
+        rtarget = load_target(router_pod.ROUTER_TARGET)
+        rtpl = build_template(rtarget, pins_for(rtarget, lock), repository=args.image, registry=args.registry_auth)
+        if rtpl.floating and not args.allow_floating:
+            raise render.FloatingRefused(rtarget, list(missing(rtarget, pins_for(rtarget, lock))))
+        router_req = pods.UpRequest(target=rtarget, template=rtpl, placement=pods.Placement.of(
+            rtarget, cloud=args.cloud, data_centers=tuple(args.data_center), cpu_flavor=args.router_cpu_flavor,
+            vcpu=args.router_vcpu), timeout_s=args.timeout, poll_s=args.poll, proxy=args.proxy)
     placement = pods.Placement.of(target, gpu_id=args.gpu, gpu_count=args.gpu_count, cloud=args.cloud,
                                   data_centers=tuple(args.data_center), cpu_flavor=args.cpu_flavor, vcpu=args.vcpu)
     req = pods.UpRequest(target=target, template=_template(args, target, pins), placement=placement,
@@ -136,8 +158,9 @@ def cmd_up(args: argparse.Namespace) -> int:
                          network_volume_gb=args.network_volume_gb, terminate_on_failure=args.terminate_on_failure,
                          timeout_s=args.timeout, poll_s=args.poll, proxy=args.proxy)
     made = pods.Made()
+    api = _api(args)
     try:
-        result = pods.up(_api(args), req, say, made=made)
+        result = pods.up(api, req, say, made=made)
     except (KeyboardInterrupt, SystemExit):     # Ctrl-C, or TERM (app.py raises SystemExit for it)
         for line in pods.billed_lines(made, target.name):
             say(line)
@@ -158,6 +181,32 @@ def cmd_up(args: argparse.Namespace) -> int:
         total = sum(r.pod.get("cost") or 0 for r in result.pods if isinstance(r.pod.get("cost"), (int, float)))
         print(f"{len(result.pods)} pod(s), ${total:.2f}/h while they exist: "
               f"`python build.py pods down --target {target.name}` terminates them")
+    if router_req is None:
+        return 0 if result.ok else EXIT_NOT_READY
+    return _up_router(api, router_req, target, result, args) if result.ok or any(r.ready for r in result.pods) \
+        else EXIT_NOT_READY
+
+
+def _up_router(api, req, target, result, args: argparse.Namespace) -> int:  # type: ignore[no-untyped-def]
+    """The router pod in front of the ready replicas; its endpoints, and what it routes to."""
+    import requests
+
+    from ..fleet import probe
+
+    ready = [r.pod for r in result.pods if r.ready]
+    r = router_pod.up(api, req, replica_target=target, replicas=ready, cpu_flavor=args.router_cpu_flavor,
+                      vcpu=args.router_vcpu, say=say)
+    if not r.ready:
+        print(f"{r.name} ({r.id}): router NOT READY: {r.failure}; see `python build.py pods logs {r.id}`")
+        return EXIT_NOT_READY
+    ep = pods.endpoints(req.target, r.pod, args.proxy)
+    snap = probe.read_status(ep.status, requests.Session(), timeout=10)
+    cost = r.pod.get("cost")
+    print(f"{r.name} ({r.id}): router ready, {router_pod.routes(snap, ready)}"
+          + (f"; ${cost:.2f}/h" if isinstance(cost, (int, float)) else ""))
+    print(f"  one URL for all replicas, over RunPod's HTTP proxy (100 s per request): {ep.http}")
+    print(f"  over TCP (no proxy limit): {ep.tcp or 'no public IP / TCP port mapped'}")
+    print(f"  status: {ep.status}/status; requests name the model its /v1/models lists")
     return 0 if result.ok else EXIT_NOT_READY
 
 
@@ -183,10 +232,14 @@ def cmd_status(args: argparse.Namespace) -> int:
         line = f"{p.get('name')}  {p.get('id')}  {p.get('status')}  " \
                f"{gpu.get('count', '')}x {gpu.get('id', 'CPU')}  {p.get('dataCenterId') or '-'}  ${cost:.2f}/h"
         if not args.no_probe and p.get("status") == "RUNNING":
-            port = _status_port(pods.owner(p))
+            router = router_pod.is_router(p)
+            port = load_target(router_pod.ROUTER_TARGET).deploy_config().status.port if router \
+                else _status_port(pods.owner(p))
             snap = probe.read_status(pods.proxy_url(str(p["id"]), port, args.proxy), session, timeout=10) \
                 if port else None
             line += "  supervisor: " + (probe.progress_line(snap) if snap else "no answer")
+            if router:
+                line += "  router: " + router_pod.routes(snap, [q for q in found if not router_pod.is_router(q)])
         print(line)
     print(f"{len(found)} pod(s), ${total:.2f}/h")
     return 0

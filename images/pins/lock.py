@@ -48,14 +48,14 @@ def required_pins(target: Target) -> list[str]:
     keys = ["base.build", "base.runtime"]
     keys.append("source.commit" if target.source.kind == "git" else "source.sha256")
     keys += [f"patch.{p.name}" for p in target.patches]
-    if target.source.kind == "pypi-wheel":
+    if target.source.kind == "pypi-wheel" and target.engine != "router":
         keys.append("engine.cuda")      # what the wheel's torch installs, checked against [cuda] version
     return keys
 
 
 def optional_pins(target: Target) -> list[str]:
     """Pins the lock records and reports but a build does not need (an unresolved one refuses nothing)."""
-    return ["engine.closure"] if target.source.kind == "pypi-wheel" else []
+    return ["engine.closure"] if target.source.kind == "pypi-wheel" and target.engine != "router" else []
 
 
 def how_to_resolve(target: Target, key: str) -> str:

@@ -59,6 +59,11 @@ def pod_name(target_name: str, n: int) -> str:
     return f"{NAME_PREFIX}{target_name}-{n}"
 
 
+def pod_prefix(target_name: str) -> str:
+    """kiln-<target>-: the start of every pod name of a target (never enough alone to own a pod: owner)."""
+    return f"{NAME_PREFIX}{target_name}-"
+
+
 def owner(pod: dict[str, Any]) -> str | None:
     """The target a pod belongs to, or None when it is not Kiln's: its env's KILN_TARGET, else
     (a pod made before Kiln set it) its whole name kiln-<target>-<n>."""
@@ -68,6 +73,16 @@ def owner(pod: dict[str, Any]) -> str | None:
         return marker
     m = POD_NAME.fullmatch(str(pod.get("name", "")))
     return m.group("target") if m else None
+
+
+def is_router(pod: dict[str, Any]) -> bool:
+    """kiln-<target>-router: the router in front of a target's replicas (its KILN_TARGET is theirs)."""
+    return str(pod.get("name", "")).endswith("-router")
+
+
+def is_replica(pod: dict[str, Any], target_name: str) -> bool:
+    """One of the target's serving pods (kiln-<target>-<n>), not the router in front of them."""
+    return owner(pod) == target_name and not is_router(pod)
 
 
 def proxy_url(pod_id: str, port: int, base: str | None = None) -> str:
@@ -279,7 +294,7 @@ def up(api: RunPodAPI, req: UpRequest, say: Say, session: requests.Session | Non
     if vol is not None and vol.action == "created":
         made.volume = vol
     everything = api.pods()
-    existing = kiln_pods(everything, target.name)
+    existing = [p for p in kiln_pods(everything, target.name) if not is_router(p)]
     live = [p for p in existing if p.get("status") in LIVE]
     for p in existing:
         if p not in live:

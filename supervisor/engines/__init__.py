@@ -2,7 +2,8 @@
 
     registry.py   which engine module runs a config (get), whether its binary is in this image
     llamacpp.py   llama.cpp's llama-server  ┐ one surface each, so the lifecycle never asks
-    vllm.py       vLLM's `vllm serve`        ┘ which engine it is (below)
+    vllm.py       vLLM's `vllm serve`        │ which engine it is (below)
+    router.py     smg in front of replicas   ┘ (their feeder: supervisor/router/)
     flags.py      the engine's own --help, captured at build time: every rung is linted against it
     caches.py     compile caches (torch.compile, Triton, the driver's PTX JIT) on the state volume
     startup.py    the deploy config's [startup] levers on a boot's time, as each engine's flags

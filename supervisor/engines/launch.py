@@ -140,22 +140,23 @@ def _balanced(rt: Runtime, cfg: DeployConfig, rung: Rung, model: Path) -> Rung:
     return dataclasses.replace(rung, args=tuple(split.args()) + tuple(rung.args))
 
 
-def start(rt: Runtime, cfg: DeployConfig, index: int, model: Path,
+def start(rt: Runtime, cfg: DeployConfig, index: int, model: Path | None,
           on_line: Callable[[str], None]) -> ManagedProcess | Failure:
-    """The rung's engine, started; or why it could not be (nothing runs then)."""
+    """The rung's engine, started; or why it could not be (nothing runs then). `model` is None only for
+    the router, which serves no model of its own."""
     rung = cfg.ladder.rungs[index]
     holder = port_holder(cfg.server.host, cfg.server.port)
     if holder is not None:
         return Failure(FailureClass.PORT_IN_USE, f"port {cfg.server.port} is already in use by {holder}: it is "
                        "not our engine; free the port or move the engine (server.port / KILN_SERVER_PORT)",
                        rung=rung.name)
-    if rung.placement == "balanced":
+    if rung.placement == "balanced" and model is not None:
         try:
             rung = _balanced(rt, cfg, rung, model)
         except KilnError as e:                   # DoesNotFit, GGUFError
             return Failure(FailureClass.CONFIG_REJECTED, f"balanced placement: {e}", rung=rung.name)
     assert rt.engine is not None
-    argv = rt.engine.build_argv(cfg, rung, model_path=str(model),
+    argv = rt.engine.build_argv(cfg, rung, model_path=str(model) if model is not None else None,
                                 api_key_file=str(rt.key_file) if rt.key_file else None,
                                 vcpus=rt.hw.vcpus if rt.hw else None)
     env = engine_environment(rt.engine, cfg, rung, rt.env, rt.api_key, own_dir=rt.state_dir)

@@ -6,9 +6,9 @@ import os
 import shutil
 from types import ModuleType
 
-from . import llamacpp, vllm
+from . import llamacpp, router, vllm
 
-ENGINES: dict[str, ModuleType] = {"llamacpp": llamacpp, "vllm": vllm}
+ENGINES: dict[str, ModuleType] = {"llamacpp": llamacpp, "vllm": vllm, "router": router}
 
 
 def get(name: str) -> ModuleType:

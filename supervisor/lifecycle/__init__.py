@@ -19,8 +19,9 @@
            │                the stages instead of the loop itself
            ├─ tasks.py      slow work beside the loop (fetch, barrier, health wait, selftest):
            │                cancellable threads answering with one event each
-           └─ peripherals.py  status page, TCP relay, config watcher, fleet reporter: started at the
-                            loop's first idle moment and wired with callbacks (never the loop)
+           └─ peripherals.py  status page, TCP relay, config watcher, fleet reporter, the router's
+                            feeder: started at the loop's first idle moment and wired with callbacks
+                            (never the loop)
       └─ boot_failure.py  (instead of the loop) a deploy config that does not validate: FAILED at
                           once, the status page alone says why, the pod may terminate itself
 

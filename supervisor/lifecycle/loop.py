@@ -200,7 +200,8 @@ class Supervisor:
         self.peripherals = Peripherals(boot, Wiring(
             snapshot=self.rec.snapshot, wake=lambda: self.inbox.put(E.Tick()), engine_port=engine_port,
             secrets=lambda: list(self.rt.secrets), seen=self.reloads.book.seen, warn=self.rt.warn,
-            env=self.rt.env, hub_token=self.rt.hub_token, status=self.opts.status, probe=self.rec.probe))
+            env=self.rt.env, hub_token=self.rt.hub_token, status=self.opts.status, probe=self.rec.probe,
+            live=lambda: self.machine.live.cfg if self.machine else boot, api_key=lambda: self.rt.api_key))
         self.peripherals.start()
 
     def _stop_terminator(self) -> None:

@@ -1,6 +1,7 @@
 """The parts that run beside the loop and only report or relay: the status page, the TCP relay,
-the config watcher and the fleet reporter. None of them decides anything, and none holds the
-loop: the loop wires them with callbacks (what /status shows, how to wake the loop, the engine's
+the config watcher, the fleet reporter and, for engine = "router", the router's feeder (its replicas
+in and out of smg by their readiness; /ready needs one routed). None of them decides anything about
+the lifecycle, and none holds the loop: the loop wires them with callbacks (what /status shows, how to wake the loop, the engine's
 port, the secrets to mask) and asks them for what they found (a published config, a status).
 
 They start once the engine is on its way (the loop calls `start()` the first time it has nothing
@@ -36,6 +37,8 @@ class Wiring:
     hub_token: str | None = None
     status: bool = True                             # serve the status page (tests may run without)
     probe: Callable[[], dict[str, Any]] | None = None   # /ready's few fields, cheaper than a snapshot
+    live: Callable[[], DeployConfig] | None = None  # the config that runs now (the router's replicas)
+    api_key: Callable[[], str | None] = lambda: None   # the server's key (the router's and its replicas')
 
 
 class Peripherals:
@@ -47,6 +50,7 @@ class Peripherals:
         self.tcp: Any = None              # supervisor/status/relay.py TcpRelay
         self.watcher: Any = None          # supervisor/reload/watch.py Watcher
         self.reporter: Any = None         # supervisor/fleet/reporter.py Reporter, with a [watch] repo that reports
+        self.feeder: Any = None           # supervisor/router/feeder.py Feeder, for engine = "router"
 
     def start(self) -> None:
         if self.started:
@@ -62,6 +66,11 @@ class Peripherals:
             self.status.start()
         if cfg.server.tcp_port:
             self._start_tcp_relay(cfg.server.tcp_port)
+        if cfg.engine == "router":
+            from ..router.feeder import Feeder
+
+            self.feeder = Feeder(w.live or (lambda: cfg), w.api_key)
+            self.feeder.start()
         if cfg.watch.enabled:
             self._start_watch()
 
@@ -102,7 +111,7 @@ class Peripherals:
         log.info("TCP relay: port %d -> the engine's port", port)
 
     def stop(self) -> None:
-        for part in (self.watcher, self.reporter, self.tcp, self.status):   # the reporter's last record: STOPPED
+        for part in (self.watcher, self.reporter, self.feeder, self.tcp, self.status):   # the reporter's last record: STOPPED
             if part is not None:
                 part.stop()
 
@@ -112,7 +121,10 @@ class Peripherals:
         return self.watcher.take() if self.watcher is not None else None
 
     def state_changed(self, state: State) -> None:
-        """A settled state is news for the fleet record (the reporter paces the writes)."""
+        """A settled state is news for the fleet record (the reporter paces the writes); any state is
+        news for the router's feeder (a restarted router starts with no workers)."""
+        if self.feeder is not None:
+            self.feeder.router_state(state == State.SERVING)
         if state in SETTLED:
             self.report()
 
@@ -130,4 +142,9 @@ class Peripherals:
                 snap["watch"]["report"] = self.reporter.status()
         if self.tcp is not None:
             snap["tcp_relay"] = self.tcp.status()
+        if self.feeder is not None:       # a router serves only while a replica is routed
+            snap["router"] = self.feeder.status()
+            if snap.get("ready") is True and not self.feeder.routable():
+                snap["ready"] = False
+                snap["not_ready"] = "no replica is routed (none says ready, or the router does not answer)"
         return snap

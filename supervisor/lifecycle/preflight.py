@@ -68,7 +68,7 @@ def prepare(rt: Runtime, cfg: DeployConfig, memory: LadderMemory) -> tuple[Failu
         return Failure(FailureClass.CONFIG_REJECTED, "hardware does not match the config: " + "; ".join(mismatches)), 0
     snap_path = Path(cfg.server.flag_snapshot)
     rt.snapshot = rt.engine.load_snapshot(snap_path) if snap_path.is_file() else None
-    if rt.snapshot is None:
+    if rt.snapshot is None and (cfg.server.flag_snapshot or cfg.engine != "router"):
         rt.rec.warn(f"no flag snapshot at {snap_path}: rungs are not linted against the engine's flags")
     key_for_memory = memory_key(cfg, rt.hw, image_identity())
     first, why = start_index(cfg, memory.recall(key_for_memory) if cfg.ladder.remember else None)

@@ -35,6 +35,9 @@ def fetch_model(token: int, cfg: DeployConfig, *, candidate: bool, tasks: Tasks,
     from . import resolve
 
     key = "model_candidate" if candidate else "model"
+    if not cfg.model.source:          # the router: its replicas serve the model
+        post(ModelReady(token, path=None))
+        return
 
     def load_error(e: BaseException) -> Failure:
         return Failure(FailureClass.LOAD_ERROR, secrets.redact(str(e)))

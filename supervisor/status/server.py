@@ -84,6 +84,8 @@ def ready_text(snap: Snapshot) -> tuple[int, str]:
     if snap.get("ready") is True:
         return 200, "ready\n"
     reason = f"not ready: state={_one_line(snap.get('state'))}"
+    if snap.get("not_ready"):                   # serving, but something besides the state holds it back
+        reason += f" ({_one_line(snap['not_ready'])})"
     failure_class = _section(snap, "last_failure").get("class")
     if failure_class:
         reason += f" last_failure={_one_line(failure_class)}"

@@ -23,12 +23,12 @@ def run_build(*args):
     return subprocess.run([sys.executable, "build.py", *args], capture_output=True, text=True, cwd=ROOT)
 
 
-def test_list_shows_the_five_targets():
+def test_list_shows_the_six_targets():
     r = run_build("list")
     assert r.returncode == 0
     names = [line.split()[0] for line in r.stdout.splitlines()]
     assert names == ["a40-llamacpp", "a40-llamacpp-upstream", "a40-vllm-kimi-linear", "a40-vllm-qwen3-coder",
-                     "cpu-llamacpp"]
+                     "cpu-llamacpp", "router"]
     assert set(names) == set(target_names())
 
 
@@ -317,3 +317,16 @@ def test_the_fork_target_has_no_engine_facts_and_renders_as_before():
 
     assert facts_path(load_target("a40-llamacpp")) is None
     assert "gguf-facts.json" not in golden.render_all()["a40-llamacpp"]
+
+
+def test_the_router_target_installs_smg_as_a_pinned_wheel_on_a_cpu(tmp_path):
+    t = load_target("router")
+    assert t.engine == "router" and not t.is_gpu and t.source.package == "smg" and t.source.version == "1.13.0"
+    assert t.deploy_config().engine == "router" and t.runpod.secrets == (("KILN_API_KEY", "kiln_api_key"),)
+    bad = (t.path.read_text().replace('kind = "pypi-wheel"', 'kind = "sdist"\nurl = "https://example.org/x.tgz"')
+           .replace("[deploy]", '[cuda]\nversion = "12.8"\narchs = ["86"]\n\n[deploy]'))
+    (tmp_path / "router.toml").write_text(bad)
+    with pytest.raises(ConfigError) as e:
+        parse_target(bad, tmp_path / "router.toml")
+    text = str(e.value)
+    assert "installs its router (smg) as a pinned wheel" in text and "it needs no CUDA" in text

@@ -1,0 +1,12 @@
+"""The router beside its replicas: smg fed with exactly the replicas that say they are ready.
+
+    launch.py   python -m supervisor.router.launch: smg, its key from a 0600 file (never argv)
+    smg.py      smg's worker API, as Kiln uses it: list, add (with the replicas' key), remove
+    feeder.py   the Feeder: each replica's readiness every poll_s, reconciled with smg's workers;
+                what /status shows under `router` and whether /ready may say 200
+    plan.py     the reconciliation as a pure function: what to add, what to remove
+
+The supervised process is the router (engines/router.py: its argv, its failure words); the feeder is
+a peripheral (lifecycle/peripherals.py), wired with callbacks and never holding the loop. The choice
+of smg over vllm-router: docs/research/router-choice-2026-12-01.md. Kept free of imports.
+"""

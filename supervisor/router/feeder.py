@@ -1,0 +1,159 @@
+"""The feeder: the router's workers are exactly the replicas that say they are ready.
+
+Every `[router] poll_s` (1 s by default) it asks each replica's status URL (a Kiln supervisor's
+/ready: 200 only in SERVING, after the selftest; reloading, restarting, failed, stopped or
+unreachable is not ready), lists smg's own workers, and reconciles the two (plan.py): a replica that
+turned ready is added, one that is not is removed; in-flight requests on a removed one finish. A
+router that does not answer (starting, restarting) is asked again next round: its new process starts
+empty and gets every ready replica at once.
+
+A peripheral (lifecycle/peripherals.py): given callables for the live config and the key, never the
+loop; the loop's /status and /ready read `status()` and `routable()`.
+"""
+
+from __future__ import annotations
+
+import http.client
+import logging
+import threading
+import time
+import urllib.parse
+from concurrent.futures import ThreadPoolExecutor
+from typing import Any, Callable
+
+from ..config import DeployConfig, ReplicaSpec
+from .plan import Worker, reconcile, routed
+from .smg import RouterUnavailable, Smg
+
+log = logging.getLogger("kiln")
+
+
+def probe(status_url: str, timeout_s: float) -> tuple[bool, str]:
+    """(ready, what it answered): 200 is ready; anything else, or silence, is not."""
+    u = urllib.parse.urlsplit(status_url)
+    conn_cls = http.client.HTTPSConnection if u.scheme == "https" else http.client.HTTPConnection
+    conn = conn_cls(u.hostname or "127.0.0.1", u.port, timeout=timeout_s)
+    try:
+        conn.request("GET", (u.path or "/") + (f"?{u.query}" if u.query else ""))
+        resp = conn.getresponse()
+        text = resp.read(300).decode(errors="replace").strip().splitlines()
+        return resp.status == 200, f"{resp.status} {text[0] if text else ''}".strip()
+    except (OSError, http.client.HTTPException) as e:
+        return False, f"unreachable: {type(e).__name__}"
+    finally:
+        conn.close()
+
+
+class Feeder:
+    def __init__(self, live: Callable[[], DeployConfig], key: Callable[[], str | None]):
+        self.live = live
+        self.key = key
+        self._stop = threading.Event()
+        self._wake = threading.Event()
+        self._lock = threading.Lock()
+        self._thread: threading.Thread | None = None
+        self._pool = ThreadPoolExecutor(max_workers=16, thread_name_prefix="kiln-router-probe")
+        self._status: dict[str, Any] = {"router_up": False, "routed": 0, "replicas": [], "checked_at": None}
+        self._checked_mono: float | None = None
+        self._was: dict[str, bool] = {}          # replica -> routed at the last round (for the log)
+
+    def start(self) -> None:
+        self._thread = threading.Thread(target=self._run, name="kiln-router-feeder", daemon=True)
+        self._thread.start()
+
+    def stop(self) -> None:
+        self._stop.set()
+        self._wake.set()
+        if self._thread is not None:
+            self._thread.join(5.0)
+        self._pool.shutdown(wait=False, cancel_futures=True)
+
+    def router_state(self, serving: bool) -> None:
+        """The router process changed state (the loop's news): out of SERVING, what the feeder saw of
+        the old process no longer holds (a new smg starts with no workers); into SERVING, a round now,
+        so the replicas are back in the new process within one round instead of one poll."""
+        if not serving:
+            with self._lock:
+                self._status = {**self._status, "routed": 0,
+                                "replicas": [{**r, "routed": False} for r in self._status["replicas"]]}
+        self._wake.set()
+
+    # -- what the loop's pages read -------------------------------------------------------------------
+    def status(self) -> dict[str, Any]:
+        with self._lock:
+            return {**self._status, "replicas": [dict(r) for r in self._status["replicas"]]}
+
+    def routable(self) -> bool:
+        """At least one replica routed, seen recently (a feeder that stopped looking knows nothing)."""
+        cfg = self.live().router
+        with self._lock:
+            fresh = self._checked_mono is not None and \
+                time.monotonic() - self._checked_mono <= 3 * cfg.poll_s + 2 * cfg.probe_timeout_s + 2.0
+            return fresh and self._status["routed"] > 0
+
+    # -- the rounds -----------------------------------------------------------------------------------
+    def _run(self) -> None:
+        while not self._stop.is_set():
+            started = time.monotonic()
+            try:
+                self.round()
+            except Exception as e:  # noqa: BLE001 - a bad round is logged; the next one tries again
+                log.warning("router feeder: %s: %s", type(e).__name__, e)
+            cfg = self.live().router
+            self._wake.wait(max(0.0, cfg.poll_s - (time.monotonic() - started)))
+            self._wake.clear()
+
+    def round(self) -> None:
+        cfg = self.live()
+        spec, key = cfg.router, self.key()
+        answers = list(self._pool.map(lambda r: probe(r.status_url, spec.probe_timeout_s), spec.replicas))
+        ready = {r.url: ok for r, (ok, _) in zip(spec.replicas, answers)}
+        smg = Smg(cfg.server.host, cfg.server.port, key, timeout_s=spec.probe_timeout_s)
+        error = None
+        try:
+            workers = smg.workers()
+            plan = reconcile(ready, workers)
+            self._apply(smg, plan, key)
+            if plan.add or plan.remove:
+                workers = self._settled(smg, plan.add)
+        except RouterUnavailable as e:
+            workers, error = None, str(e)
+        self._record(spec.replicas, answers, ready, workers, error)
+
+    def _settled(self, smg: Smg, added: tuple[str, ...]) -> list[Worker]:
+        """smg's list once this round's adds are ready (~50 ms, measured), so a replica is routed in the
+        round that saw it ready; at most one second, then the next round looks again."""
+        deadline = time.monotonic() + 1.0
+        while True:
+            workers = smg.workers()
+            ready = {w.url.rstrip("/") for w in workers if w.status == "ready"}
+            if all(u.rstrip("/") in ready for u in added) or time.monotonic() > deadline:
+                return workers
+            self._stop.wait(0.02)
+
+    def _apply(self, smg: Smg, plan: Any, key: str | None) -> None:
+        for w in plan.remove:
+            ok, said = smg.remove(w.id)
+            log.info("router: %s is not a ready replica: removed (%s)", w.url, said if not ok else "draining")
+        for url in plan.add:
+            ok, said = smg.add(url, key)
+            if ok:
+                log.info("router: replica %s is ready: added", url)
+            else:
+                log.warning("router: adding replica %s failed: %s", url, said)
+
+    def _record(self, replicas: tuple[ReplicaSpec, ...], answers: list[tuple[bool, str]], ready: dict[str, bool],
+                workers: list[Worker] | None, error: str | None) -> None:
+        live = set(routed(ready, workers or []))
+        by_url = {w.url.rstrip("/"): w.status for w in workers or []}
+        rows = [{"url": r.url, "status_url": r.status_url, "ready": ok, "answer": said, "routed": r.url in live,
+                 "worker": by_url.get(r.url)} for r, (ok, said) in zip(replicas, answers)]
+        for row in rows:
+            if self._was.get(row["url"], False) != row["routed"]:
+                log.info("router: replica %s %s (%s)", row["url"], "routed" if row["routed"] else "not routed",
+                         row["answer"])
+                self._was[row["url"]] = row["routed"]
+        with self._lock:
+            self._status = {"router_up": workers is not None, "routed": len(live), "replicas": rows,
+                            "checked_at": round(time.time(), 3), "error": error}
+            self._checked_mono = time.monotonic()

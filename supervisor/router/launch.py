@@ -1,0 +1,49 @@
+"""`python -m supervisor.router.launch [--key-file F] -- SMG_LAUNCH_ARGS...`: smg's router, with the
+API key read from a 0600 file and handed to smg's own parser in-process.
+
+smg takes its key only as `--api-key K` (no environment fallback in its router_args.py), and argv
+is readable by every user in /proc: so the supervisor's argv names the file, never the key. Runs in
+the router's Python (server.binary), which has smg; imports nothing of the supervisor but this file.
+"""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+PINNED = "1.13.0"      # supervisor/router-requirements.txt; the worker API Kiln calls was measured on it
+
+
+def split(argv: list[str]) -> tuple[str | None, list[str]]:
+    """(key file, smg's arguments) from this launcher's arguments."""
+    key_file = None
+    if argv[:1] == ["--key-file"] and len(argv) > 1:
+        key_file, argv = argv[1], argv[2:]
+    if argv[:1] == ["--"]:
+        argv = argv[1:]
+    return key_file, argv
+
+
+def main(argv: list[str] | None = None) -> int:
+    key_file, args = split(list(sys.argv[1:] if argv is None else argv))
+    try:
+        from importlib.metadata import version
+
+        from smg.launch_router import launch_router, parse_router_args
+        installed = version("smg")
+    except ImportError as e:
+        print(f"kiln router: the router's package is not importable by {sys.executable} ({e}): install it "
+              f"with `{sys.executable} -m pip install smg=={PINNED}` (in a checkout: pip install -e '.[router]'), "
+              "or point server.binary at a Python that has it", file=sys.stderr)
+        return 127
+    if installed != PINNED:
+        print(f"kiln router: smg {installed} is installed, Kiln pins {PINNED}: its worker API may differ",
+              file=sys.stderr)
+    if key_file:
+        args += ["--api-key", Path(key_file).read_text(encoding="utf-8").strip()]
+    launch_router(parse_router_args(args))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
