@@ -227,3 +227,38 @@ def test_port_health_on_the_engines_port_is_refused_at_boot_naming_both_and_the_
     assert r.returncode == 2, r.stderr
     assert "PORT_HEALTH (env): PORT_HEALTH = 8000, which is the engine's port (PORT = 8000)" in r.stderr
     assert "PORT_HEALTH=8081" in r.stderr and "Traceback" not in r.stderr
+
+
+def test_a_worker_killed_mid_download_lets_the_waiting_one_go_on_from_where_it_stopped(tmp_path, prefix, hub):
+    from kiln_dev.models import make_tiny_gguf
+
+    model = make_tiny_gguf(tmp_path / "wider.gguf", n_layers=4, width=128, n_ff=512)   # ~2 MB: a slow minute's worth
+    body = model.read_bytes()
+    hub.seed(MODEL_REPO, {"tiny.gguf": body}, storage="lfs")
+    volume = tmp_path / "runpod-volume"
+    volume.mkdir()
+    with Throttle(int(hub.url.rsplit(":", 1)[1]), bytes_per_s=100_000) as slow:
+        env = {**hub.env, "HF_ENDPOINT": slow.url, "KILN_MODEL_FETCH_CONNECTIONS": "1",
+               "KILN_SERVERLESS_VOLUME": str(volume)}
+        a = worker(tmp_path, prefix, f"hf://{MODEL_REPO}", state=tmp_path / "image-default", selftest=SELFTEST_OFF,
+                   name="wa", env=env)
+        b = None
+        try:
+            wait_for(lambda: fetch_event(a).get("done", 0) >= 1 << 20, 90, "wa to have a megabyte on the volume")
+            b = worker(tmp_path, prefix, f"hf://{MODEL_REPO}", state=tmp_path / "image-default", selftest=SELFTEST_OFF,
+                       name="wb", env=env)
+            wait_for(lambda: fetch_event(b).get("event") == "waiting", 60, "wb to wait for wa")
+            a.proc.kill()                               # the holder dies: the kernel lets its lock go
+            a.proc.wait(10)
+            st = b.wait_state("SERVING", timeout=120)
+            assert st["model"]["path"].startswith(str(volume / "kiln/hf/"))
+            log = b.log()
+            assert "event=turn" in log
+            need = int(log.split("event=plan ")[1].split(" need=")[1].split()[0])
+            assert 0 < need < len(body)                 # it went on from wa's finished segments
+            assert served(hub) < 2 * len(body)
+            assert b.stop() == 0
+        finally:
+            a.__exit__(None, None, None)
+            if b is not None:
+                b.__exit__(None, None, None)
