@@ -72,6 +72,8 @@ def serverless_offer(api: RunPodAPI, compute: Compute, floor: str | None, gpu_id
         if unknown:
             raise NoMatchingPool(f"--pool {', '.join(unknown)}: RunPod's serverless catalog has no such pool "
                                  f"({compute.gpu_count} GPU(s) per worker); on offer: {on_offer}")
+    elif not gpu_id:
+        raise NoMatchingPool(f"the target names no [runpod] gpu_type: give --pool; on offer: {on_offer}")
     else:
         entry = next((g for g in gpus if g.get("id") == gpu_id), None)
         if entry is None or not entry.get("pool"):

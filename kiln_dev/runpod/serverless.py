@@ -14,13 +14,14 @@ RunPod. It stands for two real APIs:
   http://127.0.0.1:<port>/<id>/<path> here (the endpoint's requestUrls.base says which).
 
 Workers are real Kiln supervisors (workers.py) with PORT, PORT_HEALTH and HEALTH_CHECK_PATH from
-the endpoint's env; without a WorkerRunner none ever starts (no capacity anywhere: a request waits,
-then gets the load balancer's 400). Every `tick_s` the scaler reads each worker's health path: 200 healthy
-(IDLE, or RUNNING with a request in flight), 204 initializing, anything else UNHEALTHY (no answer
-counts as starting until the path first answered); a worker whose process ended leaves the list
-(its log stays readable). It starts workers while ceil(in-flight requests / requestCount) --
-requests waiting for a worker count, as in RunPod's formula -- is above the workers of the latest
-release, up to workers.max; it keeps workers.min; a healthy worker idle for workers.idleTimeout
+the endpoint's env; without a WorkerRunner none ever starts (no capacity anywhere: a request
+waits, then gets the load balancer's 400). Every `tick_s` the scaler reads each worker's health
+path: 200 healthy (IDLE, or RUNNING with a request in flight), 204 initializing, anything else
+UNHEALTHY (no answer counts as starting until the path first answered); a worker whose process
+ended leaves the list (its log stays readable). It starts workers while ceil(in-flight requests /
+requestCount) -- requests waiting for a worker count, as in RunPod's formula -- is above the
+workers of the latest release, up to workers.max (old-release workers still draining their
+requests hold no slot: the stand-in's choice); it keeps workers.min; a healthy worker idle for workers.idleTimeout
 beyond the minimum is stopped. Each configuration change is a release (version + 1, a diff of
 field/old/new); a change to what a container runs (image, args, env, ports, disk, registry,
 gpu/cpu, networkVolumes, dataCenterIds) makes the running workers stale: an idle one is stopped
@@ -396,7 +397,9 @@ class ServerlessStandIn(RunPodStandIn):
             demand = self.waiting.get(eid, 0) + sum(w.inflight for w in live)
             want = math.ceil(demand / max(1, e["scaling"].get("requestCount", 1)))
             want = max(e["workers"]["min"], min(want, e["workers"]["max"]))
-            n_start = max(0, min(want - len(latest), e["workers"]["max"] - len(live)))
+            # Old-release workers draining their requests do not hold a slot of the new release
+            # (else a busy one at max would block its own replacement): the stand-in's choice.
+            n_start = max(0, want - len(latest))
             idle_s = e["workers"].get("idleTimeout", 10)
             spare = len(latest) - max(e["workers"]["min"], want)
             for w in sorted(latest, key=lambda x: x.idle_since or 0):
