@@ -379,6 +379,8 @@ class DeployConfig:
             d["server"].pop("fast_start")   # added later: a config that does not set it keeps its hash
         if self.startup == StartupSpec():
             d.pop("startup")        # no lever set: the hash every config had before [startup] existed
+        if self.router == RouterSpec():
+            d.pop("router")         # not a router: the hash every config had before [router] existed
         blob = json.dumps(d, sort_keys=True, separators=(",", ":"), default=list)
         return hashlib.sha256(blob.encode()).hexdigest()
 
