@@ -91,7 +91,8 @@ def workload(fleet: Fleet, url: str, policy: str, args: argparse.Namespace) -> d
             history[s].append({"role": "assistant", "content": out["text"]})
     computed = sum(r.prompt_tokens() for r in fleet.replicas) - sum(computed0)
     sent = sum((r["cache_n"] or 0) + (r["prompt_n"] or 0) for r in rows)
-    per_session = {s: sorted({i for r in rows if r["session"] == s for i in r["replica"]}) for s in range(args.sessions)}
+    per_session = {s: sorted({i for r in rows if r["session"] == s for i in r["replica"]})
+                   for s in range(args.sessions)}
     return {"rows": rows, "ttft_mean": statistics.fmean(r["ttft"] for r in rows),
             "ttft_later_mean": statistics.fmean(r["ttft"] for r in rows if r["turn"] > 0),
             "cache_n": sum(r["cache_n"] or 0 for r in rows), "prompt_tokens": sent, "computed": computed,
@@ -155,12 +156,15 @@ def main() -> int:
           f"system prompt ~{args.system_words} words, {args.max_tokens} tokens a reply, one request at a time")
     for name, r in (("cache_aware", ca), ("round_robin", rr_)):
         hit = r["cache_n"] / r["prompt_tokens"] if r["prompt_tokens"] else 0.0
-        print(f"  {name:12s} TTFT mean {r['ttft_mean'] * 1000:7.1f} ms (turns after the first {r['ttft_later_mean'] * 1000:7.1f} ms); "
+        print(f"  {name:12s} TTFT mean {r['ttft_mean'] * 1000:7.1f} ms "
+              f"(turns after the first {r['ttft_later_mean'] * 1000:7.1f} ms); "
               f"prompt tokens {r['prompt_tokens']}, from cache (timings.cache_n) {r['cache_n']} = {hit:.1%}; "
-              f"computed by the engines (prompt_tokens_total) {r['computed']:.0f}; replicas per session {r['per_session']}")
+              f"computed by the engines (prompt_tokens_total) {r['computed']:.0f}; "
+              f"replicas per session {r['per_session']}")
     print(f"  router added: median of {args.pairs} pairs {added:.2f} ms (via the router {via:.1f} ms, straight to "
           f"replica {replica} {direct:.1f} ms; max_tokens 1, its prefix cached)")
-    print(f"P14 ttft_cache_aware_over_round_robin={ca['ttft_mean'] / rr_['ttft_mean']:.3f} router_added_ms_p50={added:.2f}")
+    print(f"P14 ttft_cache_aware_over_round_robin={ca['ttft_mean'] / rr_['ttft_mean']:.3f} "
+          f"router_added_ms_p50={added:.2f}")
     return 0
 
 

@@ -41,7 +41,8 @@ FAILURE_CLASSES = FailureClass.names()
 SELFTEST_MODES = ("auto", "gate", "full")
 DEFAULT_FALL_THROUGH = (FailureClass.OOM.value, FailureClass.CONFIG_REJECTED.value)
 # The router's "binary" is the Python that has its pinned package (smg): the supervisor's own venv in an image.
-DEFAULT_BINARIES = {"llamacpp": "/opt/kiln/engine/bin/llama-server", "vllm": "vllm", "router": "/opt/kiln/venv/bin/python3"}
+DEFAULT_BINARIES = {"llamacpp": "/opt/kiln/engine/bin/llama-server", "vllm": "vllm",
+                    "router": "/opt/kiln/venv/bin/python3"}
 DEFAULT_SNAPSHOTS = {"llamacpp": "/opt/kiln/engine/share/kiln/llama-server.help.txt",
                      "vllm": "/opt/kiln/engine/share/kiln/vllm-serve.help.txt"}
 

@@ -254,7 +254,8 @@ def write_context(ctx: RenderContext, out: Path, *, patch_files: dict[str, Path]
     for name, path in ctx.target.profiles.items():
         shutil.copy2(path, kiln / "profiles" / f"{name}.toml")
     shutil.copytree(SUPERVISOR_DIR, kiln / "supervisor",
-                    ignore=shutil.ignore_patterns("__pycache__", "*.pyc", "requirements.txt", "router-requirements.txt"))
+                    ignore=shutil.ignore_patterns("__pycache__", "*.pyc", "requirements.txt",
+                                                  "router-requirements.txt"))
     if ctx.engine_facts:
         shutil.copy2(ctx.engine_facts, kiln / FACTS_FILE)
     if ctx.closure_file:

@@ -62,7 +62,8 @@ def run(args: argparse.Namespace) -> int:
     state_dir.mkdir(parents=True, exist_ok=True)
     path = state_dir / "deploy.toml"
     path.write_text(text, encoding="utf-8")
-    print(f"router: {path} (policy {args.policy}, {len(args.replicas)} replica(s)) -> http://{args.host}:{args.port}/v1; "
+    print(f"router: {path} (policy {args.policy}, {len(args.replicas)} replica(s)) -> "
+          f"http://{args.host}:{args.port}/v1; "
           f"status http://{args.host}:{args.status_port}/status", file=sys.stderr, flush=True)
     env = dict(os.environ)
     env["PYTHONPATH"] = os.pathsep.join(p for p in (str(REPO_ROOT), env.get("PYTHONPATH", "")) if p)

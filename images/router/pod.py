@@ -106,7 +106,8 @@ def up(api: RunPodAPI, req: UpRequest, *, replica_target: Target, replicas: list
     for p in kiln_pods(api.pods(), replica_target.name):
         if p.get("name") != name or p.get("status") not in LIVE:
             continue
-        if keep is None and (p.get("env") or {}).get(REPLICAS_ENV) == want and p.get("image") == req.template.body["image"]:
+        same = (p.get("env") or {}).get(REPLICAS_ENV) == want and p.get("image") == req.template.body["image"]
+        if keep is None and same:
             keep = p
             continue
         api.terminate_pod(str(p["id"]))

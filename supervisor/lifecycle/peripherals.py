@@ -1,8 +1,9 @@
 """The parts that run beside the loop and only report or relay: the status page, the TCP relay,
 the config watcher, the fleet reporter and, for engine = "router", the router's feeder (its replicas
 in and out of smg by their readiness; /ready needs one routed). None of them decides anything about
-the lifecycle, and none holds the loop: the loop wires them with callbacks (what /status shows, how to wake the loop, the engine's
-port, the secrets to mask) and asks them for what they found (a published config, a status).
+the lifecycle, and none holds the loop: the loop wires them with callbacks (what /status shows, how
+to wake the loop, the engine's port, the secrets to mask, the live config, the key) and asks them
+for what they found (a published config, a status).
 
 They start once the engine is on its way (the loop calls `start()` the first time it has nothing
 else to do), so a boot pays for none of their imports before the engine is launched (P1).
@@ -111,7 +112,8 @@ class Peripherals:
         log.info("TCP relay: port %d -> the engine's port", port)
 
     def stop(self) -> None:
-        for part in (self.watcher, self.reporter, self.feeder, self.tcp, self.status):   # the reporter's last record: STOPPED
+        # the reporter's last record: STOPPED
+        for part in (self.watcher, self.reporter, self.feeder, self.tcp, self.status):
             if part is not None:
                 part.stop()
 

@@ -118,6 +118,8 @@ class Feeder:
                 workers = self._settled(smg, plan.add)
         except RouterUnavailable as e:
             workers, error = None, str(e)
+        if not spec.replicas and error is None:
+            error = "no replicas configured: [[router.replicas]] in the deploy config, or KILN_ROUTER_REPLICAS"
         self._record(spec.replicas, answers, ready, workers, error)
 
     def _settled(self, smg: Smg, added: tuple[str, ...]) -> list[Worker]:

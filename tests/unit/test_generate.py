@@ -26,7 +26,8 @@ def build_py(*args: str) -> subprocess.CompletedProcess[str]:
 
 def test_every_family_is_listed_and_the_committed_files_have_not_drifted():
     names = [f.name for f in generate.families(lambda: "")]
-    assert names == ["rendered", "cli-reference", "engine-facts", "requirements", "router-requirements", "runpod-schema"]
+    assert names == ["rendered", "cli-reference", "engine-facts", "requirements", "router-requirements",
+                     "runpod-schema"]
     r = build_py("generate", "--check", *(a for n in OFFLINE for a in ("--only", n)))
     assert r.returncode == 0, r.stderr
     assert r.stdout.strip() == "generate: every generated file matches its source" and r.stderr == ""

@@ -84,7 +84,8 @@ def test_router_table_belongs_to_the_router_only():
 
 def test_replicas_from_the_environment():
     c = parse_config('engine = "router"\n', env={"KILN_ROUTER_REPLICAS": "http://a:1|http://a:2 http://b:1"})
-    assert c.router.replicas == (ReplicaSpec("http://a:1", "http://a:2/ready"), ReplicaSpec("http://b:1", "http://b:1/health"))
+    assert c.router.replicas == (ReplicaSpec("http://a:1", "http://a:2/ready"),
+                                 ReplicaSpec("http://b:1", "http://b:1/health"))
 
 
 def test_argv_names_the_key_file_never_the_key():
@@ -136,5 +137,6 @@ def test_lint_checks_extra_args_against_a_snapshot_when_there_is_one():
     c = parse_config(ROUTER.replace('policy = "round_robin"', 'extra_args = ["--log-jsn", "--cache-threshold", "0.5"]'),
                      env={})
     issues = engine.lint_rung(c, 0, c.ladder.rungs[0], snap)
-    assert [str(i) for i in issues] == ["router.extra_args[0]: --log-jsn is not a flag of this smg (did you mean --log-json?)"]
+    assert [str(i) for i in issues] == [
+        "router.extra_args[0]: --log-jsn is not a flag of this smg (did you mean --log-json?)"]
     assert engine.lint_rung(c, 0, c.ladder.rungs[0], None) == []
