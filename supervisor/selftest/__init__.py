@@ -13,7 +13,8 @@ requests. One concern per module:
     chunked.py     long prompts built in chunks under a wall limit, proven by cached-token counts
     measure.py     decode tok/s on coherent prose, prefill cold and warm
     report.py      the JSON report, the /status record and the table
-    runner.py      one selftest, start to verdict
+    runner.py      one selftest, start to verdict: in full, or as the gate a Serverless worker's
+                   cold start runs (probes at once, measurements sized to the floors)
     stage.py       SELFTEST as a stage of the lifecycle: a task beside the loop, with a hard deadline
     cli.py         `python -m supervisor selftest --url ...` against any server
 

@@ -46,6 +46,9 @@ def add_parser(sub: argparse._SubParsersAction) -> argparse.ArgumentParser:  # t
     p.add_argument("--min-probe-pass", type=float, default=d.min_probe_pass,
                    help=f"share of scored probes that must pass, default {d.min_probe_pass:g}")
     p.add_argument("--timeout-s", type=float, default=d.timeout_s, help=f"the whole selftest, default {d.timeout_s:g}")
+    p.add_argument("--gate", action="store_true",
+                   help="run it as a Serverless worker's cold start does: probes at once, measurements sized to "
+                        "the floors (default: the full selftest)")
     return p
 
 
@@ -93,7 +96,8 @@ def main(args: argparse.Namespace) -> int:
         print(f"cannot reach the server at {client.url}: {e}", file=sys.stderr)   # no userinfo in it
         return EXIT_USAGE
     try:
-        report = run_selftest(client, spec, family=args.family, log=lambda m: print(m, file=sys.stderr))
+        report = run_selftest(client, spec, family=args.family, log=lambda m: print(m, file=sys.stderr),
+                              gate=getattr(args, "gate", False))
     except RequestCancelled:
         return EXIT_FAIL
     except KeyboardInterrupt:

@@ -41,6 +41,12 @@ PROSE_PROMPTS = (
 )
 MIN_REPLY_TOKENS = 8            # fewer tokens than this time nothing but overhead
 DECODE_SHARE_OF_WALL = 0.7      # a decode request aims at this share of the wall limit
+# A floor's verdict may be taken before decode_tokens were timed (the gate: runner.py) once at least
+# SETTLE_TOKENS were, at a rate SETTLE_MARGIN times the floor or more, or the floor over SETTLE_MARGIN
+# or less. Single-stream decode drifts by a few percent over hundreds of tokens of prose (the seed:
+# 7.3 on loops, 7.22 re-measured on 600 tokens), nowhere near a factor of 1.5.
+SETTLE_TOKENS = 64
+SETTLE_MARGIN = 1.5
 
 
 @dataclass
@@ -80,6 +86,7 @@ class DecodeResult:
     target_tokens: int
     samples: list[DecodeSample] = field(default_factory=list)
     error: str | None = None
+    settled: str | None = None           # why the floor's verdict was taken early (the gate)
 
     @property
     def valid(self) -> list[DecodeSample]:
@@ -118,7 +125,16 @@ class DecodeResult:
 
     @property
     def enough(self) -> bool:
-        return self.tokens >= self.target_tokens
+        return self.tokens >= self.target_tokens or self.settled is not None
+
+    def settle(self, floor: float) -> None:
+        """Take the floor's verdict now if the rate so far leaves no doubt (SETTLE_TOKENS, SETTLE_MARGIN)."""
+        rate = self.client_tok_s
+        if floor <= 0 or rate is None or self.tokens < SETTLE_TOKENS:
+            return
+        if rate >= floor * SETTLE_MARGIN or rate <= floor / SETTLE_MARGIN:
+            self.settled = (f"{rate:.2f} tok/s on {self.tokens} tokens is {rate / floor:.2f}x the floor "
+                            f"({floor:g}): settled before {self.target_tokens} tokens")
 
     @property
     def error_pct(self) -> float | None:
@@ -129,6 +145,7 @@ class DecodeResult:
 
     def to_dict(self) -> dict[str, Any]:
         return {"target_tokens": self.target_tokens, "tokens": self.tokens, "enough": self.enough,
+                "settled": self.settled,
                 "client_tok_s": _r(self.client_tok_s), "engine_tok_s": _r(self.engine_tok_s),
                 "metrics_tok_s": _r(self.metrics_tok_s), "error_pct": _r(self.error_pct),
                 "error": self.error, "samples": [s.to_dict() for s in self.samples]}
@@ -136,8 +153,12 @@ class DecodeResult:
 
 def measure_decode(client: Client, target_tokens: int, *, wall_s: float, prompts: tuple[str, ...] = PROSE_PROMPTS,
                    params: dict[str, Any] | None = None, rate_hint: float | None = None,
-                   remaining_s: Callable[[], float] | None = None) -> DecodeResult:
-    """Decode tok/s on >= target_tokens of non-degenerate streamed output (see the module doc)."""
+                   remaining_s: Callable[[], float] | None = None, settle_floor: float = 0.0,
+                   metrics: bool = True) -> DecodeResult:
+    """Decode tok/s on >= target_tokens of non-degenerate streamed output (see the module doc).
+    `settle_floor` > 0: stop as soon as that floor's verdict is settled (DecodeResult.settle), the
+    first reply sized to settle it. `metrics`: also count the decode with the engine's /metrics
+    (False where the reply's own `timings` already count it: llama.cpp)."""
     params = params or {}
     out = DecodeResult(target_tokens=target_tokens)
     rate = rate_hint
@@ -145,10 +166,12 @@ def measure_decode(client: Client, target_tokens: int, *, wall_s: float, prompts
         if out.enough:
             break
         need = target_tokens - out.tokens
+        if settle_floor > 0 and out.tokens < SETTLE_TOKENS:
+            need = min(need, SETTLE_TOKENS - out.tokens)
         cap = int(rate * wall_s * DECODE_SHARE_OF_WALL) if rate else 128
         max_tokens = max(MIN_REPLY_TOKENS * 2, min(need + 1, cap))
         timeout = wall_s if remaining_s is None else max(0.1, min(wall_s, remaining_s()))
-        before = Counters.from_text(client.metrics())
+        before = Counters.from_text(client.metrics() if metrics else None)
         try:
             r = client.chat([{"role": "user", "content": prompt}], max_tokens=max_tokens, stream=True,
                             timeout_s=timeout, **params)
@@ -157,7 +180,7 @@ def measure_decode(client: Client, target_tokens: int, *, wall_s: float, prompts
                 raise
             out.error = f"decode request failed: {e}"
             break
-        after = Counters.from_text(client.metrics())
+        after = Counters.from_text(client.metrics() if metrics else None)
         delta = after.minus(before) if before.decode_tokens is not None else None
         t = r.timings or {}
         pred_n, pred_ms = t.get("predicted_n"), t.get("predicted_ms")
@@ -174,6 +197,7 @@ def measure_decode(client: Client, target_tokens: int, *, wall_s: float, prompts
         out.samples.append(sample)
         if sample.client_tok_s:
             rate = sample.client_tok_s
+        out.settle(settle_floor)
     return out
 
 
@@ -186,6 +210,7 @@ class PrefillResult:
     warm_cached_tokens: int | None = None
     warm_engine_s: float | None = None
     error: str | None = None
+    warm_skipped: str | None = None      # why the warm request was not sent (the gate: the chunks proved it)
 
     @property
     def cold_tok_s(self) -> float | None:
@@ -207,6 +232,8 @@ class PrefillResult:
         """Did the warm request reuse the prompt? (the seed's Kimi-Linear on vLLM: ratio 1.04, no)"""
         if self.warm_cached_tokens is not None and self.cold and self.cold.total_tokens:
             return self.warm_cached_tokens >= 0.9 * self.cold.total_tokens
+        if self.warm_skipped and self.cold is not None and self.cold.proven:
+            return True                  # each chunk was served from the cached prefix of the one before
         return None
 
     def to_dict(self) -> dict[str, Any]:
@@ -214,13 +241,15 @@ class PrefillResult:
                 "cold_engine_tok_s": _r(self.cold_engine_tok_s), "warm_tok_s": _r(self.warm_tok_s),
                 "warm_wall_s": _r(self.warm_wall_s, 4), "warm_new_tokens": self.warm_new_tokens,
                 "warm_cached_tokens": self.warm_cached_tokens, "warm_engine_s": _r(self.warm_engine_s, 4),
-                "prefix_cache": self.prefix_cache, "error": self.error,
+                "prefix_cache": self.prefix_cache, "error": self.error, "warm_skipped": self.warm_skipped,
                 "chunked": self.cold.to_dict() if self.cold else None}
 
 
 def measure_prefill(client: Client, target_tokens: int, *, wall_s: float, params: dict[str, Any] | None = None,
                     nonce: str | None = None, safety: float | None = None,
-                    remaining_s: Callable[[], float] | None = None) -> PrefillResult:
+                    remaining_s: Callable[[], float] | None = None, warm_unless_proven: bool = False) -> PrefillResult:
+    """Cold prefill in chunks, then the same prompt warm. `warm_unless_proven` (the gate): no warm
+    request when the chunks already proved the prefix cache (each one extended the one before)."""
     params = params or {}
     out = PrefillResult(target_tokens=target_tokens)
     kw: dict[str, Any] = {"safety": safety} if safety is not None else {}
@@ -228,6 +257,9 @@ def measure_prefill(client: Client, target_tokens: int, *, wall_s: float, params
                                  params=params, remaining_s=remaining_s, **kw)
     if out.cold.error:
         out.error = out.cold.error
+        return out
+    if warm_unless_proven and out.cold.proven:
+        out.warm_skipped = "the chunks proved the prefix cache: each was served from the one before"
         return out
     timeout = wall_s if remaining_s is None else max(0.1, min(wall_s, remaining_s()))
     try:

@@ -49,6 +49,9 @@ class Report:
     failures: list[str] = field(default_factory=list)
     notes: list[str] = field(default_factory=list)
     skipped: list[str] = field(default_factory=list)
+    mode: str = "full"                            # full | gate (runner.py)
+    probe_width: int = 1                          # probes sent at once
+    phases: dict[str, float] = field(default_factory=dict)    # seconds: probes, decode, prefill
 
     @property
     def passed(self) -> bool:
@@ -92,6 +95,8 @@ class Report:
         return {
             "passed": self.passed, "summary": self.summary, "url": self.url, "engine": self.engine,
             "probe_set": self.probe_set, "started": round(self.started, 3), "elapsed_s": round(self.elapsed_s, 3),
+            "mode": self.mode, "probe_width": self.probe_width,
+            "phases_s": {k: round(v, 3) for k, v in self.phases.items()},
             "decode_tok_s": None if self.decode_tok_s is None else round(self.decode_tok_s, 3),
             "prefill_cold_tok_s": _r(self.prefill.cold_tok_s if self.prefill else None),
             "prefill_warm_s": _r(self.prefill.warm_wall_s if self.prefill else None, 4),
@@ -105,8 +110,10 @@ class Report:
         }
 
     def table(self) -> str:
-        lines = [f"selftest of {self.url} ({self.engine}), probe set {self.probe_set}: "
-                 f"{'PASSED' if self.passed else 'FAILED'} in {self.elapsed_s:.1f} s"]
+        how = f", as the gate ({self.probe_width} probes at once)" if self.mode == "gate" else ""
+        spent = ", ".join(f"{k} {v:.1f} s" for k, v in self.phases.items())
+        lines = [f"selftest of {self.url} ({self.engine}), probe set {self.probe_set}{how}: "
+                 f"{'PASSED' if self.passed else 'FAILED'} in {self.elapsed_s:.1f} s" + (f" ({spent})" if spent else "")]
         if self.probes:
             rows = [("probe", "severity", "result", "reply / reason")]
             for p in self.probes:
@@ -124,6 +131,7 @@ class Report:
             detail = (f"{d.tokens} tokens in {n} repl{'y' if n == 1 else 'ies'}" + (f", {void} void" if void else "")
                       + (f", client vs engine {d.error_pct:+.2f}%" if d.error_pct is not None else "")
                       + (f", /metrics {d.metrics_tok_s:.2f} tok/s" if d.metrics_tok_s else "")
+                      + (f"; {d.settled}" if d.settled else "")
                       + (f"; {d.error}" if d.error else ""))
             m.append(("decode", _rate(d.client_tok_s if d.valid else None), _rate(d.engine_tok_s), detail))
         if self.prefill is not None and self.prefill.cold is not None:
@@ -133,6 +141,8 @@ class Report:
             m.append(("prefill cold", _rate(p.cold_tok_s), _rate(p.cold_engine_tok_s),
                       f"{c.total_tokens} tokens, {len(c.chunks)} chunk(s) <= {c.max_request_s:.2f} s "
                       f"(wall limit {c.wall_limit_s:g} s); {proof}" + (f"; {p.error}" if p.error else "")))
+            if p.warm_skipped:
+                m.append(("prefill warm", "—", "", f"not sent: {p.warm_skipped}"))
             if p.warm_wall_s is not None:
                 m.append(("prefill warm", _rate(p.warm_tok_s), "",
                           f"{p.warm_new_tokens} tokens reprocessed in {p.warm_wall_s:.3f} s, "

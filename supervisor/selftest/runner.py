@@ -3,12 +3,34 @@
 It only reports: the lifecycle loop (or the CLI) turns a failed report into `selftest_failed`.
 Order matters for time: the probes are quick and decide whether measuring means anything at
 all (throughput of a model that fails its probes is not worth a minute of a pod's time).
+
+Two ways to run it ([selftest] mode; supervisor/selftest/stage.py picks):
+
+- full: the probes one after another, decode on decode_tokens, prefill on prefill_tokens, warm
+  prefill after cold. What a pod's boot runs, and `python -m supervisor selftest`.
+- gate: what a Serverless worker's cold start runs, where a waiting user pays for every second.
+  It asks the same questions and fails on the same answers; it spends less on the way:
+  * the probes at once, as many as the engine serves side by side (`probe_width`: llama.cpp's
+    slots from the GET /props the sampler check reads anyway, every probe on vLLM, which batches
+    them; one at a time on an unknown server). Every probe still runs greedy at temperature 0 and
+    is judged alone; a damaged model still fails them (tests/integration/test_selftest_gate.py);
+  * measurements sized to what a floor needs. With min_decode_tok_s, decode runs alone on
+    decode_tokens, or stops once the floor's verdict is settled (measure.SETTLE_TOKENS at
+    SETTLE_MARGIN from it, either way). Without a floor nothing is judged on the rate: one
+    streamed prose reply of GATE_DECODE_TOKENS still proves streaming and reports a rate. With
+    min_prefill_tok_s, prefill runs on prefill_tokens (the floor is defined on that length: prefill
+    slows as the prompt grows); without, on GATE_PREFILL_TOKENS: two chunks, the second served
+    from the first's cached prefix (chunked.py's proof), so a long prompt is still built and
+    still fails the gate when it fails;
+  * nothing measured twice: no warm request when the chunks already proved the prefix cache; no
+    /metrics scrape around a decode reply that carries the engine's own `timings` (llama.cpp).
 """
 
 from __future__ import annotations
 
 import math
 import time
+from concurrent.futures import ThreadPoolExecutor
 from typing import Any, Callable
 
 from ..config import SamplerSpec, SelftestSpec
@@ -21,6 +43,8 @@ from .report import ProbeResult, Report
 # [sampler] field -> the name llama-server's GET /props uses under default_generation_settings.params
 SAMPLER_PROPS = {"temperature": "temperature", "min_p": "min_p", "top_p": "top_p", "top_k": "top_k",
                  "repeat_penalty": "repeat_penalty"}
+GATE_DECODE_TOKENS = 32      # the gate without a decode floor: one streamed reply (the module doc says why)
+GATE_PREFILL_TOKENS = 256    # the gate without a prefill floor: two chunks of chunked.FIRST_CHUNK_TOKENS
 
 
 # llama-server's sampler flags, every spelling (engines/llamacpp.SAMPLER_FLAGS) -> [sampler] field
@@ -57,8 +81,9 @@ class Deadline:
 
 def run_selftest(client: Client, spec: SelftestSpec, *, family: str = "generic",
                  expected_sampler: SamplerSpec | None = None,
-                 log: Callable[[str], None] | None = None) -> Report:
-    """The whole selftest. Raises RequestCancelled when the client is cancelled (a stop request)."""
+                 log: Callable[[str], None] | None = None, gate: bool = False) -> Report:
+    """The whole selftest, full or as the gate (the module doc). Raises RequestCancelled when the
+    client is cancelled (a stop request)."""
     say = log or (lambda _msg: None)
     t0 = time.monotonic()
     deadline = Deadline(spec.timeout_s)
@@ -66,42 +91,101 @@ def run_selftest(client: Client, spec: SelftestSpec, *, family: str = "generic",
     engine = client.detect()
     report = Report(url=client.url, engine=engine, probe_set=set_name,
                     floors={"min_probe_pass": spec.min_probe_pass, "min_decode_tok_s": spec.min_decode_tok_s,
-                            "min_prefill_tok_s": spec.min_prefill_tok_s, "request_wall_s": spec.request_wall_s})
+                            "min_prefill_tok_s": spec.min_prefill_tok_s, "request_wall_s": spec.request_wall_s},
+                    mode="gate" if gate else "full")
     if note:
         report.notes.append(note)
     try:
         _check_sampler(client, expected_sampler, report)
         greedy = client.greedy()
-        for probe in probes:
-            if deadline.expired():
-                report.failures.append(f"timed out after {spec.timeout_s:g} s (timeout_s) during the probes")
-                break
-            res = run_probe(client, probe, greedy, min(spec.request_wall_s, max(0.1, deadline.left())))
-            report.probes.append(res)
-            say(f"probe {probe.name}: {'pass' if res.passed else 'FAIL'} ({res.outcome.reason})")
+        report.probe_width = probe_width(client, len(probes)) if gate else 1
+        if report.probe_width > 1:
+            say(f"probes: {len(probes)}, {report.probe_width} at once")
+        t = time.monotonic()
+        report.probes = run_probes(client, probes, greedy, spec, deadline, report, say)
+        report.phases["probes"] = time.monotonic() - t
         _judge_probes(report, spec)
 
+        decode_tokens, prefill_tokens = gate_sizes(spec, report) if gate else (spec.decode_tokens, spec.prefill_tokens)
         if report.failures:
-            if spec.decode_tokens or spec.prefill_tokens:
+            if decode_tokens or prefill_tokens:
                 report.skipped.append("decode and prefill measurements: the probes failed, so throughput "
                                       "would be measured on output not worth having")
         else:
-            if spec.decode_tokens:
-                say(f"decode: timing at least {spec.decode_tokens} tokens of prose")
-                report.decode = measure_decode(client, spec.decode_tokens, wall_s=spec.request_wall_s,
+            if decode_tokens:
+                say(f"decode: timing at least {decode_tokens} tokens of prose")
+                t = time.monotonic()
+                report.decode = measure_decode(client, decode_tokens, wall_s=spec.request_wall_s,
                                                params=greedy, rate_hint=_probe_rate(report),
-                                               remaining_s=deadline.left)
+                                               remaining_s=deadline.left,
+                                               settle_floor=spec.min_decode_tok_s if gate else 0.0,
+                                               metrics=not (gate and engine == "llamacpp"))
+                report.phases["decode"] = time.monotonic() - t
                 _judge_decode(report, spec)
-            if spec.prefill_tokens and not deadline.expired():
-                say(f"prefill: a {spec.prefill_tokens}-token prompt, chunks under {spec.request_wall_s:g} s")
-                report.prefill = measure_prefill(client, spec.prefill_tokens, wall_s=spec.request_wall_s,
-                                                 params=greedy, remaining_s=deadline.left)
+            if prefill_tokens and not deadline.expired():
+                say(f"prefill: a {prefill_tokens}-token prompt, chunks under {spec.request_wall_s:g} s")
+                t = time.monotonic()
+                report.prefill = measure_prefill(client, prefill_tokens, wall_s=spec.request_wall_s,
+                                                 params=greedy, remaining_s=deadline.left, warm_unless_proven=gate)
+                report.phases["prefill"] = time.monotonic() - t
                 _judge_prefill(report, spec)
             if deadline.expired() and not any("timed out" in f for f in report.failures):
                 report.failures.append(f"timed out after {spec.timeout_s:g} s (timeout_s)")
     finally:
         report.elapsed_s = time.monotonic() - t0
     return report
+
+
+def probe_width(client: Client, n: int) -> int:
+    """How many probes the gate sends at once: llama.cpp's slots (GET /props `total_slots`; a request
+    beyond them waits for a slot), all of them on vLLM (its scheduler batches far more sequences than a
+    probe set has), one at a time on a server it does not know."""
+    if client.engine == "llamacpp":
+        slots = (client.props or {}).get("total_slots")
+        ok = isinstance(slots, int) and not isinstance(slots, bool) and slots > 0
+        return max(1, min(n, slots)) if ok else 1
+    return max(1, n) if client.engine == "vllm" else 1
+
+
+def gate_sizes(spec: SelftestSpec, report: Report) -> tuple[int, int]:
+    """(decode tokens, prefill tokens) the gate measures: as configured where a floor judges them,
+    else the least that still proves what can fail (the module doc); each cut said in the report."""
+    decode, prefill = spec.decode_tokens, spec.prefill_tokens
+    if spec.min_decode_tok_s <= 0 and decode > GATE_DECODE_TOKENS:
+        decode = GATE_DECODE_TOKENS
+        report.notes.append(f"gate: decode on {decode} tokens, not decode_tokens = {spec.decode_tokens}: no "
+                            "min_decode_tok_s judges the rate (mode = \"full\" measures it all)")
+    if spec.min_prefill_tok_s <= 0 and prefill > GATE_PREFILL_TOKENS:
+        prefill = GATE_PREFILL_TOKENS
+        report.notes.append(f"gate: prefill on {prefill} tokens, not prefill_tokens = {spec.prefill_tokens}: no "
+                            "min_prefill_tok_s judges the rate (mode = \"full\" measures it all)")
+    return decode, prefill
+
+
+def run_probes(client: Client, probes: tuple[Probe, ...], greedy: dict[str, Any], spec: SelftestSpec,
+               deadline: Deadline, report: Report, say: Callable[[str], None]) -> list[ProbeResult]:
+    """Every probe, `report.probe_width` at a time, each judged on its own reply; the results in the
+    probe set's order. A probe that would start past the deadline does not, and the report says so."""
+    def one(probe: Probe) -> ProbeResult | None:
+        if deadline.expired():
+            return None
+        res = run_probe(client, probe, greedy, min(spec.request_wall_s, max(0.1, deadline.left())))
+        say(f"probe {probe.name}: {'pass' if res.passed else 'FAIL'} ({res.outcome.reason})")
+        return res
+
+    if report.probe_width <= 1:
+        results = []
+        for probe in probes:
+            res = one(probe)
+            if res is None:
+                break
+            results.append(res)
+    else:
+        with ThreadPoolExecutor(report.probe_width, thread_name_prefix="kiln-probe") as pool:
+            results = [r for r in pool.map(one, probes) if r is not None]    # re-raises a cancel
+    if len(results) < len(probes):
+        report.failures.append(f"timed out after {spec.timeout_s:g} s (timeout_s) during the probes")
+    return results
 
 
 def run_probe(client: Client, probe: Probe, greedy: dict[str, Any], timeout_s: float) -> ProbeResult:

@@ -1,5 +1,6 @@
 """SELFTEST as a stage of the lifecycle: the selftest against the healthy engine, in a task beside
-the loop, answered as a failure (selftest_failed) or None. The loop keeps watching the engine
+the loop, answered as a failure (selftest_failed) or None. A Serverless worker runs it as the gate
+([selftest] mode "auto": runner.py's module doc says what that changes), a pod in full. The loop keeps watching the engine
 meanwhile: if it dies, the loop cancels this task (which aborts the in-flight request at once)
 and treats the death as a crash like any other. A selftest that runs past its own timeout_s is
 cut off a little later by a hard deadline here, so no request can hang the stage.
@@ -49,7 +50,7 @@ def run_stage(rt: Runtime, cfg: DeployConfig, rung: Rung, proc: ManagedProcess, 
     error: str | None = None
     try:
         report = run_selftest(client, spec, family=cfg.model.family, expected_sampler=expected,
-                              log=lambda m: log.info("selftest: %s", rt.secrets.redact(m)))
+                              log=lambda m: log.info("selftest: %s", rt.secrets.redact(m)), gate=gate_mode(cfg))
     except RequestCancelled:
         if not timed_out.is_set():
             return None                           # cancelled by the loop: nobody waits for this answer
@@ -72,6 +73,12 @@ def run_stage(rt: Runtime, cfg: DeployConfig, rung: Rung, proc: ManagedProcess, 
         rt.rec.update(selftest={"passed": False, "decode_tok_s": None, "summary": reason, "rung": rung.name})
     return Failure(FailureClass.SELFTEST_FAILED, rt.secrets.redact(reason), elapsed_s=elapsed,
                    tail=tuple(proc.tail()), rung=rung.name)
+
+
+def gate_mode(cfg: DeployConfig) -> bool:
+    """[selftest] mode: the gate (runner.py) on a Serverless worker's cold path, or when asked."""
+    mode = cfg.selftest.mode
+    return mode == "gate" or (mode == "auto" and cfg.serverless.active)
 
 
 def crashed_record(rt: Runtime, rung: Rung, returncode: int | None) -> None:

@@ -5,13 +5,16 @@
                          server's, where the health path answers 204 / 200 / 503 from the state
                          (health_code); PORT_HEALTH == PORT refused (config.py applies it)
     FAILED for good
-        ─▶ the loop      one log line (class and cause, masked), 503, exit after
+        ─▶ worker.py     one log line (class and cause, masked); 503 from the state; exit after
                          [serverless] exit_grace_s so the worker stops billing (the machine's
                          release deadline: lifecycle/machine.py)
         ─▶ failures.py   the failure recorded on the shared volume, keyed by image, config and
                          GPU kind; a later worker with the same key fails at once, fetching nothing
-    volume.py            the worker id
+                         (worker.py recalls it at PREFLIGHT)
+    volume.py            many workers, one volume: state_dir on it, shared, and each worker's own
+                         directory (workers/<id>/); the worker id
 
 Pods (neither PORT_HEALTH nor RUNPOD_ENDPOINT_ID set) never enter any of this: FAILED stays up.
-Kept free of imports: supervisor.config imports contract.py while it parses.
+Kept free of imports: supervisor.config imports contract.py and volume.py while it parses; the
+loop imports worker.py only on a Serverless worker.
 """

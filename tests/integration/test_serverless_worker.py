@@ -11,6 +11,8 @@ from __future__ import annotations
 import json
 import os
 import signal
+import subprocess
+import sys
 import threading
 import time
 import urllib.request
@@ -20,7 +22,7 @@ import pytest
 
 from kiln_dev.hub import HubServer, client_env
 from kiln_dev.models import smollm2_gguf
-from kiln_dev.supervised import SELFTEST_OFF, Supervised, config, free_port, http, wait_for
+from kiln_dev.supervised import REPO_ROOT, SELFTEST_OFF, Supervised, config, free_port, http, wait_for
 from kiln_dev.throttle import Throttle
 
 pytestmark = pytest.mark.llama
@@ -139,6 +141,7 @@ def test_a_worker_that_can_never_serve_is_unhealthy_exits_after_its_grace_and_th
     assert len(records) == 1
     record = json.loads(records[0].read_text())
     assert record["class"] == "selftest_failed" and record["worker"] == "w1"
+    assert hub.env["HF_TOKEN"] not in records[0].read_text() + first.log()
     assert record["key_of"]["config_hash"] == st["config"]["hash"]
 
     hub.reset_counts()
@@ -210,3 +213,52 @@ def test_two_workers_cold_starting_on_one_volume_download_the_model_once_and_kee
 
 def served(hub: HubServer) -> int:
     return sum(hub.bytes_served[r] for r in BODY_ROUTES)
+
+
+def test_port_health_on_the_engines_port_is_refused_at_boot_naming_both_and_the_fix(tmp_path, prefix):
+    text = config(binary=str(prefix / "bin/llama-server"), model=str(tmp_path / "m.gguf"), port=free_port(),
+                  status_port=free_port(), state_dir=tmp_path / "state",
+                  rungs='[[ladder.rungs]]\nname = "cpu"\nplacement = "cpu"\n')
+    (tmp_path / "deploy.toml").write_text(text)
+    env = {k: v for k, v in os.environ.items() if not k.startswith("KILN_")}
+    r = subprocess.run([sys.executable, "-m", "supervisor", "run", "--config", str(tmp_path / "deploy.toml")],
+                       env={**env, "PYTHONPATH": str(REPO_ROOT), "PORT": "8000", "PORT_HEALTH": "8000"},
+                       capture_output=True, text=True, timeout=60, cwd=REPO_ROOT)
+    assert r.returncode == 2, r.stderr
+    assert "PORT_HEALTH (env): PORT_HEALTH = 8000, which is the engine's port (PORT = 8000)" in r.stderr
+    assert "PORT_HEALTH=8081" in r.stderr and "Traceback" not in r.stderr
+
+
+def test_a_worker_killed_mid_download_lets_the_waiting_one_go_on_from_where_it_stopped(tmp_path, prefix, hub):
+    from kiln_dev.models import make_tiny_gguf
+
+    model = make_tiny_gguf(tmp_path / "wider.gguf", n_layers=4, width=128, n_ff=512)   # ~2 MB: a slow minute's worth
+    body = model.read_bytes()
+    hub.seed(MODEL_REPO, {"tiny.gguf": body}, storage="lfs")
+    volume = tmp_path / "runpod-volume"
+    volume.mkdir()
+    with Throttle(int(hub.url.rsplit(":", 1)[1]), bytes_per_s=100_000) as slow:
+        env = {**hub.env, "HF_ENDPOINT": slow.url, "KILN_MODEL_FETCH_CONNECTIONS": "1",
+               "KILN_SERVERLESS_VOLUME": str(volume)}
+        a = worker(tmp_path, prefix, f"hf://{MODEL_REPO}", state=tmp_path / "image-default", selftest=SELFTEST_OFF,
+                   name="wa", env=env)
+        b = None
+        try:
+            wait_for(lambda: fetch_event(a).get("done", 0) >= 1 << 20, 90, "wa to have a megabyte on the volume")
+            b = worker(tmp_path, prefix, f"hf://{MODEL_REPO}", state=tmp_path / "image-default", selftest=SELFTEST_OFF,
+                       name="wb", env=env)
+            wait_for(lambda: fetch_event(b).get("event") == "waiting", 60, "wb to wait for wa")
+            a.proc.kill()                               # the holder dies: the kernel lets its lock go
+            a.proc.wait(10)
+            st = b.wait_state("SERVING", timeout=120)
+            assert st["model"]["path"].startswith(str(volume / "kiln/hf/"))
+            log = b.log()
+            assert "event=turn" in log
+            need = int(log.split("event=plan ")[1].split(" need=")[1].split()[0])
+            assert 0 < need < len(body)                 # it went on from wa's finished segments
+            assert served(hub) < 2 * len(body)
+            assert b.stop() == 0
+        finally:
+            a.__exit__(None, None, None)
+            if b is not None:
+                b.__exit__(None, None, None)

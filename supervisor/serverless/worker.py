@@ -1,0 +1,88 @@
+"""What the lifecycle loop does for a Serverless worker, given what it needs and never the loop.
+
+    boot        show()     who it is, where its own state and the shared state are (/status, log),
+                           and a warning when there is no volume to share
+    PREFLIGHT   recall()   a fresh failure another worker recorded for this image, config and GPU
+                           kind: the loop answers Prepare with it, so nothing is fetched or loaded
+    FAILED      failed()   one log line with the class and the masked cause, then the failure
+                           recorded on the volume when another worker would meet it again
+
+The release itself (exit after `[serverless] exit_grace_s`) is the machine's deadline
+(lifecycle/machine.py); the health path's 503 comes from the state (contract.health_code).
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from pathlib import Path
+from typing import Callable, Mapping
+
+from ..config import DeployConfig, ServerlessSpec
+from ..failure import Failure
+from ..host.hardware import Hardware
+from ..ladder.memory import image_identity
+from ..lifecycle.state import Record
+from ..redact import Secrets
+from . import failures
+from .volume import worker_id
+
+log = logging.getLogger("kiln")
+
+
+class ServerlessWorker:
+    def __init__(self, spec: ServerlessSpec, *, shared: Path, own: Path, status_port: int, env: Mapping[str, str],
+                 rec: Record, secrets: Secrets, warn: Callable[[str], None],
+                 hardware: Callable[[], Hardware | None]):
+        self.spec, self.shared, self.own, self.status_port = spec, shared, own, status_port
+        self.id = worker_id(env)
+        self.rec, self.secrets, self.warn, self.hardware = rec, secrets, warn, hardware
+        self.recalled = False                   # this boot failed from another worker's record
+
+    def show(self) -> None:
+        on_volume = Path(self.spec.volume) in self.shared.parents
+        self.rec.update(serverless={"worker": self.id, "health_path": self.spec.health_path,
+                                    "shared": str(self.shared), "own": str(self.own), "volume": self.spec.volume,
+                                    "on_volume": on_volume})
+        log.info("serverless worker %s: health %s on port %d, state %s (shared: %s)", self.id,
+                 self.spec.health_path, self.status_port, self.own, self.shared)
+        if not on_volume:
+            self.warn(f"no network volume at {self.spec.volume}: this worker keeps the model in {self.shared}, "
+                      "and every worker downloads it again (attach a network volume to the endpoint)")
+
+    def key(self, cfg: DeployConfig) -> tuple[str, dict[str, object]]:
+        hw = self.hardware()
+        gpus = sorted(g.name for g in hw.gpus) if hw is not None else []
+        about: dict[str, object] = {"image": image_identity(), "config": failures.config_identity(cfg),
+                                    "config_hash": cfg.hash, "gpus": gpus}
+        return failures.failure_key(str(about["image"]), str(about["config"]), gpus), about
+
+    def recall(self, cfg: DeployConfig) -> Failure | None:
+        """A deterministic failure another worker recorded for this image, config and GPU kind, still fresh."""
+        key, _ = self.key(cfg)
+        rec = failures.recall(Path(cfg.state_dir), key, ttl_s=self.spec.failure_ttl_s, now=time.time())
+        if rec is None:
+            return None
+        self.recalled = True
+        return failures.as_failure(rec, ttl_s=self.spec.failure_ttl_s, now=time.time())
+
+    def failed(self, why: str, failure: Failure | None, cfg: DeployConfig) -> None:
+        """FAILED: say why once (`why` is masked already), and record the failure for the next worker
+        when another would meet it again. The machine releases the worker after the grace."""
+        why = " ".join(why.split())
+        log.error("serverless worker: it can never serve (%s); %s on port %d answers 503 and the worker exits "
+                  "in %g s ([serverless] exit_grace_s) so RunPod releases it", why, self.spec.health_path,
+                  self.status_port, self.spec.exit_grace_s)
+        self.rec.merge("serverless", worker=self.id, exit_in_s=self.spec.exit_grace_s, cause=why)
+        if self.recalled or failure is None or not failures.recordable(failure):
+            return
+        key, about = self.key(cfg)
+        try:
+            path = failures.record(Path(cfg.state_dir), key, failure, reason=self.secrets.redact(failure.reason),
+                                   worker=self.id, now=time.time(), about=about)
+        except OSError as e:
+            self.warn(f"the failure could not be recorded on the volume ({e.strerror or e}): the next worker "
+                      "will try again")
+            return
+        log.info("failure recorded at %s: workers of this image and config on these GPUs fail at once for "
+                 "%g s ([serverless] failure_ttl_s)", path, self.spec.failure_ttl_s)
