@@ -182,3 +182,10 @@ def test_supervisor_package_inits_import_nothing(init):
 def test_at_most_a_dozen_modules_loose_at_the_top_of_the_supervisor():
     loose = sorted(p.name for p in (ROOT / "supervisor").glob("*.py") if p.name not in ("__init__.py", "__main__.py"))
     assert len(loose) <= LOOSE_MAX, loose
+
+
+def test_no_two_test_files_share_a_basename():
+    # pytest (rootdir imports, no __init__.py in tests/) collects one module per basename: a second
+    # tests/*/test_x.py stops the whole run at collection.
+    names = [p.name for p in (ROOT / "tests").rglob("test_*.py")]
+    assert sorted({n for n in names if names.count(n) > 1}) == []
