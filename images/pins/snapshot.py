@@ -23,13 +23,14 @@ A given file (`upgrade --snapshot VERSION=FILE`, e.g. a committed help fixture) 
 
 from __future__ import annotations
 
+import contextlib
 import os
 import re
 import shlex
 import subprocess
 import sys
 from pathlib import Path
-from typing import Callable, Mapping
+from typing import Callable, Iterator, Mapping
 
 from supervisor.errors import KilnError
 
@@ -205,9 +206,24 @@ def _vllm_help(venv: Path, package: str, version: str, closure_text: str, python
 
 
 # -- llama.cpp ----------------------------------------------------------------------------------------
+@contextlib.contextmanager
+def _stdout_to_stderr() -> Iterator[None]:
+    """File descriptor 1 pointed at 2 for a while: a child process's output goes there too."""
+    sys.stdout.flush()
+    saved = os.dup(1)
+    try:
+        os.dup2(2, 1)
+        yield
+    finally:
+        sys.stdout.flush()
+        os.dup2(saved, 1)
+        os.close(saved)
+
+
 def _llama_help(target: Target, pins: Mapping[str, Pin], log: Log) -> str:
     log(f"upgrade: compiling llama-server from {target.source.filename} (cached by its sha256; minutes)")
-    prefix, _ = obtain.host_compile(target, dict(pins))
+    with _stdout_to_stderr():       # the compile's output is progress, not the report on stdout
+        prefix, _ = obtain.host_compile(target, dict(pins))
     help_file = prefix / "share" / "kiln" / "llama-server.help.txt"
     try:
         return help_file.read_text(encoding="utf-8", errors="replace")

@@ -29,12 +29,19 @@ from .flags import FlagSnapshot, load_llama_snapshot
 
 load_snapshot = load_llama_snapshot
 
-# Renames the seed paid for; the snapshot's own "removed" text is preferred when present.
+# Renames the seed paid for; the snapshot's own "removed" text is preferred when present. The load
+# flags became one --load-mode (ggml-org/llama.cpp#20834): the pinned 11434.0.0 prints no "removed"
+# line for them, so the mode each maps to is read off its --help (auto = mmap unless a device cannot;
+# none; mmap; mlock; mmap+mlock; dio = DirectIO).
 KNOWN_RENAMES = {
     "--draft-max": "--spec-draft-n-max",
     "--draft": "--spec-draft-n-max",
     "--draft-n": "--spec-draft-n-max",
     "--draft-min": "--spec-draft-n-min",
+    "--mmap": "--load-mode mmap",
+    "--no-mmap": "--load-mode none",
+    "--mlock": "--load-mode mmap+mlock (mmap was on by default)",
+    "-dio": "--load-mode dio",
 }
 
 # Flags that abort autofit (pins a placement parameter), by every spelling.

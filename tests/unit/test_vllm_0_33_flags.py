@@ -216,3 +216,13 @@ def test_a_flag_0_33_0_deprecates_is_a_note_not_a_refusal(tmp_path, old, new):
     assert refused == [("r", "ladder.rungs[0].args[2]", "--calculate-kv-scales")]
     assert [n for n in p.notes if "deprecated" in n] == [
         f"{path}: rung r (ladder.rungs[0].args[0]) --mamba-cache-mode: deprecated in 0.33.0, still accepted"]
+
+
+@pytest.mark.parametrize("flag, fix", [("--no-mmap", "--load-mode none"), ("--mlock", "--load-mode mmap+mlock"),
+                                       ("-dio", "--load-mode dio")])
+def test_llama_cpps_load_flags_that_became_load_mode_are_named_with_their_mode(flag, fix):
+    snap = parse_llama_help((LOGS / "llama-server-help-cpu-11434.txt").read_text(), "11434")
+    c = parse_config(f'engine = "llamacpp"\n[model]\nsource = "/m.gguf"\n[ladder]\n[[ladder.rungs]]\nname = "r"\n'
+                     f'placement = "cpu"\nargs = ["{flag}"]\n', env={})
+    issues = [str(i) for i in llamacpp.lint_rung(c, 0, c.ladder.rungs[0], snap)]
+    assert len(issues) == 1 and f"{flag} was removed; use {fix}" in issues[0]
