@@ -19,6 +19,7 @@ from pathlib import Path
 import pytest
 import requests
 
+from kiln_dev.damage import damage_gguf
 from kiln_dev.hub import HubServer
 from kiln_dev.models import make_tiny_gguf, smollm2_gguf
 from kiln_dev.runpod import ServerlessStandIn, WorkerRunner
@@ -83,27 +84,13 @@ def smol() -> Path:
     return smollm2_gguf()
 
 
-def damaged_copy(src: Path, dst: Path) -> Path:
-    """SmolLM2 with its weights corrupted: every layer's attention output and FFN down projection
-    zeroed in place (the gguf package, the file's own tensor layout). It loads like the original
-    and answers nothing useful, which only the selftest can tell."""
-    import shutil
-
-    from gguf import GGUFReader
-
-    shutil.copyfile(src, dst)
-    reader = GGUFReader(dst, "r+")
-    hit = [t for t in reader.tensors if t.name.endswith(("attn_output.weight", "ffn_down.weight"))]
-    for t in hit:
-        t.data[...] = 0
-    reader.data.flush()
-    assert hit, "no tensor to damage"
-    return dst
-
-
 @pytest.fixture(scope="module")
 def damaged(tmp_path_factory, smol) -> Path:
-    return damaged_copy(smol, tmp_path_factory.mktemp("models") / "smollm2-damaged.gguf")
+    """SmolLM2 with every layer's attention output and FFN down projection zeroed: it loads like the
+    original and answers nothing useful, which only the selftest can tell."""
+    dst = tmp_path_factory.mktemp("models") / "smollm2-damaged.gguf"
+    damage_gguf(smol, dst, tensors=r"(attn_output|ffn_down)\.weight$", how="zeros")
+    return dst
 
 
 @pytest.fixture
