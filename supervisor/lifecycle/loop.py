@@ -325,7 +325,6 @@ class Supervisor:
         self.tasks.start(fx.token, "reclaim", work, on_error=lambda e: E.BarrierDone(fx.token))
 
     def _do_Launch(self, fx: E.Launch) -> None:
-        assert fx.live.model_path is not None
         watch = self.rec.boot.engine(getattr(self.rt.engine, "PHASES", ()), fx.live.cfg.ladder.rungs[fx.index].name)
 
         def on_line(line: str) -> None:
