@@ -185,11 +185,15 @@ def _main(argv: list[str] | None) -> int:
         try:
             cfg = load_config(config)
         except ConfigError as e:
-            if exit_on_failure:         # CI: say it and go
+            from .serverless import contract as serverless
+
+            if exit_on_failure or serverless.active(os.environ):   # CI: say it and go
+                # A Serverless worker says it and goes too: RunPod releases it (no bill), routes nothing
+                # to it, and scales down an endpoint that keeps producing such workers (contract.py).
                 print(e, file=sys.stderr)
                 return EXIT_INVALID
-            # PID 1 stays up in FAILED to say why: an exit would restart the container into the same
-            # failure, in a loop that bills (lifecycle/boot_failure.py).
+            # A pod's PID 1 stays up in FAILED to say why: an exit would restart the container into the
+            # same failure, in a loop that bills (lifecycle/boot_failure.py).
             from .lifecycle import boot_failure
             return boot_failure.serve(e, config, os.environ)
         return run(cfg, Options(exit_on_failure=exit_on_failure, process_start=process_start()))
