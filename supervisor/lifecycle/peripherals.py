@@ -63,7 +63,7 @@ class Peripherals:
 
             health = cfg.serverless.health_path if cfg.serverless.active else None   # RunPod's health check
             self.status = StatusServer(cfg.status.host, cfg.status.port, self.snapshot, secrets=w.secrets,
-                                       health_path=health, probe=w.probe)
+                                       health_path=health, probe=self.probe if w.probe else None)
             self.status.start()
         if cfg.server.tcp_port:
             self._start_tcp_relay(cfg.server.tcp_port)
@@ -146,7 +146,15 @@ class Peripherals:
             snap["tcp_relay"] = self.tcp.status()
         if self.feeder is not None:       # a router serves only while a replica is routed
             snap["router"] = self.feeder.status()
-            if snap.get("ready") is True and not self.feeder.routable():
-                snap["ready"] = False
-                snap["not_ready"] = "no replica is routed (none says ready, or the router does not answer)"
+        return self._router_gate(snap)
+
+    def probe(self) -> dict[str, Any]:
+        """/ready's few fields (the record's probe), with the router's own condition on top."""
+        assert self.wiring.probe is not None
+        return self._router_gate(self.wiring.probe())
+
+    def _router_gate(self, snap: dict[str, Any]) -> dict[str, Any]:
+        if self.feeder is not None and snap.get("ready") is True and not self.feeder.routable():
+            snap["ready"] = False
+            snap["not_ready"] = "no replica is routed (none says ready, or the router does not answer)"
         return snap
