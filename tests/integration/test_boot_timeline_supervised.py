@@ -97,7 +97,9 @@ port = {sport}
         boot = sup.wait_state("SERVING")["boot"]
         assert phases(boot) == SUPERVISOR + [name for name, _ in vllm.PHASES]
         engine_core = next(p for p in boot["phases"] if p["phase"] == "engine_core")
-        assert engine_core["seconds"] >= 0.3                  # the stand-in's "building the engine" pause
+        # the stand-in's 0.3 s "building the engine" pause lands in this phase (its bounds are the times
+        # the supervisor read the lines around it, so a little of it can fall outside)
+        assert engine_core["seconds"] >= 0.2
         assert engine_core["line"].startswith("(EngineCore pid=8801) INFO 12-01 10:25:37 [core.py:116] Initializing")
         adds_up(boot)
         metrics = http(sup.url("/metrics"))[1].decode()
