@@ -1,6 +1,6 @@
 """What the repository holds works in every clone: a committed symlink must point inside the checkout.
 Issue 24, item 11: `.whl` was committed as a link to another machine's absolute path
-(/work/wt/gpu/.whl), dangling in every clone (and scripts/device/*.sh make directories under it)."""
+(an absolute path on another machine), dangling in every clone (and scripts/device/*.sh make directories under it)."""
 
 from __future__ import annotations
 
