@@ -229,7 +229,8 @@ def test_a_connection_whose_thread_cannot_start_is_closed_and_leaks_no_socket(en
         assert child.command("threads-fail") == "ok"
         refused = connect(child.port)
         assert closed(refused)                              # closed at once, not left hanging
-        st = child.relay_status()
+        # the relay closes the socket, then records why: wait for the record, not for the close
+        st = wait_for(lambda: (s := child.relay_status())["accept_errors"] and s, 10, "the accept error recorded")
         assert st["accept_errors"] == 1 and "can't start new thread" in st["last_error"]
         wait_for(lambda: fds(child.pid) == baseline, 10, f"the child back to {baseline} descriptors")
         assert child.command("threads-ok") == "ok"
