@@ -59,7 +59,7 @@ sys.path.insert(0, str(HERE))
 from common import (REPO, SUPERVISOR_PYTHON, add_device_root, env_without_kiln, spawn, status_code,  # noqa: E402
                     stop, stop_on_term, wait_until)
 from gpu import drop_caches, read_once  # noqa: E402
-from gpu_vllm import gpu_apps  # noqa: E402
+from gpu_vllm import get, gpu_apps  # noqa: E402
 
 KEY = "kiln-coldstart-key"
 POLL_S = 0.02
@@ -98,14 +98,6 @@ def log(msg: str) -> None:
     print(f"[coldstart {time.strftime('%H:%M:%S')}] {msg}", flush=True)
 
 
-def get(url: str, timeout: float = 2.0) -> tuple[int, str]:
-    try:
-        with urllib.request.urlopen(url, timeout=timeout) as r:
-            return r.status, r.read().decode(errors="replace")
-    except urllib.error.HTTPError as e:
-        return e.code, e.read().decode(errors="replace")
-    except OSError:
-        return 0, ""
 
 
 # -- what a step is ----------------------------------------------------------------------------------
