@@ -15,8 +15,12 @@ get() {   # get DIR FILE: the one wheel whose file name is FILE
   local dir="$1" file="$2" name version
   [ -s "$dir/$file" ] && return 0
   name="${file%%-*}"; version="$(echo "$file" | cut -d- -f2)"
+  # Ask only for the platforms in FILE's own tag: given several, pip takes the newest build it finds,
+  # which is another file with another sha256 when a release has more than one manylinux build.
+  local tag="${file%.whl}"; tag="${tag##*-}" own=()
+  if [ "$tag" = any ]; then own=("${plat[@]}"); else for t in ${tag//./ }; do own+=(--platform "$t"); done; fi
   local cmd=("$py" -m pip download -q --no-deps --only-binary=:all: --python-version 3.12 --implementation cp
-             "${plat[@]}" -d "$dir" "$name==$version")
+             "${own[@]}" -d "$dir" "$name==$version")
   if [ -n "${DRY:-}" ]; then echo "${cmd[*]}"; return 0; fi
   "${cmd[@]}"
   [ -s "$dir/$file" ] || { echo "fetch-wheels: pip did not give $file (got: $(ls "$dir" | grep -i "^$name-" | tr '\n' ' '))" >&2; return 1; }
