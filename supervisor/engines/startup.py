@@ -75,9 +75,26 @@ LEVERS: dict[str, Lever] = {
 _O_LEVEL = re.compile(r"-O\d?")
 
 
+# [server] fast_start = true (issue 27, vLLM only) is a preset of two levers, not a second path to
+# the argv: a field [startup] sets itself wins over it, so the two can never put one flag twice.
+#   safetensors_load_strategy prefetch  the checkpoint read into the page cache before the workers load
+#                                       it ("useful on network or high-latency storage": the pod's volume)
+#   optimization_level 1                less compilation at start than the default -O2 (-O0 skips CUDA
+#                                       graphs too); decode speed may differ: the selftest measures it
+FAST_START = {"safetensors_load_strategy": "prefetch", "optimization_level": 1}
+
+
 def _set(cfg: "DeployConfig", engine: str) -> list[tuple[str, Lever, Any]]:
-    return [(name, lever, getattr(cfg.startup, name)) for name, lever in LEVERS.items()
-            if lever.engine == engine and getattr(cfg.startup, name) is not None]
+    """(where, lever, value) for each lever in force: [startup]'s own, then fast_start's preset."""
+    out = []
+    for name, lever in LEVERS.items():
+        value = getattr(cfg.startup, name)
+        where = f"startup.{name}"
+        if value is None and cfg.server.fast_start and name in FAST_START:
+            value, where = FAST_START[name], "server.fast_start"
+        if lever.engine == engine and value is not None:
+            out.append((where, lever, value))
+    return out
 
 
 def _given(lever: Lever, user_flags: Iterable[str]) -> bool:
@@ -110,10 +127,11 @@ def lint(cfg: "DeployConfig", engine: str, snapshot: "FlagSnapshot | None") -> l
     out = []
     for name, lever, value in _set(cfg, engine):
         flag = snapshot.get(lever.flag)
+        fix = "set fast_start = false" if name == "server.fast_start" else "remove the lever"
         if flag is None:
-            out.append((f"startup.{name}", f"this {engine} build has no {lever.flag} (flag snapshot "
-                        f"{snapshot.source}): remove the lever, or use an image whose engine has it"))
+            out.append((name, f"this {engine} build has no {lever.flag} (flag snapshot "
+                        f"{snapshot.source}): {fix}, or use an image whose engine has it"))
         elif flag.choices and str(value) not in flag.choices:
-            out.append((f"startup.{name}", f"{value!r} is not one of this {engine} build's {lever.flag} values: "
+            out.append((name, f"{value!r} is not one of this {engine} build's {lever.flag} values: "
                         f"{', '.join(c for c in flag.choices if c != 'None')} (flag snapshot {snapshot.source})"))
     return out

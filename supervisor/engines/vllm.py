@@ -54,19 +54,10 @@ REMOVED = {
     "--no-enable-bf16x3-router-gemm": "removed in vLLM 0.30.0 with --enable-bf16x3-router-gemm (now automatic "
                                       "on Blackwell); remove it",
 }
-# [server] fast_start = true (off by default): what Kiln adds to a rung that sets neither itself. Both
-# change only how vLLM loads and compiles, never what it answers (the selftest checks that anyway):
-#   --safetensors-load-strategy prefetch   the checkpoint is read into the page cache before the workers
-#                                          load it ("useful on network or high-latency storage": the pod's
-#                                          volume); vLLM's default prefetches only on NFS that fits in RAM
-#   -O1                                    less compilation at start than the default -O2 (-O0 would skip
-#                                          CUDA graphs too); decode speed may differ: the selftest measures it
 # Not wired: `vllm preload` + --load-format ipc_cache (0.31+: weights kept in GPU memory by a daemon
 # across engine restarts). The daemon is a second process holding GPU memory between engines, which the
 # reclaim barrier (GPU memory back near baseline before a launch) and the ladder's OOM fall-through
 # would read as a leak; it needs its own place in the lifecycle and a GPU to measure, issue 28.
-FAST_START = (("--safetensors-load-strategy", ("--safetensors-load-strategy", "prefetch")),
-              ("--optimization-level", ("-O1",)))
 SPECULATION = ("--speculative-config", "-sc")
 TENSOR_PARALLEL = ("--tensor-parallel-size", "-tp")
 _OPT_LEVEL = re.compile(r"-O\d?")
@@ -190,11 +181,6 @@ def lint_rung(cfg: DeployConfig, index: int, rung: Rung, snapshot: FlagSnapshot 
         issues.append(LintIssue(where, "speculative decoding on Kimi-Linear corrupts code (the seed: "
                                 "`return a -b):` for `return a - b`) and is 3-4x slower under vLLM "
                                 "(CUDA graphs off on TritonMLABackend): remove --speculative-config"))
-    if cfg.server.fast_start and snapshot is not None:
-        lacking = [flag for flag, _ in FAST_START if snapshot.get(flag) is None]
-        if lacking:
-            issues.append(LintIssue("server.fast_start", f"needs {', '.join(lacking)}, which this vLLM does not "
-                                    f"have (flag snapshot {snapshot.source}): set fast_start = false"))
     tp = next((names[t] for t in TENSOR_PARALLEL if t in names), None)
     if tp and tp.isdigit() and int(tp) > 1 and rung.env.get("NCCL_P2P_DISABLE") != "1":
         issues.append(LintIssue(f"{where}.env", f"tensor parallelism over {tp} GPUs needs NCCL_P2P_DISABLE = \"1\" "
@@ -308,9 +294,7 @@ def build_argv(cfg: DeployConfig, rung: Rung, *, model_path: str, api_key_file: 
     if "--served-model-name" not in user_flags:
         # Clients name the model; a path in the volume would leak into every request they write.
         argv += ["--served-model-name", cfg.model.hf_repo or Path(cfg.model.source).name]
-    if cfg.server.fast_start:
-        argv += [a for flag, args in FAST_START if flag not in user_flags for a in args]
-    argv += startup.args(cfg, "vllm", user_flags)        # [startup] levers the rung does not set itself
+    argv += startup.args(cfg, "vllm", user_flags)   # [startup] and fast_start's levers the rung does not set
     return argv + _with_sampler_defaults(cfg, user)
 
 

@@ -173,11 +173,31 @@ def test_fast_start_is_off_by_default_and_adds_only_what_the_rung_does_not_set(n
     assert "--safetensors-load-strategy" not in argv and not any(a.startswith("-O") for a in argv)
     on = fast(["--max-model-len", "4096"])
     argv = vllm.build_argv(on, on.ladder.rungs[0], model_path="/models/m/config.json")
-    assert argv[argv.index("--safetensors-load-strategy") + 1] == "prefetch" and "-O1" in argv
+    assert argv[argv.index("--safetensors-load-strategy") + 1] == "prefetch"
+    assert argv[argv.index("--optimization-level") + 1] == "1"
     own = fast(["-O3", "--safetensors-load-strategy=eager"])
     argv = vllm.build_argv(own, own.ladder.rungs[0], model_path="/models/m/config.json")
-    assert "-O1" not in argv and "prefetch" not in argv and "-O3" in argv
+    assert "--optimization-level" not in argv and "prefetch" not in argv and "-O3" in argv
     assert vllm.lint_rung(on, 0, on.ladder.rungs[0], new) == []
+
+
+def test_fast_start_is_a_preset_of_startup_levers_and_startup_s_own_value_wins(new):
+    both = fast(["--max-model-len", "4096"], extra="[startup]\noptimization_level = 0\n")
+    argv = vllm.build_argv(both, both.ladder.rungs[0], model_path="/models/m/config.json")
+    # one optimisation flag, [startup]'s; the preset's other lever still applies
+    assert [a for a in argv if a.startswith("-O") or a == "--optimization-level"] == ["--optimization-level"]
+    assert argv[argv.index("--optimization-level") + 1] == "0"
+    assert argv.count("--safetensors-load-strategy") == 1
+
+
+def test_fast_start_on_a_vllm_without_its_flags_is_named_by_the_lint():
+    from supervisor.engines.flags import parse_argparse_help
+
+    on = fast(["--max-model-len", "4096"])
+    bare = parse_argparse_help("usage: vllm serve\n\noptions:\n  --max-model-len MAX_MODEL_LEN\n", source="a test help")
+    issues = vllm.lint_rung(on, 0, on.ladder.rungs[0], bare)
+    named = [i for i in issues if i.where == "server.fast_start"]
+    assert named and all("set fast_start = false" in i.message for i in named), issues
 
 
 def test_fast_start_keeps_the_hash_of_a_config_that_does_not_set_it_and_is_vllm_only():
