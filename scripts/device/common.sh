@@ -5,7 +5,10 @@
 #   .carry/gpu/parts/pNN        this call's parts of the stream
 # Everything lasting goes to /root/k, which survives between calls while the machine stays warm.
 set -Eeuo pipefail
-C="$PWD/.carry/gpu"
+# The carry this script came in: $C/kiln/scripts/device/common.sh (.carry/gpu, or .carry/cN when the
+# calls were staged ahead, stage.sh N with KILN_CARRY, so no call waits on staging while the machine
+# stays warm only 30 s)
+C="$(cd "$(dirname "${BASH_SOURCE[0]}")/../../.." && pwd)"
 K="${KILN_DEVICE_ROOT:-/root/k}"   # overridable for the CPU dry run
 export KILN_DEVICE_ROOT="$K"       # the benches read it (bench/common.add_device_root)
 OUT="${OUT:-/tmp/out}"

@@ -3,11 +3,13 @@
 # /work/main's checkout plus carried paths, not this worktree). Call 1: the code, the manifests,
 # the sdist and p00; call k >= 2: the code, the manifests and part p0(k-1); later calls: the code.
 #   bash scripts/device/stage.sh 1 && run(command="bash .carry/gpu/kiln/scripts/device/call1.sh", carry=[".carry/gpu"])
+# All calls ahead: for n in 1..8, KILN_CARRY=/work/main/.carry/c$n bash scripts/device/stage.sh $n, then
+#   run(command="bash .carry/cN/kiln/scripts/device/...", carry=[".carry/cN"]) (common.sh finds its carry)
 set -Eeuo pipefail
 n="${1:?call number}"
 here="$(cd "$(dirname "$0")" && pwd)"; repo="$(cd "$here/../.." && pwd)"
 dev="$repo/.whl/device"
-dst="${KILN_CARRY:-/work/main/.carry/gpu}"
+dst="${KILN_CARRY:-/work/main/.carry/gpu}"; case "$dst" in /work/main/.carry/*) ;; *) echo "stage: KILN_CARRY must be under /work/main/.carry (what the device is sent)" >&2; exit 2;; esac
 rm -rf "$dst"; mkdir -p "$dst/kiln" "$dst/parts"
 # Kiln's code as committed on this branch (supervisor, kiln_dev, bench, scripts, images)
 git -C "$repo" archive HEAD supervisor kiln_dev bench scripts images pyproject.toml | tar -x -C "$dst/kiln"
