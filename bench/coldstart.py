@@ -83,6 +83,12 @@ LEVERS: dict[str, dict[str, Any]] = {
     "lm-none": {"engine": "llamacpp", "startup": {"load_mode": "none"}},
     "lm-mmap": {"engine": "llamacpp", "startup": {"load_mode": "mmap"}},
     "no-warmup": {"engine": "llamacpp", "args": ["--no-warmup"]},
+    # vLLM's CLI starts its EngineCore with `spawn` unless VLLM_WORKER_MULTIPROC_METHOD is set
+    # (vllm/entrypoints/utils.py cli_env_setup), so the core imports vLLM and torch a second time;
+    # `fork` inherits the API server's imports (vLLM falls back to spawn itself once CUDA is initialised)
+    "fork": {"engine": "vllm", "env": {"VLLM_WORKER_MULTIPROC_METHOD": "fork"}},
+    # the EngineCore inside the API server's process: one import, but one GIL for both
+    "inproc": {"engine": "vllm", "env": {"VLLM_ENABLE_V1_MULTIPROCESSING": "0"}},
     # the selftest off: its cost seen whole (Kiln's default is on)
     "no-selftest": {"engine": None, "selftest": False},
     # llama.cpp: a real model (--selftest-gguf, SmolLM2) with the selftest on, for its share of a boot
@@ -108,14 +114,31 @@ def parse_step(text: str, engine: str) -> tuple[str, str, str | None]:
     if who not in ("bare", "kiln") or volume not in ("cold", "warm"):
         raise SystemExit(f"step {text!r}: WHO-VOLUME[:LEVER], WHO bare|kiln, VOLUME cold|warm (or read-cold)")
     if lever:
-        spec = LEVERS.get(lever)
-        if spec is None:
-            raise SystemExit(f"step {text!r}: unknown lever {lever!r}; known: {', '.join(LEVERS)}")
-        if spec["engine"] not in (None, engine):
-            raise SystemExit(f"step {text!r}: lever {lever} is for {spec['engine']}, not {engine}")
-        if (who == "bare") != bool(spec.get("bare")):
-            raise SystemExit(f"step {text!r}: lever {lever} is for {'bare' if spec.get('bare') else 'kiln'} boots")
+        for part in lever.split("+"):
+            spec = LEVERS.get(part)
+            if spec is None:
+                raise SystemExit(f"step {text!r}: unknown lever {part!r}; known: {', '.join(LEVERS)} "
+                                 f"(several joined with +)")
+            if spec["engine"] not in (None, engine):
+                raise SystemExit(f"step {text!r}: lever {part} is for {spec['engine']}, not {engine}")
+            if (who == "bare") != bool(spec.get("bare")):
+                raise SystemExit(f"step {text!r}: lever {part} is for {'bare' if spec.get('bare') else 'kiln'} boots")
     return who, volume, lever or None
+
+
+def lever_spec(lever: str | None) -> dict[str, Any]:
+    """One lever's spec, or several joined with + merged (args appended, tables merged; later wins)."""
+    out: dict[str, Any] = {}
+    for part in (lever or "").split("+"):
+        spec = LEVERS.get(part, {})
+        for k, v in spec.items():
+            if isinstance(v, dict):
+                out[k] = {**out.get(k, {}), **v}
+            elif isinstance(v, list):
+                out[k] = out.get(k, []) + v
+            else:
+                out[k] = v
+    return out
 
 
 class Engine:
@@ -143,7 +166,7 @@ class Engine:
 
     def config(self, state: Path, port: int, sport: int, lever: str | None, tmp: Path) -> str:
         """The deploy config of a Kiln boot: Kiln's defaults, the model's args, the lever."""
-        a, spec = self.a, LEVERS.get(lever or "", {})
+        a, spec = self.a, lever_spec(lever)
         args = self.model_args() + list(spec.get("args", []))
         env = {**a.rung_env, **{k: v.replace("{tmp}", str(tmp)) for k, v in spec.get("env", {}).items()}}
         selftest = spec.get("selftest", a.selftest)
@@ -295,6 +318,9 @@ def kiln(a: argparse.Namespace, eng: Engine, volume: str, lever: str | None, tag
     rec.update(ready_s=round(ready - t0, 3) if ok else None, state=status.get("state"), boot=boot,
                argv=(status.get("engine") or {}).get("argv"), timings=status.get("timings"),
                selftest={"passed": (status.get("selftest") or {}).get("passed"), "seconds": round(selftest, 3),
+                         # what a lever costs in speed (-O0 decodes eagerly): the selftest's own measure
+                         "decode_tok_s": (status.get("selftest") or {}).get("decode_tok_s"),
+                         "prefill_tok_s": (status.get("selftest") or {}).get("prefill_tok_s"),
                          "share": round(selftest / boot["seconds"], 4) if selftest and boot.get("seconds") else None},
                last_failure=status.get("last_failure"), gpu_apps_serving=gpu_apps())
     t1 = time.monotonic()
@@ -339,6 +365,8 @@ def report(runs: list[dict[str, Any]]) -> list[str]:
         extra = ""
         if r.get("selftest", {}).get("share") is not None:
             extra = f"; selftest {r['selftest']['seconds']:.2f} s = {r['selftest']['share']:.1%} of the boot"
+            if r["selftest"].get("decode_tok_s") is not None:
+                extra += f", decode {r['selftest']['decode_tok_s']} tok/s"
         lines.append(f"  {r.get('engine'):8} {name:24} ready {r.get('ready_s')} s"
                      f"{'' if r.get('page_cache_dropped') or r.get('volume') != 'cold' else ' (page cache NOT dropped)'}"
                      f"{extra}{' ERROR ' + str(r.get('error')) if r.get('error') else ''}\n      phases (s): {shown}")
@@ -358,7 +386,8 @@ def report(runs: list[dict[str, Any]]) -> list[str]:
     rd, kl = latest(runs, "llamacpp", "read", "cold"), latest(runs, "llamacpp", "kiln", "cold")
     if rd:
         lines.append(f"P9 boot_over_read={ratio(kl, rd, ky='read_s')}   (llama.cpp, default load mode; goal <= {GOALS['P9']})")
-        for lever in ("lm-dio", "lm-none", "lm-mmap", "no-warmup"):
+        for lever in sorted({r["lever"] for r in runs if r.get("engine") == "llamacpp" and r.get("who") == "kiln"
+                             and r.get("volume") == "cold" and r.get("lever")}):
             k = latest(runs, "llamacpp", "kiln", "cold", lever)
             if k:
                 lines.append(f"P9 boot_over_read[{lever}]={ratio(k, rd, ky='read_s')}")
