@@ -75,25 +75,30 @@ class ReloadBook:
     def append(self, entry: dict[str, Any]) -> None:
         path = self.root / "history.jsonl"
         path.parent.mkdir(parents=True, exist_ok=True)
-        with open(path, "a", encoding="utf-8") as f:
-            f.write(json.dumps(entry, sort_keys=True) + "\n")
+        with open(path, "a+b") as f:
+            # a line torn by a power cut ends without a newline: end it, or this entry joins it and is lost too
+            torn = f.tell() > 0 and (f.seek(-1, os.SEEK_END), f.read(1))[1] != b"\n"
+            f.write((("\n" if torn else "") + json.dumps(entry, sort_keys=True) + "\n").encode("utf-8"))
             f.flush()
             os.fsync(f.fileno())
         if path.stat().st_size > HISTORY_KEEP * 2 * 1024:      # now and then, not on every append
-            lines = path.read_text(encoding="utf-8").splitlines()[-HISTORY_KEEP:]
+            lines = path.read_text(encoding="utf-8", errors="replace").splitlines()[-HISTORY_KEEP:]
             _atomic_write(path, ("\n".join(lines) + "\n").encode("utf-8"))
 
     def history(self, n: int = SHOWN) -> list[dict[str, Any]]:
         try:
-            lines = (self.root / "history.jsonl").read_text(encoding="utf-8").splitlines()
+            # a damaged byte spoils its line only (it no longer parses), never the whole history
+            lines = (self.root / "history.jsonl").read_text(encoding="utf-8", errors="replace").splitlines()
         except OSError:
             return []
         out = []
         for line in lines[-n:]:
             try:
-                out.append(json.loads(line))
+                entry = json.loads(line)
             except ValueError:
                 continue        # a torn last line after a power cut: skip it, keep the rest
+            if isinstance(entry, dict):
+                out.append(entry)
         return out
 
     # -- seen ------------------------------------------------------------------------------
