@@ -85,8 +85,10 @@ LEVERS: dict[str, dict[str, Any]] = {
     "no-warmup": {"engine": "llamacpp", "args": ["--no-warmup"]},
     # vLLM's CLI starts its EngineCore with `spawn` unless VLLM_WORKER_MULTIPROC_METHOD is set
     # (vllm/entrypoints/utils.py cli_env_setup), so the core imports vLLM and torch a second time;
-    # `fork` inherits the API server's imports (vLLM falls back to spawn itself once CUDA is initialised)
+    # `fork` inherits the API server's imports. Measured as a lever on 2026-12-01 (P15 0.600 -> 0.349),
+    # since then Kiln's default (supervisor/engines/vllm.py FORK_START): `spawn` measures the old one
     "fork": {"engine": "vllm", "env": {"VLLM_WORKER_MULTIPROC_METHOD": "fork"}},
+    "spawn": {"engine": "vllm", "env": {"VLLM_WORKER_MULTIPROC_METHOD": "spawn"}},
     # the EngineCore inside the API server's process: one import, but one GIL for both
     "inproc": {"engine": "vllm", "env": {"VLLM_ENABLE_V1_MULTIPROCESSING": "0"}},
     # the selftest off: its cost seen whole (Kiln's default is on)
@@ -448,7 +450,8 @@ def main() -> int:
     setup(a)
     eng = Engine(a)
     for (who, volume, lever), text in zip(steps, (a.steps or DEFAULT_STEPS[a.engine]).split(",")):
-        tag = f"{a.engine}-{text.replace(':', '-')}-{len(results['runs'])}"
+        # file names in letters, digits, '.', '_' and '-' only (what comes back from the device)
+        tag = f"{a.engine}-{text.replace(':', '-').replace('+', '_')}-{len(results['runs'])}"
         log(f"step {text}")
         if who == "read":
             rec = read_step(a)

@@ -32,6 +32,11 @@ supervisor gives the real binary:
       vllm-shm-hang    `vllm serve` stuck in tensor-parallel start-up: repeats the line the seed saw
                        for ~10 minutes ("No available shared memory broadcast block found in 60
                        seconds", vLLM 0.27.1) every KILN_FAKE_DOT_S seconds
+  KILN_FAKE_FORK_UNSAFE    vllm-ok, set to 1: an API server that initialises CUDA before its EngineCore
+                           starts; under VLLM_WORKER_MULTIPROC_METHOD=fork the core dies as torch makes it
+                           (torch/cuda/__init__.py _lazy_init's RuntimeError, as vLLM users reported it
+                           for speculative decoding on 0.11), exit 1; under spawn it boots. `always`: the
+                           same failure under spawn too (no real vLLM does; a test of the relaunch guard)
   KILN_FAKE_LOAD_S         vllm-ok: time spent "building the engine" before it listens (default 0.05;
                            the real boot took 57-63 s, docs/benchmarks.md)
   KILN_FAKE_DELAY_S        vllm-oom-h200: pause where the real engine spent its time (default 0.01;
@@ -188,6 +193,17 @@ def serve_ok(a: Args) -> int:
     engine = next((i for i, ln in enumerate(before_listen) if "Initializing a V1 LLM engine" in ln), 0) + 1
     for ln in before_listen[:engine]:
         out(ln)
+    unsafe = os.environ.get("KILN_FAKE_FORK_UNSAFE")
+    if unsafe == "always" or (unsafe == "1" and os.environ.get("VLLM_WORKER_MULTIPROC_METHOD") == "fork"):
+        core = "(EngineCore pid=8801)"
+        for ln in ("ERROR 12-01 10:25:37 [core.py:1020] EngineCore failed to start.",
+                   "ERROR 12-01 10:25:37 [core.py:1020] Traceback (most recent call last):",
+                   'ERROR 12-01 10:25:37 [core.py:1020]   File "torch/cuda/__init__.py", line 398, in _lazy_init',
+                   "ERROR 12-01 10:25:37 [core.py:1020] RuntimeError: Cannot re-initialize CUDA in forked "
+                   "subprocess. To use CUDA with multiprocessing, you must use the 'spawn' start method"):
+            out(f"{core} {ln}")
+        httpd.socket.close()
+        return 1
     time.sleep(env_s("KILN_FAKE_LOAD_S", 0.05))
     # uvicorn installs its signal handlers, runs the app's start-up, then listens on the bound socket
     signal.signal(signal.SIGTERM, lambda *_: stop(httpd, shutdown))

@@ -32,6 +32,7 @@ class FailureClass(str, enum.Enum):
     DRIVER_INCOMPATIBLE = "driver_incompatible"  # the host's driver cannot run this image's CUDA
     MODEL_INCOMPATIBLE = "model_incompatible"  # the model file is not one this engine build can load
     ENGINE_MISSING = "engine_missing"          # the engine binary is not in this image
+    FORK_UNSAFE = "fork_unsafe"                # vLLM's EngineCore forked after CUDA was initialised: relaunched with spawn
 
     def __str__(self) -> str:
         return self.value

@@ -60,9 +60,28 @@ REMOVED = {
 # would read as a leak; it needs its own place in the lifecycle and a GPU to measure, issue 28.
 SPECULATION = ("--speculative-config", "-sc")
 TENSOR_PARALLEL = ("--tensor-parallel-size", "-tp")
+# More than one process per engine: workers started from the EngineCore. Measured with one GPU only.
+MULTI_PROCESS = (*TENSOR_PARALLEL, "--pipeline-parallel-size", "-pp", "--data-parallel-size", "-dp")
+
+# Kiln's start-up default for vLLM (issue 28, measured on an H200 with vLLM 0.26.0, 2026-12-01,
+# docs/benchmarks.md P15): `vllm serve` sets VLLM_WORKER_MULTIPROC_METHOD=spawn unless it is set
+# (vllm/entrypoints/utils.py cli_env_setup), so the EngineCore imports vLLM and torch a second time
+# (24-28 s of a 77 s warm boot); `fork` inherits the API server's imports: warm boot 76.9 -> 44.8 s,
+# the selftest's decode unchanged. Not where the engine starts workers of its own (tensor, pipeline
+# or data parallel: not measured) or with speculative decoding (it has initialised CUDA before the
+# fork in vLLM's past). The pod's or the rung's env wins; a fork that fails is relaunched with
+# RELAUNCH_ENV.
+FORK_START = {"VLLM_WORKER_MULTIPROC_METHOD": "fork"}
+RELAUNCH_ENV = {F.FORK_UNSAFE: {"VLLM_WORKER_MULTIPROC_METHOD": "spawn"}}
 _OPT_LEVEL = re.compile(r"-O\d?")
 
 SIGNATURES: tuple[Signature, ...] = (
+    # torch's words when a forked child touches CUDA its parent initialised (torch/cuda/__init__.py
+    # _lazy_init); vLLM's own guard (_maybe_force_spawn) misses a parent that initialises CUDA after
+    # the check (vllm-project/vllm issues, e.g. speculative decoding on 0.11). Under Kiln's fork
+    # default (FORK_START) the rung is relaunched once with spawn (lifecycle/policy.py calibrates).
+    sig(F.FORK_UNSAFE, r"Cannot re-initialize CUDA in forked subprocess",
+        "vLLM's EngineCore was forked after CUDA was initialised"),
     sig(F.OOM, r"torch\.OutOfMemoryError|CUDA out of memory", "CUDA out of memory (torch)"),
     # vLLM 0.26.0 on an H200 (2026-12-01, Kiln's device run), a max_model_len of 20M tokens: its
     # engine core's pinned host buffer failed with "torch.AcceleratorError: CUDA error: out of memory".
@@ -306,5 +325,15 @@ def engine_env(cfg: DeployConfig, rung: Rung, api_key: str | None) -> dict[str, 
 
 def engine_defaults(cfg: DeployConfig, rung: Rung) -> dict[str, str]:
     """Defaults the pod's or the rung's environment may override: the compile caches (torch.compile,
-    Inductor, Triton) and the driver's JIT cache on the state volume (engines/caches.py)."""
-    return cache_env(cfg, rung, {**TORCH_COMPILE, **CUDA_JIT})
+    Inductor, Triton) and the driver's JIT cache on the state volume (engines/caches.py), and the
+    EngineCore forked rather than spawned where that is safe (FORK_START)."""
+    env = cache_env(cfg, rung, {**TORCH_COMPILE, **CUDA_JIT})
+    return {**env, **FORK_START} if forks(cfg, rung) else env
+
+
+def forks(cfg: DeployConfig, rung: Rung) -> bool:
+    """Whether FORK_START applies: one process per engine and no speculative decoding."""
+    names = {canon: value for _, canon, value, _ in _flags(list(cfg.server.extra_args) + list(rung.args), None)}
+    if any(s in names for s in SPECULATION):
+        return False
+    return all(names[m] in (None, "1") for m in MULTI_PROCESS if m in names)

@@ -400,7 +400,18 @@ class Supervisor:
         del rc
 
     def _do_Calibrate(self, fx: E.Calibrate) -> None:
-        """The balanced rung's split re-planned from the OOM's shortfall lines (ladder/balanced.py)."""
+        """The balanced rung's split re-planned from the OOM's shortfall lines (ladder/balanced.py),
+        or the environment a failure asks for set on the rung's relaunches (the engine's RELAUNCH_ENV),
+        once: the same failure with it set is not retried."""
+        forced = getattr(self.rt.engine, "RELAUNCH_ENV", {}).get(fx.failure.failure_class)
+        if forced is not None:
+            ok = self.rt.relaunch_env.get(fx.rung) != forced
+            if ok:
+                self.rt.relaunch_env[fx.rung] = dict(forced)
+                self.rec.event("relaunch", f"{fx.rung}: {fx.failure.reason}; relaunched with "
+                                           f"{', '.join(f'{k}={v}' for k, v in forced.items())}")
+            self.inbox.put(E.Calibrated(fx.token, ok))
+            return
         bal = self.rt.balancers.get(fx.rung)
         ok = bal is not None and bal.calibrate(fx.failure.tail) is not None
         if ok:

@@ -36,8 +36,11 @@ def is_terminal(failure: Failure | None) -> bool:
 
 
 def calibrates(rung: Rung, failure: Failure) -> bool:
-    """Whether the split of the rung that just failed is re-planned before anything else is decided:
-    a balanced rung out of memory (its engine printed how much each card lacked)."""
+    """Whether the rung that just failed is re-planned before anything else is decided: a balanced
+    rung out of memory (its engine printed how much each card lacked), or a vLLM whose forked
+    EngineCore met CUDA (relaunched with spawn, once: the loop answers not ok the second time)."""
+    if failure.failure_class == FailureClass.FORK_UNSAFE:
+        return True
     return rung.placement == "balanced" and failure.failure_class == FailureClass.OOM
 
 

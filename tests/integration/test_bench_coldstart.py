@@ -108,26 +108,26 @@ def test_the_vllm_flow_against_the_stand_in_keeps_or_renews_home_and_passes_the_
     assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
     assert not (root / "bare-home" / "marker").exists()                    # a new worker's $HOME
     (root / "bare-home" / "marker").write_text("this container's cache")
-    r = run(*common, "--steps", "bare-warm:kept-home,kiln-warm:fork+O0,kiln-cold:graphs-small")    # the next call
+    r = run(*common, "--steps", "bare-warm:kept-home,kiln-warm:spawn+O0,kiln-cold:graphs-small")    # the next call
     assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
     assert (root / "bare-home" / "marker").exists()
     runs = {x["step"]: x for x in json.loads((out / "coldstart.json").read_text())["runs"]}
-    assert set(runs) == {"bare-cold", "kiln-cold", "kiln-warm", "bare-warm:kept-home", "kiln-warm:fork+O0",
+    assert set(runs) == {"bare-cold", "kiln-cold", "kiln-warm", "bare-warm:kept-home", "kiln-warm:spawn+O0",
                          "kiln-cold:graphs-small"}
     engine = [name for name, _ in vllm.PHASES]
     assert phases(runs["bare-cold"]) == ["engine_exec", *engine]
     assert phases(runs["kiln-warm"])[-len(engine):] == engine
-    o0 = runs["kiln-warm:fork+O0"]["argv"]
+    o0 = runs["kiln-warm:spawn+O0"]["argv"]
     assert o0[o0.index("--optimization-level") + 1] == "0"
     # levers joined with + all apply: the env one reaches the rung of that boot's deploy config alone
-    forked = [p.name for p in out.glob("deploy-*.toml") if 'VLLM_WORKER_MULTIPROC_METHOD = "fork"' in p.read_text()]
-    assert len(forked) == 1 and "O0" in forked[0], sorted(p.name for p in out.glob("deploy-*.toml"))
+    spawned = [p.name for p in out.glob("deploy-*.toml") if 'VLLM_WORKER_MULTIPROC_METHOD = "spawn"' in p.read_text()]
+    assert len(spawned) == 1 and spawned[0].startswith("deploy-vllm-kiln-warm-spawn_O0"), spawned
     cc = runs["kiln-cold:graphs-small"]["argv"]
     assert json.loads(cc[cc.index("--compilation-config") + 1]) == {"cudagraph_capture_sizes": [1, 2, 4, 8, 16, 32]}
     assert "--optimization-level" not in runs["kiln-warm"]["argv"]         # Kiln's defaults: the engine's own
     assert "P15 kiln_over_engine_defaults_ready=None" in r.stdout          # no bare-warm boot without kept-home
     assert "P15 kiln_over_engine_defaults_ready_cold=" in r.stdout
-    assert "P15 kiln_over_engine_defaults_ready_warm[fork+O0]=" in r.stdout
+    assert "P15 kiln_over_engine_defaults_ready_warm[spawn+O0]=" in r.stdout
     assert left_behind(tmp_path) == []
 
 

@@ -74,8 +74,33 @@ def test_vllm_serves_with_the_key_in_its_environment_not_its_argv(tmp_path, mode
         assert argv[argv.index("--served-model-name") + 1] == "model"
         environ = Path(f"/proc/{st['engine']['pid']}/environ").read_bytes().split(b"\0")
         assert b"VLLM_API_KEY=vllm-canary-key" in environ
+        assert b"VLLM_WORKER_MULTIPROC_METHOD=fork" in environ           # Kiln's start-up default (P15)
         assert "vllm-canary-key" not in json.dumps(st)
         assert sup.stop() == 0
+
+
+def test_a_fork_that_meets_cuda_is_relaunched_once_with_spawn_and_serves(tmp_path, model_dir):
+    port, sport = free_port(), free_port()
+    with Supervised(tmp_path, vllm_config(tmp_path, model_dir, port=port, sport=sport),
+                    env={"KILN_FAKE_SCENARIO": "vllm-ok", "KILN_FAKE_FORK_UNSAFE": "1"}) as sup:
+        st = sup.wait_state("SERVING")
+        environ = Path(f"/proc/{st['engine']['pid']}/environ").read_bytes().split(b"\0")
+        assert b"VLLM_WORKER_MULTIPROC_METHOD=spawn" in environ
+        assert st["last_failure"]["class"] == "fork_unsafe", st["last_failure"]
+        relaunch = [e for e in st["history"] if e["event"] == "relaunch"]
+        assert relaunch and "VLLM_WORKER_MULTIPROC_METHOD=spawn" in relaunch[0]["detail"], st["history"]
+        assert sup.stop() == 0
+
+
+def test_the_relaunch_with_spawn_happens_once_then_the_walk_fails_with_the_reason(tmp_path, model_dir):
+    """A stand-in that fails the same way under spawn too (no real vLLM does: the guard against a
+    relaunch loop is what is tested): one relaunch, then FAILED naming fork_unsafe."""
+    port, sport = free_port(), free_port()
+    with Supervised(tmp_path, vllm_config(tmp_path, model_dir, port=port, sport=sport),
+                    env={"KILN_FAKE_SCENARIO": "vllm-ok", "KILN_FAKE_FORK_UNSAFE": "always"}) as sup:
+        st = sup.wait_state("FAILED")
+        assert st["last_failure"]["class"] == "fork_unsafe"
+        assert st["launches"] == 2, st["launches"]
 
 
 def test_the_seeds_shared_memory_broadcast_hang_is_a_stall_not_progress(tmp_path, model_dir):

@@ -38,8 +38,10 @@ def test_a_recalibrated_rung_tries_again_before_falling_through():
     ("balanced", F.CRASHED, False),
     ("autofit", F.OOM, False),
     ("manual", F.OOM, False),
+    ("engine", F.FORK_UNSAFE, True),      # a vLLM forked into CUDA: relaunched with spawn first
+    ("engine", F.CRASHED, False),
 ])
-def test_only_a_balanced_rung_out_of_memory_re_plans_its_split(placement, cls, expected):
+def test_a_balanced_rung_out_of_memory_or_a_fork_into_cuda_re_plans_first(placement, cls, expected):
     assert policy.calibrates(Rung("r", placement=placement), Failure(cls, "x")) is expected
 
 

@@ -292,3 +292,36 @@ def test_dotted_generation_keys_get_the_missing_defaults_as_dotted_keys():
 def test_a_generation_config_that_is_not_an_object_is_left_to_vllm():
     _, argv = _argv(["--override-generation-config", "not json"])
     assert argv[-2:] == ["--override-generation-config", "not json"] and argv.count("--override-generation-config") == 1
+
+
+@pytest.mark.parametrize("args, forks", [
+    (["--max-model-len", "4096"], True),
+    (["--tensor-parallel-size", "1"], True),
+    (["--tensor-parallel-size", "2"], False),        # workers of its own: not measured
+    (["-tp", "4"], False),
+    (["--pipeline-parallel-size=2"], False),
+    (["--data-parallel-size", "2"], False),
+    (["--speculative-config", '{"method": "ngram", "num_speculative_tokens": 3}'], False),
+])
+def test_the_engine_core_is_forked_by_default_only_where_that_was_measured_safe(args, forks):
+    c = cfg(args)
+    env = vllm.engine_defaults(c, c.ladder.rungs[0])
+    assert (env.get("VLLM_WORKER_MULTIPROC_METHOD") == "fork") is forks
+    assert "VLLM_WORKER_MULTIPROC_METHOD" not in env or forks
+
+
+def test_the_rung_or_the_pod_can_keep_spawn_and_a_fork_failure_is_its_own_class():
+    from supervisor.engines.launch import engine_environment
+    from supervisor.failure import FailureClass
+
+    c = cfg(["--max-model-len", "4096"], env={"VLLM_WORKER_MULTIPROC_METHOD": "spawn"})
+    assert engine_environment(vllm, c, c.ladder.rungs[0], {}, None)["VLLM_WORKER_MULTIPROC_METHOD"] == "spawn"
+    c = cfg(["--max-model-len", "4096"])
+    env = engine_environment(vllm, c, c.ladder.rungs[0], {"VLLM_WORKER_MULTIPROC_METHOD": "spawn"}, None)
+    assert env["VLLM_WORKER_MULTIPROC_METHOD"] == "spawn"
+    tail = ["(EngineCore pid=8801) ERROR 12-01 10:25:37 [core.py:1020] RuntimeError: Cannot re-initialize CUDA in "
+            "forked subprocess. To use CUDA with multiprocessing, you must use the 'spawn' start method",
+            "(APIServer pid=8736) RuntimeError: Engine core initialization failed. See root cause above."]
+    f = classify(returncode=1, elapsed_s=30.0, tail=tail, signatures=vllm.SIGNATURES)
+    assert f.failure_class == FailureClass.FORK_UNSAFE
+    assert vllm.RELAUNCH_ENV[FailureClass.FORK_UNSAFE] == {"VLLM_WORKER_MULTIPROC_METHOD": "spawn"}
