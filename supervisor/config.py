@@ -419,6 +419,14 @@ def parse_config(text: str, *, source: str = "<memory>", env: Mapping[str, str] 
         if shared is not None:
             data["state_dir"] = shared
     cfg = _build(Reader(data, "", problems), source, env.get(RUNPOD_API_URL_ENV), health_path)
+    if cfg is not None and (cfg.model.source.startswith("hf://") or cfg.watch.repo):
+        # huggingface_hub reads HF_ENDPOINT as it loads: a malformed one would fail the fetch (or the
+        # watcher) later, as a load error, after the boot had begun. Said now, with the config's problems.
+        from .hubclient import endpoint_problem
+
+        if (why := endpoint_problem(env)) is not None:
+            problems.append(Problem("HF_ENDPOINT (from env HF_ENDPOINT)", why.removeprefix(f"HF_ENDPOINT {env.get('HF_ENDPOINT')!r} "),
+                                    env.get("HF_ENDPOINT"), "unset (the Hub itself), or a mirror's https URL"))
     raise_if(problems, f"deploy config {source}")
     assert cfg is not None
     return cfg

@@ -118,3 +118,18 @@ def test_the_last_net_of_both_clis_is_one_masked_line_and_the_traceback_only_whe
     assert err.startswith("error: unexpected ValueError: boom near ***") and "Traceback" not in err
     monkeypatch.setenv("KILN_TRACEBACK", "1")
     assert app.main(["list"]) == 1 and "Traceback" in capsys.readouterr().err
+
+
+def test_a_config_that_needs_the_hub_refuses_a_malformed_hf_endpoint_at_boot_naming_the_fix():
+    hub = ('engine = "llamacpp"\n[model]\nsource = "hf://owner/name"\nentry = "m.gguf"\n'
+           '[ladder]\n[[ladder.rungs]]\nname = "r"\nplacement = "cpu"\n')
+    with pytest.raises(ConfigError) as e:
+        parse_config(hub, source="/etc/kiln/deploy.toml", env={"HF_ENDPOINT": "hf-mirror.example"})
+    rec = failure_record(e.value, "/etc/kiln/deploy.toml")
+    (p,) = rec["problems"]
+    assert p["field"] == "HF_ENDPOINT" and p["from"] == "env HF_ENDPOINT" and p["value"] == "hf-mirror.example"
+    assert "is not an http(s) URL" in p["problem"] and "correct HF_ENDPOINT" in p["fix"]
+    # a config that never talks to the Hub does not care what HF_ENDPOINT holds
+    local = hub.replace('source = "hf://owner/name"\nentry = "m.gguf"', 'source = "/models/m.gguf"')
+    assert parse_config(local, env={"HF_ENDPOINT": "hf-mirror.example"}).model.source == "/models/m.gguf"
+    assert parse_config(hub, env={"HF_ENDPOINT": "https://hf-mirror.example"}).model.source == "hf://owner/name"
