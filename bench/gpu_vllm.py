@@ -197,13 +197,20 @@ def supervised(a: argparse.Namespace, name: str, state: Path) -> dict[str, Any]:
 def observe(a, name, proc, t0, ready, snaps, port, sport) -> dict[str, Any]:
     waited = wait(ready, a.boot_deadline_s, 0.5)
     rec: dict[str, Any] = {"ready_s": None if waited is None or proc.poll() is not None else round(time.monotonic() - t0, 2)}
-    status = json.loads(get(f"http://127.0.0.1:{sport}/status")[1] or "{}")
+    status: dict[str, Any] = {}
+    for _ in range(3):                   # a loaded machine can take seconds to answer: a lost read is not a figure
+        code, text = get(f"http://127.0.0.1:{sport}/status", timeout=10.0)
+        if code == 200:
+            status = json.loads(text)
+            break
     (a.out / f"status-{name}.json").write_text(json.dumps(status, indent=1))
     states = []
     for s in snaps:
         st = s.get("state")
         if not states or states[-1] != st:
             states.append(st)
+    if not status:
+        rec["status_error"] = f"/status did not answer 200 (last: {code})"
     rec.update(states_seen=states, timings=status.get("timings"), selftest=status.get("selftest"),
                last_failure=status.get("last_failure"), failures=status.get("counters", status.get("failures")),
                history=[e for e in status.get("history", status.get("events", [])) if isinstance(e, dict)][-40:],

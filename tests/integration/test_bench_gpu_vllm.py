@@ -51,6 +51,7 @@ def test_cold_warm_and_repeated_steps(tmp_path):
     # A and C: the volume emptied first, so the OOM rung ran and fell through
     assert not (root / "state-vllm" / "cache" / "left-from-before").exists()
     for cold in ("A", "C"):
+        assert "status_error" not in steps[cold], steps[cold]
         assert steps[cold]["last_failure"]["class"] == "oom", steps[cold]["last_failure"]
         assert steps[cold]["states_seen"][-1] == "SERVING"
     # B: the ladder's memory on the same volume, no failure on the way

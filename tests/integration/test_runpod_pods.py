@@ -306,7 +306,10 @@ def test_ctrl_c_during_up_says_which_pods_it_created_and_the_down_that_removes_t
            "RUNPOD_PROXY_URL": bare.proxy_url}
     proc = subprocess.Popen([sys.executable, str(ROOT / "build.py"), "pods", "up", "--target", TARGET,
                              "--replicas", "2", "--poll", "0.1", "--timeout", "600"],
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=ROOT, env=env)
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=ROOT, env=env,
+                            # a terminal's Ctrl-C reaches a process whose SIGINT is at its default; a test
+                            # run started from a script's background job (`cmd &`) inherits it ignored
+                            preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
     try:
         # Both pods created, and `up` told so: it waits on each (GET /v2/pods/{id}).
         def waiting_on_both():
