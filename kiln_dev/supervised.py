@@ -31,6 +31,19 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
+def free_pair() -> int:
+    """A free port whose next one is free too: benches that put a status port at --port + 1."""
+    for _ in range(50):
+        port = free_port()
+        with socket.socket() as s:
+            try:
+                s.bind(("127.0.0.1", port + 1))
+                return port
+            except OSError:
+                continue
+    raise AssertionError("no two free ports in a row")
+
+
 def wait_for(cond: Callable[[], Any], timeout: float, what: str, interval: float = 0.02) -> Any:
     deadline = time.monotonic() + timeout
     while True:

@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import json
 import os
-import socket
 import subprocess
 import sys
 from pathlib import Path
@@ -18,7 +17,7 @@ from pathlib import Path
 import psutil
 import pytest
 
-from kiln_dev.supervised import FAKE_VLLM, free_port
+from kiln_dev.supervised import FAKE_VLLM, free_pair
 from supervisor.engines import llamacpp, vllm
 
 REPO = Path(__file__).resolve().parents[2]
@@ -28,19 +27,6 @@ BENCH = [sys.executable, "bench/coldstart.py"]
 def run(*args: str, timeout: float = 300) -> subprocess.CompletedProcess:
     return subprocess.run([*BENCH, *args], cwd=REPO, capture_output=True, text=True, timeout=timeout,
                           env={**os.environ, "PYTHONPATH": str(REPO)})
-
-
-def free_pair() -> int:
-    """A port whose next one is free too: the bench's status port is --port + 1."""
-    for _ in range(50):
-        port = free_port()
-        with socket.socket() as s:
-            try:
-                s.bind(("127.0.0.1", port + 1))
-                return port
-            except OSError:
-                continue
-    raise AssertionError("no two free ports in a row")
 
 
 def left_behind(tmp_path: Path) -> list:
