@@ -61,7 +61,8 @@ REMOVED = {
 SPECULATION = ("--speculative-config", "-sc")
 TENSOR_PARALLEL = ("--tensor-parallel-size", "-tp")
 # More than one process per engine: workers started from the EngineCore. Measured with one GPU only.
-MULTI_PROCESS = (*TENSOR_PARALLEL, "--pipeline-parallel-size", "-pp", "--data-parallel-size", "-dp")
+MULTI_PROCESS = (*TENSOR_PARALLEL, "--pipeline-parallel-size", "-pp", "--data-parallel-size", "-dp",
+                 "--api-server-count", "-asc")
 
 # Kiln's start-up default for vLLM (issue 28, measured on an H200 with vLLM 0.26.0, 2026-12-01,
 # docs/benchmarks.md P15): `vllm serve` sets VLLM_WORKER_MULTIPROC_METHOD=spawn unless it is set

@@ -301,6 +301,7 @@ def test_a_generation_config_that_is_not_an_object_is_left_to_vllm():
     (["-tp", "4"], False),
     (["--pipeline-parallel-size=2"], False),
     (["--data-parallel-size", "2"], False),
+    (["--api-server-count", "4"], False),           # API servers of its own: not measured either
     (["--speculative-config", '{"method": "ngram", "num_speculative_tokens": 3}'], False),
 ])
 def test_the_engine_core_is_forked_by_default_only_where_that_was_measured_safe(args, forks):
