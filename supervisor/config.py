@@ -425,8 +425,10 @@ def parse_config(text: str, *, source: str = "<memory>", env: Mapping[str, str] 
         from .hubclient import endpoint_problem
 
         if (why := endpoint_problem(env)) is not None:
-            problems.append(Problem("HF_ENDPOINT (from env HF_ENDPOINT)", why.removeprefix(f"HF_ENDPOINT {env.get('HF_ENDPOINT')!r} "),
-                                    env.get("HF_ENDPOINT"), "unset (the Hub itself), or a mirror's https URL"))
+            url = env.get("HF_ENDPOINT", "")
+            # shown on /status: a user:token@ in the URL is not
+            shown = re.sub(r"(?<=://)[^/@]*@", "***@", url)
+            problems.append(Problem("HF_ENDPOINT (from env HF_ENDPOINT)", why.removeprefix(f"HF_ENDPOINT {url!r} "), shown))
     raise_if(problems, f"deploy config {source}")
     assert cfg is not None
     return cfg

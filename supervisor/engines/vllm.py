@@ -60,9 +60,11 @@ REMOVED = {
 # would read as a leak; it needs its own place in the lifecycle and a GPU to measure, issue 28.
 SPECULATION = ("--speculative-config", "-sc")
 TENSOR_PARALLEL = ("--tensor-parallel-size", "-tp")
-# More than one process per engine: workers started from the EngineCore. Measured with one GPU only.
-MULTI_PROCESS = (*TENSOR_PARALLEL, "--pipeline-parallel-size", "-pp", "--data-parallel-size", "-dp",
-                 "--api-server-count", "-asc")
+# More than one process per engine (workers, API servers, nodes): measured with one process only. By
+# prefix, so any spelling argparse takes (`--tensor-parallel 2`, `--data-parallel-size-local`) counts.
+MULTI_PROCESS = ("--tensor-parallel", "--pipeline-parallel", "--data-parallel", "--prefill-context-parallel",
+                 "--decode-context-parallel", "--api-server-count", "--nnodes", "--distributed-executor-backend",
+                 "-tp", "-pp", "-dp", "-dpl", "-pcp", "-dcp", "-asc")
 
 # Kiln's start-up default for vLLM (issue 28, measured on an H200 with vLLM 0.26.0, 2026-12-01,
 # docs/benchmarks.md P15): `vllm serve` sets VLLM_WORKER_MULTIPROC_METHOD=spawn unless it is set
@@ -333,8 +335,16 @@ def engine_defaults(cfg: DeployConfig, rung: Rung) -> dict[str, str]:
 
 
 def forks(cfg: DeployConfig, rung: Rung) -> bool:
-    """Whether FORK_START applies: one process per engine and no speculative decoding."""
-    names = {canon: value for _, canon, value, _ in _flags(list(cfg.server.extra_args) + list(rung.args), None)}
-    if any(s in names for s in SPECULATION):
-        return False
-    return all(names[m] in (None, "1") for m in MULTI_PROCESS if m in names)
+    """Whether FORK_START applies: one process per engine and no speculative decoding. Read without
+    the flag snapshot (the image's defaults are decided before it is taken), so by name and prefix:
+    anything that may mean more, or speculation (--speculative-config, -sc.method=…, --spec-*), keeps spawn."""
+    for _, canon, value, _ in _flags(list(cfg.server.extra_args) + list(rung.args), None):
+        base = canon.split("=", 1)[0].split(".", 1)[0]
+        if base in SPECULATION or base.startswith("--spec"):
+            return False
+        if base == "--distributed-executor-backend":
+            return False                       # an executor chosen by hand: not the one measured
+        multi = base.startswith(MULTI_PROCESS[:8]) if base.startswith("--") else base in MULTI_PROCESS[8:]
+        if multi and value not in (None, "1"):
+            return False
+    return True

@@ -401,13 +401,15 @@ class Supervisor:
 
     def _do_Calibrate(self, fx: E.Calibrate) -> None:
         """The balanced rung's split re-planned from the OOM's shortfall lines (ladder/balanced.py),
-        or the environment a failure asks for set on the rung's relaunches (the engine's RELAUNCH_ENV),
-        once: the same failure with it set is not retried."""
+        or the environment a failure asks for set on the rung's relaunches (the engine's RELAUNCH_ENV,
+        merged with what earlier failures asked for): not when the launch that failed already had it,
+        so the same failure is never relaunched into again."""
         forced = getattr(self.rt.engine, "RELAUNCH_ENV", {}).get(fx.failure.failure_class)
         if forced is not None:
-            ok = self.rt.relaunch_env.get(fx.rung) != forced
+            launched = self.rt.launched_env.get(fx.rung, {})
+            ok = any(launched.get(k) != v for k, v in forced.items())
             if ok:
-                self.rt.relaunch_env[fx.rung] = dict(forced)
+                self.rt.relaunch_env[fx.rung] = {**self.rt.relaunch_env.get(fx.rung, {}), **forced}
                 self.rec.event("relaunch", f"{fx.rung}: {fx.failure.reason}; relaunched with "
                                            f"{', '.join(f'{k}={v}' for k, v in forced.items())}")
             self.inbox.put(E.Calibrated(fx.token, ok))

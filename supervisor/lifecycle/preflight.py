@@ -38,7 +38,7 @@ def probe(rt: Runtime) -> None:
 
 def prepare(rt: Runtime, cfg: DeployConfig, memory: LadderMemory) -> tuple[Failure | None, int]:
     """(failure, first rung): the failure when cfg cannot run here, else None and where to start."""
-    rt.cfg, rt.balancers, rt.relaunch_env = cfg, {}, {}
+    rt.cfg, rt.balancers, rt.relaunch_env, rt.launched_env = cfg, {}, {}, {}
     try:
         rt.engine = engines.get(cfg.engine)
     except KeyError as e:

@@ -43,6 +43,9 @@ class Runtime:
     # rung name -> environment forced on its relaunches after a failure that asks for it (the engine's
     # RELAUNCH_ENV: a vLLM whose forked EngineCore met CUDA runs with spawn); reset with the config
     relaunch_env: dict[str, dict[str, str]] = field(default_factory=dict)
+    # rung name -> the values its last launch had for the variables a RELAUNCH_ENV sets (a relaunch
+    # that would change nothing is not made)
+    launched_env: dict[str, dict[str, str | None]] = field(default_factory=dict)
     hub_token: str | None = None
     shared_dir: Path | None = None            # what every worker on the volume shares (None: state_dir)
 

@@ -87,19 +87,20 @@ class ReloadBook:
 
     def history(self, n: int = SHOWN) -> list[dict[str, Any]]:
         try:
-            # a damaged byte spoils its line only (it no longer parses), never the whole history
+            # a damaged byte costs at most its own line (U+FFFD in a value, or a line that no longer
+            # parses), never the whole history
             lines = (self.root / "history.jsonl").read_text(encoding="utf-8", errors="replace").splitlines()
         except OSError:
             return []
         out = []
-        for line in lines[-n:]:
+        for line in lines:                  # at most HISTORY_KEEP lines: the trim in append()
             try:
                 entry = json.loads(line)
             except ValueError:
                 continue        # a torn last line after a power cut: skip it, keep the rest
             if isinstance(entry, dict):
                 out.append(entry)
-        return out
+        return out[-n:]
 
     # -- seen ------------------------------------------------------------------------------
     def seen(self) -> dict[str, dict[str, str]]:

@@ -189,3 +189,14 @@ def test_the_stand_in_binds_answers_and_counts_as_vllm_0_26_0_does(tmp_path):
         if p.poll() is None:
             p.kill()
             p.wait(10)
+
+
+def test_a_launch_that_already_ran_with_spawn_is_not_relaunched_into_the_same_failure(tmp_path, model_dir):
+    port, sport = free_port(), free_port()
+    rungs = ('[[ladder.rungs]]\nname = "main"\nargs = ["--max-model-len", "4096"]\n'
+             '[ladder.rungs.env]\nVLLM_WORKER_MULTIPROC_METHOD = "spawn"\n')
+    with Supervised(tmp_path, vllm_config(tmp_path, model_dir, port=port, sport=sport, rungs=rungs),
+                    env={"KILN_FAKE_SCENARIO": "vllm-ok", "KILN_FAKE_FORK_UNSAFE": "always"}) as sup:
+        st = sup.wait_state("FAILED")
+        assert st["last_failure"]["class"] == "fork_unsafe" and st["launches"] == 1, st["launches"]
+        assert not [e for e in st["history"] if e["event"] == "relaunch"]

@@ -133,3 +133,6 @@ def test_a_config_that_needs_the_hub_refuses_a_malformed_hf_endpoint_at_boot_nam
     local = hub.replace('source = "hf://owner/name"\nentry = "m.gguf"', 'source = "/models/m.gguf"')
     assert parse_config(local, env={"HF_ENDPOINT": "hf-mirror.example"}).model.source == "/models/m.gguf"
     assert parse_config(hub, env={"HF_ENDPOINT": "https://hf-mirror.example"}).model.source == "hf://owner/name"
+    with pytest.raises(ConfigError) as e:             # a token in a malformed URL is not shown
+        parse_config(hub, env={"HF_ENDPOINT": "https://user:hf_secret@mirror:abc"})
+    assert "hf_secret" not in str(e.value) and "***@mirror:abc" in str(e.value)

@@ -302,6 +302,14 @@ def test_a_generation_config_that_is_not_an_object_is_left_to_vllm():
     (["--pipeline-parallel-size=2"], False),
     (["--data-parallel-size", "2"], False),
     (["--api-server-count", "4"], False),           # API servers of its own: not measured either
+    (["--tensor-parallel=2"], False),                # a prefix argparse accepts
+    (["--data-parallel-size-local", "2"], False),
+    (["-pcp", "2"], False),
+    (["--nnodes", "2"], False),
+    (["--distributed-executor-backend", "mp"], False),
+    (["-sc.method=ngram"], False),
+    (["--spec-method", "ngram"], False),
+    (["--max-num-seqs", "64", "-tp=1"], True),
     (["--speculative-config", '{"method": "ngram", "num_speculative_tokens": 3}'], False),
 ])
 def test_the_engine_core_is_forked_by_default_only_where_that_was_measured_safe(args, forks):
