@@ -58,10 +58,20 @@ class LadderMemory:
         rung = entry.get("rung") if isinstance(entry, dict) else None
         return rung if isinstance(rung, str) else None
 
-    def remember(self, key: str, rung: str) -> None:
+    def recall_env(self, key: str, allowed: dict[str, set[str]]) -> dict[str, str]:
+        """The environment the winner was relaunched with (a vLLM fork that met CUDA: spawn), each
+        variable and value only where `allowed` (the engine's RELAUNCH_ENV) names it: the file is on
+        a volume, and an environment read from it must not be a way to inject one."""
+        entry = self._load().get(key)
+        env = entry.get("env") if isinstance(entry, dict) else None
+        if not isinstance(env, dict):
+            return {}
+        return {k: v for k, v in env.items() if isinstance(v, str) and v in allowed.get(k, ())}
+
+    def remember(self, key: str, rung: str, env: dict[str, str] | None = None) -> None:
         data = self._load()
         data.pop(key, None)
-        data[key] = {"rung": rung, "at": time.time()}
+        data[key] = {"rung": rung, "at": time.time(), **({"env": dict(env)} if env else {})}
         if len(data) > self.keep:                 # the newest win (by its time; this one last on a tie)
             order = sorted(data, key=lambda k: (k == key, self._at(data[k])))
             data = {k: data[k] for k in order[-self.keep:]}

@@ -71,11 +71,22 @@ def prepare(rt: Runtime, cfg: DeployConfig, memory: LadderMemory) -> tuple[Failu
     if rt.snapshot is None and (cfg.server.flag_snapshot or cfg.engine != "router"):
         rt.rec.warn(f"no flag snapshot at {snap_path}: rungs are not linted against the engine's flags")
     key_for_memory = memory_key(cfg, rt.hw, image_identity())
-    first, why = start_index(cfg, memory.recall(key_for_memory) if cfg.ladder.remember else None)
+    remembered = memory.recall(key_for_memory) if cfg.ladder.remember else None
+    first, why = start_index(cfg, remembered)
     rt.rec.event("ladder", f"starting at rung {first} ({why})")
+    if remembered is not None and cfg.ladder.rungs[first].name == remembered:
+        # the winner won with what a failure made it relaunch with: start with it, not with the failure
+        allowed: dict[str, set[str]] = {}
+        for fix in getattr(rt.engine, "RELAUNCH_ENV", {}).values():
+            for k, v in fix.items():
+                allowed.setdefault(k, set()).add(v)
+        if env := memory.recall_env(key_for_memory, allowed):
+            rt.relaunch_env[remembered] = env
+            rt.rec.event("relaunch", f"{remembered}: remembered from its last win: "
+                                     f"{', '.join(f'{k}={v}' for k, v in env.items())}")
     return None, first
 
 
 def remember(rt: Runtime, cfg: DeployConfig, memory: LadderMemory, rung: str) -> None:
     if cfg.ladder.remember and rt.hw is not None:
-        memory.remember(memory_key(cfg, rt.hw, image_identity()), rung)
+        memory.remember(memory_key(cfg, rt.hw, image_identity()), rung, rt.relaunch_env.get(rung))

@@ -92,6 +92,20 @@ def test_a_fork_that_meets_cuda_is_relaunched_once_with_spawn_and_serves(tmp_pat
         assert sup.stop() == 0
 
 
+def test_the_next_boot_starts_the_remembered_winner_with_spawn_instead_of_failing_into_it(tmp_path, model_dir):
+    env = {"KILN_FAKE_SCENARIO": "vllm-ok", "KILN_FAKE_FORK_UNSAFE": "1"}
+    port, sport = free_port(), free_port()          # one config (its hash keys the memory) for both boots
+    for boot, launches in ((1, 2), (2, 1)):        # the second boot: the same volume, one launch
+        with Supervised(tmp_path, vllm_config(tmp_path, model_dir, port=port, sport=sport), env=env) as sup:
+            st = sup.wait_state("SERVING")
+            environ = Path(f"/proc/{st['engine']['pid']}/environ").read_bytes().split(b"\0")
+            assert b"VLLM_WORKER_MULTIPROC_METHOD=spawn" in environ, boot
+            assert st["launches"] == launches, (boot, st["launches"])
+            relaunch = [e["detail"] for e in st["history"] if e["event"] == "relaunch"]
+            assert relaunch and ("remembered" in relaunch[0]) is (boot == 2), relaunch
+            assert sup.stop() == 0
+
+
 def test_the_relaunch_with_spawn_happens_once_then_the_walk_fails_with_the_reason(tmp_path, model_dir):
     """A stand-in that fails the same way under spawn too (no real vLLM does: the guard against a
     relaunch loop is what is tested): one relaunch, then FAILED naming fork_unsafe."""

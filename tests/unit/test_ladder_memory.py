@@ -27,3 +27,20 @@ def test_remembering_a_known_key_again_refreshes_it(tmp_path):
     memory.remember("c", "r1")
     assert json.loads((tmp_path / "m.json").read_text()).keys() == {"a", "c"}
     assert memory.recall("a") == "r2" and memory.recall("b") is None
+
+
+def test_the_env_a_winner_was_relaunched_with_comes_back_only_where_the_engine_names_it(tmp_path):
+    mem = LadderMemory(tmp_path / "ladder-memory.json")
+    allowed = {"VLLM_WORKER_MULTIPROC_METHOD": {"spawn"}}
+    mem.remember("k", "main", {"VLLM_WORKER_MULTIPROC_METHOD": "spawn"})
+    assert mem.recall("k") == "main" and mem.recall_env("k", allowed) == {"VLLM_WORKER_MULTIPROC_METHOD": "spawn"}
+    mem.remember("plain", "main")
+    assert mem.recall_env("plain", allowed) == {}
+    # a memory file edited on the volume cannot inject an environment into the engine
+    data = json.loads((tmp_path / "ladder-memory.json").read_text())
+    data["k"]["env"] = {"LD_PRELOAD": "/volume/evil.so", "VLLM_WORKER_MULTIPROC_METHOD": "fork", "X": 3}
+    (tmp_path / "ladder-memory.json").write_text(json.dumps(data))
+    assert mem.recall_env("k", allowed) == {}
+    data["k"]["env"] = ["not", "a", "table"]
+    (tmp_path / "ladder-memory.json").write_text(json.dumps(data))
+    assert mem.recall_env("k", allowed) == {}
