@@ -32,6 +32,9 @@ timeline land in OUT. The figures (printed by every call, from all steps so far)
   P9 boot_over_read=                     llama.cpp, kiln-cold / read-cold (goal <= 1.05); per lever too
   selftest_share=                        the selftest phase over the boot, for each Kiln boot with one
 
+A step named N times (`--steps read-cold,kiln-cold,read-cold,kiln-cold,...`) runs N times; each figure
+is then the ratio of the medians, with the number of runs and their spread printed beside it.
+
 On a machine without a GPU the same flow runs against the CPU llama-server and the vLLM stand-in
 (tests/integration/test_bench_coldstart.py); such figures mean nothing.
 """
@@ -343,9 +346,25 @@ def read_step(a: argparse.Namespace) -> dict[str, Any]:
 
 # -- the figures --------------------------------------------------------------------------------------
 def latest(runs: list[dict[str, Any]], engine: str, who: str, volume: str, lever: str | None = None) -> dict | None:
+    """The newest run of this kind, its time replaced by the median of every run of the kind (a step
+    named N times is run N times: one run's weights phase moved by up to 1.1 s on the H200), with
+    `n` and the `spread` (fastest, slowest) beside it."""
+    key = "read_s" if who == "read" else "ready_s"
     hits = [r for r in runs if r.get("engine") == engine and r.get("who") == who and r.get("volume") == volume
-            and r.get("lever") == lever and (r.get("ready_s") or r.get("read_s") is not None)]
-    return hits[-1] if hits else None
+            and r.get("lever") == lever and isinstance(r.get(key), (int, float))]
+    if not hits:
+        return None
+    times = sorted(float(r[key]) for r in hits)
+    mid = len(times) // 2
+    median = times[mid] if len(times) % 2 else (times[mid - 1] + times[mid]) / 2
+    return {**hits[-1], key: median, "n": len(times), "spread": (times[0], times[-1])}
+
+
+def runs_note(*recs: dict | None) -> str:
+    """'' for single runs; else how many runs each median is of, and their spread."""
+    many = [r for r in recs if r and r.get("n", 1) > 1]
+    return "" if not many else "  [median of " + ", ".join(
+        f"{r['n']} runs {r['spread'][0]:.2f}-{r['spread'][1]:.2f} s" for r in many) + "]"
 
 
 def ratio(x: dict | None, y: dict | None, kx: str = "ready_s", ky: str = "ready_s") -> float | None:
@@ -375,27 +394,30 @@ def report(runs: list[dict[str, Any]]) -> list[str]:
     kw, bw = latest(runs, "vllm", "kiln", "warm"), latest(runs, "vllm", "bare", "warm")
     kc, bc = latest(runs, "vllm", "kiln", "cold"), latest(runs, "vllm", "bare", "cold")
     if kw or kc:
-        lines.append(f"P15 kiln_over_engine_defaults_ready={ratio(kw, bw)}   (vLLM, warm volume; goal <= {GOALS['P15']})")
-        lines.append(f"P15 kiln_over_engine_defaults_ready_cold={ratio(kc, bc)}   (vLLM, cold volume)")
+        lines.append(f"P15 kiln_over_engine_defaults_ready={ratio(kw, bw)}   (vLLM, warm volume; goal <= {GOALS['P15']})"
+                     f"{runs_note(kw, bw)}")
+        lines.append(f"P15 kiln_over_engine_defaults_ready_cold={ratio(kc, bc)}   (vLLM, cold volume){runs_note(kc, bc)}")
         for lever in sorted({r["lever"] for r in runs if r.get("engine") == "vllm" and r.get("who") == "kiln"
                              and r.get("lever")}):
             for vol, base in (("warm", bw), ("cold", bc)):
                 k = latest(runs, "vllm", "kiln", vol, lever)
                 if k:
-                    lines.append(f"P15 kiln_over_engine_defaults_ready_{vol}[{lever}]={ratio(k, base)}")
+                    lines.append(f"P15 kiln_over_engine_defaults_ready_{vol}[{lever}]={ratio(k, base)}{runs_note(k, base)}")
         if kw and kw.get("selftest", {}).get("share") is not None:
             lines.append(f"P15 selftest_share={kw['selftest']['share']}   (vLLM kiln-warm: the selftest phase / the boot)")
     rd, kl = latest(runs, "llamacpp", "read", "cold"), latest(runs, "llamacpp", "kiln", "cold")
     if rd:
-        lines.append(f"P9 boot_over_read={ratio(kl, rd, ky='read_s')}   (llama.cpp, default load mode; goal <= {GOALS['P9']})")
+        lines.append(f"P9 boot_over_read={ratio(kl, rd, ky='read_s')}   (llama.cpp, default load mode; goal <= {GOALS['P9']})"
+                     f"{runs_note(kl, rd)}")
         for lever in sorted({r["lever"] for r in runs if r.get("engine") == "llamacpp" and r.get("who") == "kiln"
                              and r.get("volume") == "cold" and r.get("lever")}):
             k = latest(runs, "llamacpp", "kiln", "cold", lever)
             if k:
-                lines.append(f"P9 boot_over_read[{lever}]={ratio(k, rd, ky='read_s')}")
+                lines.append(f"P9 boot_over_read[{lever}]={ratio(k, rd, ky='read_s')}{runs_note(k, rd)}")
         b = latest(runs, "llamacpp", "bare", "cold")
         if b:
-            lines.append(f"P9 bare_boot_over_read={ratio(b, rd, ky='read_s')}   (the engine alone, its defaults)")
+            lines.append(f"P9 bare_boot_over_read={ratio(b, rd, ky='read_s')}   (the engine alone, its defaults)"
+                         f"{runs_note(b, rd)}")
     st = latest(runs, "llamacpp", "kiln", "warm", "smollm2")
     if st and st.get("selftest", {}).get("share") is not None:
         lines.append(f"P9 selftest_share={st['selftest']['share']}   (llama.cpp kiln-warm:smollm2, the selftest / the boot)")

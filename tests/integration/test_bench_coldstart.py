@@ -124,3 +124,25 @@ def test_a_step_that_makes_no_sense_is_refused_before_anything_runs(tmp_path):
         r = run("--engine", "vllm", "--root", str(tmp_path), "--out", str(tmp_path / "out"), "--steps", step,
                 timeout=60)
         assert r.returncode != 0 and why in r.stderr, (step, r.stderr[-500:])
+
+
+def test_a_step_run_several_times_is_reported_as_the_median_with_its_spread(tmp_path):
+    root, out = tmp_path / "root", tmp_path / "out"
+    root.mkdir()
+
+    def boot(who, volume, t, lever=None, engine="llamacpp"):
+        key = "read_s" if who == "read" else "ready_s"
+        rec = {"engine": engine, "who": who, "volume": volume, "lever": lever, key: t, "step": f"{who}-{volume}",
+               "page_cache_dropped": True}
+        return {**rec, "bytes": 6 << 30, "gib_s": round(6 / t, 3)} if who == "read" else rec
+    runs = [boot("read", "cold", 5.0), boot("kiln", "cold", 6.5), boot("read", "cold", 5.4),
+            boot("kiln", "cold", 5.5), boot("read", "cold", 5.2), boot("kiln", "cold", 9.0),
+            boot("kiln", "cold", None, "lm-dio"), boot("kiln", "cold", 5.0, "lm-dio")]
+    (root / "coldstart.json").write_text(json.dumps({"runs": runs}))
+    r = run("--report", "--root", str(root), "--out", str(out), timeout=60)
+    assert r.returncode == 0, r.stderr
+    (p9,) = [ln for ln in r.stdout.splitlines() if ln.startswith("P9 boot_over_read=")]
+    # medians 6.5 / 5.2 (one slow boot of 9.0 s moves nothing), and how many runs each is of
+    assert p9.startswith("P9 boot_over_read=1.25 ") and "[median of 3 runs 5.50-9.00 s, 3 runs 5.00-5.40 s]" in p9
+    (dio,) = [ln for ln in r.stdout.splitlines() if ln.startswith("P9 boot_over_read[lm-dio]=")]
+    assert dio.startswith("P9 boot_over_read[lm-dio]=0.9615") and "3 runs 5.00-5.40 s" in dio   # a failed boot is no time
