@@ -28,6 +28,7 @@ from ..failure import Failure, FailureClass, classify
 from ..process.managed import ManagedProcess
 from ..lifecycle.runtime import Runtime
 from ..lifecycle.state import Live
+from . import registry
 from .caches import own_caches
 
 log = logging.getLogger("kiln")
@@ -161,8 +162,7 @@ def start(rt: Runtime, cfg: DeployConfig, index: int, model: Path | None,
                                 vcpus=rt.hw.vcpus if rt.hw else None)
     env = engine_environment(rt.engine, cfg, rung, rt.env, rt.api_key, own_dir=rt.state_dir)
     env.update(rt.relaunch_env.get(rung.name, {}))   # what an earlier failure of this rung asked for
-    asked = {k for fix in getattr(rt.engine, "RELAUNCH_ENV", {}).values() for k in fix}
-    rt.launched_env[rung.name] = {k: env.get(k) for k in asked}
+    rt.launched_env[rung.name] = {k: env.get(k) for k in registry.relaunch_values(rt.engine)}
     log_path = rt.run_dir / ENGINE_LOG
     try:
         proc = ManagedProcess.start(argv, env=env, on_line=on_line, redact=list(rt.secrets), log_file=str(log_path),

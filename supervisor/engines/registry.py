@@ -5,6 +5,7 @@ from __future__ import annotations
 import os
 import shutil
 from types import ModuleType
+from typing import Any
 
 from . import llamacpp, router, vllm
 
@@ -29,3 +30,18 @@ def binary_present(binary: str) -> bool:
 def missing_binary_message(binary: str, engine: str) -> str:
     return (f"server.binary {binary!r} is not in this image or not executable (engine {engine}): use an image "
             "built for this engine, or point server.binary at the engine's executable")
+
+
+def relaunch_env(engine: ModuleType | None) -> dict[Any, dict[str, str]]:
+    """failure class -> the environment a failure of that class asks the rung's relaunches to run
+    with (the engine module's RELAUNCH_ENV: vLLM's spawn after a fork that met CUDA); {} for most."""
+    return getattr(engine, "RELAUNCH_ENV", {})
+
+
+def relaunch_values(engine: ModuleType | None) -> dict[str, set[str]]:
+    """variable -> every value relaunch_env may set it to (what may come back from the ladder memory)."""
+    out: dict[str, set[str]] = {}
+    for fix in relaunch_env(engine).values():
+        for k, v in fix.items():
+            out.setdefault(k, set()).add(v)
+    return out

@@ -41,7 +41,7 @@ from typing import Any, Callable, Mapping
 from .. import __version__
 from . import events as E, preflight
 from ..host import hardware
-from ..engines import launch
+from ..engines import launch, registry
 from ..process import leftovers
 from ..config import DeployConfig
 from ..errors import KilnError
@@ -404,7 +404,7 @@ class Supervisor:
         or the environment a failure asks for set on the rung's relaunches (the engine's RELAUNCH_ENV,
         merged with what earlier failures asked for): not when the launch that failed already had it,
         so the same failure is never relaunched into again."""
-        forced = getattr(self.rt.engine, "RELAUNCH_ENV", {}).get(fx.failure.failure_class)
+        forced = registry.relaunch_env(self.rt.engine).get(fx.failure.failure_class)
         if forced is not None:
             launched = self.rt.launched_env.get(fx.rung, {})
             ok = any(launched.get(k) != v for k, v in forced.items())

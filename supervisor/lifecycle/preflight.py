@@ -76,11 +76,7 @@ def prepare(rt: Runtime, cfg: DeployConfig, memory: LadderMemory) -> tuple[Failu
     rt.rec.event("ladder", f"starting at rung {first} ({why})")
     if remembered is not None and cfg.ladder.rungs[first].name == remembered:
         # the winner won with what a failure made it relaunch with: start with it, not with the failure
-        allowed: dict[str, set[str]] = {}
-        for fix in getattr(rt.engine, "RELAUNCH_ENV", {}).values():
-            for k, v in fix.items():
-                allowed.setdefault(k, set()).add(v)
-        if env := memory.recall_env(key_for_memory, allowed):
+        if env := memory.recall_env(key_for_memory, engines.relaunch_values(rt.engine)):
             rt.relaunch_env[remembered] = env
             rt.rec.event("relaunch", f"{remembered}: remembered from its last win: "
                                      f"{', '.join(f'{k}={v}' for k, v in env.items())}")
