@@ -61,7 +61,7 @@ sys.path.insert(0, str(HERE))
 from common import (REPO, SUPERVISOR_PYTHON, add_device_root, env_without_kiln, spawn, status_code,  # noqa: E402
                     stop, stop_on_term, wait_until)
 from gpu import drop_caches, read_once  # noqa: E402
-from gpu_vllm import get, gpu_apps  # noqa: E402
+from gpu_vllm import final_status, get, gpu_apps  # noqa: E402
 
 KEY = "kiln-coldstart-key"
 POLL_S = 0.02
@@ -309,14 +309,9 @@ def kiln(a: argparse.Namespace, eng: Engine, volume: str, lever: str | None, tag
     except TimeoutError:
         ok = False
     ready = time.monotonic()
-    status: dict[str, Any] = {}
-    for _ in range(3):                   # a loaded machine can take seconds to answer
-        code, body = get(f"http://127.0.0.1:{sport}/status", timeout=10.0)
-        if code == 200:
-            status = json.loads(body)
-            break
-    else:
-        rec["status_error"] = f"/status did not answer 200 (last: {code})"
+    status, status_error = final_status(sport)
+    if status_error:
+        rec["status_error"] = status_error
     (a.out / f"status-{tag}.json").write_text(json.dumps(status, indent=1))
     boot = status.get("boot") or {}
     selftest = sum(p["seconds"] for p in boot.get("phases", []) if p.get("phase") == "selftest")

@@ -71,6 +71,17 @@ def get(url: str, timeout: float = 2.0) -> tuple[int, str]:
         return 0, ""
 
 
+def final_status(sport: int) -> tuple[dict[str, Any], str | None]:
+    """A boot's /status once it is over, and why not when it could not be read: three tries of 10 s
+    (a loaded machine can take seconds to answer, and a lost read is not a figure)."""
+    code = 0
+    for _ in range(3):
+        code, text = get(f"http://127.0.0.1:{sport}/status", timeout=10.0)
+        if code == 200:
+            return json.loads(text), None
+    return {}, f"/status did not answer 200 (last: {code})"
+
+
 def gpu_apps() -> list[str]:
     """Processes holding GPU memory, as nvidia-smi sees them ([] on a machine without one)."""
     try:
@@ -197,20 +208,15 @@ def supervised(a: argparse.Namespace, name: str, state: Path) -> dict[str, Any]:
 def observe(a, name, proc, t0, ready, snaps, port, sport) -> dict[str, Any]:
     waited = wait(ready, a.boot_deadline_s, 0.5)
     rec: dict[str, Any] = {"ready_s": None if waited is None or proc.poll() is not None else round(time.monotonic() - t0, 2)}
-    status: dict[str, Any] = {}
-    for _ in range(3):                   # a loaded machine can take seconds to answer: a lost read is not a figure
-        code, text = get(f"http://127.0.0.1:{sport}/status", timeout=10.0)
-        if code == 200:
-            status = json.loads(text)
-            break
+    status, status_error = final_status(sport)
     (a.out / f"status-{name}.json").write_text(json.dumps(status, indent=1))
     states = []
     for s in snaps:
         st = s.get("state")
         if not states or states[-1] != st:
             states.append(st)
-    if not status:
-        rec["status_error"] = f"/status did not answer 200 (last: {code})"
+    if status_error:
+        rec["status_error"] = status_error
     rec.update(states_seen=states, timings=status.get("timings"), selftest=status.get("selftest"),
                last_failure=status.get("last_failure"), failures=status.get("counters", status.get("failures")),
                history=[e for e in status.get("history", status.get("events", [])) if isinstance(e, dict)][-40:],
