@@ -31,6 +31,18 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
+def fake_vllm_bench(tmp: Path, wrapper: str) -> tuple[Path, Path]:
+    """A `vllm` for the benches (a shell script around fake_vllm.py: `wrapper` with {python} and
+    {fake} filled in picks the scenario) and a model directory it accepts: (binary, model)."""
+    binary = tmp / "vllm"
+    binary.write_text(wrapper.format(python=sys.executable, fake=FAKE_VLLM))
+    binary.chmod(0o755)
+    model = tmp / "model"
+    model.mkdir()
+    (model / "config.json").write_text("{}")
+    return binary, model
+
+
 def free_pair() -> int:
     """A free port whose next one is free too: benches that put a status port at --port + 1."""
     for _ in range(50):

@@ -17,7 +17,7 @@ from pathlib import Path
 import psutil
 import pytest
 
-from kiln_dev.supervised import FAKE_VLLM, free_pair
+from kiln_dev.supervised import fake_vllm_bench, free_pair
 from supervisor.engines import llamacpp, vllm
 
 REPO = Path(__file__).resolve().parents[2]
@@ -79,12 +79,7 @@ WRAPPER = "#!/bin/sh\nexport KILN_FAKE_SCENARIO=vllm-ok\nexec {python} {fake} \"
 
 @pytest.mark.slow
 def test_the_vllm_flow_against_the_stand_in_keeps_or_renews_home_and_passes_the_levers(tmp_path):
-    vllm_bin = tmp_path / "vllm"
-    vllm_bin.write_text(WRAPPER.format(python=sys.executable, fake=FAKE_VLLM))
-    vllm_bin.chmod(0o755)
-    model = tmp_path / "model"
-    model.mkdir()
-    (model / "config.json").write_text("{}")
+    vllm_bin, model = fake_vllm_bench(tmp_path, WRAPPER)
     root, out = tmp_path / "root", tmp_path / "out"
     (root / "bare-home").mkdir(parents=True)
     (root / "bare-home" / "marker").write_text("a cache of the container before")

@@ -17,7 +17,7 @@ from pathlib import Path
 import psutil
 import pytest
 
-from kiln_dev.supervised import FAKE_VLLM, free_pair
+from kiln_dev.supervised import fake_vllm_bench, free_pair
 
 pytestmark = pytest.mark.slow
 REPO = Path(__file__).resolve().parents[2]
@@ -30,12 +30,7 @@ exec {python} {fake} "$@"
 
 
 def test_cold_warm_and_repeated_steps(tmp_path):
-    vllm = tmp_path / "vllm"
-    vllm.write_text(WRAPPER.format(python=sys.executable, fake=FAKE_VLLM))
-    vllm.chmod(0o755)
-    model = tmp_path / "model"
-    model.mkdir()
-    (model / "config.json").write_text("{}")
+    vllm, model = fake_vllm_bench(tmp_path, WRAPPER)
     root, out = tmp_path / "root", tmp_path / "out"
     (root / "state-vllm" / "cache").mkdir(parents=True)
     (root / "state-vllm" / "cache" / "left-from-before").write_text("a compile cache of an earlier call")
