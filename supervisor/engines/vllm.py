@@ -63,8 +63,8 @@ TENSOR_PARALLEL = ("--tensor-parallel-size", "-tp")
 # More than one process per engine (workers, API servers, nodes): measured with one process only. By
 # prefix, so any spelling argparse takes (`--tensor-parallel 2`, `--data-parallel-size-local`) counts.
 MULTI_PROCESS = ("--tensor-parallel", "--pipeline-parallel", "--data-parallel", "--prefill-context-parallel",
-                 "--decode-context-parallel", "--api-server-count", "--nnodes", "--distributed-executor-backend",
-                 "-tp", "-pp", "-dp", "-dpl", "-pcp", "-dcp", "-asc")
+                 "--decode-context-parallel", "--api-server-count", "--nnodes")
+MULTI_PROCESS_SHORT = ("-tp", "-pp", "-dp", "-dpl", "-pcp", "-dcp", "-asc")
 
 # Kiln's start-up default for vLLM (issue 28, measured on an H200 with vLLM 0.26.0, 2026-12-01,
 # docs/benchmarks.md P15): `vllm serve` sets VLLM_WORKER_MULTIPROC_METHOD=spawn unless it is set
@@ -344,7 +344,6 @@ def forks(cfg: DeployConfig, rung: Rung) -> bool:
             return False
         if base == "--distributed-executor-backend":
             return False                       # an executor chosen by hand: not the one measured
-        multi = base.startswith(MULTI_PROCESS[:8]) if base.startswith("--") else base in MULTI_PROCESS[8:]
-        if multi and value not in (None, "1"):
+        if (base.startswith(MULTI_PROCESS) or base in MULTI_PROCESS_SHORT) and value not in (None, "1"):
             return False
     return True
