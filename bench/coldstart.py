@@ -94,6 +94,12 @@ LEVERS: dict[str, dict[str, Any]] = {
     "spawn": {"engine": "vllm", "env": {"VLLM_WORKER_MULTIPROC_METHOD": "spawn"}},
     # the EngineCore inside the API server's process: one import, but one GIL for both
     "inproc": {"engine": "vllm", "env": {"VLLM_ENABLE_V1_MULTIPROCESSING": "0"}},
+    # Kiln's model prefetch (supervisor/model/prefetch.py; on by default, 4 streams): off, or more or
+    # fewer reads in flight
+    "no-prefetch": {"engine": None, "startup": {"prefetch": False}},
+    "prefetch-1": {"engine": None, "startup": {"prefetch_streams": 1}},
+    "prefetch-8": {"engine": None, "startup": {"prefetch_streams": 8}},
+    "prefetch-16": {"engine": None, "startup": {"prefetch_streams": 16}},
     # the selftest off: its cost seen whole (Kiln's default is on)
     "no-selftest": {"engine": None, "selftest": False},
     # llama.cpp: a real model (--selftest-gguf, SmolLM2) with the selftest on, for its share of a boot
@@ -322,7 +328,7 @@ def kiln(a: argparse.Namespace, eng: Engine, volume: str, lever: str | None, tag
                          "decode_tok_s": (status.get("selftest") or {}).get("decode_tok_s"),
                          "prefill_tok_s": (status.get("selftest") or {}).get("prefill_tok_s"),
                          "share": round(selftest / boot["seconds"], 4) if selftest and boot.get("seconds") else None},
-               last_failure=status.get("last_failure"), gpu_apps_serving=gpu_apps())
+               prefetch=status.get("prefetch"), last_failure=status.get("last_failure"), gpu_apps_serving=gpu_apps())
     t1 = time.monotonic()
     code = stop(proc, 60)
     rec["stop"] = {"exit": code, "exit_s": round(time.monotonic() - t1, 2), "gpu_apps_left": gpu_apps()}
@@ -383,6 +389,10 @@ def report(runs: list[dict[str, Any]]) -> list[str]:
             extra = f"; selftest {r['selftest']['seconds']:.2f} s = {r['selftest']['share']:.1%} of the boot"
             if r["selftest"].get("decode_tok_s") is not None:
                 extra += f", decode {r['selftest']['decode_tok_s']} tok/s"
+        pf = r.get("prefetch") or {}
+        if pf.get("state"):
+            extra += (f"; prefetch {pf['state']}" + (f" {pf.get('read_bytes', 0) / 2**30:.2f} GiB in {pf.get('seconds')} s"
+                      f" ({pf.get('streams')} streams)" if pf["state"] != "skipped" else f" ({pf.get('note')})"))
         lines.append(f"  {r.get('engine'):8} {name:24} ready {r.get('ready_s')} s"
                      f"{'' if r.get('page_cache_dropped') or r.get('volume') != 'cold' else ' (page cache NOT dropped)'}"
                      f"{extra}{' ERROR ' + str(r.get('error')) if r.get('error') else ''}\n      phases (s): {shown}")

@@ -76,6 +76,8 @@ ENV_OVERRIDES: dict[str, tuple[str, type]] = {
     "KILN_STARTUP_LOAD_FORMAT": ("startup.load_format", str),
     "KILN_STARTUP_SAFETENSORS_LOAD_STRATEGY": ("startup.safetensors_load_strategy", str),
     "KILN_STARTUP_COMPILATION_CONFIG": ("startup.compilation_config", str),
+    "KILN_STARTUP_PREFETCH": ("startup.prefetch", bool),
+    "KILN_STARTUP_PREFETCH_STREAMS": ("startup.prefetch_streams", int),
     # The router's replicas, known only when they exist (a router pod is created with its replicas):
     # whitespace-separated entries, each URL or URL|STATUS_URL (ROUTER_REPLICAS_ENV below).
     "KILN_ROUTER_REPLICAS": ("router.replicas", list),
@@ -339,6 +341,10 @@ class StartupSpec:
     load_format: str | None = None                # vLLM --load-format
     safetensors_load_strategy: str | None = None  # vLLM --safetensors-load-strategy: eager lazy prefetch torchao
     compilation_config: str | None = None         # vLLM --compilation-config: a JSON object
+    # Kiln's own, not an engine flag: the weights read into the page cache from the moment the
+    # model is local, beside the engine's start (supervisor/model/prefetch.py). Not in the hash.
+    prefetch: bool = True
+    prefetch_streams: int = 4                     # reads in flight at once
 
 
 @dataclass(frozen=True)
@@ -378,7 +384,9 @@ class DeployConfig:
         d.pop("serverless")
         if not d["server"]["fast_start"]:
             d["server"].pop("fast_start")   # added later: a config that does not set it keeps its hash
-        if self.startup == StartupSpec():
+        for k in ("prefetch", "prefetch_streams"):
+            d["startup"].pop(k)     # how the files are read, not what runs
+        if dataclasses.replace(self.startup, prefetch=True, prefetch_streams=4) == StartupSpec():
             d.pop("startup")        # no lever set: the hash every config had before [startup] existed
         if self.router == RouterSpec():
             d.pop("router")         # not a router: the hash every config had before [router] existed
@@ -880,6 +888,8 @@ def _startup(r: Reader, engine: str) -> StartupSpec:
             r.problem(name, why, value, allowed if lever.engine == engine else None)
             continue
         values[name] = value
+    values["prefetch"] = r.bool("prefetch", True)
+    values["prefetch_streams"] = r.int("prefetch_streams", 4, min=1, max=32)
     r.finish()
     return StartupSpec(**values)
 

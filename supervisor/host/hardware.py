@@ -375,6 +375,25 @@ def _gib(n: float) -> float:
     return round(n / GIB, 2)
 
 
+def _memory(root: Path) -> tuple[int, int]:
+    """(total, available) bytes: MemTotal/MemAvailable, each capped by the tightest cgroup."""
+    info = _meminfo(root)
+    limit, headroom = _cgroup_memory(root)
+    total = info.get("MemTotal", 0)
+    avail = info.get("MemAvailable", info.get("MemFree", 0))
+    if limit is not None:
+        total = min(total, limit) if total else limit
+    if headroom is not None:
+        avail = min(avail, headroom) if avail else headroom
+    return total, avail
+
+
+def ram_available_bytes(sysroot: str = "/") -> int:
+    """The memory this container may still fill (MemAvailable, capped by its cgroup's headroom),
+    without probing the GPUs: the model prefetch asks it before the first engine starts."""
+    return _memory(Path(sysroot))[1]
+
+
 # --------------------------------------------------------------------------- probe
 def visible_gpus(gpus: Sequence[GPU], visible: str) -> list[GPU]:
     """The GPUs CUDA_VISIBLE_DEVICES lets the engine use (indices or UUID prefixes, in that order).
@@ -432,14 +451,7 @@ def probe(*, sysroot: str = "/", nvidia_smi: str = "nvidia-smi", use_nvml: bool 
     cpus = float(_affinity(root))
     vcpus = min(cpus, quota) if quota is not None else cpus
 
-    info = _meminfo(root)
-    limit, headroom = _cgroup_memory(root)
-    total = info.get("MemTotal", 0)
-    avail = info.get("MemAvailable", info.get("MemFree", 0))
-    if limit is not None:
-        total = min(total, limit) if total else limit
-    if headroom is not None:
-        avail = min(avail, headroom) if avail else headroom
+    total, avail = _memory(root)
 
     return Hardware(gpus=tuple(gpus or ()), driver=driver, source=source,
                     vcpus=round(vcpus, 2), ram_total_gib=_gib(total), ram_available_gib=_gib(avail),

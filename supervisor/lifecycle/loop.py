@@ -127,6 +127,7 @@ class Supervisor:
         self.terminator: Any = None                 # fleet/self_terminate.py Termination, while FAILED with it on
         self.model_records: dict[str, dict[str, Any]] = {}   # model path -> its /status record, shown once it serves
         self.worker: Any = None                     # serverless/worker.py ServerlessWorker, on a Serverless worker
+        self.prefetch: Any = None                   # model/prefetch.py Prefetch: the weights read beside the engine's start
         if cfg.serverless.active:
             from ..serverless.worker import ServerlessWorker
 
@@ -186,6 +187,8 @@ class Supervisor:
             log.error("%s", e)
             self.exit_code = EXIT_USAGE
         finally:
+            if self.prefetch is not None:
+                self.prefetch.stop()
             self.tasks.cancel_all()
             for eng in list(self.engines.values()):
                 eng.proc.stop(self.boot_cfg.health.stop_grace_s)
@@ -273,6 +276,8 @@ class Supervisor:
 
     def _do_Enter(self, fx: E.Enter) -> None:
         self.rec.transition(fx.state, fx.detail)
+        if fx.state in (State.HEALTHY, State.FAILED, State.STOPPING) and self.prefetch is not None:
+            self.prefetch.stop()                # the weights are loaded, or nothing will load them
         log.info("state %s%s", fx.state.value, f": {fx.detail}" if fx.detail else "")
         if self.peripherals is not None:
             self.peripherals.state_changed(fx.state)
@@ -292,8 +297,45 @@ class Supervisor:
             if recorded is not None:            # nothing fetched, nothing loaded: FAILED, then released
                 self.inbox.put(E.Prepared(fx.token, recorded, 0))
                 return
+        self._prefetch(fx.live)                 # a local model: read from now on, beside preflight
         failure, first = preflight.prepare(self.rt, fx.live.cfg, self.memory)
         self.inbox.put(E.Prepared(fx.token, failure, first))
+
+    def _prefetch(self, live: Live) -> None:
+        """Start reading the model's weights into the page cache (model/prefetch.py), once per set
+        of files; what it did is /status `prefetch`."""
+        from ..model import prefetch, resolve
+
+        path = live.model_path
+        if path is None:
+            try:
+                path = resolve.resolve(live.cfg)       # None for hf://: the fetch finds it, CheckLaunch starts it
+            except Exception:                          # the fetch step names what is wrong with the source
+                return
+        if path is None:
+            return
+        engine = live.cfg.engine
+        try:
+            files, why = prefetch.plan(live.cfg, engine, path, hardware.ram_available_bytes())
+        except OSError as e:                           # a file vanished between the listing and its size
+            files, why = [], f"could not list the weights: {e.strerror or e}"
+        running = self.prefetch
+        if running is not None and running.files == files and running.state != "stopped":
+            return
+        if running is not None:
+            running.stop()
+        if why:
+            self.prefetch = None
+            self.rec.update(prefetch={"state": "skipped", "note": why})
+            return
+
+        def done(p: Any) -> None:
+            self.rec.update(prefetch=p.to_dict())
+            self.rec.event("prefetch", f"{p.state}: {p.read / 2**30:.2f} of {p.total / 2**30:.2f} GiB "
+                                       f"in {p.to_dict()['seconds']} s ({p.streams} streams)")
+
+        self.prefetch = prefetch.Prefetch(files, streams=live.cfg.startup.prefetch_streams, on_done=done).start()
+        self.rec.update(prefetch=self.prefetch.to_dict())
 
     def _do_Fetch(self, fx: E.Fetch) -> None:
         def on_record(key: str, path: Path, record: dict[str, Any]) -> None:
@@ -307,6 +349,7 @@ class Supervisor:
 
     def _do_CheckLaunch(self, fx: E.CheckLaunch) -> None:
         self.rec.phase("launch", rung=fx.live.cfg.ladder.rungs[fx.index].name)
+        self._prefetch(fx.live)
         self.inbox.put(E.LaunchChecked(fx.token, launch.check(self.rt, fx.live, fx.index)))
 
     def _do_Barrier(self, fx: E.Barrier) -> None:
