@@ -13,7 +13,7 @@
 #                                    lacks, installed --no-deps for CPython 3.12, pruned, tar + xz -9 by
 #                                    Python's lzma: the device has no zstd, take.sh opens it with tarfile),
 #                                    extra wheels (gguf for transformers' GGUF loader, watchdog)
-# Parts: p00 is 22 MB (it rides with the sdist), the others 58 MB (with the checkout and the code a call carries ~65 MB of its 64 MiB). MANIFEST.sha256 lists every
+# Parts: p00 is 20 MB (it rides with the sdist), the others 58 MB (with the checkout and the code a call carries ~65 MB of its 64 MiB). MANIFEST.sha256 lists every
 # part, the whole stream and each file inside it; the device checks all three.
 set -Eeuo pipefail
 here="$(cd "$(dirname "$0")" && pwd)"; repo="$(cd "$here/../.." && pwd)"
@@ -57,8 +57,8 @@ cp -f "$repo/.whl/extra/"*.whl "$out/stream/extra/"
 (cd "$out/stream" && find . -type f | sort | xargs sha256sum) > "$out/stream.files.sha256"
 tar --sort=name --mtime=@0 --owner=0 --group=0 -C "$out/stream" -cf "$out/stream.tar" .
 rm -rf "$out/parts"; mkdir -p "$out/parts"
-head -c 22000000 "$out/stream.tar" > "$out/parts/p00"
-tail -c +22000001 "$out/stream.tar" | split -b 58000000 -d -a 2 --numeric-suffixes=1 - "$out/parts/p"
+head -c 20000000 "$out/stream.tar" > "$out/parts/p00"
+tail -c +20000001 "$out/stream.tar" | split -b 58000000 -d -a 2 --numeric-suffixes=1 - "$out/parts/p"
 cp -f "$sdist" "$out/"
 {
   (cd "$out/parts" && sha256sum p*)
