@@ -94,10 +94,11 @@ LEVERS: dict[str, dict[str, Any]] = {
     "spawn": {"engine": "vllm", "env": {"VLLM_WORKER_MULTIPROC_METHOD": "spawn"}},
     # the EngineCore inside the API server's process: one import, but one GIL for both
     "inproc": {"engine": "vllm", "env": {"VLLM_ENABLE_V1_MULTIPROCESSING": "0"}},
-    # Kiln's model prefetch (supervisor/model/prefetch.py; on by default, 4 streams): off, or more or
-    # fewer reads in flight
+    # Kiln's model prefetch (supervisor/model/prefetch.py; on by default, 1 stream since 2026-12-02,
+    # 4 before): off, or more reads in flight
     "no-prefetch": {"engine": None, "startup": {"prefetch": False}},
     "prefetch-1": {"engine": None, "startup": {"prefetch_streams": 1}},
+    "prefetch-4": {"engine": None, "startup": {"prefetch_streams": 4}},
     "prefetch-8": {"engine": None, "startup": {"prefetch_streams": 8}},
     "prefetch-16": {"engine": None, "startup": {"prefetch_streams": 16}},
     # the selftest off: its cost seen whole (Kiln's default is on)

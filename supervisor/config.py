@@ -344,7 +344,9 @@ class StartupSpec:
     # Kiln's own, not an engine flag: the weights read into the page cache from the moment the
     # model is local, beside the engine's start (supervisor/model/prefetch.py). Not in the hash.
     prefetch: bool = True
-    prefetch_streams: int = 4                     # reads in flight at once
+    # reads in flight: 1 measured best on the H200's local disk (2026-12-02: more slowed the engine's
+    # own start, its binary and CUDA libraries read from the same disk); more for a network volume
+    prefetch_streams: int = 1
 
 
 @dataclass(frozen=True)
@@ -386,7 +388,7 @@ class DeployConfig:
             d["server"].pop("fast_start")   # added later: a config that does not set it keeps its hash
         for k in ("prefetch", "prefetch_streams"):
             d["startup"].pop(k)     # how the files are read, not what runs
-        if dataclasses.replace(self.startup, prefetch=True, prefetch_streams=4) == StartupSpec():
+        if dataclasses.replace(self.startup, prefetch=True, prefetch_streams=1) == StartupSpec():
             d.pop("startup")        # no lever set: the hash every config had before [startup] existed
         if self.router == RouterSpec():
             d.pop("router")         # not a router: the hash every config had before [router] existed
@@ -889,7 +891,7 @@ def _startup(r: Reader, engine: str) -> StartupSpec:
             continue
         values[name] = value
     values["prefetch"] = r.bool("prefetch", True)
-    values["prefetch_streams"] = r.int("prefetch_streams", 4, min=1, max=32)
+    values["prefetch_streams"] = r.int("prefetch_streams", 1, min=1, max=32)
     r.finish()
     return StartupSpec(**values)
 

@@ -142,7 +142,8 @@ def _balanced(rt: Runtime, cfg: DeployConfig, rung: Rung, model: Path) -> Rung:
 
 
 def start(rt: Runtime, cfg: DeployConfig, index: int, model: Path | None,
-          on_line: Callable[[str], None]) -> ManagedProcess | Failure:
+          on_line: Callable[[str], None],
+          on_lines: Callable[[list[str]], None] | None = None) -> ManagedProcess | Failure:
     """The rung's engine, started; or why it could not be (nothing runs then). `model` is None only for
     the router, which serves no model of its own."""
     rung = cfg.ladder.rungs[index]
@@ -165,7 +166,7 @@ def start(rt: Runtime, cfg: DeployConfig, index: int, model: Path | None,
     rt.launched_env[rung.name] = {k: env.get(k) for k in registry.relaunch_values(rt.engine)}
     log_path = rt.run_dir / ENGINE_LOG
     try:
-        proc = ManagedProcess.start(argv, env=env, on_line=on_line, redact=list(rt.secrets), log_file=str(log_path),
+        proc = ManagedProcess.start(argv, env=env, on_line=on_line, on_lines=on_lines, redact=list(rt.secrets), log_file=str(log_path),
                                     log_max_bytes=ENGINE_LOG_MAX_BYTES, log_keep=ENGINE_LOG_KEEP, role="engine",
                                     on_unkillable=lambda info: unkillable(rt, rung, info))
     except OSError as e:                         # no such binary, not executable, a bad interpreter line

@@ -75,13 +75,13 @@ LEVERS: dict[str, Lever] = {
 _O_LEVEL = re.compile(r"-O\d?")
 
 
-# [server] fast_start = true (issue 27, vLLM only) is a preset of two levers, not a second path to
-# the argv: a field [startup] sets itself wins over it, so the two can never put one flag twice.
+# [server] fast_start = true (issue 27, vLLM only) is a preset of [startup] levers, not a second path
+# to the argv: a field [startup] sets itself wins over it, so the two can never put one flag twice.
 #   safetensors_load_strategy prefetch  the checkpoint read into the page cache before the workers load
 #                                       it ("useful on network or high-latency storage": the pod's volume)
-#   optimization_level 1                less compilation at start than the default -O2 (-O0 skips CUDA
-#                                       graphs too); decode speed may differ: the selftest measures it
-FAST_START = {"safetensors_load_strategy": "prefetch", "optimization_level": 1}
+# Not -O1 (in it until 2026-12-02): on the H200 it captured only piecewise CUDA graphs and the
+# selftest decoded 107 tok/s against the default -O2's 503 (SmolLM2-135M, vLLM 0.26.0; docs/benchmarks.md).
+FAST_START = {"safetensors_load_strategy": "prefetch"}
 
 
 def _set(cfg: "DeployConfig", engine: str) -> list[tuple[str, Lever, Any]]:

@@ -45,11 +45,26 @@ class RotatingFile:
         return [p for i in range(1, self.keep + 1) if (p := self._old(i)).exists()]
 
     def write_line(self, line: str) -> None:
-        data = (line + "\n").encode("utf-8", errors="replace")
-        if self.max_bytes is not None and self._size and self._size + len(data) > self.max_bytes:
-            self._rotate()
-        self._f.write(data)
-        self._size += len(data)
+        self.write_lines([line])
+
+    def write_lines(self, lines: list[str]) -> None:
+        """The lines of one read in as few writes as the cap allows (one, unless the file rotates
+        among them); a line never straddles two files, and no file passes the cap unless one line does."""
+        block = bytearray()
+        for line in lines:
+            data = (line + "\n").encode("utf-8", errors="replace")
+            if self.max_bytes is not None and self._size + len(block) and \
+                    self._size + len(block) + len(data) > self.max_bytes:
+                self._write(block)
+                block = bytearray()
+                self._rotate()
+            block += data
+        self._write(block)
+
+    def _write(self, block: bytes | bytearray) -> None:
+        if block:
+            self._f.write(block)
+            self._size += len(block)
 
     def close(self) -> None:
         self._f.close()

@@ -104,6 +104,7 @@ class ManagedProcess:
         *,
         on_line: Callable[[str], None] | None,
         tail_lines: int,
+        on_lines: Callable[[list[str]], None] | None = None,
         redact: Sequence[str],
         log: RotatingFile | None,
         on_unkillable: Callable[[dict[str, object]], None] | None = None,
@@ -117,6 +118,7 @@ class ManagedProcess:
             self.pgid = popen.pid
         self.started_at = time.monotonic()
         self._on_line = on_line
+        self._on_lines = on_lines
         self._redact = ordered(redact)
         self._log = log
         self._tail: collections.deque[str] = collections.deque(maxlen=max(tail_lines, 0))
@@ -147,6 +149,7 @@ class ManagedProcess:
         env: Mapping[str, str] | None = None,
         cwd: str | None = None,
         on_line: Callable[[str], None] | None = None,
+        on_lines: Callable[[list[str]], None] | None = None,
         tail_lines: int = 200,
         redact: Sequence[str] = (),
         log_file: str | None = None,
@@ -161,6 +164,7 @@ class ManagedProcess:
         With `pdeathsig` the kernel KILLs the child when the thread that started it exits
         (PR_SET_PDEATHSIG, through `setpriv`, which then execs argv: same pid). It follows the
         *thread*: start long-lived children from a thread that lives as long as they should.
+        `on_line` hears each output line (redacted), `on_lines` the lines of each read together;
         `log_file` gets every output line (redacted), rotated past `log_max_bytes` with `log_keep`
         old files (supervisor/process/logfile.py). `on_unkillable` hears of a tree SIGKILL did not end."""
         if isinstance(argv, (str, bytes)):
@@ -189,7 +193,7 @@ class ManagedProcess:
             if log:
                 log.close()
             raise
-        proc = cls(popen, on_line=on_line, tail_lines=tail_lines, redact=redact, log=log, on_unkillable=on_unkillable)
+        proc = cls(popen, on_line=on_line, on_lines=on_lines, tail_lines=tail_lines, redact=redact, log=log, on_unkillable=on_unkillable)
         REGISTRY.track(proc, role, [str(a) for a in argv])
         return proc
 
@@ -392,16 +396,16 @@ class ManagedProcess:
                     self._last_output_at = time.monotonic()
                     buf += chunk
                     *lines, buf = buf.split(b"\n")
-                    for raw in lines:
-                        self._emit(raw)
                     while len(buf) >= _MAX_LINE:
-                        self._emit(buf[:_MAX_LINE])
+                        lines.append(buf[:_MAX_LINE])
                         buf = buf[_MAX_LINE:]
+                    if lines:
+                        self._emit(lines)
                 if time.monotonic() >= next_refresh and not self._exited.is_set():
                     interval = _REFRESH_S if self._refresh_tree() else min(interval * 2, _REFRESH_MAX_S)
                     next_refresh = time.monotonic() + interval
             if buf:
-                self._emit(buf)
+                self._emit([buf])
         except Exception:
             # Only reading the pipe itself gets here (tree scans and callbacks catch their own):
             # nothing more can be read from it, so close it rather than spin.
@@ -419,23 +423,30 @@ class ManagedProcess:
             except OSError:
                 pass
 
-    def _emit(self, raw: bytes) -> None:
-        line = raw.decode("utf-8", errors="replace").rstrip("\r")
-        line = redact_text(line, self._redact)
+    def _emit(self, raws: list[bytes]) -> None:
+        """The lines of one read: the tail, the log file and `on_lines` take them together (one
+        lock, one write, one call: a GPU engine logs ~10 lines a request, P2b), `on_line` each."""
+        lines = [redact_text(raw.decode("utf-8", errors="replace").rstrip("\r"), self._redact) for raw in raws]
         with self._tail_lock:
-            self._tail.append(line)
+            self._tail.extend(lines)
         self._last_output_at = time.monotonic()
         if self._log:
             try:
-                self._log.write_line(line)
+                self._log.write_lines(lines)
             except (OSError, ValueError) as e:  # a full disk: keep draining, stop writing the file
                 log.warning("pid %d: output log not written any more (%s)", self.pid, e)
                 self._close_log()
-        if self._on_line:
+        if self._on_lines:
             try:
-                self._on_line(line)
+                self._on_lines(lines)
             except Exception:  # a callback bug must not stop the draining of the pipe
-                log.exception("pid %d: on_line callback failed", self.pid)
+                log.exception("pid %d: on_lines callback failed", self.pid)
+        if self._on_line:
+            for line in lines:
+                try:
+                    self._on_line(line)
+                except Exception:
+                    log.exception("pid %d: on_line callback failed", self.pid)
 
 
 def _state(p: psutil.Process) -> str:

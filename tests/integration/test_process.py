@@ -421,3 +421,20 @@ def test_the_output_reader_keeps_draining_while_descriptors_are_exhausted() -> N
     assert out.strip() == f"stopped {-signal.SIGTERM}" and starved.returncode == 0, err
     assert err.count("cannot scan its process tree ([Errno 24] Too many open files") == 1, err
     assert "scanning its process tree again" in err and "Traceback" not in err
+
+
+def test_the_lines_of_each_read_reach_on_lines_together_redacted_and_in_order(tmp_path: Path) -> None:
+    # on_lines takes a read's lines in one call (the supervisor's stderr echo: one log record per read,
+    # P2b); together they are every line once, in order, redacted, as on_line and the tail see them.
+    canary = "kiln-canary-" + secrets.token_hex(8)
+    batches: list[list[str]] = []
+    each: list[str] = []
+    p = ManagedProcess.start(helper("child.py", "--say", f"key {canary}", "--lines", "500", "--exit", "0"),
+                             on_lines=batches.append, on_line=each.append, redact=[canary],
+                             log_file=str(tmp_path / "out.log"))
+    assert p.wait(DEADLINE) == 0
+    p.stop()
+    flat = [line for batch in batches for line in batch]
+    assert flat == each == (tmp_path / "out.log").read_text().splitlines()
+    assert flat[0] == "key ***" and flat[1:4] == ["line 0", "line 1", "line 2"] and len(batches) < len(flat)
+    assert canary not in "\n".join(flat)

@@ -75,3 +75,15 @@ def test_nonsense_limits_are_refused(tmp_path):
         RotatingFile(tmp_path / "a.log", max_bytes=0)
     with pytest.raises(ValueError):
         RotatingFile(tmp_path / "a.log", max_bytes=10, keep=-1)
+
+
+def test_the_lines_of_one_read_rotate_between_lines_never_past_the_cap(tmp_path):
+    # The reader writes each read's lines at once (P2b): a block larger than the room left is split
+    # at a line, so no file passes the cap and no line straddles two files.
+    f = RotatingFile(tmp_path / "engine.log", max_bytes=100, keep=5)
+    f.write_lines([f"line {i:04d}" for i in range(25)])        # 250 bytes in one call
+    f.close()
+    files = [tmp_path / n for n in ("engine.log.2", "engine.log.1", "engine.log")]
+    assert all(p.stat().st_size <= 100 for p in files)
+    assert "".join(p.read_text() for p in files).splitlines() == [f"line {i:04d}" for i in range(25)]
+    assert f.rotations == 2

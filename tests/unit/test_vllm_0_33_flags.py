@@ -174,7 +174,7 @@ def test_fast_start_is_off_by_default_and_adds_only_what_the_rung_does_not_set(n
     on = fast(["--max-model-len", "4096"])
     argv = vllm.build_argv(on, on.ladder.rungs[0], model_path="/models/m/config.json")
     assert argv[argv.index("--safetensors-load-strategy") + 1] == "prefetch"
-    assert argv[argv.index("--optimization-level") + 1] == "1"
+    assert "--optimization-level" not in argv    # -O1 left the preset: 4.7x slower decode on the H200
     own = fast(["-O3", "--safetensors-load-strategy=eager"])
     argv = vllm.build_argv(own, own.ladder.rungs[0], model_path="/models/m/config.json")
     assert "--optimization-level" not in argv and "prefetch" not in argv and "-O3" in argv
@@ -182,12 +182,13 @@ def test_fast_start_is_off_by_default_and_adds_only_what_the_rung_does_not_set(n
 
 
 def test_fast_start_is_a_preset_of_startup_levers_and_startup_s_own_value_wins(new):
-    both = fast(["--max-model-len", "4096"], extra="[startup]\noptimization_level = 0\n")
+    both = fast(["--max-model-len", "4096"], extra='[startup]\nsafetensors_load_strategy = "eager"\n'
+                                                    "optimization_level = 0\n")
     argv = vllm.build_argv(both, both.ladder.rungs[0], model_path="/models/m/config.json")
-    # one optimisation flag, [startup]'s; the preset's other lever still applies
-    assert [a for a in argv if a.startswith("-O") or a == "--optimization-level"] == ["--optimization-level"]
-    assert argv[argv.index("--optimization-level") + 1] == "0"
+    # one load-strategy flag, [startup]'s, not the preset's; [startup]'s other lever beside it
     assert argv.count("--safetensors-load-strategy") == 1
+    assert argv[argv.index("--safetensors-load-strategy") + 1] == "eager"
+    assert argv[argv.index("--optimization-level") + 1] == "0"
 
 
 def test_fast_start_on_a_vllm_without_its_flags_is_named_by_the_lint():

@@ -1,0 +1,105 @@
+#!/usr/bin/env python3
+"""The supervisor's CPU per line of engine output (P2b's largest part on a GPU: llama-server logs
+~10 lines a request, and the reader thread took 0.82 of the supervisor's 1.03 CPU s in a 203 s
+64-stream sweep on the H200, 2026-12-02).
+
+    python3 bench/engine_output.py [--lines 50000] [--repeat 3]
+
+A child prints llama-server's request lines in bursts (10 lines, then a pause) into a real
+ManagedProcess, wired two ways in the same run, each `--repeat` times:
+  per-line   each line its own log record (the wiring before 2026-12-02: on_line -> ENGINE_LOG.info)
+  supervisor the loop's wiring now (on_lines: one record per read, every line still prefixed;
+             on_line: the boot timeline's watch, done once the engine serves)
+Both write the engine log file and the tail as the supervisor does; stderr goes to /dev/null. The
+reader thread's CPU is read by the callback itself (it runs on that thread) after the last line.
+
+  engine_output_us_per_line[...]=   CPU microseconds per line
+  engine_output_over_per_line=      supervisor / per-line (< 1: cheaper)
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import os
+import statistics
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+HERE = Path(__file__).resolve().parent
+sys.path.insert(0, str(HERE.parent))
+
+from supervisor.lifecycle import loop  # noqa: E402
+from supervisor.process.managed import ManagedProcess  # noqa: E402
+
+LINES = [   # one request's lines from llama-server 11434 (tests/fixtures/engine-logs), as served
+    "slot launch_slot_: id  3 | task 1234 | processing task",
+    "slot update_slots: id  3 | task 1234 | new prompt, n_ctx_slot = 256, n_keep = 0, task.n_tokens = 31",
+    "slot update_slots: id  3 | task 1234 | n_tokens = 0, memory_seq_rm [0, end)",
+    "slot update_slots: id  3 | task 1234 | prompt processing progress, n_tokens = 31, batch.n_tokens = 31, progress = 1.000000",
+    "slot update_slots: id  3 | task 1234 | prompt done, n_tokens = 31, batch.n_tokens = 31",
+    "slot print_timing: id  3 | task 1234 | ",
+    "prompt eval time =       4.12 ms /    31 tokens (    0.13 ms per token,  7524.27 tokens per second)",
+    "       eval time =     123.45 ms /   128 tokens (    0.96 ms per token,  1036.88 tokens per second)",
+    "slot      release: id  3 | task 1234 | stop processing: n_tokens = 159, truncated = 0",
+    "srv  log_server_r: request: POST /v1/chat/completions 127.0.0.1 200",
+]
+
+
+def child(n: int) -> list[str]:
+    code = (f"import sys, time\nL = {LINES!r}\nfor i in range({n} // len(L)):\n"
+            "    sys.stdout.write('\\n'.join(L) + '\\n'); sys.stdout.flush(); time.sleep(0.0005)\n"
+            "sys.stdout.write('done\\n')\n")
+    return [sys.executable, "-c", code]
+
+
+def one(n: int, wiring: str, tmp: Path) -> float:
+    seen = {"cpu": 0.0, "lines": 0}
+
+    def per_line(line: str) -> None:
+        loop.ENGINE_LOG.info("%s", line)
+        seen["lines"] += 1
+        seen["cpu"] = time.thread_time()
+
+    def batch(lines: list[str]) -> None:
+        loop._engine_lines(lines)
+        seen["lines"] += len(lines)
+        seen["cpu"] = time.thread_time()
+
+    done_watch = lambda line: None  # noqa: E731 - the timeline's watch once done: returns at once
+    kw = {"on_line": per_line} if wiring == "per-line" else {"on_lines": batch, "on_line": done_watch}
+    p = ManagedProcess.start(child(n), log_file=str(tmp / f"engine-{wiring}.log"), log_max_bytes=64 << 20,
+                             redact=["hf_not-a-real-token-but-as-long-as-one"], **kw)
+    p.wait(120)
+    p.stop(5)
+    if seen["lines"] < n // len(LINES) * len(LINES):
+        raise SystemExit(f"{wiring}: {seen['lines']} lines seen of {n}")
+    return seen["cpu"] / seen["lines"] * 1e6
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--lines", type=int, default=50000)
+    ap.add_argument("--repeat", type=int, default=3)
+    a = ap.parse_args()
+    if a.lines < len(LINES) or a.repeat < 1:
+        raise SystemExit(f"--lines at least {len(LINES)}, --repeat at least 1")
+    loop.setup_logging()
+    logging.getLogger("kiln").handlers[0].setStream(open(os.devnull, "w"))
+    runs: dict[str, list[float]] = {"per-line": [], "supervisor": []}
+    with tempfile.TemporaryDirectory(prefix="kiln-engine-output-") as d:
+        for _ in range(a.repeat):                 # interleaved: a machine that gets busier slows both
+            for wiring in runs:
+                runs[wiring].append(one(a.lines, wiring, Path(d)))
+                print(f"  {wiring:10} {runs[wiring][-1]:6.2f} us/line", flush=True)
+    med = {k: statistics.median(v) for k, v in runs.items()}
+    for k, v in med.items():
+        print(f"engine_output_us_per_line[{k}]={v:.2f}   (median of {a.repeat}, {a.lines} lines each)")
+    print(f"engine_output_over_per_line={med['supervisor'] / med['per-line']:.3f}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
