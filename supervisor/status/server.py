@@ -146,6 +146,11 @@ def render_metrics(snap: Snapshot) -> str:
     m.one("last_rung_switch_seconds", "gauge", "Seconds the last rung switch took.",
           timings.get("last_rung_switch_s"))  # fmt: skip
     _boot_metrics(m, _section(snap, "boot"))
+    prefetch = _section(snap, "prefetch")   # model/prefetch.py: the weights read beside the engine's start
+    m.one("model_prefetch_read_bytes", "gauge", "Bytes of the model's weights the prefetch read into the page cache.",
+          prefetch.get("read_bytes"))  # fmt: skip
+    m.one("model_prefetch_seconds", "gauge", "Seconds the model prefetch took (0 while it reads).",
+          prefetch.get("seconds"))  # fmt: skip
 
     m.one("engine_pid", "gauge", "PID of the engine process.", _section(snap, "engine").get("pid"))
     config_hash = _section(snap, "config").get("hash")

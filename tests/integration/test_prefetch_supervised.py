@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from kiln_dev.supervised import FAKE_VLLM, SELFTEST_OFF, Supervised, config, free_port, wait_for
+from kiln_dev.supervised import FAKE_VLLM, SELFTEST_OFF, Supervised, config, free_port, http, wait_for
 
 
 def served(sup: Supervised) -> dict:
@@ -36,6 +36,8 @@ def test_the_real_llama_server_boots_with_the_model_read_ahead_or_says_why_not(t
             size = tiny.stat().st_size
             assert (pf["files"], pf["bytes"], pf["read_bytes"], pf["streams"]) == (1, size, size, 1)
             assert any(h["event"] == "prefetch" for h in st["history"])
+            metrics = http(sup.url("/metrics"))[1].decode()
+            assert f"kiln_model_prefetch_read_bytes {size}" in metrics and "kiln_model_prefetch_seconds " in metrics
         else:
             assert "direct I/O" in pf["note"]
         assert sup.stop() == 0
