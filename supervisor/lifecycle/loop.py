@@ -302,26 +302,34 @@ class Supervisor:
         self.inbox.put(E.Prepared(fx.token, failure, first))
 
     def _prefetch(self, live: Live) -> None:
-        """Start reading the model's weights into the page cache (model/prefetch.py), once per set
-        of files; what it did is /status `prefetch`."""
+        """Start reading the model's weights into the page cache (model/prefetch.py), unless the same
+        files are being read already; what it did, or why not, is /status `prefetch`. Never raises:
+        it only makes a boot faster, and PID 1 must not end over it."""
+        try:
+            self._start_prefetch(live)
+        except Exception as e:                 # a file gone between listing and opening, no thread left
+            self.prefetch = None
+            self.rec.update(prefetch={"state": "skipped", "note": f"could not start: {type(e).__name__}: {e}"})
+
+    def _start_prefetch(self, live: Live) -> None:
         from ..model import prefetch, resolve
 
         path = live.model_path
         if path is None:
             try:
                 path = resolve.resolve(live.cfg)       # None for hf://: the fetch finds it, CheckLaunch starts it
-            except Exception:                          # the fetch step names what is wrong with the source
+            except KilnError:                          # the fetch step names what is wrong with the source
                 return
         if path is None:
             return
-        engine = live.cfg.engine
         try:
-            files, why = prefetch.plan(live.cfg, engine, path, hardware.ram_available_bytes())
+            planned, why = prefetch.plan(live.cfg, live.cfg.engine, path, hardware.ram_available_bytes(), self.rt.env)
         except OSError as e:                           # a file vanished between the listing and its size
-            files, why = [], f"could not list the weights: {e.strerror or e}"
+            planned, why = [], f"could not list the weights: {e.strerror or e}"
+        files = [p for p, _ in planned]
         running = self.prefetch
-        if running is not None and running.files == files and running.state != "stopped":
-            return
+        if running is not None and running.active and running.files == files:
+            return                                     # the same files, still being read
         if running is not None:
             running.stop()
         if why:
@@ -330,12 +338,18 @@ class Supervisor:
             return
 
         def done(p: Any) -> None:
-            self.rec.update(prefetch=p.to_dict())
+            if self.prefetch is not p:                 # replaced: its late end is not the news
+                return
+            d = p.to_dict()
+            self.rec.update(prefetch=d)
             self.rec.event("prefetch", f"{p.state}: {p.read / 2**30:.2f} of {p.total / 2**30:.2f} GiB "
-                                       f"in {p.to_dict()['seconds']} s ({p.streams} streams)")
+                                       f"in {d['seconds']} s ({p.streams} streams)")
 
-        self.prefetch = prefetch.Prefetch(files, streams=live.cfg.startup.prefetch_streams, on_done=done).start()
-        self.rec.update(prefetch=self.prefetch.to_dict())
+        p = prefetch.Prefetch(files, sizes=[n for _, n in planned], streams=live.cfg.startup.prefetch_streams,
+                              on_done=done)
+        self.prefetch = p
+        self.rec.update(prefetch=p.to_dict())
+        p.start()
 
     def _do_Fetch(self, fx: E.Fetch) -> None:
         def on_record(key: str, path: Path, record: dict[str, Any]) -> None:

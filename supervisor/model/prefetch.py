@@ -25,7 +25,7 @@ import re
 import threading
 import time
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Callable, Iterable
+from typing import TYPE_CHECKING, Any, Callable, Iterable, Mapping
 
 if TYPE_CHECKING:
     from ..config import DeployConfig
@@ -36,7 +36,9 @@ PREFETCH_SHARE = 0.8        # of the available memory the files may take
 _SPLIT = re.compile(r"(?P<stem>.*)-(?P<i>\d{5})-of-(?P<n>\d{5})\.gguf")
 _WEIGHTS = ("*.safetensors", "*.gguf", "*.bin", "*.pt")
 _DIO_FLAGS = ("--load-mode", "-lm")
-_OWN_LOADER_OK = (None, "auto", "safetensors")
+# vLLM loaders that read the files with ordinary reads or maps (a streamer, GPU direct storage or a
+# tensorizer do their own I/O)
+_PAGE_CACHE_LOADERS = (None, "auto", "safetensors", "pt", "npcache", "gguf", "bitsandbytes", "mistral")
 
 
 def weight_files(model_path: Path) -> list[Path]:
@@ -56,40 +58,62 @@ def weight_files(model_path: Path) -> list[Path]:
     return []
 
 
-def _rung_flag(cfg: "DeployConfig", flags: tuple[str, ...], value: str) -> bool:
-    for rung in cfg.ladder.rungs:
-        args = list(rung.args)
-        for i, a in enumerate(args):
-            name, eq, given = a.partition("=")
-            if name in flags and ((eq and given == value) or (not eq and i + 1 < len(args) and args[i + 1] == value)):
-                return True
-    return False
+def _last_value(args: list[str], names: tuple[str, ...]) -> str | None:
+    """The value the engine will use for this flag: the last one given (`--flag v` or `--flag=v`)."""
+    out = None
+    for i, a in enumerate(args):
+        name, eq, given = a.partition("=")
+        if name in names:
+            out = given if eq else (args[i + 1] if i + 1 < len(args) else None)
+    return out
 
 
-def skip_reason(cfg: "DeployConfig", engine: str) -> str | None:
-    """Why this config's engine would not use a page-cache read, or None."""
+def _in_force(cfg: "DeployConfig", rung: Any, names: tuple[str, ...], lever: Any, env_var: str | None,
+              env: Mapping[str, str]) -> str | None:
+    """What a rung's engine gets for one setting: its own flag (extra_args, then the rung's args: the
+    last wins), else the [startup] lever (added as that flag), else the engine's env variable (the
+    rung's over the pod's) -- the order the engines read them in."""
+    given = _last_value([*cfg.server.extra_args, *rung.args], names)
+    if given is not None:
+        return given
+    if lever is not None:
+        return str(lever)
+    return {**env, **rung.env}.get(env_var) if env_var else None
+
+
+def skip_reason(cfg: "DeployConfig", engine: str, env: Mapping[str, str] | None = None) -> str | None:
+    """Why this config's engine would not read the weights through the page cache on some rung, or
+    None. Any rung: the prefetch starts before the walk knows which rung will serve."""
+    env = env or {}
     if not cfg.startup.prefetch:
         return "[startup] prefetch = false"
-    if engine == "llamacpp" and (cfg.startup.load_mode == "dio" or _rung_flag(cfg, _DIO_FLAGS, "dio")):
-        return "llama.cpp loads with direct I/O (--load-mode dio), which bypasses the page cache"
-    if engine == "vllm" and cfg.startup.load_format not in _OWN_LOADER_OK:
-        return f"vLLM's --load-format {cfg.startup.load_format} reads the files its own way"
     if engine not in ("llamacpp", "vllm"):
         return f"engine {engine} loads no model files"
+    for rung in cfg.ladder.rungs:
+        if engine == "llamacpp":
+            mode = _in_force(cfg, rung, _DIO_FLAGS, cfg.startup.load_mode, "LLAMA_ARG_LOAD_MODE", env)
+            if mode == "dio":
+                return (f"llama.cpp loads with direct I/O (--load-mode dio) on rung {rung.name}, "
+                        "which bypasses the page cache")
+        else:
+            fmt = _in_force(cfg, rung, ("--load-format",), cfg.startup.load_format, None, env)
+            if fmt not in _PAGE_CACHE_LOADERS:
+                return f"vLLM's --load-format {fmt} (rung {rung.name}) reads the files its own way"
     return None
 
 
 class Prefetch:
     """Several reads in flight over the files, in file order (the front first: the engine reads
-    from the front), each thread taking the next chunk; `to_dict()` is /status `prefetch`."""
+    from the front), each thread taking the next chunk; `to_dict()` is /status `prefetch`.
+    `sizes` are the files' sizes as planned (a file that is shorter by the time it is read is noted)."""
 
-    def __init__(self, files: Iterable[Path], *, streams: int, on_done: Callable[["Prefetch"], None] | None = None,
-                 clock: Callable[[], float] = time.monotonic):
+    def __init__(self, files: Iterable[Path], *, streams: int, sizes: Iterable[int] | None = None,
+                 on_done: Callable[["Prefetch"], None] | None = None, clock: Callable[[], float] = time.monotonic):
         self.files = list(files)
         self.streams = max(1, streams)
         self.on_done = on_done
         self.clock = clock
-        self.sizes = [p.stat().st_size for p in self.files]
+        self.sizes = list(sizes) if sizes is not None else [p.stat().st_size for p in self.files]
         self.total = sum(self.sizes)
         self.read = 0
         self.state = "reading"
@@ -102,6 +126,11 @@ class Prefetch:
         self._threads: list[threading.Thread] = []
         self._running = 0
 
+    @property
+    def active(self) -> bool:
+        """Reading, and not told to stop."""
+        return self.state == "reading" and not self._stop.is_set()
+
     def start(self) -> "Prefetch":
         self.started = self.clock()
         for p in self.files:
@@ -111,11 +140,19 @@ class Prefetch:
                 fd = None
                 self.note = f"{p.name}: {e.strerror or e}"
             self._fds.append(fd)
-        self._running = self.streams
+        self._running = self.streams            # before any starts: a fast stream must not end it alone
         for i in range(self.streams):
             t = threading.Thread(target=self._worker, name=f"kiln-prefetch-{i}", daemon=True)
+            try:
+                t.start()
+            except RuntimeError as e:           # no thread to be had (a pids limit): read with fewer
+                self.note = f"{i} of {self.streams} streams started: {e}"
+                if i == 0:
+                    self._stop.set()
+                for _ in range(self.streams - i):
+                    self._finish()              # each stream that never ran ends here, the last one ends it all
+                break
             self._threads.append(t)
-            t.start()
         return self
 
     def _take(self) -> tuple[int, int, int] | None:
@@ -132,9 +169,8 @@ class Prefetch:
             return self._fds[i], off, n   # type: ignore[return-value]
 
     def _worker(self) -> None:
-        buf = bytearray(CHUNK)
-        view = memoryview(buf)
         try:
+            view = memoryview(bytearray(CHUNK))
             while not self._stop.is_set():
                 job = self._take()
                 if job is None:
@@ -148,6 +184,11 @@ class Prefetch:
                     continue
                 with self._lock:
                     self.read += got
+                    if got < n:
+                        self.note = f"a file ended {n - got} bytes early at {off + got}: it changed since it was planned"
+        except Exception as e:                  # MemoryError for the buffer, say: this stream ends, the rest go on
+            with self._lock:
+                self.note = f"a stream stopped: {type(e).__name__}: {e}"
         finally:
             self._finish()
 
@@ -163,7 +204,10 @@ class Prefetch:
                     os.close(fd)
             self._fds = [None] * len(self._fds)
         if self.on_done is not None:
-            self.on_done(self)
+            try:
+                self.on_done(self)
+            except Exception:                   # the caller's record of it: never the reader's concern
+                pass
 
     def stop(self) -> None:
         """Stop after the chunks in flight (at most one per stream)."""
@@ -188,18 +232,20 @@ class Prefetch:
             return out
 
 
-def plan(cfg: "DeployConfig", engine: str, model_path: Path | None, available: int) -> tuple[list[Path], str | None]:
-    """(the files to read, None) or ([], why not)."""
-    why = skip_reason(cfg, engine)
+def plan(cfg: "DeployConfig", engine: str, model_path: Path | None, available: int,
+         env: Mapping[str, str] | None = None) -> tuple[list[tuple[Path, int]], str | None]:
+    """([(file, size)], None) to read, or ([], why not). Raises OSError when a file cannot be listed."""
+    why = skip_reason(cfg, engine, env)
     if why:
         return [], why
     if model_path is None:
         return [], "the model is not local yet"
-    files = weight_files(model_path)
+    files = [(p, p.stat().st_size) for p in weight_files(model_path)]
     if not files:
         return [], f"no weight files found for {model_path}"
-    total = sum(p.stat().st_size for p in files)
-    if total > PREFETCH_SHARE * available:
+    total = sum(n for _, n in files)
+    buffers = cfg.startup.prefetch_streams * CHUNK          # each stream's read buffer is memory too
+    if total + buffers > PREFETCH_SHARE * available:
         return [], (f"the weights ({total / 2**30:.1f} GiB) are larger than {PREFETCH_SHARE:.0%} of the "
                     f"memory available ({available / 2**30:.1f} GiB): read ahead, the last would push out the first")
     return files, None

@@ -62,9 +62,13 @@ class RotatingFile:
         self._write(block)
 
     def _write(self, block: bytes | bytearray) -> None:
-        if block:
-            self._f.write(block)
-            self._size += len(block)
+        view = memoryview(block)
+        while view:                                # an unbuffered write may take only part (a signal)
+            n = self._f.write(view)
+            if not n:
+                raise OSError(f"{self.path}: a write took none of {len(view)} bytes")
+            self._size += n
+            view = view[n:]
 
     def close(self) -> None:
         self._f.close()

@@ -26,6 +26,10 @@ BOOT_ONLY: dict[str, str] = {
     "runpod": "it says what becomes of this pod and where its RunPod key is sent",
     "serverless": "it says what becomes of this Serverless worker after a failure, and where its volume is",
     "server.tcp_port": "the TCP relay listens where it was started",
+    # not in the config hash (they change how the model is read, not what runs), so a change to them
+    # alone would be judged unchanged and never reach a launch: named instead
+    "startup.prefetch": "the model prefetch is set for the container's life",
+    "startup.prefetch_streams": "the model prefetch is set for the container's life",
 }
 
 

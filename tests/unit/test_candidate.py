@@ -161,6 +161,9 @@ def test_a_published_config_with_a_utf8_byte_order_mark_is_accepted(running, mod
     ('[runpod]\nterminate_grace_s = 5\n', "[runpod]: cannot be changed by a published config"),
     ('[runpod]\nterminate_on_terminal_failure = true\n', "[runpod]: cannot be changed by a published config"),
     ("[status]\nport = 9091\n", "[status]: cannot be changed by a published config"),
+    # not in the hash either (how the model is read, not what runs): alone it would be "unchanged"
+    ("[startup]\nprefetch = false\n", "startup.prefetch: cannot be changed by a published config"),
+    ("[startup]\nprefetch_streams = 8\n", "startup.prefetch_streams: cannot be changed by a published config"),
 ])
 def test_a_change_to_a_boot_only_table_alone_is_rejected_by_name(running, model, change, named):
     text = good_text(model).replace("[status]\nport = 8081\n", "") + change

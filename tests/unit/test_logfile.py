@@ -87,3 +87,20 @@ def test_the_lines_of_one_read_rotate_between_lines_never_past_the_cap(tmp_path)
     assert all(p.stat().st_size <= 100 for p in files)
     assert "".join(p.read_text() for p in files).splitlines() == [f"line {i:04d}" for i in range(25)]
     assert f.rotations == 2
+
+
+def test_a_write_that_takes_only_part_of_a_block_is_finished_not_lost(tmp_path):
+    f = RotatingFile(tmp_path / "engine.log", max_bytes=1000)
+    real = f._f
+
+    class Short:                                     # an unbuffered write may take only part (a signal)
+        def write(self, b):
+            return real.write(bytes(b)[:3])
+
+        def close(self):
+            real.close()
+
+    f._f = Short()
+    f.write_lines(["first line", "second"])
+    f.close()
+    assert (tmp_path / "engine.log").read_text() == "first line\nsecond\n" and f.size == 18

@@ -54,7 +54,7 @@ def test_a_vllm_model_reads_its_safetensors_not_the_bin_copies_beside_them(tmp_p
 ])
 def test_direct_io_in_startup_or_in_any_rung_skips_it(startup, args):
     why = skip_reason(cfg("llamacpp", startup, args), "llamacpp")
-    assert why and "direct I/O" in why
+    assert why and "direct I/O" in why and "rung a" in why
 
 
 def test_mmap_none_and_mlock_read_through_the_page_cache_so_they_keep_it():
@@ -90,12 +90,37 @@ def test_neither_switch_changes_the_config_hash_that_keys_the_ladder_memory():
     assert cfg(startup='[startup]\nload_mode = "dio"\n').hash != base.hash
 
 
-def test_files_larger_than_the_memory_share_are_not_read_ahead(tmp_path):
+def test_files_and_read_buffers_past_the_memory_share_are_not_read_ahead(tmp_path):
     model = write(tmp_path / "m.gguf", 1000)
-    files, why = plan(cfg(), "llamacpp", model, available=int(1000 / prefetch.PREFETCH_SHARE) + 10)
-    assert files == [model] and why is None
-    files, why = plan(cfg(), "llamacpp", model, available=1000)
+    need = 1000 + prefetch.CHUNK                 # the file and one stream's buffer
+    files, why = plan(cfg(), "llamacpp", model, available=int(need / prefetch.PREFETCH_SHARE) + 10)
+    assert files == [(model, 1000)] and why is None
+    files, why = plan(cfg(), "llamacpp", model, available=int(need / prefetch.PREFETCH_SHARE) - 10)
     assert files == [] and "larger than 80% of the memory available" in why
+
+
+@pytest.mark.parametrize("server,rung_args,rung_env,env", [
+    ('[server]\nextra_args = ["--load-mode", "dio"]\n', "[]", "", {}),
+    ("", "[]", '[ladder.rungs.env]\nLLAMA_ARG_LOAD_MODE = "dio"\n', {}),
+    ("", "[]", "", {"LLAMA_ARG_LOAD_MODE": "dio"}),
+])
+def test_direct_io_from_extra_args_or_the_engines_env_variable_skips_it_too(server, rung_args, rung_env, env):
+    c = parse_config(f'engine = "llamacpp"\n[model]\nsource = "/m.gguf"\n{server}'
+                     f'[[ladder.rungs]]\nname = "a"\nargs = {rung_args}\n{rung_env}', env={})
+    assert "direct I/O" in skip_reason(c, "llamacpp", env)
+
+
+def test_a_rungs_own_load_mode_wins_over_startups_and_its_flag_over_the_env():
+    c = cfg("llamacpp", '[startup]\nload_mode = "dio"\n', '["--load-mode", "mmap"]')
+    assert skip_reason(c, "llamacpp") is None                     # the rung's flag wins: mmap
+    c = cfg("llamacpp", "", '["-lm", "none"]')
+    assert skip_reason(c, "llamacpp", {"LLAMA_ARG_LOAD_MODE": "dio"}) is None
+
+
+def test_a_vllm_rungs_own_streaming_loader_skips_it():
+    why = skip_reason(cfg("vllm", "", '["--load-format", "runai_streamer"]'), "vllm")
+    assert "runai_streamer" in why and "rung a" in why
+    assert skip_reason(cfg("vllm", "", '["--load-format=pt"]'), "vllm") is None
 
 
 # -- the read ------------------------------------------------------------------------------------
@@ -139,3 +164,39 @@ def test_a_file_gone_before_the_read_is_noted_and_the_rest_is_read(tmp_path):
     assert p.wait(30)
     d = p.to_dict()
     assert d["state"] == "done" and d["read_bytes"] == 200 and "a.gguf" in d["note"]
+
+
+def test_a_file_shorter_than_planned_is_noted_not_reported_whole(tmp_path, monkeypatch):
+    monkeypatch.setattr(prefetch, "CHUNK", 4096)
+    f = write(tmp_path / "m.gguf", 3 * 4096)
+    p = Prefetch([f], sizes=[5 * 4096], streams=1)            # planned larger than it is now
+    p.start()
+    assert p.wait(30)
+    d = p.to_dict()
+    assert d["read_bytes"] == 3 * 4096 and d["bytes"] == 5 * 4096 and "ended" in d["note"]
+
+
+def test_no_thread_to_be_had_ends_it_once_as_stopped_and_closes_the_files(tmp_path, monkeypatch):
+    import threading
+
+    starts = []
+
+    def refuse(self):
+        starts.append(self.name)
+        if len(starts) > 1:
+            raise RuntimeError("can't start new thread")
+        real_start(self)
+
+    real_start = threading.Thread.start
+    monkeypatch.setattr(prefetch.threading.Thread, "start", refuse)
+    ends: list[Prefetch] = []
+    p = Prefetch([write(tmp_path / "m.gguf", 100)], streams=3, on_done=ends.append).start()
+    monkeypatch.setattr(prefetch.threading.Thread, "start", real_start)
+    assert p.wait(30)
+    assert ends == [p] and p.read == 100 and "1 of 3 streams started" in p.note
+    assert all(fd is None for fd in p._fds)
+    starts.clear()
+    monkeypatch.setattr(prefetch.threading.Thread, "start", lambda self: (_ for _ in ()).throw(RuntimeError("no")))
+    ends.clear()
+    q = Prefetch([write(tmp_path / "n.gguf", 100)], streams=2, on_done=ends.append).start()
+    assert ends == [q] and q.state == "stopped" and q.read == 0 and all(fd is None for fd in q._fds)
