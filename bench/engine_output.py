@@ -5,9 +5,11 @@
 
     python3 bench/engine_output.py [--lines 50000] [--repeat 3]
 
-A child prints llama-server's request lines in bursts (10 lines, then a pause) into a real
-ManagedProcess, wired two ways in the same run, each `--repeat` times:
-  per-line   each line its own log record (the wiring before 2026-12-02: on_line -> ENGINE_LOG.info)
+A child prints llama-server's request lines (one write and flush a line, as a line-buffered logger
+does; a pause after each request's 10) into a real ManagedProcess, wired two ways in the same run,
+each `--repeat` times:
+  per-line   each line its own log record (the loop's wiring before 2026-12-02: on_line ->
+             ENGINE_LOG.info); the reader's other work (redaction, tail, log file) as it is now
   supervisor the loop's wiring now (on_lines: one record per read, every line still prefixed;
              on_line: the boot timeline's watch, done once the engine serves)
 Both write the engine log file and the tail as the supervisor does; stderr goes to /dev/null. The
@@ -50,7 +52,7 @@ LINES = [   # one request's lines from llama-server 11434 (tests/fixtures/engine
 
 def child(n: int) -> list[str]:
     code = (f"import sys, time\nL = {LINES!r}\nfor i in range({n} // len(L)):\n"
-            "    sys.stdout.write('\\n'.join(L) + '\\n'); sys.stdout.flush(); time.sleep(0.0005)\n"
+            "    for l in L:\n        sys.stdout.write(l + '\\n'); sys.stdout.flush()\n    time.sleep(0.0005)\n"
             "sys.stdout.write('done\\n')\n")
     return [sys.executable, "-c", code]
 

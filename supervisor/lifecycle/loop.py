@@ -562,12 +562,10 @@ class _LineFormatter(logging.Formatter):
         msg = record.message
         if record.name != ENGINE_LOG.name or "\n" not in msg:
             return super().formatMessage(record)
-        out = []
-        for part in msg.split("\n"):
-            record.message = part
-            out.append(super().formatMessage(record))
+        record.message = ""
+        prefix = super().formatMessage(record)     # the time, name and level (the format ends with the message): once per read
         record.message = msg
-        return "\n".join(out)
+        return "\n".join(prefix + part for part in msg.split("\n"))
 
 
 def setup_logging() -> None:

@@ -50,6 +50,10 @@ class RotatingFile:
     def write_lines(self, lines: list[str]) -> None:
         """The lines of one read in as few writes as the cap allows (one, unless the file rotates
         among them); a line never straddles two files, and no file passes the cap unless one line does."""
+        whole = "".join(line + "\n" for line in lines).encode("utf-8", errors="replace")
+        if self.max_bytes is None or self._size + len(whole) <= self.max_bytes:
+            self._write(whole)                     # the usual case: it all fits
+            return
         block = bytearray()
         for line in lines:
             data = (line + "\n").encode("utf-8", errors="replace")

@@ -28,7 +28,7 @@ import psutil
 from .leftovers import ChildrenJournal
 from .logfile import RotatingFile
 from ..redact import ordered
-from ..redact import redact as redact_text
+from ..redact import MASK, redact as redact_text
 
 __all__ = ["ManagedProcess", "ProcessRegistry", "REGISTRY"]
 
@@ -120,6 +120,7 @@ class ManagedProcess:
         self._on_line = on_line
         self._on_lines = on_lines
         self._redact = ordered(redact)
+        self._redact_joined = not any("\n" in s or "\r" in s for s in self._redact)
         self._log = log
         self._tail: collections.deque[str] = collections.deque(maxlen=max(tail_lines, 0))
         self._tail_lock = threading.Lock()
@@ -426,7 +427,13 @@ class ManagedProcess:
     def _emit(self, raws: list[bytes]) -> None:
         """The lines of one read: the tail, the log file and `on_lines` take them together (one
         lock, one write, one call: a GPU engine logs ~10 lines a request, P2b), `on_line` each."""
-        lines = [redact_text(raw.decode("utf-8", errors="replace").rstrip("\r"), self._redact) for raw in raws]
+        if self._redact_joined:                   # one decode and one pass per secret for the whole read
+            text = b"\n".join(raws).decode("utf-8", errors="replace")
+            for secret in self._redact:
+                text = text.replace(secret, MASK)
+            lines = [line.rstrip("\r") for line in text.split("\n")]
+        else:                                     # a secret with a newline in it: line by line, as it was
+            lines = [redact_text(raw.decode("utf-8", errors="replace").rstrip("\r"), self._redact) for raw in raws]
         with self._tail_lock:
             self._tail.extend(lines)
         self._last_output_at = time.monotonic()

@@ -438,3 +438,15 @@ def test_the_lines_of_each_read_reach_on_lines_together_redacted_and_in_order(tm
     assert flat == each == (tmp_path / "out.log").read_text().splitlines()
     assert flat[0] == "key ***" and flat[1:4] == ["line 0", "line 1", "line 2"] and len(batches) < len(flat)
     assert canary not in "\n".join(flat)
+
+
+def test_a_secret_with_a_newline_keeps_every_line_and_the_others_masked() -> None:
+    # A read is redacted as one text (one pass per secret); a secret holding a newline could join two
+    # lines there, so with one the reader redacts line by line as before.
+    canary = "kiln-canary-" + secrets.token_hex(8)
+    each: list[str] = []
+    p = ManagedProcess.start(helper("child.py", "--say", f"a {canary} b", "--lines", "3", "--exit", "0"),
+                             on_line=each.append, redact=[canary, "x\ny"])
+    assert p.wait(DEADLINE) == 0
+    p.stop()
+    assert each[:4] == ["a *** b", "line 0", "line 1", "line 2"]
