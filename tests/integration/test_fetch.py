@@ -393,7 +393,16 @@ def test_a_silent_hub_is_stopped_by_the_stall_deadline(tmp_path):
     hole.bind(("127.0.0.1", 0))
     hole.listen(8)
     accepted: list[socket.socket] = []
-    threading.Thread(target=lambda: [accepted.append(hole.accept()[0]) for _ in range(8)], daemon=True).start()
+
+    def hold() -> None:
+        try:
+            for _ in range(8):
+                accepted.append(hole.accept()[0])
+        except OSError:                 # the test closed the socket: nothing more to hold
+            pass
+
+    holder = threading.Thread(target=hold, daemon=True)
+    holder.start()
     env = {**os.environ, "HF_ENDPOINT": f"http://127.0.0.1:{hole.getsockname()[1]}"}
     t0 = time.monotonic()
     with pytest.raises(FetchError, match="moved no byte for 1.5 s"):
@@ -401,7 +410,11 @@ def test_a_silent_hub_is_stopped_by_the_stall_deadline(tmp_path):
                      sleep=time.sleep)
     assert time.monotonic() - t0 < 8
     assert not fetch_children()
+    hole.shutdown(socket.SHUT_RDWR)     # wakes the holder's accept (Linux), then the socket goes
     hole.close()
+    holder.join(5)
+    for c in accepted:
+        c.close()
 
 
 def test_a_stop_request_ends_the_fetch_at_once(hub, quants, tmp_path):
