@@ -105,17 +105,49 @@ def threads(p: psutil.Process) -> dict[int, float]:
     return {t.id: t.user_time + t.system_time for t in p.threads()}
 
 
+def wakeups(p: psutil.Process) -> int:
+    """Voluntary context switches summed over the process's threads (Linux): how often it slept and
+    woke; 0 where /proc does not say."""
+    total = 0
+    try:
+        for tid in os.listdir(f"/proc/{p.pid}/task"):
+            with open(f"/proc/{p.pid}/task/{tid}/status") as f:
+                total += next((int(line.split()[1]) for line in f if line.startswith("voluntary_ctxt_switches")), 0)
+    except OSError:
+        pass
+    return total
+
+
+# A lone Python thread that sleeps a second at a time, five times: the CPU share it is charged is the
+# floor under every thread of the supervisor that waits with a timeout, on this machine, measured in
+# the same run. On the CPU machine's VM (2026-12-02) it was ~0.005 however long each sleep (0.5 ms a
+# wake-up after 0.1 s, 4.7 ms after 1 s, ~24 ms after 5 s); on the H200's machine each of the idle
+# supervisor's three waking threads was charged 0.0005 (its P2b run, 2026-12-02).
+_WAKER = ("import time\nst=lambda: int(open('/proc/self/schedstat').read().split()[0])\n"
+          "time.sleep(1); c=st(); t=time.monotonic()\nfor _ in range(5): time.sleep(1)\n"
+          "print((st()-c)/1e9/(time.monotonic()-t))\n")
+
+
+def sleeper_share() -> float | None:
+    try:
+        r = subprocess.run([sys.executable, "-c", _WAKER], capture_output=True, text=True, timeout=30)
+        return round(float(r.stdout.strip()), 6)
+    except (OSError, ValueError, subprocess.SubprocessError):
+        return None                     # no schedstat here: the figure is left out
+
+
 def window(sup: psutil.Process, work: Any) -> dict[str, Any]:
-    """Run work() and return the supervisor's CPU over its wall time, the engine's, and per thread."""
-    th0, c0, e0, t0 = threads(sup), cpu_s(sup), tree_cpu_s(sup), time.monotonic()
+    """Run work() and return the supervisor's CPU over its wall time, the engine's, per thread, and
+    how many times the supervisor woke."""
+    th0, c0, e0, w0, t0 = threads(sup), cpu_s(sup), tree_cpu_s(sup), wakeups(sup), time.monotonic()
     out = work()
-    t1, c1, e1, th1 = time.monotonic(), cpu_s(sup), tree_cpu_s(sup), threads(sup)
+    t1, c1, e1, th1, w1 = time.monotonic(), cpu_s(sup), tree_cpu_s(sup), threads(sup), wakeups(sup)
     wall = t1 - t0
     per = sorted(((tid, th1[tid] - th0.get(tid, 0.0)) for tid in th1), key=lambda x: -x[1])
     return {"wall_s": round(wall, 3), "supervisor_cpu_s": round(c1 - c0, 4),
             "share": round((c1 - c0) / wall, 6) if wall > 0 else None,
             "engine_cpu_s": round(e1 - e0, 3), "threads": [{"tid": tid, "cpu_s": round(s, 4)} for tid, s in per if s > 0],
-            "result": out}
+            "wakeups": w1 - w0, "result": out}
 
 
 def main() -> int:
@@ -188,10 +220,11 @@ def main() -> int:
             log.close()
     import platform
 
+    wake = sleeper_share()
     data = {"when": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()), "machine": platform.machine(),
             "cpus": os.cpu_count(), "python": platform.python_version(), "supervisor": status.get("version"),
             "engine_argv": status.get("engine", {}).get("argv"), "args": {k: str(v) for k, v in vars(args).items()},
-            "idle": idle, "sweep": served, "scrapes": scrapes, "boot": status.get("boot")}
+            "idle": idle, "sweep": served, "scrapes": scrapes, "boot": status.get("boot"), "sleeper_share": wake}
     if args.out:
         args.out.parent.mkdir(parents=True, exist_ok=True)
         args.out.write_text(json.dumps(data, indent=2) + "\n")
@@ -208,6 +241,11 @@ def main() -> int:
     if served["supervisor_cpu_s"] * ticks < 20:
         print(f"note: the supervisor's CPU over the sweep is {served['supervisor_cpu_s'] * ticks:.0f} clock ticks "
               f"(1/{ticks} s each): too few to resolve the share; run longer (--min-sweep-s 300)")
+    for name, w in (("idle", idle), ("sweep", served)):
+        print(f"{name:>5}: the supervisor woke {w['wakeups'] / w['wall_s']:.1f} times a second")
+    if wake is not None:
+        print(f"floor: a lone thread sleeping 1 s at a time was charged a share of {wake:.5f} on this machine "
+              f"(each of the supervisor's threads that waits with a timeout pays about that)")
     print(f"P2b idle_share={idle['share']:.5f}")
     print(f"P2b supervisor_cpu_share={served['share']:.5f}   (goal <= {GOAL})")
     return 0 if tokens else 1          # no token served: the sweep measured nothing
