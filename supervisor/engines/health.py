@@ -35,7 +35,13 @@ from ..process.managed import ManagedProcess
 # Poll fast at first (small models are ready in tens of ms), then settle.
 FAST_POLL_S = 0.01
 FAST_PHASE_S = 2.0
-CPU_PROGRESS_S = 0.05      # CPU seconds that count as "doing something"
+CPU_PROGRESS_S = 0.05      # CPU seconds that count as "doing something"...
+# ... and only at this share of one core or more since the last look. A spin or a CPU-only phase runs
+# a core flat out; a sleeping process can be charged a little CPU for each wake-up (on the CPU
+# machine's VM, 2026-12-02, ~0.5 % of a core per timed waiter), which summed across looks had a hung,
+# idle engine reported as a busy spin ("the engine kept a CPU busy").
+CPU_BUSY_SHARE = 0.2
+CPU_WINDOW_S = 1.0         # the share is taken over this long at most (looks come every poll_s)
 IO_PROGRESS_BYTES = 1 << 20
 RSS_PROGRESS_BYTES = 1 << 20   # resident memory grown: weights mapped in (an mmap read) or allocated
 
@@ -87,6 +93,7 @@ class ProgressMeter:
         self.spinning = False          # the last look saw CPU time and nothing else, past the bound
         self.evidence_at = time.monotonic()     # when output, a read or memory growth was last seen
         self._cpu, self._io, self._rss = self._counters()
+        self._cpu_at = self.evidence_at
         self._out = proc.last_output_at()
 
     def _counters(self) -> tuple[float, int, int]:
@@ -118,9 +125,10 @@ class ProgressMeter:
             self._io, evidence = io, True
         if rss - self._rss >= RSS_PROGRESS_BYTES:
             self._rss, evidence = rss, True
-        busy = cpu - self._cpu >= CPU_PROGRESS_S
-        if busy:
-            self._cpu = cpu
+        used, span = cpu - self._cpu, max(now - self._cpu_at, 1e-6)
+        busy = used >= CPU_PROGRESS_S and used >= CPU_BUSY_SHARE * span
+        if busy or span >= CPU_WINDOW_S:         # a rate over at most a window, never a sum of crumbs
+            self._cpu, self._cpu_at = cpu, now
         if evidence:
             self.evidence_at = now
         cpu_counts = busy and (self.cpu_alone_s is None or now - self.evidence_at <= self.cpu_alone_s)
