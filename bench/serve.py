@@ -318,7 +318,9 @@ def main() -> int:
             total = Counters.from_text(client.metrics()).minus(start_counters)
         finally:
             if proc is not None:
-                stop(proc, 30)
+                # 10 s: a llama-server in the middle of a long prefill may finish its batch before it
+                # heeds TERM; 30 s here was as long as a caller (timeout -k, the test) waits for the bench
+                stop(proc, 10)
     acc = total.spec_acceptance
     spec = {"drafts": total.spec_drafts, "draft_tokens": total.spec_draft_tokens,
             "accepted_tokens": total.spec_accepted_tokens, "acceptance": acc,
