@@ -182,6 +182,34 @@ port = {status_port}
 """
 
 
+def vllm_config(*, model_dir: str | Path, port: int, status_port: int, state_dir: Path, rungs: str,
+                snapshot: str | Path = "", model_lines: str = "", ladder_options: str = "", extra: str = "") -> str:
+    """A vLLM deploy config on loopback whose engine is the stand-in (fake_vllm.py; KILN_FAKE_SCENARIO
+    picks what it does), the selftest off. `model_dir` holds config.json; `model_lines` more of [model],
+    `ladder_options` lines of [ladder], `extra` more tables; `snapshot` the flag snapshot (none: unset)."""
+    snap = f'flag_snapshot = "{snapshot}"\n' if snapshot else ""
+    return f"""
+engine = "vllm"
+state_dir = "{state_dir}"
+[model]
+source = "{model_dir}"
+entry = "config.json"
+{model_lines}
+[server]
+host = "127.0.0.1"
+port = {port}
+binary = "{FAKE_VLLM}"
+{snap}
+[ladder]
+{ladder_options}{rungs}
+{extra}
+{SELFTEST_OFF}
+[status]
+host = "127.0.0.1"
+port = {status_port}
+"""
+
+
 def fleet_published(text: str) -> str:
     """A deploy config from `config()` as a publisher sends it to a fleet: without state_dir and
     [status], which each pod keeps from its own boot config (several pods on one host differ there;

@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from kiln_dev.supervised import FAKE_VLLM, SELFTEST_OFF, Supervised, config, free_port, http, wait_for
+from kiln_dev.supervised import Supervised, config, free_port, http, vllm_config, wait_for
 from supervisor.engines import llamacpp, vllm
 
 LOGS = Path(__file__).resolve().parents[1] / "fixtures" / "engine-logs"
@@ -74,25 +74,9 @@ def test_the_vllm_stand_ins_recorded_boot_shows_vllms_own_phases(tmp_path):
     model.mkdir()
     (model / "config.json").write_text("{}")
     port, sport = free_port(), free_port()
-    text = f"""
-engine = "vllm"
-state_dir = "{tmp_path / 'state'}"
-[model]
-source = "{model}"
-entry = "config.json"
-[server]
-host = "127.0.0.1"
-port = {port}
-binary = "{FAKE_VLLM}"
-flag_snapshot = "{LOGS / 'vllm-0.26.0-serve-help-all-h200.txt'}"
-[[ladder.rungs]]
-name = "fits"
-args = ["--max-model-len", "4096"]
-{SELFTEST_OFF}
-[status]
-host = "127.0.0.1"
-port = {sport}
-"""
+    text = vllm_config(model_dir=model, port=port, status_port=sport, state_dir=tmp_path / "state",
+                       snapshot=LOGS / "vllm-0.26.0-serve-help-all-h200.txt",
+                       rungs='[[ladder.rungs]]\nname = "fits"\nargs = ["--max-model-len", "4096"]\n')
     with Supervised(tmp_path, text, env={"KILN_FAKE_SCENARIO": "vllm-ok", "KILN_FAKE_LOAD_S": "0.3"}) as sup:
         boot = sup.wait_state("SERVING")["boot"]
         assert phases(boot) == SUPERVISOR + [name for name, _ in vllm.PHASES]

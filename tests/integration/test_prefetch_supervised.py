@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from kiln_dev.supervised import FAKE_VLLM, SELFTEST_OFF, Supervised, config, free_port, http, wait_for
+from kiln_dev.supervised import Supervised, config, free_port, http, vllm_config, wait_for
 
 
 def served(sup: Supervised) -> dict:
@@ -53,24 +53,8 @@ def test_the_vllm_stand_ins_safetensors_are_read_and_a_switch_turns_it_off(tmp_p
         s.write_bytes(os.urandom(3 << 20))
     for off, state in ((False, "done"), (True, "skipped")):
         port, sport = free_port(), free_port()
-        text = f"""
-engine = "vllm"
-state_dir = "{tmp_path / 'state'}"
-[model]
-source = "{model}"
-entry = "config.json"
-[server]
-host = "127.0.0.1"
-port = {port}
-binary = "{FAKE_VLLM}"
-[[ladder.rungs]]
-name = "fits"
-args = ["--max-model-len", "4096"]
-{SELFTEST_OFF}
-[status]
-host = "127.0.0.1"
-port = {sport}
-"""
+        text = vllm_config(model_dir=model, port=port, status_port=sport, state_dir=tmp_path / "state",
+                           rungs='[[ladder.rungs]]\nname = "fits"\nargs = ["--max-model-len", "4096"]\n')
         env = {"KILN_FAKE_SCENARIO": "vllm-ok", **({"KILN_STARTUP_PREFETCH": "false"} if off else {})}
         with Supervised(tmp_path, text, env=env) as sup:
             pf = served(sup)["prefetch"]

@@ -19,7 +19,8 @@ from pathlib import Path
 
 import pytest
 
-from kiln_dev.supervised import FAKE_VLLM, SELFTEST_OFF, Supervised, free_port, http, wait_for
+from kiln_dev.supervised import FAKE_VLLM, Supervised, free_port, http, wait_for
+from kiln_dev.supervised import vllm_config as shared_vllm_config
 from supervisor.selftest.metrics import Counters
 
 pytestmark = pytest.mark.slow
@@ -31,28 +32,10 @@ ONE_RUNG = '[[ladder.rungs]]\nname = "main"\nargs = ["--max-model-len", "4096"]\
 
 def vllm_config(tmp: Path, model_dir: Path, *, port: int, sport: int, rungs: str = ONE_RUNG,
                 snapshot: str = "vllm-0.33.0-serve-help-all.txt") -> str:
-    return f"""
-engine = "vllm"
-state_dir = "{tmp / 'state'}"
-[model]
-source = "{model_dir}"
-entry = "config.json"
-family = "qwen3-coder"
-[server]
-host = "127.0.0.1"
-port = {port}
-binary = "{FAKE_VLLM}"
-flag_snapshot = "{HELP / snapshot}"
-[ladder]
-fall_through = ["oom", "config_rejected", "stalled"]
-{rungs}
-[health]
-stall_s = 30
-{SELFTEST_OFF}
-[status]
-host = "127.0.0.1"
-port = {sport}
-"""
+    return shared_vllm_config(model_dir=model_dir, port=port, status_port=sport, state_dir=tmp / "state",
+                              rungs=rungs, snapshot=HELP / snapshot, model_lines='family = "qwen3-coder"\n',
+                              ladder_options='fall_through = ["oom", "config_rejected", "stalled"]\n',
+                              extra="[health]\nstall_s = 30\n")
 
 
 @pytest.fixture
