@@ -503,6 +503,9 @@ class Supervisor:
         assert self.machine is not None
         live = self.machine.live
         preflight.remember(self.rt, live.cfg, self.memory, live.cfg.ladder.rungs[fx.index].name)
+        eng = self.engines.get(self.machine.engine) if self.machine.engine is not None else None
+        if eng is not None:                        # its boot phases are read: gather its output (P2b)
+            eng.proc.batch_output(ENGINE_OUTPUT_BATCH_S)
         if "boot_to_ready_s" not in self.rec.snapshot()["timings"]:
             self.rt.timing(boot_to_ready_s=time.monotonic() - self.rec.boot_monotonic)
         if self.terminator is not None:            # a published config brought it back: keep the pod
@@ -546,6 +549,12 @@ class Supervisor:
             rc = self.last_engine.proc.stop(0.0)   # already stopped: its status
         REGISTRY.stop_all(self.boot_cfg.health.stop_grace_s)
         self.exit_code = fx.code if fx.code is not None else exit_code_for(rc)
+
+
+# A serving engine's output is read at most this often: llama-server writes each of a request's ~10
+# lines on its own, and a read per line cost the supervisor more CPU than all else while serving
+# (P2b, bench/engine_output.py). A tenth of a second late in `docker logs` and the log file is unseen.
+ENGINE_OUTPUT_BATCH_S = 0.1
 
 
 def _engine_lines(lines: list[str]) -> None:

@@ -13,6 +13,7 @@ PID 1): it records the process (`unkillable`: pid, state), says so in the log an
 from __future__ import annotations
 
 import collections
+import fcntl
 import logging
 import os
 import select
@@ -43,6 +44,8 @@ _REFRESH_MAX_S = 8.0
 _KILL_WAIT_S = 10.0  # after SIGKILL only an uninterruptible (D state) process takes this long
 _UNKNOWN = "unknown"  # a state psutil could not read
 _READER_JOIN_S = 2.0  # after the tree is dead its pipe reaches EOF at once; this is a backstop
+_PIPE_BYTES = 1 << 20     # the engine's output pipe while batched: 1 MiB, Linux's default pipe-max-size
+_BATCH_MAX_BYTES = 1 << 20  # one batched read's most: the rest waits for the next
 _MAX_LINE = 64 * 1024  # a line without newline (progress dots) is cut here, not buffered forever
 # util-linux's setpriv sets PR_SET_PDEATHSIG and execs (Python's preexec_fn is unsafe with threads).
 _SETPRIV = None if os.environ.get("KILN_NO_PDEATHSIG") else shutil.which("setpriv")
@@ -119,6 +122,7 @@ class ManagedProcess:
         self.started_at = time.monotonic()
         self._on_line = on_line
         self._on_lines = on_lines
+        self._batch_s = 0.0
         self._redact = ordered(redact)
         self._redact_joined = not any("\n" in s or "\r" in s for s in self._redact)
         self._log = log
@@ -390,7 +394,7 @@ class ManagedProcess:
             while not self._abandon_pipe.is_set():
                 wait_s = _REFRESH_S if self._exited.is_set() else max(0.0, next_refresh - time.monotonic())
                 if poller.poll(wait_s * 1000):
-                    chunk = os.read(fd, 65536)
+                    chunk, eof = self._read_batch(fd, poller)
                     if not chunk:
                         break
                     # Any bytes are progress, even without a newline (loading dots).
@@ -402,6 +406,8 @@ class ManagedProcess:
                         buf = buf[_MAX_LINE:]
                     if lines:
                         self._emit(lines)
+                    if eof:
+                        break
                 if time.monotonic() >= next_refresh and not self._exited.is_set():
                     interval = _REFRESH_S if self._refresh_tree() else min(interval * 2, _REFRESH_MAX_S)
                     next_refresh = time.monotonic() + interval
@@ -415,6 +421,35 @@ class ManagedProcess:
             self._popen.stdout.close()
             self._close_log()
             self._reader_done.set()
+
+    def batch_output(self, seconds: float) -> None:
+        """Gather up to `seconds` of output into each read from now on (0: each read as it comes).
+        For a serving engine: a GPU llama-server logs ~10 lines a request, each its own write, and a
+        read per line was the supervisor's largest CPU cost while serving (P2b). The pipe is widened
+        so the engine does not block on a full pipe while the reader gathers."""
+        self._batch_s = max(0.0, seconds)
+        if self._batch_s and self._popen.stdout is not None:
+            try:
+                fcntl.fcntl(self._popen.stdout.fileno(), fcntl.F_SETPIPE_SZ, _PIPE_BYTES)
+            except (OSError, ValueError, AttributeError):  # a lower pipe-max-size, a closed pipe: keep 64 KiB
+                pass
+
+    def _read_batch(self, fd: int, poller: "select.poll") -> tuple[bytes, bool]:
+        """One read, or with batch_output a read then what else came within the batch time:
+        (bytes, whether the pipe reached its end). Empty bytes: the end, nothing more."""
+        chunk = os.read(fd, 65536)
+        if not chunk or not self._batch_s or self._exited.is_set():
+            return chunk, False
+        self._exited.wait(self._batch_s)            # an exit (a stop) ends the wait: the rest is read at once
+        parts = [chunk]
+        size = len(chunk)
+        while size < _BATCH_MAX_BYTES and poller.poll(0):
+            more = os.read(fd, 65536)
+            if not more:
+                return b"".join(parts), True
+            parts.append(more)
+            size += len(more)
+        return b"".join(parts), False
 
     def _close_log(self) -> None:
         log_file, self._log = self._log, None

@@ -450,3 +450,37 @@ def test_a_secret_with_a_newline_keeps_every_line_and_the_others_masked() -> Non
     assert p.wait(DEADLINE) == 0
     p.stop()
     assert each[:4] == ["a *** b", "line 0", "line 1", "line 2"]
+
+
+def _ticks(batch_s: float | None) -> tuple[list[list[str]], list[str], int | None]:
+    batches: list[list[str]] = []
+    each: list[str] = []
+    p = ManagedProcess.start(helper("child.py", "--ticks", "10", "--tick-ms", "30", "--exit", "0"),
+                             on_lines=batches.append, on_line=each.append)
+    if batch_s is not None:
+        p.batch_output(batch_s)
+    rc = p.wait(DEADLINE)
+    p.stop()
+    return [[x for x in b if x.startswith("tick")] for b in batches if any(x.startswith("tick") for x in b)], each, rc
+
+
+def test_a_batched_reader_brings_lines_that_come_one_by_one_in_few_reads_and_loses_none() -> None:
+    # A serving GPU engine writes each of a request's lines on its own; read as they come, each line
+    # was a wake-up and a record (P2b). With batch_output the reader gathers them: here 10 lines 30 ms
+    # apart within a 2 s batch come in one or two reads, every one in order, and the end of the
+    # output within a batch is read to the end (the exit code is kept).
+    batches, each, rc = _ticks(2.0)
+    assert rc == 0
+    assert [x for x in each if x.startswith("tick")] == [f"tick {i}" for i in range(10)]
+    assert 1 <= len(batches) <= 2, batches
+    # the same child read as the lines come: a read a line or close to it (the test can fail)
+    unbatched, each2, rc2 = _ticks(None)
+    assert rc2 == 0 and len(unbatched) >= 5, unbatched
+
+
+def test_a_batched_reader_does_not_hold_up_a_stop() -> None:
+    # The batch wait ends when the process exits: a stop of a chatty engine is not held by a long batch.
+    p = ManagedProcess.start(helper("child.py", "--ticks", "100000", "--tick-ms", "1"), on_line=None)
+    p.batch_output(600.0)
+    assert p.stop(5) is not None
+    assert p._reader_done.wait(DEADLINE), "the reader ended with the output"

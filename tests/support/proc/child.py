@@ -5,7 +5,9 @@ Options (all optional):
   --lines N         print `line 0` .. `line N-1` before ready
   --raw HEX         first write these raw bytes plus a newline (invalid UTF-8 tests)
   --ignore-term     report SIGTERM but keep running (only SIGKILL stops it)
-  --exit CODE       exit with CODE right after ready
+  --ticks N         after ready, print `tick 0` .. `tick N-1`, each its own flushed write
+  --tick-ms MS      between two ticks (default 20): a serving engine's lines, one by one
+  --exit CODE       exit with CODE right after ready (and the ticks)
   --die SIG         kill itself with signal number SIG right after ready
 SIGTERM otherwise re-raises with the default action, so the parent sees death by signal 15.
 """
@@ -14,6 +16,7 @@ import argparse
 import os
 import signal
 import sys
+import time
 
 
 def main() -> None:
@@ -22,6 +25,8 @@ def main() -> None:
     ap.add_argument("--lines", type=int, default=0)
     ap.add_argument("--raw")
     ap.add_argument("--ignore-term", action="store_true")
+    ap.add_argument("--ticks", type=int, default=0)
+    ap.add_argument("--tick-ms", type=float, default=20.0)
     ap.add_argument("--exit", type=int)
     ap.add_argument("--die", type=int)
     args = ap.parse_args()
@@ -43,6 +48,9 @@ def main() -> None:
     for i in range(args.lines):
         print(f"line {i}")
     print(f"ready (pid: {os.getpid()})", flush=True)
+    for i in range(args.ticks):
+        time.sleep(args.tick_ms / 1000)   # the pacing is the scenario: lines that come one by one
+        print(f"tick {i}", flush=True)
 
     if args.exit is not None:
         sys.exit(args.exit)
