@@ -108,6 +108,9 @@ LEVERS: dict[str, dict[str, Any]] = {
     "smollm2": {"engine": "llamacpp", "selftest": True, "model": "selftest_gguf"},
     # bare only: the engine's $HOME kept from the bare boot before (the same container booted again)
     "kept-home": {"engine": None, "bare": True},
+    # Kiln's code from --other-code DIR (a worktree of an earlier commit): a change against the code
+    # before it, in the same run (`git worktree add /tmp/before COMMIT`)
+    "other-code": {"engine": None, "code": True},
 }
 
 
@@ -305,10 +308,15 @@ def kiln(a: argparse.Namespace, eng: Engine, volume: str, lever: str | None, tag
     cfg = a.out / f"deploy-{tag}.toml"
     cfg.write_text(eng.config(state, port, sport, lever, tmp))
     env = {**env_without_kiln(), "KILN_API_KEY": KEY}
+    code = REPO
+    if lever_spec(lever).get("code"):
+        code = Path(a.other_code).resolve()
+        env["PYTHONPATH"] = str(code)
+        rec["code"] = str(code)
     logf = open(a.out / f"supervisor-{tag}.log", "w")
     t0 = time.monotonic()
     proc = spawn([SUPERVISOR_PYTHON, "-m", "supervisor", "run", "--config", str(cfg), "--exit-on-failure"],
-                 death_signal=signal.SIGTERM, cwd=REPO, env=env, stdout=logf, stderr=subprocess.STDOUT)
+                 death_signal=signal.SIGTERM, cwd=code, env=env, stdout=logf, stderr=subprocess.STDOUT)
     try:
         wait_until(lambda: proc.poll() is not None or status_code(f"http://127.0.0.1:{sport}/ready") == 200,
                    a.boot_deadline_s, POLL_S)
@@ -400,7 +408,8 @@ def report(runs: list[dict[str, Any]]) -> list[str]:
         pf = r.get("prefetch") or {}
         if pf.get("state"):
             extra += (f"; prefetch {pf['state']}" + (f" {pf.get('read_bytes', 0) / 2**30:.2f} GiB in {pf.get('seconds')} s"
-                      f" ({pf.get('streams')} streams)" if pf["state"] != "skipped" else f" ({pf.get('note')})"))
+                      f" ({pf.get('streams')} streams)" + (f" from {pf['start_s']} s" if pf.get("start_s") is not None else "")
+                      if pf["state"] != "skipped" else f" ({pf.get('note')})"))
         lines.append(f"  {r.get('engine'):8} {name:24} ready {r.get('ready_s')} s"
                      f"{'' if r.get('page_cache_dropped') or r.get('volume') != 'cold' else ' (page cache NOT dropped)'}"
                      f"{extra}{' ERROR ' + str(r.get('error')) if r.get('error') else ''}\n      phases (s): {shown}")
@@ -466,6 +475,8 @@ def main() -> int:
     ap.add_argument("--vllm", help="vLLM: the `vllm` executable (default ROOT/bin/vllm)")
     ap.add_argument("--model", help="vLLM: the model directory (default ROOT/models/smollm2-bf16)")
     ap.add_argument("--prefix", help="llama.cpp: the llama-server prefix (default ROOT/h200)")
+    ap.add_argument("--other-code", help="the lever other-code: Kiln's code from this checkout (a worktree of an "
+                                         "earlier commit), to measure a change against the code before it")
     ap.add_argument("--gguf", help="llama.cpp: the model for P9 (default: made, --gguf-gib, in ROOT/models)")
     ap.add_argument("--gguf-gib", type=float, default=6.0, help="size of the random GGUF made for P9 (default 6)")
     ap.add_argument("--selftest-gguf", help="llama.cpp: a real model for the selftest's share (lever smollm2)")
@@ -494,6 +505,10 @@ def main() -> int:
     if a.engine is None:
         ap.error("--engine vllm|llamacpp (or --report)")
     steps = [parse_step(s, a.engine) for s in (a.steps or DEFAULT_STEPS[a.engine]).split(",")]
+    if any(lever_spec(lever).get("code") for _, _, lever in steps) and \
+            not (a.other_code and (Path(a.other_code) / "supervisor" / "__main__.py").is_file()):
+        ap.error(f"the lever other-code needs --other-code DIR, a checkout of Kiln (DIR/supervisor/__main__.py); "
+                 f"got {a.other_code!r}: git worktree add /tmp/before COMMIT")
     setup(a)
     eng = Engine(a)
     for (who, volume, lever), text in zip(steps, (a.steps or DEFAULT_STEPS[a.engine]).split(",")):

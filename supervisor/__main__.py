@@ -176,7 +176,7 @@ def _main(argv: list[str] | None) -> int:
     if args.command in (None, "run"):
         from .config import load_config
         from .errors import ConfigError
-        from .lifecycle.loop import Options, run, setup_logging
+        from .lifecycle.logs import setup_logging
         from .lifecycle.timeline import process_start
 
         setup_logging()
@@ -196,7 +196,12 @@ def _main(argv: list[str] | None) -> int:
             # same failure, in a loop that bills (lifecycle/boot_failure.py).
             from .lifecycle import boot_failure
             return boot_failure.serve(e, config, os.environ)
-        return run(cfg, Options(exit_on_failure=exit_on_failure, process_start=process_start()))
+        from .model import prefetch
+
+        early = prefetch.begin(cfg, os.environ)   # the weights read from now on, not after the loop's imports
+        from .lifecycle.loop import Options, run
+
+        return run(cfg, Options(exit_on_failure=exit_on_failure, process_start=process_start(), prefetch=early))
     return EXIT_INVALID
 
 

@@ -31,7 +31,6 @@ import logging
 import os
 import queue
 import signal
-import sys
 import threading
 import time
 from dataclasses import dataclass
@@ -61,8 +60,9 @@ from .runtime import Runtime
 from .state import Live, Origin, Record, State
 from .tasks import Task, Tasks
 
+from .logs import ENGINE_LOG, _engine_lines, _LineFormatter, setup_logging  # noqa: F401 - bench reads them here
+
 log = logging.getLogger("kiln")
-ENGINE_LOG = logging.getLogger("kiln.engine")
 EXIT_USAGE = 2            # the supervisor could not even start (a busy status port, say)
 _IDLE_WAKE_S = 1.0        # the loop looks around at least this often (reap orphans, candidates)
 
@@ -75,6 +75,7 @@ class Options:
     env: Mapping[str, str] | None = None
     status: bool = True
     process_start: float | None = None     # when this process was exec'd (monotonic): timeline.py
+    prefetch: Any = None                   # model/prefetch.py begin()'s, started before the loop was built
 
 
 @dataclass(frozen=True)
@@ -128,6 +129,10 @@ class Supervisor:
         self.model_records: dict[str, dict[str, Any]] = {}   # model path -> its /status record, shown once it serves
         self.worker: Any = None                     # serverless/worker.py ServerlessWorker, on a Serverless worker
         self.prefetch: Any = None                   # model/prefetch.py Prefetch: the weights read beside the engine's start
+        if opts.prefetch is not None:               # begun before this was built: kept if the boot plans the same files
+            self.prefetch = opts.prefetch
+            self.rec.update(prefetch=self._prefetch_shown(opts.prefetch))
+            opts.prefetch.adopt(self._prefetch_done)
         if cfg.serverless.active:
             from ..serverless.worker import ServerlessWorker
 
@@ -291,13 +296,13 @@ class Supervisor:
 
     def _do_Prepare(self, fx: E.Prepare) -> None:
         self.rec.phase("preflight")
+        self._prefetch(fx.live)                 # a local model: read from now on, beside the probe and preflight
         if fx.probe:
             preflight.probe(self.rt)
             recorded = self.worker.recall(fx.live.cfg) if self.worker is not None else None
-            if recorded is not None:            # nothing fetched, nothing loaded: FAILED, then released
+            if recorded is not None:            # nothing fetched, nothing loaded: FAILED (which stops the read), then released
                 self.inbox.put(E.Prepared(fx.token, recorded, 0))
                 return
-        self._prefetch(fx.live)                 # a local model: read from now on, beside preflight
         failure, first = preflight.prepare(self.rt, fx.live.cfg, self.memory)
         self.inbox.put(E.Prepared(fx.token, failure, first))
 
@@ -337,19 +342,27 @@ class Supervisor:
             self.rec.update(prefetch={"state": "skipped", "note": why})
             return
 
-        def done(p: Any) -> None:
-            if self.prefetch is not p:                 # replaced: its late end is not the news
-                return
-            d = p.to_dict()
-            self.rec.update(prefetch=d)
-            self.rec.event("prefetch", f"{p.state}: {p.read / 2**30:.2f} of {p.total / 2**30:.2f} GiB "
-                                       f"in {d['seconds']} s ({p.streams} streams)")
-
         p = prefetch.Prefetch(files, sizes=[n for _, n in planned], streams=live.cfg.startup.prefetch_streams,
-                              on_done=done)
+                              on_done=self._prefetch_done)
         self.prefetch = p
-        self.rec.update(prefetch=p.to_dict())
+        self.rec.update(prefetch=self._prefetch_shown(p))     # before start(): its end's update comes after
         p.start()
+
+    def _prefetch_shown(self, p: Any) -> dict[str, Any]:
+        """/status `prefetch`: what it read, and `start_s`, when it began after the process's exec
+        (the boot timeline's zero): the earlier, the more of the read is done when the engine needs it."""
+        d = p.to_dict()
+        zero = self.opts.process_start if self.opts.process_start is not None else self.rec.boot_monotonic
+        d["start_s"] = round((p.started if p.started is not None else time.monotonic()) - zero, 3)
+        return d
+
+    def _prefetch_done(self, p: Any) -> None:
+        if self.prefetch is not p:                     # replaced: its late end is not the news
+            return
+        d = self._prefetch_shown(p)
+        self.rec.update(prefetch=d)
+        self.rec.event("prefetch", f"{p.state}: {p.read / 2**30:.2f} of {p.total / 2**30:.2f} GiB "
+                                   f"in {d['seconds']} s ({p.streams} streams)")
 
     def _do_Fetch(self, fx: E.Fetch) -> None:
         def on_record(key: str, path: Path, record: dict[str, Any]) -> None:
@@ -555,35 +568,6 @@ class Supervisor:
 # lines on its own, and a read per line cost the supervisor more CPU than all else while serving
 # (P2b, bench/engine_output.py). A tenth of a second late in `docker logs` and the log file is unseen.
 ENGINE_OUTPUT_BATCH_S = 0.1
-
-
-def _engine_lines(lines: list[str]) -> None:
-    """The engine's output on stderr, one record per read: a record per line cost ~10 us, at a GPU's
-    request rate (~10 lines a request) the supervisor's largest CPU cost while serving (P2b)."""
-    ENGINE_LOG.info("%s", "\n".join(lines))
-
-
-class _LineFormatter(logging.Formatter):
-    """The log's prefix on every line of an engine record: a log reader sees one line per engine line,
-    as when each was its own record, with the time of the read that brought it."""
-
-    def formatMessage(self, record: logging.LogRecord) -> str:
-        msg = record.message
-        if record.name != ENGINE_LOG.name or "\n" not in msg:
-            return super().formatMessage(record)
-        record.message = ""
-        prefix = super().formatMessage(record)     # the time, name and level (the format ends with the message): once per read
-        record.message = msg
-        return "\n".join(prefix + part for part in msg.split("\n"))
-
-
-def setup_logging() -> None:
-    handler = logging.StreamHandler(sys.stderr)
-    handler.setFormatter(_LineFormatter("%(asctime)s %(name)s %(levelname)s %(message)s"))
-    root = logging.getLogger("kiln")
-    root.handlers[:] = [handler]
-    root.setLevel(logging.INFO)
-    root.propagate = False
 
 
 def run(cfg: DeployConfig, opts: Options | None = None) -> int:

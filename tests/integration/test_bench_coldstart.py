@@ -147,3 +147,20 @@ def test_a_step_run_several_times_is_reported_as_the_median_with_its_spread(tmp_
     (into,) = [ln for ln in r.stdout.splitlines() if ln.startswith("P9 boot_over_read_into=")]
     assert into.startswith("P9 boot_over_read_into=1.383 ") and "4.700 s against read_once's 5.200" in into
     assert "P9 boot_over_read_into[lm-dio]=1.0638" in r.stdout
+
+
+def test_the_other_code_lever_boots_kiln_from_the_checkout_it_is_given_and_needs_one(tmp_path, prefix, tiny):
+    # A change measured against the code before it in the same run: the supervisor is started from
+    # --other-code's checkout (here this one, so the boot must still reach SERVING), said in the record.
+    root, out = tmp_path / "root", tmp_path / "out"
+    refused = run("--engine", "llamacpp", "--root", str(root), "--out", str(out), "--prefix", str(prefix),
+                  "--gguf", str(tiny), "--cpu", "--no-drop", "--steps", "kiln-warm:other-code")
+    assert refused.returncode != 0 and "--other-code DIR" in refused.stderr
+    assert not (root / "coldstart.json").exists()
+    r = run("--engine", "llamacpp", "--root", str(root), "--out", str(out), "--prefix", str(prefix),
+            "--gguf", str(tiny), "--cpu", "--no-drop", "--port", str(free_pair()), "--other-code", str(REPO),
+            "--steps", "kiln-warm:other-code")
+    assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
+    (rec,) = json.loads((out / "coldstart.json").read_text())["runs"]
+    assert rec["code"] == str(REPO) and rec["state"] == "SERVING" and rec["ready_s"] > 0
+    assert not left_behind(tmp_path)
