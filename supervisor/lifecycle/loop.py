@@ -75,7 +75,6 @@ class Options:
     env: Mapping[str, str] | None = None
     status: bool = True
     process_start: float | None = None     # when this process was exec'd (monotonic): timeline.py
-    prefetch: Any = None                   # model/prefetch.py begin()'s, started before the loop was built
 
 
 @dataclass(frozen=True)
@@ -129,10 +128,6 @@ class Supervisor:
         self.model_records: dict[str, dict[str, Any]] = {}   # model path -> its /status record, shown once it serves
         self.worker: Any = None                     # serverless/worker.py ServerlessWorker, on a Serverless worker
         self.prefetch: Any = None                   # model/prefetch.py Prefetch: the weights read beside the engine's start
-        if opts.prefetch is not None:               # begun before this was built: kept if the boot plans the same files
-            self.prefetch = opts.prefetch
-            self.rec.update(prefetch=self._prefetch_shown(opts.prefetch))
-            opts.prefetch.adopt(self._prefetch_done)
         if cfg.serverless.active:
             from ..serverless.worker import ServerlessWorker
 
@@ -296,13 +291,13 @@ class Supervisor:
 
     def _do_Prepare(self, fx: E.Prepare) -> None:
         self.rec.phase("preflight")
-        self._prefetch(fx.live)                 # a local model: read from now on, beside the probe and preflight
         if fx.probe:
             preflight.probe(self.rt)
             recorded = self.worker.recall(fx.live.cfg) if self.worker is not None else None
-            if recorded is not None:            # nothing fetched, nothing loaded: FAILED (which stops the read), then released
+            if recorded is not None:            # nothing fetched, nothing loaded: FAILED, then released
                 self.inbox.put(E.Prepared(fx.token, recorded, 0))
                 return
+        self._prefetch(fx.live)                 # a local model: read from now on, beside preflight
         failure, first = preflight.prepare(self.rt, fx.live.cfg, self.memory)
         self.inbox.put(E.Prepared(fx.token, failure, first))
 
