@@ -431,9 +431,10 @@ def report(runs: list[dict[str, Any]]) -> list[str]:
     if rd:
         lines.append(f"P9 boot_over_read={ratio(kl, rd, ky='read_s')}   (llama.cpp, default load mode; goal <= {GOALS['P9']})"
                      f"{runs_note(kl, rd)}")
-        for lever in sorted({r["lever"] for r in runs if r.get("engine") == "llamacpp" and r.get("who") == "kiln"
-                             and r.get("volume") == "cold" and r.get("lever")}):
-            k = latest(runs, "llamacpp", "kiln", "cold", lever)
+        levers = {lever: latest(runs, "llamacpp", "kiln", "cold", lever) for lever in sorted(
+            {r["lever"] for r in runs if r.get("engine") == "llamacpp" and r.get("who") == "kiln"
+             and r.get("volume") == "cold" and r.get("lever")})}
+        for lever, k in levers.items():
             if k:
                 lines.append(f"P9 boot_over_read[{lever}]={ratio(k, rd, ky='read_s')}{runs_note(k, rd)}")
         b = latest(runs, "llamacpp", "bare", "cold")
@@ -445,9 +446,7 @@ def report(runs: list[dict[str, Any]]) -> list[str]:
             lines.append(f"P9 boot_over_read_into={ratio(kl, ri, ky='read_into_s')}   (the same boot over a read into "
                          f"one reused 16 MiB buffer: {ri['read_into_s']:.3f} s against read_once's {rd['read_s']:.3f})"
                          f"{runs_note(kl, ri)}")
-            for lever in sorted({r["lever"] for r in runs if r.get("engine") == "llamacpp" and r.get("who") == "kiln"
-                                 and r.get("volume") == "cold" and r.get("lever")}):
-                k = latest(runs, "llamacpp", "kiln", "cold", lever)
+            for lever, k in levers.items():
                 if k:
                     lines.append(f"P9 boot_over_read_into[{lever}]={ratio(k, ri, ky='read_into_s')}")
             if b:
