@@ -312,7 +312,8 @@ def kiln(a: argparse.Namespace, eng: Engine, volume: str, lever: str | None, tag
     if lever_spec(lever).get("code"):
         code = Path(a.other_code).resolve()
         env["PYTHONPATH"] = str(code)
-        rec["code"] = str(code)
+        head = subprocess.run(["git", "-C", str(code), "rev-parse", "HEAD"], capture_output=True, text=True)
+        rec["code"] = str(code) + (f" at {head.stdout.strip()}" if head.returncode == 0 else "")
     logf = open(a.out / f"supervisor-{tag}.log", "w")
     t0 = time.monotonic()
     proc = spawn([SUPERVISOR_PYTHON, "-m", "supervisor", "run", "--config", str(cfg), "--exit-on-failure"],
@@ -448,9 +449,9 @@ def report(runs: list[dict[str, Any]]) -> list[str]:
                          f"{runs_note(kl, ri)}")
             for lever, k in levers.items():
                 if k:
-                    lines.append(f"P9 boot_over_read_into[{lever}]={ratio(k, ri, ky='read_into_s')}")
+                    lines.append(f"P9 boot_over_read_into[{lever}]={ratio(k, ri, ky='read_into_s')}{runs_note(k, ri)}")
             if b:
-                lines.append(f"P9 bare_boot_over_read_into={ratio(b, ri, ky='read_into_s')}")
+                lines.append(f"P9 bare_boot_over_read_into={ratio(b, ri, ky='read_into_s')}{runs_note(b, ri)}")
     st = latest(runs, "llamacpp", "kiln", "warm", "smollm2")
     if st and st.get("selftest", {}).get("share") is not None:
         lines.append(f"P9 selftest_share={st['selftest']['share']}   (llama.cpp kiln-warm:smollm2, the selftest / the boot)")

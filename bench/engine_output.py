@@ -121,5 +121,6 @@ def main() -> int:
     print(f"engine_output_over_per_read={med['supervisor'] / med['per-read']:.3f}")
     return 0
 
+
 if __name__ == "__main__":
     sys.exit(main())

@@ -19,7 +19,9 @@ import os
 import select
 import shutil
 import signal
+import struct
 import subprocess
+import termios
 import threading
 import time
 from collections.abc import Callable, Iterable, Mapping, Sequence
@@ -49,6 +51,14 @@ _BATCH_MAX_BYTES = 1 << 20  # one batched read's most: the rest waits for the ne
 _MAX_LINE = 64 * 1024  # a line without newline (progress dots) is cut here, not buffered forever
 # util-linux's setpriv sets PR_SET_PDEATHSIG and execs (Python's preexec_fn is unsafe with threads).
 _SETPRIV = None if os.environ.get("KILN_NO_PDEATHSIG") else shutil.which("setpriv")
+
+
+def _queued(fd: int) -> int:
+    """Bytes waiting in a pipe (FIONREAD), 0 where it cannot say."""
+    try:
+        return struct.unpack("i", fcntl.ioctl(fd, termios.FIONREAD, b"\0\0\0\0"))[0]
+    except (OSError, struct.error):
+        return 0
 
 
 def _running(p: psutil.Process) -> bool:
@@ -123,6 +133,7 @@ class ManagedProcess:
         self._on_line = on_line
         self._on_lines = on_lines
         self._batch_s = 0.0
+        self._pipe_bytes: int | None = None   # the output pipe's size, once batching asked for it
         self._redact = ordered(redact)
         self._redact_joined = not any("\n" in s or "\r" in s for s in self._redact)
         self._log = log
@@ -425,14 +436,25 @@ class ManagedProcess:
     def batch_output(self, seconds: float) -> None:
         """Gather up to `seconds` of output into each read from now on (0: each read as it comes).
         For a serving engine: a GPU llama-server logs ~10 lines a request, each its own write, and a
-        read per line was the supervisor's largest CPU cost while serving (P2b). The pipe is widened
-        so the engine does not block on a full pipe while the reader gathers."""
+        read per line was the supervisor's largest CPU cost while serving (P2b). The reader widens
+        the pipe first, and does not wait while half a pipe is already queued: an engine that logs
+        faster than that is read as it writes, not made to wait on a full pipe."""
         self._batch_s = max(0.0, seconds)
-        if self._batch_s and self._popen.stdout is not None:
+
+    def _pipe_capacity(self, fd: int) -> int:
+        """The output pipe's size, widened to _PIPE_BYTES where the kernel allows (once, on the
+        reader's own thread: the fd is the reader's to close)."""
+        if self._pipe_bytes is None:
             try:
-                fcntl.fcntl(self._popen.stdout.fileno(), fcntl.F_SETPIPE_SZ, _PIPE_BYTES)
-            except (OSError, ValueError, AttributeError):  # a lower pipe-max-size, a closed pipe: keep 64 KiB
-                pass
+                fcntl.fcntl(fd, fcntl.F_SETPIPE_SZ, _PIPE_BYTES)
+            except (OSError, AttributeError) as e:   # past pipe-user-pages-soft without CAP_SYS_RESOURCE, say
+                log.info("pid %d: output pipe not widened (%s): batched reads stop waiting at half of it",
+                         self.pid, getattr(e, "strerror", None) or e)
+            try:
+                self._pipe_bytes = fcntl.fcntl(fd, fcntl.F_GETPIPE_SZ)
+            except (OSError, AttributeError):
+                self._pipe_bytes = 65536             # Linux's default
+        return self._pipe_bytes
 
     def _read_batch(self, fd: int, poller: "select.poll") -> tuple[bytes, bool]:
         """One read, or with batch_output a read then what else came within the batch time:
@@ -440,7 +462,8 @@ class ManagedProcess:
         chunk = os.read(fd, 65536)
         if not chunk or not self._batch_s or self._exited.is_set():
             return chunk, False
-        self._exited.wait(self._batch_s)            # an exit (a stop) ends the wait: the rest is read at once
+        if len(chunk) + _queued(fd) < self._pipe_capacity(fd) // 2:
+            self._exited.wait(self._batch_s)        # an exit (a stop) ends the wait: the rest is read at once
         parts = [chunk]
         size = len(chunk)
         while size < _BATCH_MAX_BYTES and poller.poll(0):

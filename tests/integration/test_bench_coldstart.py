@@ -10,6 +10,8 @@ from __future__ import annotations
 
 import json
 import os
+import re
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -151,16 +153,22 @@ def test_a_step_run_several_times_is_reported_as_the_median_with_its_spread(tmp_
 
 def test_the_other_code_lever_boots_kiln_from_the_checkout_it_is_given_and_needs_one(tmp_path, prefix, tiny):
     # A change measured against the code before it in the same run: the supervisor is started from
-    # --other-code's checkout (here this one, so the boot must still reach SERVING), said in the record.
+    # --other-code's checkout (here a copy of this one with another version: /status must say it).
     root, out = tmp_path / "root", tmp_path / "out"
+    other = tmp_path / "other"
+    shutil.copytree(REPO / "supervisor", other / "supervisor", ignore=shutil.ignore_patterns("__pycache__"))
+    init = other / "supervisor" / "__init__.py"
+    init.write_text(re.sub(r'__version__ = "[^"]*"', '__version__ = "0.0.0+other"', init.read_text()))
     refused = run("--engine", "llamacpp", "--root", str(root), "--out", str(out), "--prefix", str(prefix),
                   "--gguf", str(tiny), "--cpu", "--no-drop", "--steps", "kiln-warm:other-code")
     assert refused.returncode != 0 and "--other-code DIR" in refused.stderr
     assert not (root / "coldstart.json").exists()
     r = run("--engine", "llamacpp", "--root", str(root), "--out", str(out), "--prefix", str(prefix),
-            "--gguf", str(tiny), "--cpu", "--no-drop", "--port", str(free_pair()), "--other-code", str(REPO),
+            "--gguf", str(tiny), "--cpu", "--no-drop", "--port", str(free_pair()), "--other-code", str(other),
             "--steps", "kiln-warm:other-code")
     assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
     (rec,) = json.loads((out / "coldstart.json").read_text())["runs"]
-    assert rec["code"] == str(REPO) and rec["state"] == "SERVING" and rec["ready_s"] > 0
+    assert rec["code"] == str(other) and rec["state"] == "SERVING" and rec["ready_s"] > 0
+    (shown,) = out.glob("status-*other-code*.json")
+    assert json.loads(shown.read_text())["version"] == "0.0.0+other"
     assert not left_behind(tmp_path)

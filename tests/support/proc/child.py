@@ -5,6 +5,7 @@ Options (all optional):
   --lines N         print `line 0` .. `line N-1` before ready
   --raw HEX         first write these raw bytes plus a newline (invalid UTF-8 tests)
   --ignore-term     report SIGTERM but keep running (only SIGKILL stops it)
+  --burst BYTES     after ready, write about BYTES of 100-character lines at once, then `burst done`
   --ticks N         after ready, print `tick 0` .. `tick N-1`, each its own flushed write
   --tick-ms MS      between two ticks (default 20): a serving engine's lines, one by one
   --exit CODE       exit with CODE right after ready (and the ticks)
@@ -25,6 +26,7 @@ def main() -> None:
     ap.add_argument("--lines", type=int, default=0)
     ap.add_argument("--raw")
     ap.add_argument("--ignore-term", action="store_true")
+    ap.add_argument("--burst", type=int, default=0)
     ap.add_argument("--ticks", type=int, default=0)
     ap.add_argument("--tick-ms", type=float, default=20.0)
     ap.add_argument("--exit", type=int)
@@ -48,6 +50,11 @@ def main() -> None:
     for i in range(args.lines):
         print(f"line {i}")
     print(f"ready (pid: {os.getpid()})", flush=True)
+    if args.burst:
+        line = "b" * 99 + "\n"
+        for _ in range(args.burst // 100):
+            sys.stdout.write(line)
+        print("burst done", flush=True)
     for i in range(args.ticks):
         time.sleep(args.tick_ms / 1000)   # the pacing is the scenario: lines that come one by one
         print(f"tick {i}", flush=True)
