@@ -134,6 +134,7 @@ class ManagedProcess:
         self._on_lines = on_lines
         self._batch_s = 0.0
         self._pipe_bytes: int | None = None   # the output pipe's size, once batching asked for it
+        self._burst_until = 0.0               # monotonic: until then a batched read does not wait (a burst)
         self._redact = ordered(redact)
         self._redact_joined = not any("\n" in s or "\r" in s for s in self._redact)
         self._log = log
@@ -437,8 +438,9 @@ class ManagedProcess:
         """Gather up to `seconds` of output into each read from now on (0: each read as it comes).
         For a serving engine: a GPU llama-server logs ~10 lines a request, each its own write, and a
         read per line was the supervisor's largest CPU cost while serving (P2b). The reader widens
-        the pipe first, and does not wait while half a pipe is already queued: an engine that logs
-        faster than that is read as it writes, not made to wait on a full pipe."""
+        the pipe first, and does not wait while a burst goes on (half a pipe queued, or brought by a
+        batch within the last batch time): an engine that logs faster than that is read as it writes,
+        not held on a full pipe."""
         self._batch_s = max(0.0, seconds)
 
     def _pipe_capacity(self, fd: int) -> int:
@@ -462,17 +464,26 @@ class ManagedProcess:
         chunk = os.read(fd, 65536)
         if not chunk or not self._batch_s or self._exited.is_set():
             return chunk, False
-        if len(chunk) + _queued(fd) < self._pipe_capacity(fd) // 2:
+        half = self._pipe_capacity(fd) // 2
+        # A burst (half a pipe queued now, or in a batch less than a batch time ago) is read as it
+        # comes: waiting would hold the engine's writes on a full pipe, a pipe per batch.
+        if len(chunk) + _queued(fd) >= half:
+            self._burst_until = time.monotonic() + self._batch_s
+        if time.monotonic() >= self._burst_until:
             self._exited.wait(self._batch_s)        # an exit (a stop) ends the wait: the rest is read at once
         parts = [chunk]
         size = len(chunk)
+        eof = False
         while size < _BATCH_MAX_BYTES and poller.poll(0):
             more = os.read(fd, 65536)
             if not more:
-                return b"".join(parts), True
+                eof = True
+                break
             parts.append(more)
             size += len(more)
-        return b"".join(parts), False
+        if size >= half:
+            self._burst_until = time.monotonic() + self._batch_s
+        return b"".join(parts), eof
 
     def _close_log(self) -> None:
         log_file, self._log = self._log, None
