@@ -38,7 +38,7 @@ from pathlib import Path
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE.parent))
 
-from supervisor.lifecycle import loop  # noqa: E402
+from supervisor.lifecycle import logs, loop  # noqa: E402
 from supervisor.process.managed import ManagedProcess  # noqa: E402
 
 LINES = [   # one request's lines from llama-server 11434 (tests/fixtures/engine-logs), as served
@@ -68,13 +68,13 @@ def one(n: int, wiring: str, tmp: Path, pace_s: float) -> tuple[float, float]:
     seen = {"cpu": 0.0, "lines": 0, "reads": 0}
 
     def per_line(line: str) -> None:
-        loop.ENGINE_LOG.info("%s", line)
+        logs.ENGINE_LOG.info("%s", line)
         seen["lines"] += 1
         seen["reads"] += 1          # as many records as lines: what a read brought is not seen here
         seen["cpu"] = time.thread_time()
 
     def batch(lines: list[str]) -> None:
-        loop._engine_lines(lines)
+        logs.engine_lines(lines)
         seen["lines"] += len(lines)
         seen["reads"] += 1
         seen["cpu"] = time.thread_time()
@@ -100,7 +100,7 @@ def main() -> int:
     a = ap.parse_args()
     if a.lines < len(LINES) or a.repeat < 1 or not 0 <= a.pace_ms <= 1000:
         raise SystemExit(f"--lines at least {len(LINES)}, --repeat at least 1, --pace-ms 0..1000")
-    loop.setup_logging()
+    logs.setup_logging()
     logging.getLogger("kiln").handlers[0].setStream(open(os.devnull, "w"))
     runs: dict[str, list[float]] = {"per-line": [], "per-read": [], "supervisor": []}
     per_read: dict[str, list[float]] = {k: [] for k in runs}

@@ -1,6 +1,6 @@
 """The supervisor's log on stderr, and the engine's output in it. Its own module, importing only
-logging, so PID 1 sets it up before it reads the config and starts the model prefetch, not after the
-loop's imports."""
+logging: PID 1 sets it up before it reads the config, and a config that fails to load is said
+without the loop ever being imported."""
 
 from __future__ import annotations
 
@@ -10,13 +10,13 @@ import sys
 ENGINE_LOG = logging.getLogger("kiln.engine")
 
 
-def _engine_lines(lines: list[str]) -> None:
+def engine_lines(lines: list[str]) -> None:
     """The engine's output on stderr, one record per read: a record per line cost ~10 us, at a GPU's
     request rate (~10 lines a request) the supervisor's largest CPU cost while serving (P2b)."""
     ENGINE_LOG.info("%s", "\n".join(lines))
 
 
-class _LineFormatter(logging.Formatter):
+class LineFormatter(logging.Formatter):
     """The log's prefix on every line of an engine record: a log reader sees one line per engine line,
     as when each was its own record, with the time of the read that brought it."""
 
@@ -32,7 +32,7 @@ class _LineFormatter(logging.Formatter):
 
 def setup_logging() -> None:
     handler = logging.StreamHandler(sys.stderr)
-    handler.setFormatter(_LineFormatter("%(asctime)s %(name)s %(levelname)s %(message)s"))
+    handler.setFormatter(LineFormatter("%(asctime)s %(name)s %(levelname)s %(message)s"))
     root = logging.getLogger("kiln")
     root.handlers[:] = [handler]
     root.setLevel(logging.INFO)

@@ -59,8 +59,7 @@ from ..redact import Secrets
 from .runtime import Runtime
 from .state import Live, Origin, Record, State
 from .tasks import Task, Tasks
-
-from .logs import ENGINE_LOG, _engine_lines, _LineFormatter, setup_logging  # noqa: F401 - bench reads them here
+from .logs import engine_lines
 
 log = logging.getLogger("kiln")
 EXIT_USAGE = 2            # the supervisor could not even start (a busy status port, say)
@@ -393,7 +392,7 @@ class Supervisor:
         watch = self.rec.boot.engine(getattr(self.rt.engine, "PHASES", ()), fx.live.cfg.ladder.rungs[fx.index].name)
 
         started = launch.start(self.rt, fx.live.cfg, fx.index, fx.live.model_path, on_line=watch.line,
-                               on_lines=_engine_lines)
+                               on_lines=engine_lines)
         if isinstance(started, Failure):
             self.inbox.put(E.EngineDown(fx.token, started, started=False))
             return
@@ -578,4 +577,4 @@ def run(cfg: DeployConfig, opts: Options | None = None) -> int:
         return EXIT_NOTHING_SERVED
 
 
-__all__ = ["Options", "Supervisor", "run", "setup_logging", "Origin"]
+__all__ = ["Options", "Supervisor", "run", "Origin"]

@@ -23,7 +23,7 @@ REPO = Path(__file__).resolve().parents[2]
 WAKE_BEHIND_PREPARED = """
 import sys
 from supervisor.config import load_config
-from supervisor.lifecycle import loop
+from supervisor.lifecycle import logs, loop
 
 answer = loop.Supervisor._do_Prepare
 
@@ -32,7 +32,7 @@ def prepare_then_wake(self, fx):
     self.inbox.put(loop._Wake())       # a signal's wake-up, right behind PREFLIGHT's answer
 
 loop.Supervisor._do_Prepare = prepare_then_wake
-loop.setup_logging()
+logs.setup_logging()
 sys.exit(loop.run(load_config(sys.argv[1])))
 """
 

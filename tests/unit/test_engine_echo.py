@@ -6,7 +6,7 @@ from __future__ import annotations
 import io
 import logging
 
-from supervisor.lifecycle import loop
+from supervisor.lifecycle import logs
 
 
 def test_every_engine_line_of_a_read_gets_the_prefix_and_other_records_are_untouched():
@@ -19,11 +19,11 @@ def test_every_engine_line_of_a_read_gets_the_prefix_and_other_records_are_untou
 
 
 def check() -> None:
-    loop.setup_logging()
+    logs.setup_logging()
     handler = logging.getLogger("kiln").handlers[0]
     out = io.StringIO()
     handler.setStream(out)
-    loop._engine_lines(["slot launch_slot_: id 0 | task 7", "", "srv log_server_r: request: POST /v1 200"])
+    logs.engine_lines(["slot launch_slot_: id 0 | task 7", "", "srv log_server_r: request: POST /v1 200"])
     logging.getLogger("kiln").info("a supervisor line\nwith a second line")
     lines = out.getvalue().splitlines()
     engine, own = lines[:3], lines[3:]
