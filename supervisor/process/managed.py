@@ -141,6 +141,8 @@ class ManagedProcess:
         self._tail: collections.deque[str] = collections.deque(maxlen=max(tail_lines, 0))
         self._tail_lock = threading.Lock()
         self._last_output_at = self.started_at
+        self._output_seq = 0                  # reads emitted so far: wait_output()'s mark
+        self._output_cond = threading.Condition()
         # Created before anything can reap the child, so it is never a stale pid.
         self._ps = psutil.Process(popen.pid)
         self._desc: dict[int, psutil.Process] = {}
@@ -240,6 +242,16 @@ class ManagedProcess:
     def last_output_at(self) -> float:
         """Monotonic time output last arrived, a partial line included (started_at before any)."""
         return self._last_output_at
+
+    def output_mark(self) -> int:
+        """How many reads of output have been handed on so far: the mark for wait_output()."""
+        return self._output_seq
+
+    def wait_output(self, mark: int, timeout: float) -> bool:
+        """True as soon as output has come since `mark` (output_mark()'s), False after `timeout`:
+        a health wait wakes on the engine's ready line instead of sleeping out its poll."""
+        with self._output_cond:
+            return self._output_cond.wait_for(lambda: self._output_seq != mark, timeout)
 
     # -- the tree ------------------------------------------------------------------------------
 
@@ -506,6 +518,9 @@ class ManagedProcess:
         with self._tail_lock:
             self._tail.extend(lines)
         self._last_output_at = time.monotonic()
+        with self._output_cond:                   # once per read: a few a second while serving (batched)
+            self._output_seq += 1
+            self._output_cond.notify_all()
         if self._log:
             try:
                 self._log.write_lines(lines)

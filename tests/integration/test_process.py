@@ -511,3 +511,16 @@ def test_a_batched_reader_does_not_hold_up_a_stop(caplog) -> None:
         assert p.stop(5) is not None
     assert p._reader_done.is_set(), "the reader ended with the output"
     assert "output pipe still open after stop" not in caplog.text
+
+
+def test_wait_output_wakes_on_output_and_times_out_on_silence(spawn) -> None:
+    # The health wait's wake (engines/health.py): True when output came after the mark, False when not.
+    p, lines = spawn(helper("child.py", "--say", "hello"))
+    assert p.wait_output(0, DEADLINE)                  # 0: the mark before any output
+    lines.wait_for(r"^ready")
+    mark = p.output_mark()
+    assert mark >= 1
+    assert not p.wait_output(mark, 0.2)                # the child says nothing more until signalled
+    p.signal_group(signal.SIGUSR1)                     # it prints "signal: SIGUSR1"
+    assert p.wait_output(mark, DEADLINE)
+    assert p.output_mark() > mark
