@@ -101,6 +101,9 @@ LEVERS: dict[str, dict[str, Any]] = {
     "prefetch-4": {"engine": None, "startup": {"prefetch_streams": 4}},
     "prefetch-8": {"engine": None, "startup": {"prefetch_streams": 8}},
     "prefetch-16": {"engine": None, "startup": {"prefetch_streams": 16}},
+    # the prefetch begun as soon as PID 1 has read the config, before the loop's imports
+    # ([startup] prefetch_at = "start"; the default begins it at preflight, after the GPU probe)
+    "early": {"engine": None, "startup": {"prefetch_at": "start"}},
     # the selftest off: its cost seen whole (Kiln's default is on)
     "no-selftest": {"engine": None, "selftest": False},
     # llama.cpp: a real model (--selftest-gguf, SmolLM2) with the selftest on, for its share of a boot

@@ -196,12 +196,15 @@ def _main(argv: list[str] | None) -> int:
             # same failure, in a loop that bills (lifecycle/boot_failure.py).
             from .lifecycle import boot_failure
             return boot_failure.serve(e, config, os.environ)
-        # The model prefetch starts at preflight, not here before the loop's imports: begun here it
-        # slowed those imports (a cold page cache: they queue behind its reads) and the boot with them,
-        # 2.74 s against 2.45 s median of 7 on the CPU machine (docs/benchmarks.md, 2026-12-02).
+        # The model prefetch starts at preflight unless [startup] prefetch_at = "start": begun here, before
+        # the loop's imports, it slowed them on the CPU machine (a cold page cache: they queue behind its
+        # reads), the boot 2.74 s against 2.45 s median of 7 (docs/benchmarks.md, 2026-12-02).
+        from .model import prefetch
+
+        early = prefetch.begin(cfg, os.environ)
         from .lifecycle.loop import Options, run
 
-        return run(cfg, Options(exit_on_failure=exit_on_failure, process_start=process_start()))
+        return run(cfg, Options(exit_on_failure=exit_on_failure, process_start=process_start(), prefetch=early))
     return EXIT_INVALID
 
 

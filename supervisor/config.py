@@ -78,6 +78,7 @@ ENV_OVERRIDES: dict[str, tuple[str, type]] = {
     "KILN_STARTUP_COMPILATION_CONFIG": ("startup.compilation_config", str),
     "KILN_STARTUP_PREFETCH": ("startup.prefetch", bool),
     "KILN_STARTUP_PREFETCH_STREAMS": ("startup.prefetch_streams", int),
+    "KILN_STARTUP_PREFETCH_AT": ("startup.prefetch_at", str),
     # The router's replicas, known only when they exist (a router pod is created with its replicas):
     # whitespace-separated entries, each URL or URL|STATUS_URL (ROUTER_REPLICAS_ENV below).
     "KILN_ROUTER_REPLICAS": ("router.replicas", list),
@@ -347,6 +348,13 @@ class StartupSpec:
     # reads in flight: 1 measured best on the H200's local disk (2026-12-02: more slowed the engine's
     # own start, its binary and CUDA libraries read from the same disk); more for a network volume
     prefetch_streams: int = 1
+    # when it starts: "preflight" (the loop's, after the GPU probe) or "start" (as soon as PID 1 has
+    # read the config, before the loop's imports: the disk busy ~0.4 s sooner on a cold worker, but
+    # the imports then queue behind its reads; measured either way: docs/benchmarks.md P9)
+    prefetch_at: str = "preflight"
+
+
+PREFETCH_AT = ("preflight", "start")
 
 
 @dataclass(frozen=True)
@@ -386,9 +394,9 @@ class DeployConfig:
         d.pop("serverless")
         if not d["server"]["fast_start"]:
             d["server"].pop("fast_start")   # added later: a config that does not set it keeps its hash
-        for k in ("prefetch", "prefetch_streams"):
+        for k in ("prefetch", "prefetch_streams", "prefetch_at"):
             d["startup"].pop(k)     # how the files are read, not what runs
-        if dataclasses.replace(self.startup, prefetch=True, prefetch_streams=1) == StartupSpec():
+        if dataclasses.replace(self.startup, prefetch=True, prefetch_streams=1, prefetch_at="preflight") == StartupSpec():
             d.pop("startup")        # no lever set: the hash every config had before [startup] existed
         if self.router == RouterSpec():
             d.pop("router")         # not a router: the hash every config had before [router] existed
@@ -892,6 +900,7 @@ def _startup(r: Reader, engine: str) -> StartupSpec:
         values[name] = value
     values["prefetch"] = r.bool("prefetch", True)
     values["prefetch_streams"] = r.int("prefetch_streams", 1, min=1, max=32)
+    values["prefetch_at"] = r.str("prefetch_at", "preflight", choices=PREFETCH_AT)
     r.finish()
     return StartupSpec(**values)
 

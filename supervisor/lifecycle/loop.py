@@ -74,6 +74,7 @@ class Options:
     env: Mapping[str, str] | None = None
     status: bool = True
     process_start: float | None = None     # when this process was exec'd (monotonic): timeline.py
+    prefetch: Any = None                   # model/prefetch.py begin()'s, started before the loop was built
 
 
 @dataclass(frozen=True)
@@ -127,6 +128,10 @@ class Supervisor:
         self.model_records: dict[str, dict[str, Any]] = {}   # model path -> its /status record, shown once it serves
         self.worker: Any = None                     # serverless/worker.py ServerlessWorker, on a Serverless worker
         self.prefetch: Any = None                   # model/prefetch.py Prefetch: the weights read beside the engine's start
+        if opts.prefetch is not None:               # begun before this was built: kept if preflight plans the same files
+            self.prefetch = opts.prefetch
+            self.rec.update(prefetch=self._prefetch_shown(opts.prefetch))
+            opts.prefetch.adopt(self._prefetch_done)
         if cfg.serverless.active:
             from ..serverless.worker import ServerlessWorker
 

@@ -4,8 +4,10 @@ A cold worker's boot is, one after the other, Kiln's own start, the engine's exe
 (vLLM: tens of seconds of Python imports) and then the model read. Kiln knows the model's files
 before it execs the engine: reading them from that moment (preflight, for a local model; the launch
 check, for a fetched one) overlaps the read with everything before the engine's; the engine then maps
-pages already in memory. Not earlier: begun before the loop's imports it slowed them (they queue
-behind its reads from a cold disk) and the boot with them (docs/benchmarks.md, 2026-12-02).
+pages already in memory. `[startup] prefetch_at = "start"` begins it earlier still, as soon as PID 1
+has read the config (`begin`), before the loop's imports: not the default, because on the CPU
+machine those imports then queued behind its reads from a cold disk and the boot was slower
+(docs/benchmarks.md, 2026-12-02).
 What it buys on the H200: docs/benchmarks.md "Time to ready from a cold worker" (P9).
 
 Skipped, and said why on /status `prefetch`, when it cannot help or would hurt:
@@ -127,6 +129,7 @@ class Prefetch:
         self._fds: list[int | None] = []
         self._threads: list[threading.Thread] = []
         self._running = 0
+        self._finished = False                  # _finish ran: an on_done handed over later is called at once
 
     @property
     def active(self) -> bool:
@@ -205,11 +208,25 @@ class Prefetch:
                 if fd is not None:
                     os.close(fd)
             self._fds = [None] * len(self._fds)
-        if self.on_done is not None:
+            self._finished = True
+            on_done = self.on_done
+        self._call(on_done)
+
+    def _call(self, on_done: Callable[["Prefetch"], None] | None) -> None:
+        if on_done is not None:
             try:
-                self.on_done(self)
+                on_done(self)
             except Exception:                   # the caller's record of it: never the reader's concern
                 pass
+
+    def adopt(self, on_done: Callable[["Prefetch"], None]) -> None:
+        """Hand a running prefetch (begin()'s, started before the loop existed) its on_done: called
+        once, when it ends, or now if it has ended already."""
+        with self._lock:
+            self.on_done = on_done
+            ended = self._finished
+        if ended:
+            self._call(on_done)
 
     def stop(self) -> None:
         """Stop after the chunks in flight (at most one per stream)."""
@@ -232,6 +249,30 @@ class Prefetch:
             if self.note:
                 out["note"] = self.note
             return out
+
+
+def begin(cfg: "DeployConfig", env: Mapping[str, str]) -> "Prefetch | None":
+    """`[startup] prefetch_at = "start"`: the prefetch started as soon as PID 1 has read the config,
+    before the loop is imported and built (~0.4 s of a cold boot on the H200 went by before preflight
+    starts it). A local model only, by the same plan; the loop adopts it if its own plan at preflight
+    names the same files. None when not asked for, nothing to read or anything goes wrong: the loop
+    then plans at preflight and says why on /status. Never raises: PID 1's first step."""
+    if cfg.startup.prefetch_at != "start":
+        return None
+    try:
+        from ..host import hardware
+        from . import resolve
+
+        path = resolve.resolve(cfg)             # None for hf://: the fetch finds it later
+        if path is None:
+            return None
+        planned, why = plan(cfg, cfg.engine, path, hardware.ram_available_bytes(), env)
+        if why or not planned:
+            return None
+        return Prefetch([f for f, _ in planned], sizes=[n for _, n in planned],
+                        streams=cfg.startup.prefetch_streams).start()
+    except Exception:                           # a missing model, a vanished file, no thread to be had
+        return None
 
 
 def plan(cfg: "DeployConfig", engine: str, model_path: Path | None, available: int,

@@ -30,6 +30,7 @@ BOOT_ONLY: dict[str, str] = {
     # alone would be judged unchanged and never reach a launch: named instead
     "startup.prefetch": "the model prefetch is set for the container's life",
     "startup.prefetch_streams": "the model prefetch is set for the container's life",
+    "startup.prefetch_at": "the model prefetch is set for the container's life",
 }
 
 

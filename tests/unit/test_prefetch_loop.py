@@ -97,3 +97,66 @@ def test_status_says_when_the_prefetch_began_after_the_processs_exec(tmp_path):
     assert sup.prefetch.wait(30)
     shown = sup.rec.snapshot()["prefetch"]
     assert shown["state"] == "done" and shown["start_s"] == round(sup.prefetch.started - exec_at, 3) >= 1.0
+
+
+# -- [startup] prefetch_at = "start": begun before the loop (model/prefetch.py begin(), called by
+# __main__ as soon as the config is read)
+
+EARLY = '[startup]\nprefetch_at = "start"\n'
+
+
+def cfg_for(tmp_path: Path, source: str, extra: str = EARLY):
+    return parse_config(f'engine = "llamacpp"\nstate_dir = "{tmp_path / "state"}"\n[model]\nsource = "{source}"\n'
+                        f'{extra}[[ladder.rungs]]\nname = "a"\n', env={})
+
+
+def test_begin_reads_a_local_model_when_asked_and_says_nothing_for_what_it_cannot_or_must_not_read(tmp_path):
+    m = model(tmp_path)
+    p = prefetch.begin(cfg_for(tmp_path, str(m)), {})
+    assert p is not None and p.files == [m] and p.wait(30) and p.state == "done" and p.read == 4096
+    assert prefetch.begin(cfg_for(tmp_path, str(m), ""), {}) is None                            # the default: preflight
+    assert prefetch.begin(cfg_for(tmp_path, "hf://org/repo", 'entry = "m.gguf"\n' + EARLY), {}) is None
+    assert prefetch.begin(cfg_for(tmp_path, str(tmp_path / "absent.gguf")), {}) is None         # no raise
+    assert prefetch.begin(cfg_for(tmp_path, str(m), EARLY + "prefetch = false\n"), {}) is None
+    assert prefetch.begin(cfg_for(tmp_path, str(m)), {"LLAMA_ARG_LOAD_MODE": "dio"}) is None      # direct I/O
+
+
+def test_a_begun_prefetch_is_adopted_its_end_said_once_whether_it_ended_before_or_after(tmp_path, monkeypatch):
+    m = model(tmp_path)
+    exec_at = time.monotonic() - 1.0                          # the process's exec, the boot timeline's zero
+    ended = prefetch.begin(cfg_for(tmp_path, str(m)), {})
+    assert ended.wait(30)                                     # ended before the loop was built
+    sup = loop.Supervisor(cfg_for(tmp_path, str(m)), loop.Options(env={}, prefetch=ended, process_start=exec_at))
+    assert sup.prefetch is ended and sup.rec.snapshot()["prefetch"]["state"] == "done"
+    assert sup.rec.snapshot()["prefetch"]["start_s"] == round(ended.started - exec_at, 3) >= 1.0
+    assert [h["event"] for h in sup.rec.snapshot()["history"]].count("prefetch") == 1
+
+    gate = threading.Event()
+    real_worker = prefetch.Prefetch._worker
+    monkeypatch.setattr(prefetch.Prefetch, "_worker", lambda self: (gate.wait(30), real_worker(self)))
+    running = prefetch.begin(cfg_for(tmp_path, str(m)), {})
+    sup = loop.Supervisor(cfg_for(tmp_path, str(m)), loop.Options(env={}, prefetch=running))
+    assert sup.rec.snapshot()["prefetch"]["state"] == "reading"
+    sup._prefetch(Live(sup.boot_cfg, model_path=m))           # preflight plans the same files: kept, not read twice
+    assert sup.prefetch is running
+    gate.set()
+    assert running.wait(30)
+    assert sup.rec.snapshot()["prefetch"]["state"] == "done"
+    assert [h["event"] for h in sup.rec.snapshot()["history"]].count("prefetch") == 1
+
+
+def test_a_begun_prefetch_of_another_model_than_the_boots_is_stopped(tmp_path, monkeypatch):
+    # The boot's live config can be a published one kept in the volume, with another model than the
+    # file's: the early read is stopped and the boot's own model read.
+    a, b = model(tmp_path, "a.gguf"), model(tmp_path, "b.gguf")
+    gate = threading.Event()
+    real_worker = prefetch.Prefetch._worker
+    monkeypatch.setattr(prefetch.Prefetch, "_worker", lambda self: (gate.wait(30), real_worker(self)))
+    early = prefetch.begin(cfg_for(tmp_path, str(a)), {})
+    sup = loop.Supervisor(cfg_for(tmp_path, str(b)), loop.Options(env={}, prefetch=early))
+    sup._prefetch(Live(sup.boot_cfg, model_path=b))
+    assert sup.prefetch is not early and sup.prefetch.files == [b]
+    gate.set()
+    assert early.wait(30) and sup.prefetch.wait(30)
+    assert early.state == "stopped" and sup.rec.snapshot()["prefetch"]["files"] == 1
+    assert sup.rec.snapshot()["prefetch"]["state"] == "done"
