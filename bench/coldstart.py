@@ -84,6 +84,8 @@ LEVERS: dict[str, dict[str, Any]] = {
     # llama.cpp's load modes (llama-server --help: auto = mmap; dio = direct I/O)
     "lm-dio": {"engine": "llamacpp", "startup": {"load_mode": "dio"}},
     "lm-none": {"engine": "llamacpp", "startup": {"load_mode": "none"}},
+    # mmap: llama.cpp's own default, which Kiln sets `none` over where every layer fits on the GPU
+    # (engines/llamacpp.py boot_args, since 2026-12-02): lm-mmap+late is Kiln's default before that
     "lm-mmap": {"engine": "llamacpp", "startup": {"load_mode": "mmap"}},
     "no-warmup": {"engine": "llamacpp", "args": ["--no-warmup"]},
     # vLLM's CLI starts its EngineCore with `spawn` unless VLLM_WORKER_MULTIPROC_METHOD is set
@@ -101,9 +103,10 @@ LEVERS: dict[str, dict[str, Any]] = {
     "prefetch-4": {"engine": None, "startup": {"prefetch_streams": 4}},
     "prefetch-8": {"engine": None, "startup": {"prefetch_streams": 8}},
     "prefetch-16": {"engine": None, "startup": {"prefetch_streams": 16}},
-    # the prefetch begun as soon as PID 1 has read the config, before the loop's imports
-    # ([startup] prefetch_at = "start"; the default begins it at preflight, after the GPU probe)
+    # when the prefetch begins: as soon as PID 1 has read the config, before the loop's imports
+    # ("start", the default since 2026-12-02), or at preflight, after the GPU probe (the default before)
     "early": {"engine": None, "startup": {"prefetch_at": "start"}},
+    "late": {"engine": None, "startup": {"prefetch_at": "preflight"}},
     # the selftest off: its cost seen whole (Kiln's default is on)
     "no-selftest": {"engine": None, "selftest": False},
     # llama.cpp: a real model (--selftest-gguf, SmolLM2) with the selftest on, for its share of a boot

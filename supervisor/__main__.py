@@ -196,9 +196,8 @@ def _main(argv: list[str] | None) -> int:
             # same failure, in a loop that bills (lifecycle/boot_failure.py).
             from .lifecycle import boot_failure
             return boot_failure.serve(e, config, os.environ)
-        # The model prefetch starts at preflight unless [startup] prefetch_at = "start": begun here, before
-        # the loop's imports, it slowed them on the CPU machine (a cold page cache: they queue behind its
-        # reads), the boot 2.74 s against 2.45 s median of 7 (docs/benchmarks.md, 2026-12-02).
+        # The model prefetch begins here, before the loop's imports ([startup] prefetch_at = "start", the
+        # default; "preflight" leaves it to the loop): model/prefetch.py says what it bought and cost.
         from .model import prefetch
 
         early = prefetch.begin(cfg, os.environ)

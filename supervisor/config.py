@@ -334,10 +334,12 @@ class ServerlessSpec:
 
 @dataclass(frozen=True)
 class StartupSpec:
-    """Levers on a boot's time (issue 28), each off -- the engine's own default -- until a measurement
-    on the card earns it (bench/coldstart.py; docs/benchmarks.md P15, P9). A rung's or extra_args'
-    own flag wins. The flags and the values each engine's --help lists: supervisor/engines/startup.py."""
-    load_mode: str | None = None                  # llama.cpp --load-mode (-lm): auto none mmap mlock mmap+mlock dio
+    """Levers on a boot's time (issue 28), each the engine's own default until a measurement on the
+    card earns it (bench/coldstart.py; docs/benchmarks.md P15, P9). A rung's or extra_args' own flag
+    wins. The flags and the values each engine's --help lists: supervisor/engines/startup.py."""
+    # llama.cpp --load-mode (-lm): auto none mmap mlock mmap+mlock dio. Unset: `none` on a rung whose
+    # every layer fits on the GPU, else the engine's own (engines/llamacpp.py boot_args)
+    load_mode: str | None = None
     optimization_level: int | None = None         # vLLM --optimization-level (-O): 0 (fastest start) .. 3
     load_format: str | None = None                # vLLM --load-format
     safetensors_load_strategy: str | None = None  # vLLM --safetensors-load-strategy: eager lazy prefetch torchao
@@ -348,13 +350,14 @@ class StartupSpec:
     # reads in flight: 1 measured best on the H200's local disk (2026-12-02: more slowed the engine's
     # own start, its binary and CUDA libraries read from the same disk); more for a network volume
     prefetch_streams: int = 1
-    # when it starts: "preflight" (the loop's, after the GPU probe) or "start" (as soon as PID 1 has
-    # read the config, before the loop's imports: the disk busy ~0.4 s sooner on a cold worker, but
-    # the imports then queue behind its reads; measured either way: docs/benchmarks.md P9)
-    prefetch_at: str = "preflight"
+    # when it starts: "start", as soon as PID 1 has read the config, before the loop's imports (the
+    # disk busy ~0.3 s sooner on a cold worker; the imports queue behind its reads, 0.37 -> 0.73 s on
+    # the H200, but with llama.cpp's --load-mode none the boot was 0.34 s shorter: docs/benchmarks.md
+    # P9, 2026-12-02), or "preflight", after the GPU probe (the default until then)
+    prefetch_at: str = "start"
 
 
-PREFETCH_AT = ("preflight", "start")
+PREFETCH_AT = ("start", "preflight")
 
 
 @dataclass(frozen=True)
@@ -396,7 +399,9 @@ class DeployConfig:
             d["server"].pop("fast_start")   # added later: a config that does not set it keeps its hash
         for k in ("prefetch", "prefetch_streams", "prefetch_at"):
             d["startup"].pop(k)     # how the files are read, not what runs
-        if dataclasses.replace(self.startup, prefetch=True, prefetch_streams=1, prefetch_at="preflight") == StartupSpec():
+        d0 = StartupSpec()
+        if dataclasses.replace(self.startup, prefetch=d0.prefetch, prefetch_streams=d0.prefetch_streams,
+                               prefetch_at=d0.prefetch_at) == d0:
             d.pop("startup")        # no lever set: the hash every config had before [startup] existed
         if self.router == RouterSpec():
             d.pop("router")         # not a router: the hash every config had before [router] existed
@@ -900,7 +905,7 @@ def _startup(r: Reader, engine: str) -> StartupSpec:
         values[name] = value
     values["prefetch"] = r.bool("prefetch", True)
     values["prefetch_streams"] = r.int("prefetch_streams", 1, min=1, max=32)
-    values["prefetch_at"] = r.str("prefetch_at", "preflight", choices=PREFETCH_AT)
+    values["prefetch_at"] = r.str("prefetch_at", StartupSpec.prefetch_at, choices=PREFETCH_AT)
     r.finish()
     return StartupSpec(**values)
 

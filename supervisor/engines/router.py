@@ -76,6 +76,11 @@ def sampler_overrides(cfg: DeployConfig, rung: Rung, snapshot: FlagSnapshot | No
     return {}
 
 
+def boot_args(cfg: DeployConfig, rung: Rung, **_: object) -> tuple[list[str], str]:
+    """Nothing: the router loads no model."""
+    return [], "the router loads no model"
+
+
 def build_argv(cfg: DeployConfig, rung: Rung, *, model_path: str | None = None, api_key_file: str | None = None,
                port: int | None = None, vcpus: float | None = None) -> list[str]:
     r = cfg.router

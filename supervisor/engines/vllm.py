@@ -307,6 +307,11 @@ def model_dir(model_path: str) -> str:
     return str(p.parent) if p.is_file() or p.suffix == ".json" else str(p)
 
 
+def boot_args(cfg: DeployConfig, rung: Rung, **_: object) -> tuple[list[str], str]:
+    """Nothing: vLLM's boot levers are [startup]'s own (engines/startup.py)."""
+    return [], "vLLM: [startup] only"
+
+
 def build_argv(cfg: DeployConfig, rung: Rung, *, model_path: str, api_key_file: str | None = None,
                port: int | None = None, vcpus: float | None = None) -> list[str]:
     argv = [cfg.server.binary or "vllm", "serve", model_dir(model_path), "--host", cfg.server.host,

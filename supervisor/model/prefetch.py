@@ -4,10 +4,11 @@ A cold worker's boot is, one after the other, Kiln's own start, the engine's exe
 (vLLM: tens of seconds of Python imports) and then the model read. Kiln knows the model's files
 before it execs the engine: reading them from that moment (preflight, for a local model; the launch
 check, for a fetched one) overlaps the read with everything before the engine's; the engine then maps
-pages already in memory. `[startup] prefetch_at = "start"` begins it earlier still, as soon as PID 1
-has read the config (`begin`), before the loop's imports: not the default, because on the CPU
-machine those imports then queued behind its reads from a cold disk and the boot was slower
-(docs/benchmarks.md, 2026-12-02).
+pages already in memory. By default (`[startup] prefetch_at = "start"`) it begins as soon as PID 1
+has read the config (`begin`), before the loop's imports: they then queue behind its reads from a
+cold disk (0.37 -> 0.73 s on the H200), but the disk is busy from the first moment, and with
+llama.cpp's `--load-mode none` following its front the boot was shorter (docs/benchmarks.md P9,
+2026-12-02). `prefetch_at = "preflight"` starts it in the loop, after the GPU probe.
 What it buys on the H200: docs/benchmarks.md "Time to ready from a cold worker" (P9).
 
 Skipped, and said why on /status `prefetch`, when it cannot help or would hurt:
@@ -252,9 +253,9 @@ class Prefetch:
 
 
 def begin(cfg: "DeployConfig", env: Mapping[str, str]) -> "Prefetch | None":
-    """`[startup] prefetch_at = "start"`: the prefetch started as soon as PID 1 has read the config,
-    before the loop is imported and built (~0.4 s of a cold boot on the H200 went by before preflight
-    starts it). A local model only, by the same plan; the loop adopts it if its own plan at preflight
+    """`[startup] prefetch_at = "start"` (the default): the prefetch started as soon as PID 1 has read
+    the config, before the loop is imported and built (~0.3 s of a cold boot on the H200 went by
+    before preflight started it). A local model only, by the same plan; the loop adopts it if its own plan at preflight
     names the same files. None when not asked for, nothing to read or anything goes wrong: the loop
     then plans at preflight and says why on /status. Never raises: PID 1's first step."""
     if cfg.startup.prefetch_at != "start":

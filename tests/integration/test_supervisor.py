@@ -273,3 +273,24 @@ def test_the_health_wait_wakes_on_the_ready_line_instead_of_sleeping_out_its_pol
         assert out.elapsed_s < 15, out
     finally:
         p.stop(5)
+
+
+def test_an_autofit_rung_whose_weights_fit_the_gpus_loads_with_load_mode_none_and_serves(tmp_path, prefix, tiny):
+    # Kiln's own load mode (engines/llamacpp.py boot_args, P9): the GPUs are NVIDIA's tool replaying
+    # two A40s (tests/support/hw/nvidia-smi: a CPU machine has none), the engine the real llama-server,
+    # which takes --load-mode none on a CPU build too. A cpu rung keeps the engine's own (mmap).
+    hw = Path(__file__).resolve().parents[1] / "support" / "hw"
+    env = {"PATH": f"{hw}:{os.environ['PATH']}", "KILN_FAKE_SMI": "a40x2", "KILN_FAKE_SMI_USED": "0,0"}
+    rungs = rung("fits", ["-t", "1", "-c", "256"], placement="autofit")
+    with setup(tmp_path, prefix, tiny, rungs, env=env) as sup:
+        st = sup.wait_state("SERVING")
+        argv = st["engine"]["argv"]
+        assert argv[argv.index("--load-mode") + 1] == "none", argv
+        assert "--load-mode none: every layer fits on the GPU" in sup.log()
+        assert sup.stop() == 0
+    pinned = tmp_path / "pinned"
+    pinned.mkdir()
+    with setup(pinned, prefix, tiny, rung("pinned", ["-t", "1", "-c", "256"], placement="cpu"),
+               env=env) as sup:
+        assert "--load-mode" not in sup.wait_state("SERVING")["engine"]["argv"]
+        assert sup.stop() == 0

@@ -83,21 +83,21 @@ def test_streams_are_bounded_and_named_when_wrong():
 
 
 def test_when_it_starts_is_one_of_two_and_named_when_wrong():
-    assert cfg().startup.prefetch_at == "preflight"
-    assert cfg(startup='[startup]\nprefetch_at = "start"\n').startup.prefetch_at == "start"
+    assert cfg().startup.prefetch_at == "start"
+    assert cfg(startup='[startup]\nprefetch_at = "preflight"\n').startup.prefetch_at == "preflight"
     with pytest.raises(ConfigError) as e:
         cfg(startup='[startup]\nprefetch_at = "early"\n')
     assert "prefetch_at" in str(e.value) and "early" in str(e.value) and "start" in str(e.value)
     env = parse_config('engine = "llamacpp"\n[model]\nsource = "/m.gguf"\n[[ladder.rungs]]\nname = "a"\n',
-                       env={"KILN_STARTUP_PREFETCH_AT": "start"})
-    assert env.startup.prefetch_at == "start"
+                       env={"KILN_STARTUP_PREFETCH_AT": "preflight"})
+    assert env.startup.prefetch_at == "preflight"
 
 
 def test_neither_switch_changes_the_config_hash_that_keys_the_ladder_memory():
     base = cfg()
     assert base.startup == StartupSpec()
     for startup in ("[startup]\nprefetch = false\n", "[startup]\nprefetch_streams = 8\n",
-                    '[startup]\nprefetch_at = "start"\n'):
+                    '[startup]\nprefetch_at = "preflight"\n'):
         assert cfg(startup=startup).hash == base.hash
     assert cfg(startup='[startup]\nload_mode = "dio"\n').hash != base.hash
 

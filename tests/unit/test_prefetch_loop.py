@@ -99,7 +99,7 @@ def test_status_says_when_the_prefetch_began_after_the_processs_exec(tmp_path):
     assert shown["state"] == "done" and shown["start_s"] == round(sup.prefetch.started - exec_at, 3) >= 1.0
 
 
-# -- [startup] prefetch_at = "start": begun before the loop (model/prefetch.py begin(), called by
+# -- [startup] prefetch_at = "start" (the default): begun before the loop (model/prefetch.py begin(), called by
 # __main__ as soon as the config is read)
 
 EARLY = '[startup]\nprefetch_at = "start"\n'
@@ -114,7 +114,8 @@ def test_begin_reads_a_local_model_when_asked_and_says_nothing_for_what_it_canno
     m = model(tmp_path)
     p = prefetch.begin(cfg_for(tmp_path, str(m)), {})
     assert p is not None and p.files == [m] and p.wait(30) and p.state == "done" and p.read == 4096
-    assert prefetch.begin(cfg_for(tmp_path, str(m), ""), {}) is None                            # the default: preflight
+    assert prefetch.begin(cfg_for(tmp_path, str(m), ""), {}) is not None                        # the default
+    assert prefetch.begin(cfg_for(tmp_path, str(m), '[startup]\nprefetch_at = "preflight"\n'), {}) is None
     assert prefetch.begin(cfg_for(tmp_path, "hf://org/repo", 'entry = "m.gguf"\n' + EARLY), {}) is None
     assert prefetch.begin(cfg_for(tmp_path, str(tmp_path / "absent.gguf")), {}) is None         # no raise
     assert prefetch.begin(cfg_for(tmp_path, str(m), EARLY + "prefetch = false\n"), {}) is None

@@ -126,3 +126,45 @@ def test_the_engines_site_packages_get_bytecode_at_build_not_on_each_workers_fir
         assert "--no-compile" not in template.read_text(), template.name
     assert "python3 -m compileall -q /opt/kiln/app/supervisor" in (TEMPLATES / "_supervisor.j2").read_text()
     assert "/opt/kiln/venv/bin/pip install" in (TEMPLATES / "vllm.Dockerfile.j2").read_text()
+
+
+# -- Kiln's own load mode where nothing sets one (engines/llamacpp.py boot_args; issue 28, P9)
+
+GiB = 2**30
+
+
+def boot(cfg, *, weights=6 * GiB, free=(139_000,), env=None, snapshot="help"):
+    snap = load_llama_snapshot(LLAMA_HELP) if snapshot == "help" else snapshot
+    return llamacpp.boot_args(cfg, cfg.ladder.rungs[0], snapshot=snap, env=env or {}, weights_bytes=weights,
+                              gpu_free_mib=list(free))
+
+
+def test_none_is_added_only_where_every_layer_fits_on_the_gpu():
+    args, why = boot(config("llamacpp"))
+    assert args == ["--load-mode", "none"] and "every layer fits" in why
+    assert boot(config("llamacpp"), weights=20 * GiB, free=(24_000,))[0] == []        # autofit would keep layers on the CPU
+    assert boot(config("llamacpp"), weights=20 * GiB, free=(16_000, 16_000))[0] == ["--load-mode", "none"]   # two cards
+    assert boot(config("llamacpp"), free=())[0] == []                                 # no GPU: mmap costs nothing there
+    assert boot(config("llamacpp"), weights=None)[0] == []
+
+
+def test_a_rung_that_places_layers_itself_or_sets_a_load_mode_keeps_the_engines_default():
+    for args in (["-ngl", "10"], ["--n-cpu-moe", "30"], ["-ot", "exps=CPU"], ["--cpu-moe"],
+                 ["--load-mode", "mmap"], ["-lm", "mmap"], ["--no-mmap"], ["--mlock"]):
+        assert boot(config("llamacpp", args=args))[0] == [], args
+    cpu = parse_config('engine = "llamacpp"\n[model]\nsource = "/m.gguf"\n[[ladder.rungs]]\nname = "c"\n'
+                       'placement = "cpu"\n', env={})
+    assert boot(cpu)[0] == []
+    assert boot(config("llamacpp", 'load_mode = "mmap"'))[0] == []
+    assert boot(config("llamacpp"), env={"LLAMA_ARG_LOAD_MODE": "mmap"})[0] == []     # the pod's environment
+    rung_env = parse_config('engine = "llamacpp"\n[model]\nsource = "/m.gguf"\n[[ladder.rungs]]\nname = "e"\n'
+                            '[ladder.rungs.env]\nLLAMA_ARG_MMAP = "1"\n', env={})
+    assert boot(rung_env)[0] == []
+
+
+def test_a_build_without_load_mode_none_or_without_a_snapshot_gets_nothing():
+    without = parse_llama_help("\n".join(ln for ln in LLAMA_HELP.read_text().splitlines()
+                                         if "--load-mode" not in ln), "a fork without it")
+    assert boot(config("llamacpp"), snapshot=without)[0] == []
+    assert boot(config("llamacpp"), snapshot=None)[0] == []
+    assert vllm.boot_args(config("vllm"), config("vllm").ladder.rungs[0])[0] == []
