@@ -436,7 +436,7 @@ def report(runs: list[dict[str, Any]]) -> list[str]:
             lines.append(f"P15 selftest_share={kw['selftest']['share']}   (vLLM kiln-warm: the selftest phase / the boot)")
     rd, kl = latest(runs, "llamacpp", "read", "cold"), latest(runs, "llamacpp", "kiln", "cold")
     if rd:
-        lines.append(f"P9 boot_over_read={ratio(kl, rd, ky='read_s')}   (llama.cpp, default load mode; goal <= {GOALS['P9']})"
+        lines.append(f"P9 boot_over_read={ratio(kl, rd, ky='read_s')}   (llama.cpp, Kiln's defaults; goal <= {GOALS['P9']})"
                      f"{runs_note(kl, rd)}")
         levers = {lever: latest(runs, "llamacpp", "kiln", "cold", lever) for lever in sorted(
             {r["lever"] for r in runs if r.get("engine") == "llamacpp" and r.get("who") == "kiln"

@@ -19,7 +19,7 @@ An engine module's surface:
     lint_rung_warnings(cfg, index, rung, snapshot, *, model=None) -> list[LintIssue]
                                                   warnings (LintIssue.severity "warning"): it runs
     build_argv(cfg, rung, *, model_path, api_key_file, vcpus=None) -> list[str]
-    boot_args(cfg, rung, *, snapshot, env, weights_bytes, gpu_free_mib) -> (list[str], why)
+    boot_args(cfg, rung, *, snapshot, env, weights_bytes, gpu_free_mib, prefetched) -> (list[str], why)
                                                   flags Kiln adds for a faster boot where they are safe
                                                   (llama.cpp: --load-mode none, every layer on the GPU)
     engine_env(cfg, rung, api_key) -> dict        environment the engine must have (vLLM's key)

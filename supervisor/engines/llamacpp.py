@@ -386,24 +386,37 @@ def build_argv(cfg: DeployConfig, rung: Rung, *, model_path: str, api_key_file: 
 # 1.090; docs/benchmarks.md 2026-12-02). Only where every layer will be on the GPU: weights llama.cpp
 # keeps on the CPU would be copied into its own memory instead of served from the page cache (the
 # A40's MoE experts with --n-cpu-moe, say), so an autofit rung whose weights take at most
-# FIT_SHARE of the GPUs' free memory, with no placement flag of its own.
+# FIT_SHARE of the GPUs' free memory, with no placement flag or variable of its own and no choice of
+# devices (then Kiln cannot tell which cards' memory counts). Only with the model prefetch reading:
+# without it `none` was not measured faster. llama.cpp keeps the token embeddings in host memory in
+# either mode; with `none` they are a copy there instead of page-cache pages (vocabulary x width).
+DEVICE_FLAGS = ("-dev", "--device", "-sm", "--split-mode", "-mg", "--main-gpu")
 LOAD_MODE_FLAGS = ("--load-mode", "-lm", "--mmap", "--no-mmap", "--mlock", "-dio", "--direct-io", "--no-direct-io")
 LOAD_MODE_ENV = ("LLAMA_ARG_LOAD_MODE", "LLAMA_ARG_MMAP", "LLAMA_ARG_NO_MMAP", "LLAMA_ARG_MLOCK", "LLAMA_ARG_DIO")
 FIT_SHARE = 0.75        # the rest for the KV cache and compute buffers autofit sizes beside the layers
 
 
 def boot_args(cfg: DeployConfig, rung: Rung, *, snapshot: FlagSnapshot | None, env: dict[str, str],
-              weights_bytes: int | None, gpu_free_mib: Sequence[int]) -> tuple[list[str], str]:
+              weights_bytes: int | None, gpu_free_mib: Sequence[int], prefetched: bool) -> tuple[list[str], str]:
     """Flags Kiln adds to this rung for a faster boot, and why (or why not): `--load-mode none` where
-    every layer will be on the GPU (above)."""
+    every layer will be on the GPU and the model prefetch reads (above). `env` is the pod's."""
+    merged = {**env, **rung.env}
     user = {name for _, name, _ in split_flags(list(cfg.server.extra_args) + list(rung.args), snapshot)}
+    for var in merged:                           # LLAMA_ARG_* variables are flags too
+        flag = snapshot.by_env.get(var) if snapshot else None
+        if flag is not None:
+            user |= set(flag.names)
     if cfg.startup.load_mode is not None:
         return [], f"[startup] load_mode = {cfg.startup.load_mode!r}"
-    given = sorted(user & set(LOAD_MODE_FLAGS)) or sorted(k for k in LOAD_MODE_ENV if k in {**env, **rung.env})
+    given = sorted(user & set(LOAD_MODE_FLAGS)) or sorted(k for k in LOAD_MODE_ENV if k in merged)
     if given:
         return [], f"the rung sets its own load mode ({given[0]})"
     if rung.placement != "autofit" or user & set(AUTOFIT_ABORTERS):
         return [], f"placement {rung.placement}{' with its own -ngl/-ot' if rung.placement == 'autofit' else ''}: layers may stay on the CPU"
+    if user & set(DEVICE_FLAGS) or "CUDA_VISIBLE_DEVICES" in rung.env:
+        return [], "the rung chooses its devices: which cards' memory counts is its own"
+    if not prefetched:
+        return [], "no model prefetch reads: --load-mode none was measured faster only with it"
     flag = snapshot.get("--load-mode") if snapshot else None
     if flag is None or (flag.choices and "none" not in flag.choices):
         return [], "this llama-server has no --load-mode none (flag snapshot)"

@@ -127,11 +127,12 @@ class Supervisor:
         self.terminator: Any = None                 # fleet/self_terminate.py Termination, while FAILED with it on
         self.model_records: dict[str, dict[str, Any]] = {}   # model path -> its /status record, shown once it serves
         self.worker: Any = None                     # serverless/worker.py ServerlessWorker, on a Serverless worker
-        self.prefetch: Any = None                   # model/prefetch.py Prefetch: the weights read beside the engine's start
-        if opts.prefetch is not None:               # begun before this was built: kept if preflight plans the same files
-            self.prefetch = opts.prefetch
-            self.rec.update(prefetch=self._prefetch_shown(opts.prefetch))
-            opts.prefetch.adopt(self._prefetch_done)
+        self.prefetch = None                        # model/prefetch.py Prefetch: the weights read beside the engine's start
+        early = self.opts.prefetch
+        if early is not None:                       # begun before this was built: kept if preflight plans the same files
+            self.prefetch = early
+            self.rec.update(prefetch=self._prefetch_shown(early))
+            early.adopt(self._prefetch_done)
         if cfg.serverless.active:
             from ..serverless.worker import ServerlessWorker
 
@@ -323,8 +324,9 @@ class Supervisor:
             try:
                 path = resolve.resolve(live.cfg)       # None for hf://: the fetch finds it, CheckLaunch starts it
             except KilnError:                          # the fetch step names what is wrong with the source
-                return
+                path = None
         if path is None:
+            self._drop_prefetch()                      # an early read of another model must not compete with the fetch
             return
         try:
             planned, why = prefetch.plan(live.cfg, live.cfg.engine, path, hardware.ram_available_bytes(), self.rt.env)
@@ -332,10 +334,10 @@ class Supervisor:
             planned, why = [], f"could not list the weights: {e.strerror or e}"
         files = [p for p, _ in planned]
         running = self.prefetch
-        if running is not None and running.active and running.files == files:
-            return                                     # the same files, still being read
-        if running is not None:
-            running.stop()
+        if running is not None and running.files == files and (
+                running.active or (running is self.opts.prefetch and running.state == "done")):
+            return                                     # the same files, being read (or read whole by the early start)
+        self._drop_prefetch()
         if why:
             self.prefetch = None
             self.rec.update(prefetch={"state": "skipped", "note": why})
@@ -346,6 +348,22 @@ class Supervisor:
         self.prefetch = p
         self.rec.update(prefetch=self._prefetch_shown(p))     # before start(): its end's update comes after
         p.start()
+
+    def _drop_prefetch(self) -> None:
+        """Stop the read of files this boot does not plan (the early one of a config replaced since)."""
+        if self.prefetch is not None:
+            self.prefetch.stop()
+            self.prefetch = None
+            self.rec.update(prefetch=None)
+
+    @property
+    def prefetch(self) -> Any:
+        """The model prefetch of this boot (the launch asks whether one reads: engines' boot_args)."""
+        return self.rt.prefetch
+
+    @prefetch.setter
+    def prefetch(self, p: Any) -> None:
+        self.rt.prefetch = p
 
     def _prefetch_shown(self, p: Any) -> dict[str, Any]:
         """/status `prefetch`: what it read, and `start_s`, when it began after the process's exec

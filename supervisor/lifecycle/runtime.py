@@ -40,6 +40,7 @@ class Runtime:
     api_key: str | None = None
     key_file: Path | None = None
     balancers: dict[str, Any] = field(default_factory=dict)   # rung name -> ladder/balanced.py Balancer
+    prefetch: Any = None                      # model/prefetch.py Prefetch of this boot, set by the loop
     # rung name -> environment forced on its relaunches after a failure that asks for it (the engine's
     # RELAUNCH_ENV: a vLLM whose forked EngineCore met CUDA runs with spawn); reset with the config
     relaunch_env: dict[str, dict[str, str]] = field(default_factory=dict)

@@ -524,3 +524,52 @@ def test_wait_output_wakes_on_output_and_times_out_on_silence(spawn) -> None:
     p.signal_group(signal.SIGUSR1)                     # it prints "signal: SIGUSR1"
     assert p.wait_output(mark, DEADLINE)
     assert p.output_mark() > mark
+
+
+def _health_wait(p: ManagedProcess, port: int, poll_s: float) -> object:
+    from supervisor.engines.health import wait_healthy
+
+    return wait_healthy(p, "127.0.0.1", port, stall_s=60, max_s=120, poll_s=poll_s, fast_s=0,
+                        should_stop=lambda: False, sleep=time.sleep)
+
+
+def _port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def test_the_health_wait_wakes_on_the_ready_line_instead_of_sleeping_out_its_poll() -> None:
+    # Was: between polls the wait slept poll_s whatever the engine said; llama-server says it listens
+    # as /health turns 200, so a 0.1 s poll added ~0.05 s to every boot (P9, issue 28). Here the
+    # engine is quiet for longer than the fast polling after output, and the poll is 30 s: only the
+    # wake on its line can end the wait well inside it.
+    port = _port()
+    p = ManagedProcess.start(helper("late_health.py", "--port", str(port), "--quiet-ms", "1500"))
+    try:
+        out = _health_wait(p, port, poll_s=30)
+        assert out.ready and out.elapsed_s < 15, (out, p.tail())
+    finally:
+        p.stop(5)
+
+
+def test_a_chatty_engine_gets_at_most_a_probe_per_10_ms(monkeypatch) -> None:
+    from supervisor.engines import health
+
+    probes: list[float] = []
+    real = health.probe_health
+
+    def counted(*args, **kwargs):  # type: ignore[no-untyped-def]
+        probes.append(time.monotonic())
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(health, "probe_health", counted)
+    port = _port()
+    p = ManagedProcess.start(helper("late_health.py", "--port", str(port), "--chatty-ms", "600"))
+    try:
+        out = _health_wait(p, port, poll_s=30)
+        assert out.ready, p.tail()
+        gaps = [b - a for a, b in zip(probes, probes[1:])]
+        assert len(probes) >= 2 and min(gaps) >= health.FAST_POLL_S * 0.9, (len(probes), min(gaps))
+    finally:
+        p.stop(5)

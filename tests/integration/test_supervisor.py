@@ -256,25 +256,6 @@ def test_an_engine_log_past_its_cap_is_rotated_and_the_ladder_memory_stays_bound
     assert len(memory) == LadderMemory.KEEP and rungs.count("cpu") == 1         # this boot's winner, and the newest old
 
 
-def test_the_health_wait_wakes_on_the_ready_line_instead_of_sleeping_out_its_poll(prefix, tiny):
-    # Was: between polls the wait slept poll_s whatever the engine said; llama-server prints that it
-    # listens as /health turns 200, so a 0.1 s poll added ~0.05 s to every boot (P9, issue 28). Here a
-    # poll of 30 s: only the wake on output can end the wait within it.
-    from supervisor.engines.health import wait_healthy
-    from supervisor.process.managed import ManagedProcess
-
-    port = free_port()
-    p = ManagedProcess.start([str(prefix / "bin/llama-server"), "--model", str(tiny), "--host", "127.0.0.1",
-                              "--port", str(port), "-t", "1", "-c", "256", "--no-warmup"])
-    try:
-        out = wait_healthy(p, "127.0.0.1", port, stall_s=60, max_s=120, poll_s=30, fast_s=0,
-                           should_stop=lambda: False, sleep=time.sleep)
-        assert out.ready, p.tail()
-        assert out.elapsed_s < 15, out
-    finally:
-        p.stop(5)
-
-
 def test_an_autofit_rung_whose_weights_fit_the_gpus_loads_with_load_mode_none_and_serves(tmp_path, prefix, tiny):
     # Kiln's own load mode (engines/llamacpp.py boot_args, P9): the GPUs are NVIDIA's tool replaying
     # two A40s (tests/support/hw/nvidia-smi: a CPU machine has none), the engine the real llama-server,

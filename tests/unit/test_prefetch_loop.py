@@ -161,3 +161,32 @@ def test_a_begun_prefetch_of_another_model_than_the_boots_is_stopped(tmp_path, m
     assert early.wait(30) and sup.prefetch.wait(30)
     assert early.state == "stopped" and sup.rec.snapshot()["prefetch"]["files"] == 1
     assert sup.rec.snapshot()["prefetch"]["state"] == "done"
+
+
+def test_an_early_read_that_ended_is_not_read_again_at_preflight(tmp_path):
+    # Was: a finished early read was not "active", so preflight read the same files again (a small model,
+    # or a warm page cache after a container restart; a held-out review, 2026-12-02)
+    m = model(tmp_path)
+    ended = prefetch.begin(cfg_for(tmp_path, str(m)), {})
+    assert ended.wait(30) and ended.state == "done"
+    sup = loop.Supervisor(cfg_for(tmp_path, str(m)), loop.Options(env={}, prefetch=ended))
+    sup._prefetch(Live(sup.boot_cfg, model_path=m))
+    assert sup.prefetch is ended and sup.rt.prefetch is ended
+    assert [h["event"] for h in sup.rec.snapshot()["history"]].count("prefetch") == 1
+
+
+def test_an_early_read_is_stopped_when_the_boots_model_is_fetched_instead(tmp_path, monkeypatch):
+    # Was: the boot's config (kept in the volume) names an hf:// model: the early read of the file's
+    # local model went on through the whole download, and /status showed it as this boot's
+    m = model(tmp_path)
+    gate = threading.Event()
+    real_worker = prefetch.Prefetch._worker
+    monkeypatch.setattr(prefetch.Prefetch, "_worker", lambda self: (gate.wait(30), real_worker(self)))
+    early = prefetch.begin(cfg_for(tmp_path, str(m)), {})
+    fetched = cfg_for(tmp_path, "hf://org/repo", 'entry = "m.gguf"\n' + EARLY)
+    sup = loop.Supervisor(fetched, loop.Options(env={}, prefetch=early))
+    sup._prefetch(Live(fetched, model_path=None))
+    assert sup.prefetch is None and not early.active
+    gate.set()
+    assert early.wait(30) and early.state == "stopped"
+    assert sup.rec.snapshot().get("prefetch") is None

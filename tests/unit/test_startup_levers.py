@@ -133,10 +133,10 @@ def test_the_engines_site_packages_get_bytecode_at_build_not_on_each_workers_fir
 GiB = 2**30
 
 
-def boot(cfg, *, weights=6 * GiB, free=(139_000,), env=None, snapshot="help"):
+def boot(cfg, *, weights=6 * GiB, free=(139_000,), env=None, snapshot="help", prefetched=True):
     snap = load_llama_snapshot(LLAMA_HELP) if snapshot == "help" else snapshot
     return llamacpp.boot_args(cfg, cfg.ladder.rungs[0], snapshot=snap, env=env or {}, weights_bytes=weights,
-                              gpu_free_mib=list(free))
+                              gpu_free_mib=list(free), prefetched=prefetched)
 
 
 def test_none_is_added_only_where_every_layer_fits_on_the_gpu():
@@ -146,6 +146,21 @@ def test_none_is_added_only_where_every_layer_fits_on_the_gpu():
     assert boot(config("llamacpp"), weights=20 * GiB, free=(16_000, 16_000))[0] == ["--load-mode", "none"]   # two cards
     assert boot(config("llamacpp"), free=())[0] == []                                 # no GPU: mmap costs nothing there
     assert boot(config("llamacpp"), weights=None)[0] == []
+    assert boot(config("llamacpp"), prefetched=False)[0] == []                        # measured only with the read
+
+
+def test_placement_in_the_pods_environment_or_a_choice_of_devices_keeps_the_engines_default():
+    # Was: only argv was looked at, so experts put on the CPU by the pod's LLAMA_ARG_N_CPU_MOE still
+    # got `none` (a held-out review, 2026-12-02)
+    for var, value in (("LLAMA_ARG_N_CPU_MOE", "30"), ("LLAMA_ARG_CPU_MOE", "1"), ("LLAMA_ARG_N_GPU_LAYERS", "10"),
+                       ("LLAMA_ARG_OVERRIDE_TENSOR", "exps=CPU")):
+        assert boot(config("llamacpp"), env={var: value})[0] == [], var
+    for args in (["-dev", "CUDA0"], ["--device", "none"], ["-sm", "none"], ["-mg", "1"]):
+        assert boot(config("llamacpp", args=args))[0] == [], args
+    visible = parse_config('engine = "llamacpp"\n[model]\nsource = "/m.gguf"\n[[ladder.rungs]]\nname = "v"\n'
+                           '[ladder.rungs.env]\nCUDA_VISIBLE_DEVICES = "0"\n', env={})
+    assert boot(visible)[0] == []
+    assert boot(config("llamacpp"), env={"HF_HOME": "/x"})[0] == ["--load-mode", "none"]   # unrelated variables
 
 
 def test_a_rung_that_places_layers_itself_or_sets_a_load_mode_keeps_the_engines_default():
