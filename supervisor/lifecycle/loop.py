@@ -127,10 +127,11 @@ class Supervisor:
         self.terminator: Any = None                 # fleet/self_terminate.py Termination, while FAILED with it on
         self.model_records: dict[str, dict[str, Any]] = {}   # model path -> its /status record, shown once it serves
         self.worker: Any = None                     # serverless/worker.py ServerlessWorker, on a Serverless worker
-        self.prefetch = None                        # model/prefetch.py Prefetch: the weights read beside the engine's start
+        self.prefetch = None                        # model/prefetch.py Prefetch: the weights read beside this walk's start
+        self._shown_prefetch: Any = None            # the one /status shows: its end is the news, even after the walk
         early = self.opts.prefetch
         if early is not None:                       # begun before this was built: kept if preflight plans the same files
-            self.prefetch = early
+            self.prefetch = self._shown_prefetch = early
             self.rec.update(prefetch=self._prefetch_shown(early))
             early.adopt(self._prefetch_done)
         if cfg.serverless.active:
@@ -282,7 +283,8 @@ class Supervisor:
     def _do_Enter(self, fx: E.Enter) -> None:
         self.rec.transition(fx.state, fx.detail)
         if fx.state in (State.HEALTHY, State.FAILED, State.STOPPING) and self.prefetch is not None:
-            self.prefetch.stop()                # the weights are loaded, or nothing will load them
+            self.prefetch.stop()                # the weights are loaded, or nothing will load them:
+            self.prefetch = None                # spent; a restart or reload reads anew (or goes without)
         log.info("state %s%s", fx.state.value, f": {fx.detail}" if fx.detail else "")
         if self.peripherals is not None:
             self.peripherals.state_changed(fx.state)
@@ -313,7 +315,10 @@ class Supervisor:
         try:
             self._start_prefetch(live)
         except Exception as e:                 # a file gone between listing and opening, no thread left
-            self.prefetch = None
+            try:
+                self._drop_prefetch()
+            except Exception:
+                self.prefetch = None
             self.rec.update(prefetch={"state": "skipped", "note": f"could not start: {type(e).__name__}: {e}"})
 
     def _start_prefetch(self, live: Live) -> None:
@@ -334,9 +339,8 @@ class Supervisor:
             planned, why = [], f"could not list the weights: {e.strerror or e}"
         files = [p for p, _ in planned]
         running = self.prefetch
-        if running is not None and running.files == files and (
-                running.active or (running is self.opts.prefetch and running.state == "done")):
-            return                                     # the same files, being read (or read whole by the early start)
+        if running is not None and running.files == files and (running.active or running.state == "done"):
+            return                                     # the same files, being read or read whole in this walk
         self._drop_prefetch()
         if why:
             self.prefetch = None
@@ -345,7 +349,7 @@ class Supervisor:
 
         p = prefetch.Prefetch(files, sizes=[n for _, n in planned], streams=live.cfg.startup.prefetch_streams,
                               on_done=self._prefetch_done)
-        self.prefetch = p
+        self.prefetch = self._shown_prefetch = p
         self.rec.update(prefetch=self._prefetch_shown(p))     # before start(): its end's update comes after
         p.start()
 
@@ -353,7 +357,7 @@ class Supervisor:
         """Stop the read of files this boot does not plan (the early one of a config replaced since)."""
         if self.prefetch is not None:
             self.prefetch.stop()
-            self.prefetch = None
+            self.prefetch = self._shown_prefetch = None
             self.rec.update(prefetch=None)
 
     @property
@@ -374,7 +378,7 @@ class Supervisor:
         return d
 
     def _prefetch_done(self, p: Any) -> None:
-        if self.prefetch is not p:                     # replaced: its late end is not the news
+        if self._shown_prefetch is not p:              # replaced: its late end is not the news
             return
         d = self._prefetch_shown(p)
         self.rec.update(prefetch=d)

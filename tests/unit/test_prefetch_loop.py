@@ -190,3 +190,40 @@ def test_an_early_read_is_stopped_when_the_boots_model_is_fetched_instead(tmp_pa
     gate.set()
     assert early.wait(30) and early.state == "stopped"
     assert sup.rec.snapshot().get("prefetch") is None
+
+
+def test_the_read_is_spent_when_the_engine_is_healthy_and_a_later_walk_reads_anew(tmp_path, monkeypatch):
+    # Was: a finished read was kept for every later walk (a reload hours later read nothing, and a
+    # restart took --load-mode none as if a read were on; a second held-out review, 2026-12-02)
+    from supervisor.lifecycle import events as E
+    from supervisor.lifecycle.state import State
+
+    m = model(tmp_path)
+    gate = threading.Event()
+    real_worker = prefetch.Prefetch._worker
+    monkeypatch.setattr(prefetch.Prefetch, "_worker", lambda self: (gate.wait(30), real_worker(self)))
+    sup = supervisor(tmp_path, m)
+    sup._prefetch(Live(sup.boot_cfg, model_path=m))
+    first = sup.prefetch
+    for state in (State.FETCH, State.LAUNCHING, State.LOADING, State.HEALTHY):
+        sup._do_Enter(E.Enter(state, ""))
+    assert sup.prefetch is None and sup.rt.prefetch is None          # the launch sees no read from here on
+    gate.set()
+    assert first.wait(30)
+    assert sup.rec.snapshot()["prefetch"]["state"] in ("stopped", "done")   # its end still said on /status
+    sup._prefetch(Live(sup.boot_cfg, model_path=m))                 # a reload of the same model
+    assert sup.prefetch is not None and sup.prefetch is not first
+    assert sup.prefetch.wait(30)
+
+
+def test_a_read_that_ended_within_the_walk_is_not_read_again_at_the_launch_check(tmp_path):
+    # prefetch_at = "preflight": a small model read whole between preflight and the launch check
+    m = model(tmp_path)
+    cfg = cfg_for(tmp_path, str(m), '[startup]\nprefetch_at = "preflight"\n')
+    sup = loop.Supervisor(cfg, loop.Options(env={}))
+    sup._prefetch(Live(cfg, model_path=m))
+    first = sup.prefetch
+    assert first.wait(30) and first.state == "done"
+    sup._prefetch(Live(cfg, model_path=m))
+    assert sup.prefetch is first
+    assert [h["event"] for h in sup.rec.snapshot()["history"]].count("prefetch") == 1
