@@ -539,37 +539,63 @@ def _port() -> int:
         return s.getsockname()[1]
 
 
-def test_the_health_wait_wakes_on_the_ready_line_instead_of_sleeping_out_its_poll() -> None:
+def _go(fifo: Path) -> None:
+    """Tell late_health.py to start serving (from a thread: opening a FIFO waits for its reader)."""
+    def send() -> None:
+        with open(fifo, "wb") as f:
+            f.write(b"g")
+    threading.Thread(target=send, daemon=True).start()
+
+
+def test_the_health_wait_wakes_on_the_ready_line_instead_of_sleeping_out_its_poll(tmp_path, monkeypatch) -> None:
     # Was: between polls the wait slept poll_s whatever the engine said; llama-server says it listens
     # as /health turns 200, so a 0.1 s poll added ~0.05 s to every boot (P9, issue 28). Here the
-    # engine is quiet for longer than the fast polling after output, and the poll is 30 s: only the
-    # wake on its line can end the wait well inside it.
+    # engine stays silent until the wait has begun a rest of the whole 30 s poll (past the fast polls
+    # after output), and only then listens: only the wake on its line can end the wait well inside it.
+    from supervisor.engines import health
+
+    fifo = tmp_path / "go"
+    os.mkfifo(fifo)
+    real_rest = health._rest
+    sent = threading.Event()
+
+    def rest(proc, mark, seconds, sleep):  # type: ignore[no-untyped-def]
+        if seconds >= 30 and not sent.is_set():        # the long rest has begun: now the engine listens
+            sent.set()
+            _go(fifo)
+        return real_rest(proc, mark, seconds, sleep)
+
+    monkeypatch.setattr(health, "_rest", rest)
     port = _port()
-    p = ManagedProcess.start(helper("late_health.py", "--port", str(port), "--quiet-ms", "1500"))
+    p = ManagedProcess.start(helper("late_health.py", "--port", str(port), "--go", str(fifo)))
     try:
         out = _health_wait(p, port, poll_s=30)
-        assert out.ready and out.elapsed_s < 15, (out, p.tail())
+        assert sent.is_set() and out.ready and out.elapsed_s < 15, (out, p.tail())
     finally:
         p.stop(5)
 
 
-def test_a_chatty_engine_gets_at_most_a_probe_per_10_ms(monkeypatch) -> None:
+def test_a_chatty_engine_gets_at_most_a_probe_per_10_ms(tmp_path, monkeypatch) -> None:
     from supervisor.engines import health
 
+    fifo = tmp_path / "go"
+    os.mkfifo(fifo)
     probes: list[float] = []
     real = health.probe_health
 
     def counted(*args, **kwargs):  # type: ignore[no-untyped-def]
         probes.append(time.monotonic())
+        if len(probes) == 20:                          # twenty probes into its output: now it listens
+            _go(fifo)
         return real(*args, **kwargs)
 
     monkeypatch.setattr(health, "probe_health", counted)
     port = _port()
-    p = ManagedProcess.start(helper("late_health.py", "--port", str(port), "--chatty-ms", "600"))
+    p = ManagedProcess.start(helper("late_health.py", "--port", str(port), "--go", str(fifo), "--chatty"))
     try:
         out = _health_wait(p, port, poll_s=30)
         assert out.ready, p.tail()
         gaps = [b - a for a, b in zip(probes, probes[1:])]
-        assert len(probes) >= 2 and min(gaps) >= health.FAST_POLL_S * 0.9, (len(probes), min(gaps))
+        assert len(probes) >= 20 and min(gaps) >= health.FAST_POLL_S * 0.9, (len(probes), min(gaps))
     finally:
         p.stop(5)

@@ -1,12 +1,13 @@
-"""An engine stand-in for the health wait (supervisor/engines/health.py): optionally chatty for a while
-(a line every millisecond), then silent for a while, then it binds its port, says it listens, and
-answers /health 200 -- the order llama-server keeps (it says it listens as /health turns 200)."""
+"""An engine stand-in for the health wait (supervisor/engines/health.py): silent, or printing progress
+lines as fast as it can (--chatty), until the test says "go" through a FIFO (--go PATH); then it binds
+its port, says it listens, and answers /health 200 -- the order llama-server keeps (it says it
+listens as /health turns 200). The test decides when: on a condition, never after a fixed time."""
 
 from __future__ import annotations
 
 import argparse
 import http.server
-import time
+import os
 
 
 class Health(http.server.BaseHTTPRequestHandler):
@@ -22,16 +23,23 @@ class Health(http.server.BaseHTTPRequestHandler):
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--port", type=int, required=True)
-    ap.add_argument("--chatty-ms", type=float, default=0)
-    ap.add_argument("--quiet-ms", type=float, default=0)
+    ap.add_argument("--go", required=True, help="a FIFO: the first byte written to it starts the server")
+    ap.add_argument("--chatty", action="store_true", help="print progress lines until then")
     a = ap.parse_args()
-    end = time.monotonic() + a.chatty_ms / 1000
-    n = 0
-    while time.monotonic() < end:
-        print(f"loading {n}", flush=True)
-        n += 1
-        time.sleep(0.001)          # the pacing is the scenario: an engine printing progress
-    time.sleep(a.quiet_ms / 1000)  # the scenario: a quiet stretch longer than the health wait's fast phase
+    if a.chatty:
+        fd = os.open(a.go, os.O_RDONLY | os.O_NONBLOCK)   # no writer yet: reads return b"" until one writes
+        n = 0
+        while True:
+            print(f"loading {n}", flush=True)
+            n += 1
+            try:
+                if os.read(fd, 1):
+                    break
+            except BlockingIOError:                      # a writer, nothing written yet
+                pass
+    else:
+        with open(a.go, "rb") as f:                      # blocks until the test opens it and writes
+            f.read(1)
     server = http.server.HTTPServer(("127.0.0.1", a.port), Health)
     print(f"listening on http://127.0.0.1:{a.port}", flush=True)
     server.serve_forever()
