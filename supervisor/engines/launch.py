@@ -150,7 +150,7 @@ def _boot_args(rt: Runtime, cfg: DeployConfig, rung: Rung, model: Path | None) -
     except OSError:
         weights = None
     gpus = [g.memory_free_mib for g in rt.hw.gpus] if rt.hw else []
-    prefetched = rt.prefetch is not None and (rt.prefetch.active or rt.prefetch.state == "done")
+    prefetched = rt.prefetch is not None and rt.prefetch.useful
     args, why = rt.engine.boot_args(cfg, rung, snapshot=rt.snapshot, env=dict(rt.env), weights_bytes=weights,
                                     gpu_free_mib=gpus, prefetched=prefetched)
     if args:

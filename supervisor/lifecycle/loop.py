@@ -315,10 +315,7 @@ class Supervisor:
         try:
             self._start_prefetch(live)
         except Exception as e:                 # a file gone between listing and opening, no thread left
-            try:
-                self._drop_prefetch()
-            except Exception:
-                self.prefetch = None
+            self._drop_prefetch()
             self.rec.update(prefetch={"state": "skipped", "note": f"could not start: {type(e).__name__}: {e}"})
 
     def _start_prefetch(self, live: Live) -> None:
@@ -339,11 +336,10 @@ class Supervisor:
             planned, why = [], f"could not list the weights: {e.strerror or e}"
         files = [p for p, _ in planned]
         running = self.prefetch
-        if running is not None and running.files == files and (running.active or running.state == "done"):
+        if running is not None and running.files == files and running.useful:
             return                                     # the same files, being read or read whole in this walk
         self._drop_prefetch()
         if why:
-            self.prefetch = None
             self.rec.update(prefetch={"state": "skipped", "note": why})
             return
 

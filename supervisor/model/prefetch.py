@@ -137,6 +137,11 @@ class Prefetch:
         """Reading, and not told to stop."""
         return self.state == "reading" and not self._stop.is_set()
 
+    @property
+    def useful(self) -> bool:
+        """Reading, or read whole: not stopped short (a launch can count on it, a re-plan keep it)."""
+        return self.active or self.state == "done"
+
     def start(self) -> "Prefetch":
         self.started = self.clock()
         for p in self.files:
