@@ -16,7 +16,8 @@ Two sources, each in its own daemon thread, both feeding one small queue the lif
   file written in place in chunks is read after its writer closed it, not between the chunks. A
   stat check every FALLBACK_S seconds also catches changes inotify cannot see (a network volume
   written from another host); there, completeness means size and mtime stable across two checks.
-  The file must resolve inside the directory: a symlink out of it (`deploy.toml -> /etc/shadow`)
+  A file already there when watching begins is read once it stays the same for FALLBACK_S (its
+  writer may have begun before the watch). The file must resolve inside the directory: a symlink out of it (`deploy.toml -> /etc/shadow`)
   or a symlink loop is reported as an error, and its target is never read.
 
 * **A canary branch** (`kiln-canary/<branch>`, supervisor/fleet/record.py), for a pod that reports to
@@ -320,8 +321,15 @@ class Watcher:
         self._observer.daemon = True
         self._observer.start()
         last_stat: tuple[int, int, int] | None = None
-        pending_stat: tuple[int, int, int] | None = None
-        self._dirty.set()                       # look once at start
+        # A file already there: a writer may have begun it before the observer watched (no event
+        # says so), so it is read like one seen by the stat check only, once it stayed the same
+        # for FALLBACK_S without events (a pause between chunks is well under that).
+        pending_stat: tuple[int, int, int] | None = _stat(target)
+        if pending_stat is None:
+            self._check_local(target, present=False)
+        else:
+            self._set("local", waiting=f"the file was there when watching began: read once it stays "
+                                       f"unchanged for {FALLBACK_S:g} s (its writer may not be done)")
         while not self._stop.is_set():
             fired = self._dirty.wait(FALLBACK_S)
             if self._stop.is_set():

@@ -187,7 +187,7 @@ def test_a_config_written_in_place_in_chunks_is_read_once_when_complete(tmp_path
                 time.sleep(WRITER_PACE_S)
         st = wait_for(lambda: (s := sup.status()) and decided(sup, s) and s["state"] == "SERVING" and s, 30,
                       "the complete config decided")
-        assert [h["outcome"] for h in decided(sup)] == ["applied"]
+        assert [h["outcome"] for h in decided(sup)] == ["applied"], decided(sup)
         assert "1024" in st["engine"]["argv"] and st["launches"] == 2
         assert sup.stop() == 0
 

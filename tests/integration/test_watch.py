@@ -218,6 +218,29 @@ def test_a_burst_of_writes_is_debounced_into_one_candidate_with_the_final_conten
         w.stop()
 
 
+def test_a_file_a_writer_began_before_the_watch_is_read_once_it_is_complete(tmp_path):
+    # Was (CI, a loaded machine): the watcher's first look read the first half of a config written
+    # in place while the observer was still starting, and the pod rejected it as broken TOML.
+    d = tmp_path / "cfg"
+    d.mkdir()
+    text = '[server]\nport = 8080\nhost = "127.0.0.1"\n'
+    half = len(text) // 2                                  # inside the quoted host: not valid TOML
+    f = open(d / "deploy.toml", "w")                       # in place, its writer not done
+    f.write(text[:half])
+    f.flush()
+    w, inbox = start(WatchSpec(dir=str(d), debounce_s=0.05), tmp_path)
+    try:
+        wait_for(lambda: (st := w.status()["local"])["checks"] or st.get("waiting"), 5, "the first look")
+        f.write(text[half:])
+        f.close()
+        wait_for(lambda: inbox.drain(), 10, "the complete file")
+        assert [c.data for c in inbox.got] == [text.encode()]
+        assert w.status()["local"]["checks"] == 1 and w.status()["local"].get("waiting") is None
+    finally:
+        f.close()
+        w.stop()
+
+
 def test_atomic_replacements_and_symlink_swaps_are_seen_and_same_content_is_not(tmp_path):
     d = tmp_path / "cfg"
     d.mkdir()
