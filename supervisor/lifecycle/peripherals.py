@@ -58,6 +58,8 @@ class Peripherals:
             return
         self.started = True
         cfg, w = self.cfg, self.wiring
+        if cfg.watch.enabled:       # first: once /status answers, a config published is seen
+            self._start_watch()
         if w.status:
             from ..status.server import StatusServer
 
@@ -72,8 +74,6 @@ class Peripherals:
 
             self.feeder = Feeder(w.live or (lambda: cfg), w.api_key)
             self.feeder.start()
-        if cfg.watch.enabled:
-            self._start_watch()
 
     def _start_watch(self) -> None:
         from ..model.fetch.layout import cache_dir

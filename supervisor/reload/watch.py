@@ -131,7 +131,16 @@ class Watcher:
         if self.spec.repo:
             self._spawn(self._hub_loop, "kiln-watch-hub")
         if self.local_path:
-            self._spawn(self._local_loop, "kiln-watch-local")
+            # The observer is watching before start() returns (the lifecycle starts the watcher
+            # before the status page): whatever a publisher writes after /status first answers
+            # makes an event. Only the loop runs in its own thread.
+            try:
+                first = self._observe_local()
+            except Exception as e:  # noqa: BLE001 - no inotify (limits, an odd mount): shown, never fatal
+                log.exception("kiln-watch-local not started")
+                self._set("local", last_error=f"not watching: {type(e).__name__}: {self._redact(str(e))}")
+                return
+            self._spawn(lambda: self._local_loop(first), "kiln-watch-local")
 
     def stop(self) -> None:
         self._stop.set()
@@ -285,7 +294,8 @@ class Watcher:
             self._report(self._read_hub(api, sha, detected, source=fleet.CANARY_SOURCE, origin=self.canary_origin))
 
     # -- the local directory ---------------------------------------------------------------
-    def _local_loop(self) -> None:
+    def _observe_local(self) -> tuple[int, int, int] | None:
+        """Start the observer on the directory; the file's stat as watching began (None: absent)."""
         from watchdog.events import FileSystemEventHandler
         from watchdog.observers import Observer
 
@@ -320,16 +330,22 @@ class Watcher:
         self._observer.schedule(Handler(), str(target.parent), recursive=False)
         self._observer.daemon = True
         self._observer.start()
-        last_stat: tuple[int, int, int] | None = None
-        # A file already there: a writer may have begun it before the observer watched (no event
-        # says so), so it is read like one seen by the stat check only, once it stayed the same
-        # for FALLBACK_S without events (a pause between chunks is well under that).
-        pending_stat: tuple[int, int, int] | None = _stat(target)
-        if pending_stat is None:
+        first = _stat(target)
+        if first is None:
             self._check_local(target, present=False)
         else:
             self._set("local", waiting=f"the file was there when watching began: read once it stays "
                                        f"unchanged for {FALLBACK_S:g} s (its writer may not be done)")
+        return first
+
+    def _local_loop(self, first: tuple[int, int, int] | None) -> None:
+        target = self.local_path
+        assert target is not None
+        last_stat: tuple[int, int, int] | None = None
+        # A file already there: a writer may have begun it before the observer watched (no event
+        # says so), so it is read like one seen by the stat check only, once it stayed the same
+        # for FALLBACK_S without events (a pause between chunks is well under that).
+        pending_stat = first
         while not self._stop.is_set():
             fired = self._dirty.wait(FALLBACK_S)
             if self._stop.is_set():

@@ -218,6 +218,33 @@ def test_a_burst_of_writes_is_debounced_into_one_candidate_with_the_final_conten
         w.stop()
 
 
+def test_the_directory_is_watched_when_start_returns(tmp_path):
+    # Was: the observer started in the watcher's thread, after the pod's /status already said
+    # SERVING; a config published in that gap was read only by the stat check, seconds later.
+    d = tmp_path / "cfg"
+    d.mkdir()
+    w, inbox = start(WatchSpec(dir=str(d), debounce_s=0.05), tmp_path)
+    try:
+        assert w.status()["local"]["checks"] == 1 and w.status()["local"]["present"] is False
+        (d / ".deploy.toml.tmp").write_text("# one\n")
+        os.replace(d / ".deploy.toml.tmp", d / "deploy.toml")
+        wait_for(lambda: inbox.drain(), 10, "the published file")
+        assert [c.data for c in inbox.got] == [b"# one\n"] and w.status()["local"]["events"] >= 1
+    finally:
+        w.stop()
+
+
+def test_a_directory_that_cannot_be_watched_is_an_error_on_status_not_a_crash(tmp_path):
+    (tmp_path / "a-file").write_text("")
+    w, inbox = start(WatchSpec(dir=str(tmp_path / "a-file" / "cfg")), tmp_path)    # its parent is a file
+    try:
+        err = w.status()["local"]["last_error"]
+        assert err.startswith("not watching: NotADirectoryError") and "a-file" in err
+        assert inbox.drain() == []
+    finally:
+        w.stop()
+
+
 def test_a_file_a_writer_began_before_the_watch_is_read_once_it_is_complete(tmp_path):
     # Was (CI, a loaded machine): the watcher's first look read the first half of a config written
     # in place while the observer was still starting, and the pod rejected it as broken TOML.
