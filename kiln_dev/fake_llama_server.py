@@ -41,6 +41,7 @@ the environment, so argv stays what the supervisor would give the real binary:
   KILN_FAKE_CRASH_AFTER_S  crash-after-ready: seconds after ready until SIGSEGV (default 0.5)
   KILN_FAKE_SPIN_S         spin-loading: seconds of busy CPU before /health turns 200 (default: forever)
   KILN_FAKE_ORPHAN_S       spawn-orphan: how long the orphan lives (default 60)
+  KILN_FAKE_ORPHAN_GO      spawn-orphan: a FIFO; the orphan lives until a writer opens and closes it
   KILN_FAKE_LOG_DIR        where the recorded logs are (default tests/fixtures/engine-logs)
 
 Every scenario writes a first line to stderr at once. Recorded logs are replayed verbatim
@@ -283,7 +284,12 @@ def spawn_orphan(a: Args) -> int:
                 os.dup2(devnull, fd)
             os.close(r)
             os.close(w)
-            time.sleep(env_s("KILN_FAKE_ORPHAN_S", 60))
+            go = os.environ.get("KILN_FAKE_ORPHAN_GO")
+            if go:                  # a FIFO: lives until the test opens it for writing and closes it
+                with open(go, "rb") as f:
+                    f.read()
+            else:
+                time.sleep(env_s("KILN_FAKE_ORPHAN_S", 60))
             os._exit(0)
         os.write(w, str(pid).encode())
         os._exit(0)

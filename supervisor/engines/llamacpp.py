@@ -460,6 +460,9 @@ PHASES = (
     ("warmup", re.compile(r"llama threadpool init")),
     # "I srv    load_model: initializing, n_slots = 4, n_ctx_slot = 2048, kv_unified = 'true'"
     ("slots", re.compile(r"load_model: initializing, n_slots")),
-    # "I srv  llama_server: listening on http://127.0.0.1:18777": /health answers 200 from here
+    # "I srv  llama_server: listening on http://127.0.0.1:18777": the last line of the load. /health
+    # answers 200 from just before "model loaded" (server.cpp sets is_ready first, and the lines go
+    # through llama.cpp's log thread), so a probe can pass before this line is read: then SERVING
+    # has closed the timeline and this phase is not in it
     ("health", re.compile(r"llama_server: listening on ")),
 )

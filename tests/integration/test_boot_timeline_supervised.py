@@ -23,6 +23,13 @@ def phases(boot: dict) -> list[str]:
     return [p["phase"] for p in boot["phases"]]
 
 
+def engine_phases_in(names: list[str], before: list[str]) -> bool:
+    """`before`, then llama.cpp's phases in order; the last ("health", its "listening on" line) may
+    be missing: /health passes before llama.cpp prints it (engines/llamacpp.py PHASES)."""
+    every = before + [name for name, _ in llamacpp.PHASES]
+    return names in (every, every[:-1])
+
+
 def adds_up(boot: dict) -> None:
     ps = boot["phases"]
     for a, b in zip(ps, ps[1:]):
@@ -40,7 +47,7 @@ def test_a_real_llama_server_boot_shows_every_phase_and_a_restart_starts_a_new_t
     with Supervised(tmp_path, text) as sup:
         st = sup.wait_state("SERVING")
         boot = st["boot"]
-        assert phases(boot) == SUPERVISOR + [name for name, _ in llamacpp.PHASES]
+        assert engine_phases_in(phases(boot), SUPERVISOR)
         assert (boot["n"], boot["cause"], boot["outcome"]) == (1, "boot", "ready")
         assert boot["phases"][0]["start_s"] == 0.0 and boot["phases"][1]["start_s"] > 0   # the interpreter, the imports
         weights = next(p for p in boot["phases"] if p["phase"] == "weights")
@@ -61,8 +68,7 @@ def test_a_real_llama_server_boot_shows_every_phase_and_a_restart_starts_a_new_t
                  "the restart served")
         again = sup.status()["boot"]
         assert again["cause"] == "restart" and again["outcome"] == "ready"
-        assert phases(again) == ["restart_backoff", "reclaim", "launch", "engine_exec",
-                                 *[n for n, _ in llamacpp.PHASES]]
+        assert engine_phases_in(phases(again), ["restart_backoff", "reclaim", "launch", "engine_exec"])
         assert again["previous"]["n"] == 1 and phases(again["previous"]) == phases(boot)
         adds_up(again)
         assert sup.stop() == 0

@@ -34,8 +34,9 @@ if sys.argv[1:3] == ["image", "inspect"]:
 if sys.argv[1] == "build":
     record = {{"pid": os.getpid(), "argv": sys.argv}}
     signal.signal(signal.SIGTERM, lambda *a: (open({record!r} + ".term", "w").close(), sys.exit(143)))
-    with open({record!r}, "w") as f:
+    with open({record!r} + ".tmp", "w") as f:      # whole or not there: the test reads it once it exists
         json.dump(record, f)
+    os.replace({record!r} + ".tmp", {record!r})
     print("#1 building", flush=True)
     signal.pause()
 sys.exit(2)
@@ -62,8 +63,14 @@ def test_sigterm_to_build_ends_the_docker_build_and_removes_its_temp_dirs(tmp_pa
         out, err = proc.communicate(timeout=60)
     finally:
         if proc.poll() is None:
+            left = psutil.Process(proc.pid).children(recursive=True)   # the stand-in too, whatever failed
             proc.kill()
             proc.wait()
+            for child in left:
+                try:
+                    child.kill()
+                except psutil.NoSuchProcess:
+                    pass
         if build and psutil.pid_exists(build["pid"]) and not Path(str(record) + ".term").is_file():
             os.kill(build["pid"], signal.SIGKILL)     # a failed run must not leave the stand-in behind
     assert proc.returncode == 143 and "Traceback" not in err, err

@@ -124,7 +124,9 @@ def test_an_engine_that_ignores_sigterm_is_killed_and_the_exit_says_so(tmp_path,
 
 
 def test_an_orphaned_grandchild_is_reaped(tmp_path, prefix, tiny):
-    env = {"KILN_FAKE_ORPHAN_S": "1.0"}
+    go = tmp_path / "orphan-go"
+    os.mkfifo(go)
+    env = {"KILN_FAKE_ORPHAN_GO": str(go)}                     # it lives until the test lets it go
     with setup(tmp_path, prefix, tiny, rung("cpu", ["-t", "1"], env={"KILN_FAKE_SCENARIO": "spawn-orphan"}),
                binary=str(FAKE), env=env) as sup:
         sup.wait_state("SERVING")
@@ -133,7 +135,8 @@ def test_an_orphaned_grandchild_is_reaped(tmp_path, prefix, tiny):
         orphan = int(line.rsplit(" ", 1)[-1].strip(" )"))
         me = psutil.Process(sup.proc.pid)
         wait_for(lambda: orphan in [c.pid for c in me.children()], 10, "the orphan re-parented to the supervisor")
-        # it exits after ~1 s; the supervisor must reap it (no zombie left)
+        with open(go, "wb"):                                     # let it exit: the supervisor must reap it
+            pass
         wait_for(lambda: not psutil.pid_exists(orphan), 15, "the orphan reaped")
         assert sup.stop() == 0
 
