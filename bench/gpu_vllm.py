@@ -211,7 +211,7 @@ def observe(a, name, proc, t0, ready, snaps, port, sport) -> dict[str, Any]:
     status, status_error = final_status(sport)
     (a.out / f"status-{name}.json").write_text(json.dumps(status, indent=1))
     states = []
-    for s in snaps:
+    for s in snaps + ([status] if status else []):   # a poll read /status just before /ready: add the state after
         st = s.get("state")
         if not states or states[-1] != st:
             states.append(st)

@@ -25,10 +25,21 @@ FAKE = Path(__file__).resolve().with_name("fake_llama_server.py")
 FAKE_VLLM = Path(__file__).resolve().with_name("fake_vllm.py")
 
 
+_GIVEN: set[int] = set()        # ports handed out by this process: never twice
+
+
 def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+    """A loopback port free now and not handed out before by this process: the kernel's pick for
+    port 0 is random, and the same port given to two servers that bind later is a collision (CI:
+    a pod's TCP relay took the port another pod's status page was given a moment later)."""
+    for _ in range(100):
+        with socket.socket() as s:
+            s.bind(("127.0.0.1", 0))
+            port = s.getsockname()[1]
+        if port not in _GIVEN:
+            _GIVEN.add(port)
+            return port
+    raise AssertionError("no loopback port free that was not handed out already")
 
 
 def fake_vllm_bench(tmp: Path, wrapper: str) -> tuple[Path, Path]:
@@ -47,9 +58,12 @@ def free_pair() -> int:
     """A free port whose next one is free too: benches that put a status port at --port + 1."""
     for _ in range(50):
         port = free_port()
+        if port + 1 in _GIVEN:
+            continue
         with socket.socket() as s:
             try:
                 s.bind(("127.0.0.1", port + 1))
+                _GIVEN.add(port + 1)
                 return port
             except OSError:
                 continue

@@ -24,15 +24,11 @@ from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any, Callable
 
+from ..supervised import free_port
+
 REPO_ROOT = Path(__file__).resolve().parents[2]
 # The supervisor's port variables and the private port each has in Kiln's images.
 PORT_ENV = {"KILN_SERVER_PORT": 8080, "KILN_STATUS_PORT": 8081, "KILN_TCP_PORT": 8082}
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def _now() -> str:
@@ -53,7 +49,7 @@ def _runtime_ports(ports: list[str], mapped: dict[int, int]) -> list[dict[str, A
 
 class NullContainer:
     def __init__(self, ports: list[str]):
-        self.mapped = {int(p.split("/")[0]): _free_port() for p in ports}
+        self.mapped = {int(p.split("/")[0]): free_port() for p in ports}
 
     def listening(self) -> bool:
         return True
@@ -168,7 +164,7 @@ class SupervisorRunner:
     def start(self, pod: dict[str, Any], env: dict[str, str]) -> SupervisedContainer:
         home = self.workdir / pod["id"]
         home.mkdir(parents=True, exist_ok=True)
-        mapped = {int(p.split("/")[0]): _free_port() for p in pod.get("ports") or []}
+        mapped = {int(p.split("/")[0]): free_port() for p in pod.get("ports") or []}
         volume = self._volume_dir(pod)
         if volume:
             volume[1].mkdir(parents=True, exist_ok=True)

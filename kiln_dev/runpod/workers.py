@@ -26,7 +26,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable
 
-from .containers import REPO_ROOT, SupervisedContainer, _free_port
+from .containers import REPO_ROOT, SupervisedContainer
+from ..supervised import free_port
 
 VOLUME_MOUNT = "/runpod-volume"      # storage/network-volumes.mdx: serverless workers mount it here
 VOLUME_ENV = "KILN_SERVERLESS_VOLUME"
@@ -90,7 +91,7 @@ class WorkerRunner:
             if volume and (v == VOLUME_MOUNT or v.startswith(VOLUME_MOUNT + "/")):
                 v = str(volume) + v[len(VOLUME_MOUNT):]
             full[k] = v
-        mapped = {var: _free_port() for var in PORT_VARS}
+        mapped = {var: free_port() for var in PORT_VARS}
         full.update({var: str(port) for var, port in mapped.items()})
         if volume:
             full[VOLUME_ENV] = str(volume)

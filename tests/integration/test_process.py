@@ -25,6 +25,7 @@ import pytest
 
 from supervisor.process.pid1 import become_subreaper, exit_code_for, reap_orphans
 from supervisor.process.managed import REGISTRY, ManagedProcess, ProcessRegistry
+from kiln_dev.supervised import free_port
 
 REPO = Path(__file__).resolve().parents[2]
 PROC = REPO / "tests" / "support" / "proc"
@@ -361,19 +362,13 @@ def test_signal_relay_records_and_the_main_loop_acts(spawn) -> None:
 # -- leaks --------------------------------------------------------------------------------------
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 def _fd_count() -> int:
     return len(os.listdir("/proc/self/fd"))
 
 
 @pytest.mark.slow
 def test_hundred_start_stop_cycles_leak_nothing() -> None:
-    port = _free_port()
+    port = free_port()
     argv = [PY, "-I", "-S", str(PROC / "listener.py"), str(port)]
     fds, threads = _fd_count(), threading.active_count()
     for i in range(100):
