@@ -2,7 +2,7 @@
 
 Options (all optional):
   --say TEXT        print TEXT before ready (repeatable; used for redaction canaries)
-  --lines N         print `line 0` .. `line N-1` before ready
+  --lines N         print `line 0` .. `line N-1` before ready (with the --say lines, one write)
   --raw HEX         first write these raw bytes plus a newline (invalid UTF-8 tests)
   --ignore-term     report SIGTERM but keep running (only SIGKILL stops it)
   --burst BYTES     after ready, write about BYTES of 100-character lines at once, then `burst done`
@@ -45,10 +45,9 @@ def main() -> None:
     if args.raw:
         sys.stdout.buffer.write(bytes.fromhex(args.raw) + b"\n")
         sys.stdout.buffer.flush()
-    for text in args.say:
-        print(text)
-    for i in range(args.lines):
-        print(f"line {i}")
+    # One write for all of them, as an engine's buffered log does: a reader gets several lines a
+    # read even where PYTHONUNBUFFERED is set (CI's environment) and the reader keeps up.
+    sys.stdout.write("".join(f"{text}\n" for text in [*args.say, *(f"line {i}" for i in range(args.lines))]))
     print(f"ready (pid: {os.getpid()})", flush=True)
     if args.burst:
         line = "b" * 99 + "\n"
