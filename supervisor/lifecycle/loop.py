@@ -127,11 +127,11 @@ class Supervisor:
         self.terminator: Any = None                 # fleet/self_terminate.py Termination, while FAILED with it on
         self.model_records: dict[str, dict[str, Any]] = {}   # model path -> its /status record, shown once it serves
         self.worker: Any = None                     # serverless/worker.py ServerlessWorker, on a Serverless worker
-        self.prefetch = None                        # model/prefetch.py Prefetch: the weights read beside this walk's start
+        # the model prefetch of this walk is rt.prefetch (the launch asks whether one reads: boot_args)
         self._shown_prefetch: Any = None            # the one /status shows: its end is the news, even after the walk
         early = self.opts.prefetch
         if early is not None:                       # begun before this was built: kept if preflight plans the same files
-            self.prefetch = self._shown_prefetch = early
+            self.rt.prefetch = self._shown_prefetch = early
             self.rec.update(prefetch=self._prefetch_shown(early))
             early.adopt(self._prefetch_done)
         if cfg.serverless.active:
@@ -193,8 +193,8 @@ class Supervisor:
             log.error("%s", e)
             self.exit_code = EXIT_USAGE
         finally:
-            if self.prefetch is not None:
-                self.prefetch.stop()
+            if self.rt.prefetch is not None:
+                self.rt.prefetch.stop()
             self.tasks.cancel_all()
             for eng in list(self.engines.values()):
                 eng.proc.stop(self.boot_cfg.health.stop_grace_s)
@@ -282,9 +282,9 @@ class Supervisor:
 
     def _do_Enter(self, fx: E.Enter) -> None:
         self.rec.transition(fx.state, fx.detail)
-        if fx.state in (State.HEALTHY, State.FAILED, State.STOPPING) and self.prefetch is not None:
-            self.prefetch.stop()                # the weights are loaded, or nothing will load them:
-            self.prefetch = None                # spent; a restart or reload reads anew (or goes without)
+        if fx.state in (State.HEALTHY, State.FAILED, State.STOPPING) and self.rt.prefetch is not None:
+            self.rt.prefetch.stop()             # the weights are loaded, or nothing will load them:
+            self.rt.prefetch = None             # spent; a restart or reload reads anew (or goes without)
         log.info("state %s%s", fx.state.value, f": {fx.detail}" if fx.detail else "")
         if self.peripherals is not None:
             self.peripherals.state_changed(fx.state)
@@ -335,7 +335,7 @@ class Supervisor:
         except OSError as e:                           # a file vanished between the listing and its size
             planned, why = [], f"could not list the weights: {e.strerror or e}"
         files = [p for p, _ in planned]
-        running = self.prefetch
+        running = self.rt.prefetch
         if running is not None and running.files == files and running.useful:
             return                                     # the same files, being read or read whole in this walk
         self._drop_prefetch()
@@ -345,25 +345,16 @@ class Supervisor:
 
         p = prefetch.Prefetch(files, sizes=[n for _, n in planned], streams=live.cfg.startup.prefetch_streams,
                               on_done=self._prefetch_done)
-        self.prefetch = self._shown_prefetch = p
+        self.rt.prefetch = self._shown_prefetch = p
         self.rec.update(prefetch=self._prefetch_shown(p))     # before start(): its end's update comes after
         p.start()
 
     def _drop_prefetch(self) -> None:
         """Stop the read of files this boot does not plan (the early one of a config replaced since)."""
-        if self.prefetch is not None:
-            self.prefetch.stop()
-            self.prefetch = self._shown_prefetch = None
+        if self.rt.prefetch is not None:
+            self.rt.prefetch.stop()
+            self.rt.prefetch = self._shown_prefetch = None
             self.rec.update(prefetch=None)
-
-    @property
-    def prefetch(self) -> Any:
-        """The model prefetch of this boot (the launch asks whether one reads: engines' boot_args)."""
-        return self.rt.prefetch
-
-    @prefetch.setter
-    def prefetch(self, p: Any) -> None:
-        self.rt.prefetch = p
 
     def _prefetch_shown(self, p: Any) -> dict[str, Any]:
         """/status `prefetch`: what it read, and `start_s`, when it began after the process's exec

@@ -260,9 +260,10 @@ class Prefetch:
 def begin(cfg: "DeployConfig", env: Mapping[str, str]) -> "Prefetch | None":
     """`[startup] prefetch_at = "start"` (the default): the prefetch started as soon as PID 1 has read
     the config, before the loop is imported and built (~0.3 s of a cold boot on the H200 went by
-    before preflight started it). A local model only, by the same plan; the loop adopts it if its own plan at preflight
-    names the same files. None when not asked for, nothing to read or anything goes wrong: the loop
-    then plans at preflight and says why on /status. Never raises: PID 1's first step."""
+    before preflight started it). A local model only, by the same plan; the loop adopts it if its
+    own plan at preflight names the same files. None when not asked for, nothing to read or anything
+    goes wrong: the loop then plans at preflight and says why on /status. Never raises: PID 1's
+    first step."""
     if cfg.startup.prefetch_at != "start":
         return None
     try:

@@ -17,8 +17,9 @@ Two sources, each in its own daemon thread, both feeding one small queue the lif
   stat check every FALLBACK_S seconds also catches changes inotify cannot see (a network volume
   written from another host); there, completeness means size and mtime stable across two checks.
   A file already there when watching begins is read once it stays the same for FALLBACK_S (its
-  writer may have begun before the watch). The file must resolve inside the directory: a symlink out of it (`deploy.toml -> /etc/shadow`)
-  or a symlink loop is reported as an error, and its target is never read.
+  writer may have begun before the watch). The file must resolve inside the directory: a symlink
+  out of it (`deploy.toml -> /etc/shadow`) or a symlink loop is reported as an error, and its
+  target is never read.
 
 * **A canary branch** (`kiln-canary/<branch>`, supervisor/fleet/record.py), for a pod that reports to
   the fleet (`pod` given): polled in the same round; a new commit there is taken only when its

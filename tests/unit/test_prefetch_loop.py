@@ -41,7 +41,7 @@ def test_a_file_gone_between_the_plan_and_the_open_is_said_and_nothing_raises(tm
     monkeypatch.setattr(prefetch.Prefetch, "start", lambda self: (_ for _ in ()).throw(OSError(2, "gone")))
     sup._prefetch(Live(sup.boot_cfg, model_path=m))           # must not raise
     shown = sup.rec.snapshot()["prefetch"]
-    assert shown["state"] == "skipped" and "could not start" in shown["note"] and sup.prefetch is None
+    assert shown["state"] == "skipped" and "could not start" in shown["note"] and sup.rt.prefetch is None
 
 
 def test_a_replaced_prefetchs_late_end_leaves_the_current_one_on_status(tmp_path, monkeypatch):
@@ -57,9 +57,9 @@ def test_a_replaced_prefetchs_late_end_leaves_the_current_one_on_status(tmp_path
 
     monkeypatch.setattr(prefetch.Prefetch, "_worker", held)
     sup._prefetch(Live(sup.boot_cfg, model_path=a))
-    first = sup.prefetch
+    first = sup.rt.prefetch
     sup._prefetch(Live(sup.boot_cfg, model_path=b))           # another model: the first is stopped
-    second = sup.prefetch
+    second = sup.rt.prefetch
     assert second is not first and second.wait(30)
     gate.set()
     assert first.wait(30) and first.state == "stopped"
@@ -76,14 +76,14 @@ def test_a_stopped_prefetch_of_the_same_files_is_replaced_not_kept(tmp_path, mon
     real_worker = prefetch.Prefetch._worker
     monkeypatch.setattr(prefetch.Prefetch, "_worker", lambda self: (gate.wait(30), real_worker(self)))
     sup._prefetch(Live(sup.boot_cfg, model_path=m))
-    first = sup.prefetch
+    first = sup.rt.prefetch
     sup._prefetch(Live(sup.boot_cfg, model_path=m))           # still reading the same files: kept
-    assert sup.prefetch is first
+    assert sup.rt.prefetch is first
     first.stop()                                              # told to stop (HEALTHY), not ended yet
     sup._prefetch(Live(sup.boot_cfg, model_path=m))           # a relaunch: read again
-    assert sup.prefetch is not first
+    assert sup.rt.prefetch is not first
     gate.set()
-    assert sup.prefetch.wait(30) and first.wait(30)
+    assert sup.rt.prefetch.wait(30) and first.wait(30)
 
 
 def test_status_says_when_the_prefetch_began_after_the_processs_exec(tmp_path):
@@ -94,9 +94,9 @@ def test_status_says_when_the_prefetch_began_after_the_processs_exec(tmp_path):
                        '[[ladder.rungs]]\nname = "a"\n', env={})
     sup = loop.Supervisor(cfg, loop.Options(env={}, process_start=exec_at))
     sup._prefetch(Live(sup.boot_cfg, model_path=m))
-    assert sup.prefetch.wait(30)
+    assert sup.rt.prefetch.wait(30)
     shown = sup.rec.snapshot()["prefetch"]
-    assert shown["state"] == "done" and shown["start_s"] == round(sup.prefetch.started - exec_at, 3) >= 1.0
+    assert shown["state"] == "done" and shown["start_s"] == round(sup.rt.prefetch.started - exec_at, 3) >= 1.0
 
 
 # -- [startup] prefetch_at = "start" (the default): begun before the loop (model/prefetch.py begin(), called by
@@ -128,7 +128,7 @@ def test_a_begun_prefetch_is_adopted_its_end_said_once_whether_it_ended_before_o
     ended = prefetch.begin(cfg_for(tmp_path, str(m)), {})
     assert ended.wait(30)                                     # ended before the loop was built
     sup = loop.Supervisor(cfg_for(tmp_path, str(m)), loop.Options(env={}, prefetch=ended, process_start=exec_at))
-    assert sup.prefetch is ended and sup.rec.snapshot()["prefetch"]["state"] == "done"
+    assert sup.rt.prefetch is ended and sup.rec.snapshot()["prefetch"]["state"] == "done"
     assert sup.rec.snapshot()["prefetch"]["start_s"] == round(ended.started - exec_at, 3) >= 1.0
     assert [h["event"] for h in sup.rec.snapshot()["history"]].count("prefetch") == 1
 
@@ -139,7 +139,7 @@ def test_a_begun_prefetch_is_adopted_its_end_said_once_whether_it_ended_before_o
     sup = loop.Supervisor(cfg_for(tmp_path, str(m)), loop.Options(env={}, prefetch=running))
     assert sup.rec.snapshot()["prefetch"]["state"] == "reading"
     sup._prefetch(Live(sup.boot_cfg, model_path=m))           # preflight plans the same files: kept, not read twice
-    assert sup.prefetch is running
+    assert sup.rt.prefetch is running
     gate.set()
     assert running.wait(30)
     assert sup.rec.snapshot()["prefetch"]["state"] == "done"
@@ -156,9 +156,9 @@ def test_a_begun_prefetch_of_another_model_than_the_boots_is_stopped(tmp_path, m
     early = prefetch.begin(cfg_for(tmp_path, str(a)), {})
     sup = loop.Supervisor(cfg_for(tmp_path, str(b)), loop.Options(env={}, prefetch=early))
     sup._prefetch(Live(sup.boot_cfg, model_path=b))
-    assert sup.prefetch is not early and sup.prefetch.files == [b]
+    assert sup.rt.prefetch is not early and sup.rt.prefetch.files == [b]
     gate.set()
-    assert early.wait(30) and sup.prefetch.wait(30)
+    assert early.wait(30) and sup.rt.prefetch.wait(30)
     assert early.state == "stopped" and sup.rec.snapshot()["prefetch"]["files"] == 1
     assert sup.rec.snapshot()["prefetch"]["state"] == "done"
 
@@ -171,7 +171,7 @@ def test_an_early_read_that_ended_is_not_read_again_at_preflight(tmp_path):
     assert ended.wait(30) and ended.state == "done"
     sup = loop.Supervisor(cfg_for(tmp_path, str(m)), loop.Options(env={}, prefetch=ended))
     sup._prefetch(Live(sup.boot_cfg, model_path=m))
-    assert sup.prefetch is ended and sup.rt.prefetch is ended
+    assert sup.rt.prefetch is ended
     assert [h["event"] for h in sup.rec.snapshot()["history"]].count("prefetch") == 1
 
 
@@ -186,7 +186,7 @@ def test_an_early_read_is_stopped_when_the_boots_model_is_fetched_instead(tmp_pa
     fetched = cfg_for(tmp_path, "hf://org/repo", 'entry = "m.gguf"\n' + EARLY)
     sup = loop.Supervisor(fetched, loop.Options(env={}, prefetch=early))
     sup._prefetch(Live(fetched, model_path=None))
-    assert sup.prefetch is None and not early.active
+    assert sup.rt.prefetch is None and not early.active
     gate.set()
     assert early.wait(30) and early.state == "stopped"
     assert sup.rec.snapshot().get("prefetch") is None
@@ -204,16 +204,16 @@ def test_the_read_is_spent_when_the_engine_is_healthy_and_a_later_walk_reads_ane
     monkeypatch.setattr(prefetch.Prefetch, "_worker", lambda self: (gate.wait(30), real_worker(self)))
     sup = supervisor(tmp_path, m)
     sup._prefetch(Live(sup.boot_cfg, model_path=m))
-    first = sup.prefetch
+    first = sup.rt.prefetch
     for state in (State.FETCH, State.LAUNCHING, State.LOADING, State.HEALTHY):
         sup._do_Enter(E.Enter(state, ""))
-    assert sup.prefetch is None and sup.rt.prefetch is None          # the launch sees no read from here on
+    assert sup.rt.prefetch is None          # the launch sees no read from here on
     gate.set()
     assert first.wait(30)
     assert sup.rec.snapshot()["prefetch"]["state"] in ("stopped", "done")   # its end still said on /status
     sup._prefetch(Live(sup.boot_cfg, model_path=m))                 # a reload of the same model
-    assert sup.prefetch is not None and sup.prefetch is not first
-    assert sup.prefetch.wait(30)
+    assert sup.rt.prefetch is not None and sup.rt.prefetch is not first
+    assert sup.rt.prefetch.wait(30)
 
 
 def test_a_read_that_ended_within_the_walk_is_not_read_again_at_the_launch_check(tmp_path):
@@ -222,8 +222,8 @@ def test_a_read_that_ended_within_the_walk_is_not_read_again_at_the_launch_check
     cfg = cfg_for(tmp_path, str(m), '[startup]\nprefetch_at = "preflight"\n')
     sup = loop.Supervisor(cfg, loop.Options(env={}))
     sup._prefetch(Live(cfg, model_path=m))
-    first = sup.prefetch
+    first = sup.rt.prefetch
     assert first.wait(30) and first.state == "done"
     sup._prefetch(Live(cfg, model_path=m))
-    assert sup.prefetch is first
+    assert sup.rt.prefetch is first
     assert [h["event"] for h in sup.rec.snapshot()["history"]].count("prefetch") == 1
