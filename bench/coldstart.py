@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """Time to ready from a cold worker (issue 28): Kiln's supervised boot with Kiln's defaults against
 the bare engine with its own defaults, the same model and card, cold volume and warm; every phase
-of every boot shown from the boot timeline (supervisor/lifecycle/timeline.py).
+of every boot shown from the boot timeline (supervisor/run/timeline.py).
 
     python3 bench/coldstart.py --engine vllm     [--root ROOT] --out $OUT [--steps ...] [--vllm BIN] [--model DIR]
     python3 bench/coldstart.py --engine llamacpp [--root ROOT] --out $OUT [--steps ...] [--prefix DIR]
@@ -239,7 +239,7 @@ def prepare_volume(a: argparse.Namespace, volume: str, state: Path | None) -> di
 
 
 def bare(a: argparse.Namespace, eng: Engine, volume: str, lever: str | None, tag: str) -> dict[str, Any]:
-    from supervisor.lifecycle.timeline import Timelines
+    from supervisor.run.timeline import Timelines
 
     port = a.port
     busy = ports_free(port)

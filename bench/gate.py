@@ -32,7 +32,7 @@ from common import REPO, llama_prefix, stop_on_term
 from supervisor.config import load_config
 from supervisor.selftest.client import Client
 from supervisor.selftest.runner import run_selftest
-from supervisor.selftest.stage import gate_mode
+from supervisor.run.selftest import gate_mode
 
 
 def main() -> int:

@@ -1,7 +1,7 @@
 """Old spellings of workstation commands, kept for one release: one deprecation line, then the new one.
 
 `forward` runs the new command as a child (this checkout's build.py), not in this process: a
-module whose old spelling it keeps (images/build/golden.py, images/build/engine_facts.py,
+module whose old spelling it keeps (images/generate/golden.py, images/build/engine_facts.py,
 images/cli/reference.py) is itself imported by the command it now forwards to, and importing the
 CLI from it would close an import cycle. It imports only the leaf images/paths.py.
 """

@@ -268,7 +268,7 @@ def _check_runpod(target: Target, cfg: DeployConfig, problems: list[Problem]) ->
     returns the spec with its effective secrets."""
     from supervisor.config import ENV_OVERRIDES
 
-    from .runpod.schema import gpu_types
+    from .runpod_schema import gpu_types
 
     rp = target.runpod
     r = Reader({}, "runpod", problems)     # for its problem() helper: paths read runpod.<key>

@@ -64,7 +64,7 @@ SEED_MARKOV_NAMES = ("dflash.dspark.markov.w1.weight", "dflash.dspark.markov.w2.
 # -- from tests: run the child ------------------------------------------------------------------
 def pinned_gguf_py() -> Path:
     """gguf-py of the sdist the real CPU llama-server is compiled from (cpu-llamacpp's source)."""
-    from images.build.facts_generator import source_tree
+    from images.generate.facts import source_tree
     from images.pins.lock import load_lock, pins_for
     from images.target import load_target
 

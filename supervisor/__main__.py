@@ -13,7 +13,7 @@ with its status; the image carries no images/ package, so in a pod they say wher
 Nothing here imports images/.
 
 `run` with a deploy config that does not validate stays up in FAILED and says why on /status
-(lifecycle/boot_failure.py); `--exit-on-failure` exits 2 instead. No command ends in a traceback:
+(run/boot_failure.py); `--exit-on-failure` exits 2 instead. No command ends in a traceback:
 an error nothing foresaw is one line on stderr and exit 1 (KILN_TRACEBACK=1 adds the traceback).
 """
 
@@ -176,8 +176,8 @@ def _main(argv: list[str] | None) -> int:
     if args.command in (None, "run"):
         from .config import load_config
         from .errors import ConfigError
-        from .lifecycle.logs import setup_logging
-        from .lifecycle.timeline import process_start
+        from .run.logs import setup_logging
+        from .run.timeline import process_start
 
         setup_logging()
         config = getattr(args, "config", os.environ.get("KILN_CONFIG", DEFAULT_CONFIG))
@@ -193,15 +193,15 @@ def _main(argv: list[str] | None) -> int:
                 print(e, file=sys.stderr)
                 return EXIT_INVALID
             # A pod's PID 1 stays up in FAILED to say why: an exit would restart the container into the
-            # same failure, in a loop that bills (lifecycle/boot_failure.py).
-            from .lifecycle import boot_failure
+            # same failure, in a loop that bills (run/boot_failure.py).
+            from .run import boot_failure
             return boot_failure.serve(e, config, os.environ)
         # The model prefetch begins here, before the loop's imports ([startup] prefetch_at = "start", the
         # default; "preflight" leaves it to the loop): model/prefetch.py says what it bought and cost.
         from .model import prefetch
 
         early = prefetch.begin(cfg, os.environ)
-        from .lifecycle.loop import Options, run
+        from .run.loop import Options, run
 
         return run(cfg, Options(exit_on_failure=exit_on_failure, process_start=process_start(), prefetch=early))
     return EXIT_INVALID

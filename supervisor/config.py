@@ -458,7 +458,7 @@ def parse_config(text: str, *, source: str = "<memory>", env: Mapping[str, str] 
 
 
 def boot_fallback(data: Any, env: Mapping[str, str]) -> tuple[StatusSpec, SelfTerminateSpec]:
-    """What a boot whose config does not validate can still use (lifecycle/boot_failure.py): [status]
+    """What a boot whose config does not validate can still use (run/boot_failure.py): [status]
     and [runpod] as the file (`data`, its TOML when that parsed, else None) and the environment give
     them, each field where it is valid on its own, its default where not: the FAILED supervisor
     explains itself on that status port, and terminates its pod when asked to."""

@@ -5,7 +5,7 @@ this tree and listed here.
 
     KilnError
     ├── ConfigError              a config, target or published change is invalid (all problems at once)
-    │   └── RunPodSchemaError    (images.runpod.schema) a RunPod request body breaks the vendored v2 schema
+    │   └── RunPodSchemaError    (images.runpod_schema) a RunPod request body breaks the vendored v2 schema
     ├── FetchError               a download failed or did not verify
     │   ├── PlanError            (supervisor.model.fetch.plan) no file of the repo fits allow_patterns / model.entry
     │   ├── RangeIgnored         (supervisor.model.fetch.sink) a server answered a range request with other bytes
@@ -28,8 +28,8 @@ this tree and listed here.
     ├── FloorError               (images.pins.cudafloor) the engine's CUDA could not be measured, or disagrees
     ├── CudaUnknown              (images.pins.cuda) the index did not say which CUDA the engine runs
     ├── ClosureIncomplete        (images.pins.closure) the index lacks a package the engine's tree needs
-    ├── NoSuchRelease            (images.pins.releases) the index has no usable file of the version asked for
-    ├── SnapshotFailed           (images.pins.snapshot) an engine's parser could not be made to print its flags
+    ├── NoSuchRelease            (images.upgrade.releases) the index has no usable file of the version asked for
+    ├── SnapshotFailed           (images.upgrade.snapshot) an engine's parser could not be made to print its flags
     ├── BinariesError            (images.binaries.obtain) engine binaries could not be compiled or published
     ├── FactsError               (images.build.engine_facts) the pinned engine source cannot be read for its facts
     ├── PipFailed                (images.pins.requirements) pip could not download the supervisor's pinned wheels

@@ -5,7 +5,7 @@ refuse, before a boot is spent on it. The seed lost three boots to one DSpark dr
 architecture this build does not register (`dflash-draft`, not `dflash`), then "DFlash model
 requires 'target_layers' in GGUF metadata", then tensors named `dflash.dspark.markov.w1` where
 llama.cpp expects `markov_w1`. The answers to "which names does this build know" live in the
-engine's own source tree, so they are read from it, never typed in (images/build/facts_generator.py
+engine's own source tree, so they are read from it, never typed in (images/generate/facts.py
 reads the pinned sdist: `python build.py generate` writes the files, `--check` verifies them).
 
 A facts file is JSON, one per engine source (images/engine-facts/<package>-<version>.json,

@@ -6,14 +6,14 @@ script `pip install -e .` installs): one parser, every workstation command. Impo
     command.py    how a command is declared (Command), the options several commands share
     image.py      build, render, list, tag
     pins.py       lock
-    upgrade.py    upgrade (what it does: images/pins/upgrade.py)
+    upgrade.py    upgrade (what it does: images/upgrade/engine.py)
     binaries.py   compile, publish-binaries
     runpod.py     template
     pods.py       pods up|status|logs|down|volumes
     endpoint.py   endpoint plan|up|status|logs|down (RunPod Serverless load-balancing endpoints)
     fleet.py      publish-config, fleet-status
     router.py     router: the supervised router in front of replicas, here
-    generate.py   generate [--check]: every committed generated file (what they are: images/generate.py)
+    generate.py   generate [--check]: every committed generated file (what they are: images/generate/families.py)
     legacy.py     the old single-command flag spellings (--list, --render, ...), for one release
     reference.py  docs/cli.md, generated from the parsers' --help
 

@@ -1,12 +1,12 @@
 """`generate [--check] [--only NAME]`: every committed generated file from its source, or the check
-that none drifted (CI runs --check). Wiring only: the families and the run are images/generate.py."""
+that none drifted (CI runs --check). Wiring only: the families and the run are images/generate/families.py."""
 
 from __future__ import annotations
 
 import argparse
 from typing import Callable
 
-from .. import generate
+from ..generate import families as generate
 from .command import Command
 
 

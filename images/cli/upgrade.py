@@ -64,7 +64,7 @@ def _given(items: list[str]) -> dict[str, Path]:
 
 
 def _run(args: argparse.Namespace) -> int:
-    from ..pins import upgrade, upgrade_report
+    from ..upgrade import engine as upgrade, report as upgrade_report
 
     for f in args.published:
         opt.readable_file("--published", f)

@@ -1,5 +1,5 @@
 """RunPod's REST API v2, the calls Kiln makes. Every request body is checked against the vendored
-schema (images/runpod/schema.py) first: a body that breaks it is never sent.
+schema (images/runpod_schema.py) first: a body that breaks it is never sent.
 
     templates / create_template / update_template / delete_template
     gpu_types                 GET /catalog/gpus?include=AVAILABILITY&product=POD|SERVERLESS (cudaVersions,
@@ -28,7 +28,7 @@ import requests
 from supervisor.errors import KilnError
 from supervisor.redact import redact
 
-from . import schema
+from .. import runpod_schema as schema
 
 DEFAULT_BASE_URL = "https://api.runpod.io/v2"
 

@@ -43,7 +43,7 @@ from supervisor.errors import KilnError
 from ..build import render, tags
 from ..pins.lock import Pin
 from ..target import Target
-from . import schema
+from .. import runpod_schema as schema
 from .cuda import cuda_floor
 from .template import secret_ref, start_args
 

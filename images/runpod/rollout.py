@@ -33,7 +33,7 @@ from .endpoint import HEALTH_CHECK_PATH
 
 Say = Callable[[str], None]
 READY = ("IDLE", "RUNNING")             # WorkerStatus: ready, or processing a request
-# What the supervisor prints when it can never serve (supervisor/lifecycle/loop.py): as a serverless
+# What the supervisor prints when it can never serve (supervisor/run/loop.py): as a serverless
 # worker, one line before it exits ("serverless worker: it can never serve (<class>: <cause>); ...");
 # in any mode "FAILED: <class>: <cause>".
 RELEASE_LINE = re.compile(r"serverless worker: it can never serve \((?P<cause>\S+: .*)\); \S+ on port \d+ answers 503")

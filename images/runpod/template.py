@@ -17,7 +17,7 @@ says everything explicitly, as a v2 CreateTemplateRequest:
   minCudaVersion instead, after reading the catalog);
 - startJupyter and startSsh false: they default to true, and Kiln's image runs neither.
 
-Checked against the vendored schema (images/runpod/schema.py) before anyone prints or sends it.
+Checked against the vendored schema (images/runpod_schema.py) before anyone prints or sends it.
 Committed goldens: images/rendered/<target>/runpod-template.json (`python build.py generate`).
 `upsert` creates the template or brings the one with its name to this body; a second run writes
 nothing.
@@ -35,7 +35,7 @@ from supervisor.errors import KilnError
 from ..build import render, tags
 from ..pins.lock import Pin
 from ..target import Target
-from . import schema
+from .. import runpod_schema as schema
 from .api import RunPodAPI, RunPodAPIError
 from .cuda import cuda_floor
 

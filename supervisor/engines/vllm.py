@@ -109,7 +109,7 @@ HINTS: tuple[Signature, ...] = (
 # Output that repeats without the server getting anywhere: seen this often, the load has stalled.
 STALL_LINES = (re.compile(r"No available shared memory broadcast block found"), 3)
 
-# The boot timeline's phases from vLLM's own lines (lifecycle/timeline.py), in the order 0.26.0
+# The boot timeline's phases from vLLM's own lines (run/timeline.py), in the order 0.26.0
 # prints them (tests/fixtures/engine-logs/vllm-0.26.0-serve-h200.log: a warm boot on the H200,
 # 2026-12-01); each begins a phase that lasts until the next, and a phase the boot skips (no compile
 # under --enforce-eager or -O0) is not there. Before the first: engine_exec, which for vLLM is the

@@ -28,12 +28,12 @@
 The boot:   PREFLIGHT -> FETCH -> LAUNCHING(rung) -> LOADING -> HEALTHY -> [SELFTEST] -> SERVING
 A rung fails: policy.next_rung -> the next rung after the reclaim barrier, or FAILED.
 SERVING, the engine dies: policy.after_crash -> RESTARTING (backoff) -> the same rung, or FAILED.
-A published config (SERVING or FAILED): reload/decide.py -> rejected, unchanged, or RELOADING ->
+A published config (SERVING or FAILED): lifecycle/reload.py -> rejected, unchanged, or RELOADING ->
 the ladder with it -> SERVING; any step fails -> ROLLBACK -> the last good config.
 
 Where the work of each effect is done lives in the concept folders beside this one: engines/
 (launch, health), model/ (fetching), ladder/ (memory, reclaim, balanced), reload/ (decide, book,
-tracker, watch), selftest/stage.py, host/ (hardware, residency), fleet/ (reporter, self_terminate),
+tracker, watch), run/selftest.py, host/ (hardware, residency), fleet/ (reporter, self_terminate),
 status/ (server, relay). tests/unit/test_machine.py property-tests the machine; test_policy.py pins
 each policy. Kept free of imports (P1: `run` imports only what the launch needs).
 """

@@ -1,6 +1,6 @@
 """What goes into the lifecycle machine (events) and what comes out of it (effects).
 
-The loop (supervisor/lifecycle/loop.py) turns the world into events — a signal, a child's exit, a
+The loop (supervisor/run/loop.py) turns the world into events — a signal, a child's exit, a
 finished health wait, selftest, download or reclaim, a published config, a timer — and feeds
 them to the machine (supervisor/lifecycle/machine.py), which decides and answers with effects. The loop
 runs the effects; slow ones (downloads, health waits, selftests, the reclaim barrier) run in

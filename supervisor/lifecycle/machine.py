@@ -13,7 +13,7 @@
 
 `Machine.step(event, now)` is the only way in. Each handler names the state it acts in; an
 event that does not belong (a stale token, a health answer after the engine was stopped) changes
-nothing. The loop (supervisor/lifecycle/loop.py) runs the effects; tests/unit/test_machine.py drives
+nothing. The loop (supervisor/run/loop.py) runs the effects; tests/unit/test_machine.py drives
 random event sequences through this class and checks every transition against state.ALLOWED.
 """
 
@@ -25,7 +25,7 @@ from dataclasses import dataclass, replace
 from typing import Any
 
 from . import policy
-from ..reload import decide as reload
+from . import reload
 from .events import (
     Barrier,
     BarrierDone,

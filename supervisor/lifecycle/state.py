@@ -15,7 +15,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from ..errors import KilnError
-from .timeline import Timelines
+from ..run.timeline import Timelines
 
 if TYPE_CHECKING:
     from ..config import DeployConfig

@@ -9,7 +9,7 @@
     last-rejected.toml                the bytes of the last rejected candidate, to read at leisure
 
 Writes are atomic (temp file + rename). Only the lifecycle loop writes (through
-supervisor/reload/tracker.py); /status reads the in-memory copy it keeps in its record. A container
+supervisor/run/reload.py); /status reads the in-memory copy it keeps in its record. A container
 restart boots from last-good when the image's own config is the one it replaced (a new image with
 a new baked config starts from that instead).
 """
@@ -27,7 +27,7 @@ from ..config import DeployConfig, parse_config
 from ..errors import ConfigError
 from ..lifecycle.state import Origin
 from .boot_only import keep_boot_only
-from .decide import TAIL_KEPT
+from ..lifecycle.reload import TAIL_KEPT
 
 if TYPE_CHECKING:
     from .candidate import Candidate

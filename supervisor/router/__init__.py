@@ -7,6 +7,6 @@
     plan.py     the reconciliation as a pure function: what to add, what to remove
 
 The supervised process is the router (engines/router.py: its argv, its failure words); the feeder is
-a peripheral (lifecycle/peripherals.py), wired with callbacks and never holding the loop. The choice
+a peripheral (run/peripherals.py), wired with callbacks and never holding the loop. The choice
 of smg over vllm-router: docs/research/router-choice-2026-12-01.md. Kept free of imports.
 """

@@ -7,7 +7,7 @@ turned ready is added, one that is not is removed; in-flight requests on a remov
 router that does not answer (starting, restarting) is asked again next round: its new process starts
 empty and gets every ready replica at once.
 
-A peripheral (lifecycle/peripherals.py): given callables for the live config and the key, never the
+A peripheral (run/peripherals.py): given callables for the live config and the key, never the
 loop; the loop's /status and /ready read `status()` and `routable()`.
 """
 

@@ -4,7 +4,7 @@ It only reports: the lifecycle loop (or the CLI) turns a failed report into `sel
 Order matters for time: the probes are quick and decide whether measuring means anything at
 all (throughput of a model that fails its probes is not worth a minute of a pod's time).
 
-Two ways to run it ([selftest] mode; supervisor/selftest/stage.py picks):
+Two ways to run it ([selftest] mode; supervisor/run/selftest.py picks):
 
 - full: the probes one after another, decode on decode_tokens, prefill on prefill_tokens, warm
   prefill after cold. What a pod's boot runs, and `python -m supervisor selftest`.

@@ -1,7 +1,7 @@
 """A worker that can never serve records why on the shared volume, so the next one does not repeat it.
 
 A Serverless worker that fails for good answers 503 on its health path and exits after a grace
-(supervisor/lifecycle/loop.py); RunPod then starts another worker. When the failure is
+(supervisor/run/loop.py); RunPod then starts another worker. When the failure is
 deterministic, that worker would download, load and fail the same way, and the next, and the
 next: an endless replace loop billed by the second. So the failure is recorded here, keyed by
 what decides it, and a later worker with the same key answers 503 and exits after the grace at

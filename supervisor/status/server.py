@@ -26,7 +26,7 @@ from ..redact import ordered, redact_data
 from ..redact import redact as _mask_text
 from ..lifecycle.state import State
 from ..serverless.contract import health_code
-from ..lifecycle.timeline import summed
+from ..run.timeline import summed
 
 __all__ = ["StatusServer", "STATES", "render_metrics", "render_html", "ready_text"]
 
@@ -195,7 +195,7 @@ def render_metrics(snap: Snapshot) -> str:
 
 
 def _boot_metrics(m: _Exposition, boot: Mapping[str, Any]) -> None:
-    """The boot timeline (lifecycle/timeline.py): this boot and the one before, seconds per phase
+    """The boot timeline (run/timeline.py): this boot and the one before, seconds per phase
     (a phase that recurs, a rung that fell through, summed)."""
     boots = [(label, b) for label, b in (("current", boot), ("previous", _section(boot, "previous"))) if b]
     m.family("boot_phase_seconds", "gauge", "Seconds a boot spent in each phase (the open one: so far).",

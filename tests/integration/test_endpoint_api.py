@@ -17,7 +17,7 @@ import pytest
 import requests
 
 from images.runpod.api import RunPodAPI
-from images.runpod.schema import RunPodSchemaError
+from images.runpod_schema import RunPodSchemaError
 from kiln_dev.runpod import ServerlessStandIn, serverless_gpu
 from kiln_dev.supervised import wait_for
 

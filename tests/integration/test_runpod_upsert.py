@@ -14,7 +14,8 @@ import pytest
 
 from images.ci import gate
 from images.pins.lock import load_lock, pins_for
-from images.runpod import schema, template
+from images import runpod_schema as schema
+from images.runpod import template
 from images.runpod.api import RunPodAPI, RunPodAPIError
 from images.runpod.pods import NoMatchingHost
 from images.target import load_target

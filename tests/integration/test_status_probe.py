@@ -6,7 +6,7 @@ from __future__ import annotations
 import http.client
 
 from supervisor.failure import Failure, FailureClass
-from supervisor.lifecycle.runtime import Runtime
+from supervisor.run.runtime import Runtime
 from supervisor.lifecycle.state import Record, State
 from supervisor.redact import Secrets
 from supervisor.status.server import StatusServer, ready_text

@@ -237,7 +237,7 @@ def test_an_engine_log_past_its_cap_is_rotated_and_the_ladder_memory_stays_bound
     # Was: <state_dir>/run/engine.log was appended to forever and ladder-memory.json kept one entry per
     # config (issue 24, item 5). A previous boot's log at the cap (sparse: no 64 MiB written) and 40
     # remembered configs are in the volume before this boot.
-    from supervisor.engines.launch import ENGINE_LOG_KEEP, ENGINE_LOG_MAX_BYTES
+    from supervisor.run.launch import ENGINE_LOG_KEEP, ENGINE_LOG_MAX_BYTES
     from supervisor.ladder.memory import LadderMemory
 
     run = tmp_path / "state" / "run"

@@ -22,7 +22,7 @@ from images.build.render import make_context, render_dockerfile
 from images.cli import app
 from images.pins import closure as closure_file
 from images.pins import lock as lockfile
-from images.pins import upgrade
+from images.upgrade import engine as upgrade
 from images.pins.lock import load_lock, pins_for
 from images.target import load_target
 

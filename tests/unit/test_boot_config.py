@@ -1,5 +1,5 @@
 """A boot config that does not validate (issue 24, item 3): the pure parts. What is still usable of
-it (config.boot_fallback), how each problem is shown on /status (lifecycle/boot_failure.py), and
+it (config.boot_fallback), how each problem is shown on /status (run/boot_failure.py), and
 the readers that raise a ConfigError where a traceback came out (validate.read_text, _apply_env).
 The real `python -m supervisor run`: tests/integration/test_boot_failure.py."""
 
@@ -12,7 +12,7 @@ import pytest
 from supervisor import hubclient
 from supervisor.config import RUNPOD_API_URL, boot_fallback, load_config, parse_config
 from supervisor.errors import ConfigError, Problem
-from supervisor.lifecycle.boot_failure import failure_record
+from supervisor.run.boot_failure import failure_record
 from supervisor.validate import read_text
 
 BASE = '[model]\nsource = "/m.gguf"\n[ladder]\n[[ladder.rungs]]\nname = "a"\n'

@@ -1,4 +1,4 @@
-"""The boot timeline (supervisor/lifecycle/timeline.py): phases from the states, the loop's marks and
+"""The boot timeline (supervisor/run/timeline.py): phases from the states, the loop's marks and
 the engine's own lines, contiguous, closed by ready/failed/stopped, a new one per restart or reload
 with the one before kept; each engine's markers against the real output they were taken from."""
 
@@ -11,7 +11,7 @@ import pytest
 
 from supervisor.engines import llamacpp, vllm
 from supervisor.lifecycle.state import Record, State
-from supervisor.lifecycle.timeline import Timelines, process_start, summed
+from supervisor.run.timeline import Timelines, process_start, summed
 from supervisor.status.server import render_html, render_metrics
 
 LOGS = Path(__file__).resolve().parents[1] / "fixtures" / "engine-logs"

@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-from images.build import golden
+from images.generate import golden
 from images.pins.lock import Pin, load_lock, pins_for
 from images.build.render import CudaMismatch, make_context
 from images.target import load_target, target_names

@@ -6,7 +6,7 @@ from __future__ import annotations
 import io
 import logging
 
-from supervisor.lifecycle import logs
+from supervisor.run import logs
 
 
 def test_every_engine_line_of_a_read_gets_the_prefix_and_other_records_are_untouched():

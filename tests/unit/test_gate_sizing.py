@@ -9,7 +9,7 @@ from supervisor.selftest.client import Client
 from supervisor.selftest.measure import SETTLE_MARGIN, SETTLE_TOKENS, DecodeResult, DecodeSample
 from supervisor.selftest.report import Report
 from supervisor.selftest.runner import GATE_DECODE_TOKENS, GATE_PREFILL_TOKENS, gate_sizes, probe_width
-from supervisor.selftest.stage import gate_mode
+from supervisor.run.selftest import gate_mode
 
 
 def client(engine: str, props: dict | None = None) -> Client:

@@ -1,4 +1,4 @@
-"""The loop's side of the model prefetch (lifecycle/loop.py `_prefetch`): it never raises into PID 1,
+"""The loop's side of the model prefetch (run/loop.py `_prefetch`): it never raises into PID 1,
 a replaced prefetch's late end does not overwrite the current one on /status, and one that was told
 to stop does not stand in for a new read of the same files."""
 
@@ -10,7 +10,7 @@ import time
 from pathlib import Path
 
 from supervisor.config import parse_config
-from supervisor.lifecycle import loop
+from supervisor.run import loop
 from supervisor.lifecycle.state import Live
 from supervisor.model import prefetch
 

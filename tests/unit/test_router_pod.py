@@ -5,7 +5,7 @@ schema), and what `pods status` says it routes to. The whole flow: tests/integra
 import pytest
 
 from images.router import pod as router_pod
-from images.runpod.schema import check
+from images.runpod_schema import check
 from images.target import load_target
 from supervisor.errors import KilnError
 

@@ -14,7 +14,8 @@ import pytest
 
 from images.pins.lock import load_lock, pins_for
 from images.runpod import endpoint as ep
-from images.runpod import endpoints, rollout, schema
+from images.runpod import endpoints, rollout
+from images import runpod_schema as schema
 from images.target import load_target, target_names
 
 ROOT = Path(__file__).resolve().parents[2]

@@ -12,10 +12,11 @@ from pathlib import Path
 import jsonschema
 import pytest
 
-from images.build import golden
+from images.generate import golden
 from images.pins.lock import load_lock, pins_for
 from images.build.render import make_context, render_dockerfile
-from images.runpod import schema, template
+from images import runpod_schema as schema
+from images.runpod import template
 from images.runpod.cuda import cuda_floor
 from images.target import load_target, parse_target, target_names
 from supervisor import __version__

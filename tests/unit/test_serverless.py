@@ -256,7 +256,7 @@ def test_each_worker_has_its_own_directory_beside_the_shared_state(tmp_path):
 
 def test_the_driver_jit_cache_is_the_workers_own_and_the_compile_caches_are_shared(tmp_path):
     from supervisor.engines import vllm
-    from supervisor.engines.launch import engine_environment
+    from supervisor.run.launch import engine_environment
 
     cfg = parse_config(BASE.replace('engine = "llamacpp"', 'engine = "vllm"'), env={})
     rung = cfg.ladder.rungs[0]

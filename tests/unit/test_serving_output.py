@@ -9,7 +9,7 @@ from pathlib import Path
 
 from supervisor.config import parse_config
 from supervisor.lifecycle import events as E
-from supervisor.lifecycle import loop
+from supervisor.run import loop
 from supervisor.lifecycle.machine import Machine
 from supervisor.lifecycle.state import Live
 from supervisor.process.managed import ManagedProcess

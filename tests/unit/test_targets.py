@@ -10,7 +10,8 @@ from pathlib import Path
 import jinja2
 import pytest
 
-from images.build import golden, render
+from images.generate import golden
+from images.build import render
 from images.paths import RENDERED_DIR
 from images.pins.lock import Pin, dump_lock, load_lock, missing, pins_for, refresh, save_lock
 from images.target import parse_target, target_names, load_target

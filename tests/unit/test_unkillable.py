@@ -1,11 +1,11 @@
 """An engine that outlives SIGKILL (issue 24, item 12b) is told on /status, and PID 1 still exits with a
-status: supervisor/engines/launch.py unkillable(), supervisor/process/pid1.py exit_code_for()."""
+status: supervisor/run/launch.py unkillable(), supervisor/process/pid1.py exit_code_for()."""
 
 from pathlib import Path
 
 from supervisor.config import Rung
-from supervisor.engines import launch
-from supervisor.lifecycle.runtime import Runtime
+from supervisor.run import launch
+from supervisor.run.runtime import Runtime
 from supervisor.lifecycle.state import Record
 from supervisor.process.pid1 import exit_code_for
 from supervisor.redact import Secrets

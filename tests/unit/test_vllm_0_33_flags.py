@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from images.pins import flagdiff
+from images.upgrade import flagdiff
 from kiln_dev import fake_vllm
 from supervisor.config import load_config, parse_config
 from supervisor.engines import llamacpp, vllm
@@ -222,7 +222,7 @@ def test_fast_start_keeps_the_hash_of_a_config_that_does_not_set_it_and_is_vllm_
 def test_a_flag_0_33_0_deprecates_is_a_note_not_a_refusal(tmp_path, old, new):
     import dataclasses
 
-    from images.pins import upgrade
+    from images.upgrade import engine as upgrade
     from images.target import load_target
 
     moved = load_target("a40-vllm-qwen3-coder")                        # pinned on 0.33.0

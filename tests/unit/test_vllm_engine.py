@@ -186,7 +186,7 @@ def test_compile_caches_live_on_the_state_volume_and_a_rungs_own_setting_wins(tm
 
 
 def test_the_engine_environment_lets_the_pod_and_the_rung_override_the_cache_defaults_never_the_key():
-    from supervisor.engines.launch import engine_environment
+    from supervisor.run.launch import engine_environment
 
     c = cfg(["--max-model-len", "4096"], env={"TRITON_CACHE_DIR": "/rung/triton"})
     pod = {"TORCHINDUCTOR_CACHE_DIR": "/pod/inductor", "HF_TOKEN": "hf_canary", "KILN_API_KEY": "k-canary",
@@ -320,7 +320,7 @@ def test_the_engine_core_is_forked_by_default_only_where_that_was_measured_safe(
 
 
 def test_the_rung_or_the_pod_can_keep_spawn_and_a_fork_failure_is_its_own_class():
-    from supervisor.engines.launch import engine_environment
+    from supervisor.run.launch import engine_environment
     from supervisor.failure import FailureClass
 
     c = cfg(["--max-model-len", "4096"], env={"VLLM_WORKER_MULTIPROC_METHOD": "spawn"})

@@ -31,6 +31,6 @@ byte on any connection for model.fetch_stall_s, counted from the lock) and stop 
 
 Public surface: parent.fetch(cfg, env, *, token, should_stop, sleep, report, secrets, python) ->
 FetchResult, raising FetchError or Cancelled (supervisor/errors.py); layout.cache_dir(cfg). The
-loop reaches it through supervisor/model/fetching.py. Kept free of imports: the child process
+loop reaches it through supervisor/run/fetch.py. Kept free of imports: the child process
 (`python -m supervisor.model.fetch`, __main__.py) loads only what it runs.
 """

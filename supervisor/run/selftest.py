@@ -16,8 +16,8 @@ from typing import Any
 from ..config import DeployConfig, Rung
 from ..failure import Failure, FailureClass
 from ..process.managed import ManagedProcess
-from ..lifecycle.runtime import Runtime
-from ..lifecycle.tasks import Task
+from .runtime import Runtime
+from .tasks import Task
 
 log = logging.getLogger("kiln")
 HARD_DEADLINE_SLACK_S = 30.0     # the runner keeps timeout_s itself; this only catches a hang
@@ -25,8 +25,8 @@ HARD_DEADLINE_SLACK_S = 30.0     # the runner keeps timeout_s itself; this only 
 
 def run_stage(rt: Runtime, cfg: DeployConfig, rung: Rung, proc: ManagedProcess, argv: list[str],
               task: Task) -> Failure | None:
-    from .client import Client, RequestCancelled
-    from .runner import run_selftest, sampler_from_argv
+    from ..selftest.client import Client, RequestCancelled
+    from ..selftest.runner import run_selftest, sampler_from_argv
 
     spec = cfg.selftest
     rt.rec.update(selftest={"passed": None, "decode_tok_s": None, "summary": "running", "rung": rung.name})

@@ -22,7 +22,7 @@ from ..host.hardware import Hardware
 from ..lifecycle.events import CandidateChecked, RecordReload
 from ..lifecycle.state import Live, Origin, Record
 from ..redact import Secrets
-from .book import HISTORY_KEEP, ReloadBook, adopt_last_good, record_decision, status_record
+from ..reload.book import HISTORY_KEEP, ReloadBook, adopt_last_good, record_decision, status_record
 
 log = logging.getLogger("kiln")
 
@@ -48,7 +48,7 @@ class ReloadTracker:
 
     def check(self, cand: Any, running: Live, *, env: Mapping[str, str], hw: Hardware | None) -> CandidateChecked:
         """The event the machine decides on: the candidate validated against the running config."""
-        from .candidate import validate
+        from ..reload.candidate import validate
 
         self._taken[id(cand)] = time.monotonic()
         check = validate(cand, running=running.cfg, env=env, hw=hw)

@@ -33,8 +33,8 @@ from ..errors import NO_VALUE, ConfigError, Problem
 from ..failure import FailureClass
 from ..process.pid1 import SignalRelay, become_subreaper, reap_orphans
 from ..redact import Secrets
-from .policy import EXIT_NOTHING_SERVED
-from .state import Record, State
+from ..lifecycle.policy import EXIT_NOTHING_SERVED
+from ..lifecycle.state import Record, State
 
 __all__ = ["serve", "failure_record"]
 

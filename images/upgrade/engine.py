@@ -28,13 +28,13 @@ from supervisor.config import load_config
 from supervisor.engines import registry
 from supervisor.errors import ConfigError, KilnError
 
-from . import closure as closure_file
+from ..pins import closure as closure_file
 from . import flagdiff, releases, snapshot
-from . import lock as lockfile
-from .cuda import engine_cuda
-from .lock import Pin, load_lock, pins_for, save_lock
-from .pyclosure import walk
-from .resolve import closure_source
+from ..pins import lock as lockfile
+from ..pins.cuda import engine_cuda
+from ..pins.lock import Pin, load_lock, pins_for, save_lock
+from ..pins.pyclosure import walk
+from ..pins.resolve import closure_source
 from ..paths import REPO_ROOT, TARGETS_DIR
 from ..target import Target, load_target
 

@@ -16,7 +16,7 @@ from dataclasses import dataclass
 from typing import Any, Callable, Mapping, Sequence
 
 from ..config import DeployConfig
-from .state import State
+from ..lifecycle.state import State
 
 log = logging.getLogger("kiln")
 

@@ -13,7 +13,7 @@ from typing import Any, Callable, Sequence
 
 from ..config import DeployConfig
 from ..model.gguf_layout import shards
-from .hardware import Hardware, host_resident_warning
+from ..host.hardware import Hardware, host_resident_warning
 
 
 def estimate(cfg: DeployConfig, model_path: Path | None, hw: Hardware | None, *,

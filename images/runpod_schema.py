@@ -29,7 +29,7 @@ import jsonschema
 from supervisor.errors import ConfigError
 from supervisor.validate import Problem
 
-from ..paths import RUNPOD_SCHEMA
+from .paths import RUNPOD_SCHEMA
 
 PORT_RE = re.compile(r"[0-9]{1,5}/(http|tcp)")
 # The request bodies Kiln sends (components.schemas names).

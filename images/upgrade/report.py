@@ -3,9 +3,9 @@ this text), and the refusals one line each (stderr)."""
 
 from __future__ import annotations
 
-from . import closure as closure_file
+from ..pins import closure as closure_file
 from . import flagdiff
-from .upgrade import Plan
+from .engine import Plan
 
 
 def _closure_changes(old: str, new: str) -> list[str]:
@@ -45,7 +45,7 @@ def markdown(p: Plan, command: str) -> str:
         out += ["Closure (every package the image installs, hash-locked):", ""]
         out += _closure_changes(p.old_closure, p.closure_text) + [""]
     out += ["## Flags", "", "Each version's flag snapshot is its own parser's help, made as the image build makes it "
-            "(images/pins/snapshot.py), or a file given with --snapshot:", ""]
+            "(images/upgrade/snapshot.py), or a file given with --snapshot:", ""]
     out += [f"- {v}: {how}" for v, how in p.snapshots.items()] + [""]
     out += flagdiff.markdown(p.diff) + [""]
     out += [f"## Deploy configs linted against {p.new_version}", ""]

@@ -6,7 +6,7 @@ boot. Three sources mark them, each where it already is:
     state.py Record.transition   PREFLIGHT (the first timeline), FETCH, LAUNCHING, SELFTEST;
                                  SERVING closes it (ready), FAILED (failed), STOPPING (stopped);
                                  RESTARTING and RELOADING begin a new one, ROLLBACK marks a phase
-    lifecycle/loop.py            what is not a state: a rung's launch checks, the reclaim
+    run/loop.py            what is not a state: a rung's launch checks, the reclaim
                                  barrier, the engine's exec (engine_exec)
     the engine's own lines       engines/<name>.py PHASES: (phase, regex) in the order the engine
                                  prints them, matched as its lines arrive (its reader thread) by

@@ -13,9 +13,9 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
-    from ..lifecycle.events import CandidateChecked
+    from .events import CandidateChecked
     from ..failure import Failure
-    from ..lifecycle.state import Live
+    from .state import Live
 
 
 @dataclass(frozen=True)

@@ -24,8 +24,8 @@ from ..host.hardware import Hardware
 from ..ladder.memory import image_identity
 from ..lifecycle.state import Record
 from ..redact import Secrets
-from . import failures
-from .volume import worker_id
+from ..serverless import failures
+from ..serverless.volume import worker_id
 
 log = logging.getLogger("kiln")
 

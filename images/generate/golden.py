@@ -18,7 +18,7 @@ from pathlib import Path
 from ..pins.lock import load_lock, pins_for
 from ..runpod.template import build_template
 from ..paths import RENDERED_DIR
-from .render import make_context, render_dockerfile
+from ..build.render import make_context, render_dockerfile
 from ..target import load_target, target_names
 
 

@@ -26,10 +26,10 @@ from ..config import DeployConfig, Rung
 from ..errors import KilnError
 from ..failure import Failure, FailureClass, classify
 from ..process.managed import ManagedProcess
-from ..lifecycle.runtime import Runtime
+from .runtime import Runtime
 from ..lifecycle.state import Live
-from . import registry
-from .caches import own_caches
+from ..engines import registry
+from ..engines.caches import own_caches
 
 log = logging.getLogger("kiln")
 

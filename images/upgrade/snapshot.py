@@ -34,8 +34,8 @@ from typing import Callable, Iterator, Mapping
 
 from supervisor.errors import KilnError
 
-from . import closure as closure_file
-from .lock import Pin
+from ..pins import closure as closure_file
+from ..pins.lock import Pin
 from ..binaries import obtain
 from ..paths import VLLM_SNAPSHOT_SCRIPT
 from ..target import Target

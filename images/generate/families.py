@@ -6,9 +6,9 @@
 
 docker-library's apply-templates.sh + verify-templating, for Kiln. The families (FAMILIES):
 
-  rendered       images/rendered/<target>/Dockerfile and runpod-template.json    images/build/golden.py
+  rendered       images/rendered/<target>/Dockerfile and runpod-template.json    images/generate/golden.py
   cli-reference  docs/cli.md, from the parsers' --help                           images/cli/reference.py
-  engine-facts   images/engine-facts/<package>-<version>.json                    images/build/facts_generator.py
+  engine-facts   images/engine-facts/<package>-<version>.json                    images/generate/facts.py
                  (reads each pinned llama.cpp sdist: Kiln's cache, else a download)
   requirements   supervisor/requirements.txt, every wheel hashed                 images/pins/requirements.py
                  (pip downloads the wheels: needs the package index)
@@ -37,11 +37,10 @@ import requests
 
 from supervisor.errors import KilnError
 
-from .build import facts_generator, golden
-from .paths import (DOCS_CLI, ENGINE_FACTS_DIR, RENDERED_DIR, REPO_ROOT, ROUTER_REQUIREMENTS, RUNPOD_SCHEMA,
-                    SUPERVISOR_REQUIREMENTS)
-from .pins import requirements
-from .runpod import vendor
+from . import facts as facts_generator, golden
+from ..paths import DOCS_CLI, ENGINE_FACTS_DIR, RENDERED_DIR, REPO_ROOT, ROUTER_REQUIREMENTS, RUNPOD_SCHEMA, SUPERVISOR_REQUIREMENTS
+from ..pins import requirements
+from ..runpod import vendor
 
 FIX = "python build.py generate"
 

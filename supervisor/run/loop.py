@@ -1,7 +1,7 @@
 """The lifecycle loop: wait for an event, let the machine decide, run the effects.
 
     signal / child exit / task answer / published config / timer
-        -> Machine.step (machine.py: pure; the decisions live in policy.py and reload/decide.py)
+        -> Machine.step (machine.py: pure; the decisions live in policy.py and lifecycle/reload.py)
         -> effects: state transitions, checks, launches, stops, tasks started beside the loop
 
 One thread (the main one) owns the engine process and the state; downloads, health waits,
@@ -10,16 +10,16 @@ keeps watching the engine while they run. Each effect has its handler here (`_do
 calls the part that does the work, given what it needs and never the loop:
 
     preflight.py              what must hold before a config runs; where the walk starts
-    model/fetching.py         the model into the volume (Fetch)
-    engines/launch.py         a rung's checks, its start, why it went down (one classify call)
+    run/fetch.py         the model into the volume (Fetch)
+    run/launch.py         a rung's checks, its start, why it went down (one classify call)
     ladder/reclaim.py         the barrier between rungs (Barrier)
     ladder/balanced.py        a balanced rung's split re-planned after an OOM (Calibrate)
     engines/health.py         the health wait (WaitHealthy)
-    selftest/stage.py         the SELFTEST stage (RunSelftest)
-    reload/tracker.py         the reload book: boot from last good, record a decision, mark good
-    host/residency.py         how much of a serving model stayed in host RAM (Serving)
+    run/selftest.py         the SELFTEST stage (RunSelftest)
+    run/reload.py         the reload book: boot from last good, record a decision, mark good
+    ladder/residency.py         how much of a serving model stayed in host RAM (Serving)
     fleet/self_terminate.py   a pod that can never serve terminates itself (Failed)
-    serverless/worker.py      a Serverless worker: who it is; a deterministic failure recorded on the
+    run/serverless.py      a Serverless worker: who it is; a deterministic failure recorded on the
                               shared volume (Failed) and recalled before anything is fetched (Prepare)
     peripherals.py            status page, TCP relay, config watcher, fleet reporter: started at
                               the loop's first idle moment (P1), wired with callbacks
@@ -38,26 +38,28 @@ from pathlib import Path
 from typing import Any, Callable, Mapping
 
 from .. import __version__
-from . import events as E, preflight
+from ..lifecycle import events as E
+from . import preflight
 from ..host import hardware
-from ..engines import launch, registry
+from . import launch
+from ..engines import registry
 from ..process import leftovers
 from ..config import DeployConfig
 from ..errors import KilnError
 from ..failure import Failure, FailureClass
 from ..ladder.memory import LadderMemory
 from ..ladder.reclaim import reclaim
-from ..host import residency
-from ..model.fetching import fetch_model
+from ..ladder import residency
+from .fetch import fetch_model
 from ..reload.book import ReloadBook
-from ..reload.tracker import ReloadTracker
-from .machine import Machine
+from .reload import ReloadTracker
+from ..lifecycle.machine import Machine
 from ..process.pid1 import SignalRelay, become_subreaper, exit_code_for, reap_orphans
-from .policy import EXIT_NOTHING_SERVED
+from ..lifecycle.policy import EXIT_NOTHING_SERVED
 from ..process.managed import REGISTRY, ManagedProcess
 from ..redact import Secrets
 from .runtime import Runtime
-from .state import Live, Origin, Record, State
+from ..lifecycle.state import Live, Origin, Record, State
 from .tasks import Task, Tasks
 from .logs import engine_lines
 
@@ -123,10 +125,10 @@ class Supervisor:
         self.machine: Machine | None = None
         self.exit_code: int | None = None
         self.reloads = ReloadTracker(ReloadBook(self.state_dir / "reload"), self.rec, self.rt.secrets)
-        self.peripherals: Any = None                # lifecycle/peripherals.py, started once the engine is on its way
+        self.peripherals: Any = None                # run/peripherals.py, started once the engine is on its way
         self.terminator: Any = None                 # fleet/self_terminate.py Termination, while FAILED with it on
         self.model_records: dict[str, dict[str, Any]] = {}   # model path -> its /status record, shown once it serves
-        self.worker: Any = None                     # serverless/worker.py ServerlessWorker, on a Serverless worker
+        self.worker: Any = None                     # run/serverless.py ServerlessWorker, on a Serverless worker
         # the model prefetch of this walk is rt.prefetch (the launch asks whether one reads: boot_args)
         self._shown_prefetch: Any = None            # the one /status shows: its end is the news, even after the walk
         early = self.opts.prefetch
@@ -135,7 +137,7 @@ class Supervisor:
             self.rec.update(prefetch=self._prefetch_shown(early))
             early.adopt(self._prefetch_done)
         if cfg.serverless.active:
-            from ..serverless.worker import ServerlessWorker
+            from .serverless import ServerlessWorker
 
             self.worker = ServerlessWorker(cfg.serverless, shared=Path(cfg.state_dir), own=self.state_dir,
                                            status_port=cfg.status.port, env=env, rec=self.rec,
@@ -270,7 +272,7 @@ class Supervisor:
         elapsed = (eng.proc.exited_at or time.monotonic()) - eng.proc.started_at
         failure = launch.down(self.rt, eng.proc, rung, returncode=rc, elapsed_s=elapsed)
         if self.rec.state == State.SELFTEST:
-            from ..selftest.stage import crashed_record
+            from .selftest import crashed_record
             crashed_record(self.rt, rung, rc)
         del self.engines[token]
         return E.EngineDown(token, failure)
@@ -450,7 +452,7 @@ class Supervisor:
                          on_error=lambda e: E.HealthDone(fx.token, False, 0.0, f"health wait failed: {e}"))
 
     def _do_RunSelftest(self, fx: E.RunSelftest) -> None:
-        from ..selftest.stage import run_stage
+        from .selftest import run_stage
 
         eng = self.engines[fx.token]
         rung = eng.live.cfg.ladder.rungs[fx.index]

@@ -18,7 +18,7 @@ from ..config import DeployConfig
 from ..errors import Cancelled, FetchError
 from ..failure import Failure, FailureClass
 from ..lifecycle.events import ModelReady
-from ..lifecycle.tasks import Task, Tasks
+from .tasks import Task, Tasks
 from ..redact import Secrets
 
 log = logging.getLogger("kiln")
@@ -32,7 +32,7 @@ def fetch_model(token: int, cfg: DeployConfig, *, candidate: bool, tasks: Tasks,
                 warn: Callable[[str], None]) -> None:
     """The model of `cfg`; `candidate`: a published config's, fetched beside the serving engine
     (its /status section is `model_candidate` until it serves)."""
-    from . import resolve
+    from ..model import resolve
 
     key = "model_candidate" if candidate else "model"
     if not cfg.model.source:          # the router: its replicas serve the model
@@ -51,7 +51,7 @@ def fetch_model(token: int, cfg: DeployConfig, *, candidate: bool, tasks: Tasks,
         on_record(key, local, {"source": cfg.model.source, "path": str(local)})
         post(ModelReady(token, path=local))
         return
-    from .fetch import parent
+    from ..model.fetch import parent
 
     logged = [0.0]
 

@@ -15,8 +15,8 @@ from packaging.version import InvalidVersion, Version
 
 from supervisor.errors import KilnError
 
-from .cuda import index_files
-from .pyclosure import wheel_fits
+from ..pins.cuda import index_files
+from ..pins.pyclosure import wheel_fits
 from ..target import Target
 
 

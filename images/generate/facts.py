@@ -42,9 +42,9 @@ from typing import Any, Iterator
 from ..binaries.obtain import fetch_source
 from ..pins.lock import load_lock, pins_for
 from ..target import Target, load_target, target_names
-from .engine_facts import SCHEMA, FactsError, facts_path, render
+from ..build.engine_facts import SCHEMA, FactsError, facts_path, render
 
-GENERATED_BY = "python build.py generate (images/build/facts_generator.py)"
+GENERATED_BY = "python build.py generate (images/generate/facts.py)"
 
 
 def source_tree(target: Target, pins: dict) -> Path:

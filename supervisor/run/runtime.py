@@ -17,7 +17,7 @@ from ..engines.flags import FlagSnapshot
 from ..failure import Failure
 from ..host.hardware import Hardware
 from ..redact import Secrets
-from .state import Record
+from ..lifecycle.state import Record
 
 log = logging.getLogger("kiln")
 

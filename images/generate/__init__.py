@@ -1,0 +1,1 @@
+"""Every committed generated file (families.py) and the generators that live nowhere else."""

@@ -1,0 +1,1 @@
+"""`build.py upgrade`: a pinned engine moved to another version."""

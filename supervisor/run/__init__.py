@@ -1,0 +1,1 @@
+"""The shell: the loop and the bodies of its effects (see lifecycle/ for the decisions)."""
