@@ -23,7 +23,7 @@ REPO = Path(__file__).resolve().parents[2]
 WAKE_BEHIND_PREPARED = """
 import sys
 from supervisor.config import load_config
-from supervisor.lifecycle import logs, loop
+from supervisor.run import logs, loop
 
 answer = loop.Supervisor._do_Prepare
 
