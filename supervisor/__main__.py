@@ -185,7 +185,7 @@ def _main(argv: list[str] | None) -> int:
         try:
             cfg = load_config(config)
         except ConfigError as e:
-            from .serverless import contract as serverless
+            from . import runpod_env as serverless
 
             if exit_on_failure or serverless.active(os.environ):   # CI: say it and go
                 # A Serverless worker says it and goes too: RunPod releases it (no bill), routes nothing

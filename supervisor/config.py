@@ -26,9 +26,8 @@ from typing import Any, Mapping
 
 from .errors import ConfigError
 from .failure import FailureClass
-from .fleet.record import CANARY_PREFIX, FLEET_BRANCH
-from .serverless import contract as serverless_contract
-from .serverless.volume import volume_state_dir
+from . import runpod_env as serverless_contract
+from .runpod_env import volume_state_dir
 from .validate import Problem, Reader, raise_if, read_text
 
 ENGINES = ("llamacpp", "vllm", "router")   # the first is the default; router: smg in front of replicas
@@ -39,6 +38,12 @@ DEFAULT_STATE_DIR = "/workspace/kiln"
 PLACEMENTS = ("autofit", "manual", "balanced", "cpu", "engine")
 FAILURE_CLASSES = FailureClass.names()
 SELFTEST_MODES = ("auto", "gate", "full")
+# The selftest's probe sets by name (their probes: selftest/probes.py SETS, which a test keeps equal).
+PROBE_SETS = ("generic", "smollm2", "kimi-k3", "kimi-linear", "qwen3-coder")
+# Branches of the watch repo that are Kiln's own: where pods report (fleet/record.py) and where a
+# canary publish goes first. A pod never watches them.
+FLEET_BRANCH = "kiln-fleet"
+CANARY_PREFIX = "kiln-canary/"
 DEFAULT_FALL_THROUGH = (FailureClass.OOM.value, FailureClass.CONFIG_REJECTED.value)
 # The router's "binary" is the Python that has its pinned package (smg): the supervisor's own venv in an image.
 DEFAULT_BINARIES = {"llamacpp": "/opt/kiln/engine/bin/llama-server", "vllm": "vllm",
@@ -315,7 +320,7 @@ class ServerlessSpec:
     """[serverless]: a worker of a RunPod Serverless load-balancing endpoint (supervisor/serverless/).
     Read only in serverless mode, which the environment decides (PORT_HEALTH or RUNPOD_ENDPOINT_ID
     set: `active`); RunPod's PORT, PORT_HEALTH and HEALTH_CHECK_PATH set server.port, status.port and
-    `health_path` then (supervisor/serverless/contract.py), never this table."""
+    `health_path` then (supervisor/runpod_env.py), never this table."""
     # A worker that can never serve answers 503 on the health path (RunPod takes it out of routing),
     # then exits after this grace so it stops billing. 60 s: RunPod documents no poll interval for an
     # unhealthy load-balancing worker (the docs tell clients to retry /ping every 5-10 s), so a
@@ -435,7 +440,7 @@ def parse_config(text: str, *, source: str = "<memory>", env: Mapping[str, str] 
     health_path = serverless_contract.apply_env(data, env, problems)
     if health_path is not None and "KILN_STATE_DIR" not in env:
         # A Serverless worker keeps its state on the endpoint's network volume when there is one
-        # (supervisor/serverless/volume.py); the image's state_dir names a pod's volume.
+        # (supervisor/runpod_env.py); the image's state_dir names a pod's volume.
         table = data.get("serverless")
         shared = volume_state_dir(table.get("volume", ServerlessSpec.volume) if isinstance(table, dict)
                                   else ServerlessSpec.volume)
@@ -727,12 +732,10 @@ def _sampler(r: Reader) -> SamplerSpec:
 
 
 def _selftest(r: Reader) -> SelftestSpec:
-    from .selftest.probes import SETS     # the probe sets live with the selftest
-
     d = SelftestSpec()
     s = SelftestSpec(
         enabled=r.bool("enabled", d.enabled),
-        probes=r.str("probes", None, choices=sorted(SETS)),
+        probes=r.str("probes", None, choices=sorted(PROBE_SETS)),
         tools=r.bool("tools", d.tools),
         decode_tokens=r.int("decode_tokens", d.decode_tokens, min=0, max=100_000),
         min_decode_tok_s=r.float("min_decode_tok_s", d.min_decode_tok_s, min=0.0, max=1_000_000.0),
@@ -886,7 +889,7 @@ def _watch(r: Reader) -> WatchSpec:
 
 
 def _startup(r: Reader, engine: str) -> StartupSpec:
-    from .engines.startup import LEVERS        # the flags and their values live with the engines
+    from .levers import LEVERS
 
     values: dict[str, Any] = {}
     for name, lever in LEVERS.items():

@@ -8,7 +8,7 @@ CUDA_CACHE_PATH (~/.nv/ComputeCache, at most CUDA_CACHE_MAXSIZE bytes, 256 MiB b
 supervisor's state_dir is on the volume (images/target.py checks that for Hub models), so the
 caches go there. A rung's own env setting of any of these wins.
 
-Serverless workers share one volume (supervisor/serverless/volume.py), and a cache is shared
+Serverless workers share one volume (supervisor/runpod_env.py), and a cache is shared
 between them only where its writers never leave a half-written entry for a reader:
 - shared: vLLM's, Inductor's and Triton's. Their entries are content-keyed and written whole then
   renamed into place: torch >= 2.10 writes Inductor artifacts atomically (pytorch#162432), vLLM

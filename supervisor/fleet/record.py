@@ -17,7 +17,7 @@ A canary rollout (`publish-config --canary N`) commits the config to `kiln-canar
 records: serving, reporting, first by pod id) and until when. Every reporting pod polls that branch
 too; only a named pod takes the config, and only while the assignment is open and unexpired.
 
-This module is imported at boot (the config validates branch names against it): stdlib only.
+The branch names are the config's (config.py FLEET_BRANCH, CANARY_PREFIX: a pod never watches them).
 """
 
 from __future__ import annotations
@@ -25,10 +25,10 @@ from __future__ import annotations
 import re
 from typing import Any, Mapping
 
+from ..config import CANARY_PREFIX, FLEET_BRANCH  # noqa: F401 (FLEET_BRANCH: read here by the fleet's users)
+
 SCHEMA = 1
-FLEET_BRANCH = "kiln-fleet"
 RECORDS_DIR = "fleet"
-CANARY_PREFIX = "kiln-canary/"
 CANARY_FILE = "kiln-canary.json"
 CANARY_SOURCE = "hub-canary"      # a candidate's source when it came from a canary branch
 STALE_HEARTBEATS = 3              # a record older than this many of its heartbeats is stale

@@ -9,7 +9,7 @@ pinned source into the image's share/kiln/gguf-facts.json). This module reports 
 once, each with the engine's own words where it has them and the fix.
 
     problems = check_model(path, load_facts(share_dir), draft=draft_path)
-    problems = check_rung(cfg, rung, model_path, snapshot)   # the same, for a rung of a deploy config
+    problems = run/launch.py model_problems(cfg, rung, model_path, snapshot)   # a rung of a deploy config
     if problems: -> failure(problems, rung.name)  (class model_incompatible: terminal, not a crash loop)
 
 Checked, per file (and for a split model, per shard):
@@ -35,15 +35,11 @@ import re
 import sys
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Iterable, Sequence
+from typing import Any, Iterable, Sequence
 
 from ..failure import Failure, FailureClass
 from .facts_source import FACTS_FILE, IMAGE_SHARE
 from .gguf_layout import FileHeader, GGUFError, read_header
-
-if TYPE_CHECKING:
-    from ..config import DeployConfig, Rung
-    from ..engines.flags import FlagSnapshot
 
 DEFAULT_SHARE = IMAGE_SHARE
 CONVERT_FIX = "convert the original checkpoint with this llama.cpp's own convert_hf_to_gguf.py"
@@ -116,21 +112,6 @@ def check_model(path: str | Path, facts: EngineFacts | None, *, draft: str | Pat
     if draft is not None:
         problems += [dataclasses.replace(p, role="draft") for p in _check_one(Path(draft), facts, set())]
     return problems
-
-
-def check_rung(cfg: "DeployConfig", rung: "Rung", model_path: str | Path, snapshot: "FlagSnapshot | None", *,
-               facts: EngineFacts | None = None) -> list[ModelProblem]:
-    """The preflight of one llama.cpp rung: its model, the draft it names (-md / --model-draft /
-    --spec-draft-model / LLAMA_ARG_SPEC_DRAFT_MODEL) and the keys its --override-kv supplies, against
-    the facts beside the engine's flag snapshot (share/kiln/). Other engines: nothing to check."""
-    if cfg.engine != "llamacpp":
-        return []
-    from ..engines import llamacpp
-
-    if facts is None:
-        facts = load_facts(Path(cfg.server.flag_snapshot).parent)
-    return check_model(model_path, facts, draft=llamacpp.draft_model(cfg, rung, snapshot),
-                       kv_overrides=llamacpp.kv_override_keys(cfg, rung, snapshot))
 
 
 def failure(problems: Sequence[ModelProblem], rung: str | None = None) -> Failure:

@@ -16,7 +16,7 @@ import dataclasses
 from typing import Any, Mapping
 
 from ..config import ENV_OVERRIDES, DeployConfig
-from ..serverless.volume import volume_state_dir
+from ..runpod_env import volume_state_dir
 
 # Dotted name -> why the supervisor cannot take a change to it after boot.
 BOOT_ONLY: dict[str, str] = {

@@ -34,7 +34,8 @@ from ..failure import FailureClass
 from ..process.pid1 import SignalRelay, become_subreaper, reap_orphans
 from ..redact import Secrets
 from ..lifecycle.policy import EXIT_NOTHING_SERVED
-from ..lifecycle.state import Record, State
+from ..lifecycle.state import State
+from .record import Record
 
 __all__ = ["serve", "failure_record"]
 

@@ -60,16 +60,30 @@ def check(rt: Runtime, live: Live, index: int) -> Failure | None:
         rt.warn(str(w))
     if live.model_path is None:
         return None
-    from ..model import check as model_check
-
-    problems = model_check.check_rung(cfg, rung, live.model_path, rt.snapshot)
+    problems = model_problems(cfg, rung, live.model_path, rt.snapshot)
     if not problems:
         return None
     if all(p.role == "draft" for p in problems):
         # The rung's draft, not the model: a rung without the draft may still load (the seed's DSpark).
         return Failure(FailureClass.CONFIG_REJECTED, "draft: " + " | ".join(str(p) for p in problems),
                        rung=rung.name)
+    from ..model import check as model_check
+
     return model_check.failure(problems, rung.name)
+
+
+def model_problems(cfg: DeployConfig, rung: Rung, model_path: Path, snapshot: Any) -> list[Any]:
+    """The preflight of one llama.cpp rung: its model, the draft it names (-md / --model-draft /
+    --spec-draft-model / LLAMA_ARG_SPEC_DRAFT_MODEL) and the keys its --override-kv supplies, against
+    the facts beside the engine's flag snapshot (share/kiln/). Other engines: nothing to check."""
+    if cfg.engine != "llamacpp":
+        return []
+    from ..engines import llamacpp
+    from ..model import check as model_check
+
+    facts = model_check.load_facts(Path(cfg.server.flag_snapshot).parent)
+    return model_check.check_model(model_path, facts, draft=llamacpp.draft_model(cfg, rung, snapshot),
+                                   kv_overrides=llamacpp.kv_override_keys(cfg, rung, snapshot))
 
 
 def _header(path: Path | None):  # type: ignore[no-untyped-def]

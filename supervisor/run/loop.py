@@ -59,7 +59,8 @@ from ..lifecycle.policy import EXIT_NOTHING_SERVED
 from ..process.managed import REGISTRY, ManagedProcess
 from ..redact import Secrets
 from .runtime import Runtime
-from ..lifecycle.state import Live, Origin, Record, State
+from ..lifecycle.state import Live, Origin, State
+from .record import Record
 from .tasks import Task, Tasks
 from .logs import engine_lines
 
@@ -105,10 +106,10 @@ class Supervisor:
         env = dict(os.environ if self.opts.env is None else self.opts.env)
         self.boot_cfg = cfg
         # A Serverless worker keeps its own state in a directory of its own on the shared volume
-        # (serverless/volume.py); what all workers share stays at state_dir.
+        # (runpod_env.py); what all workers share stays at state_dir.
         self.state_dir = Path(cfg.state_dir)
         if cfg.serverless.active:
-            from ..serverless.volume import worker_dir
+            from ..runpod_env import worker_dir
 
             self.state_dir = worker_dir(cfg.state_dir, env)
         self.rec = Record(__version__, process_start=self.opts.process_start)

@@ -20,7 +20,8 @@ from typing import Any, Mapping
 from ..config import DeployConfig
 from ..host.hardware import Hardware
 from ..lifecycle.events import CandidateChecked, RecordReload
-from ..lifecycle.state import Live, Origin, Record
+from ..lifecycle.state import Live, Origin
+from .record import Record
 from ..redact import Secrets
 from ..reload.book import HISTORY_KEEP, ReloadBook, adopt_last_good, record_decision, status_record
 

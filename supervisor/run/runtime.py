@@ -17,7 +17,7 @@ from ..engines.flags import FlagSnapshot
 from ..failure import Failure
 from ..host.hardware import Hardware
 from ..redact import Secrets
-from ..lifecycle.state import Record
+from .record import Record
 
 log = logging.getLogger("kiln")
 

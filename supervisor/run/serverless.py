@@ -22,10 +22,10 @@ from ..config import DeployConfig, ServerlessSpec
 from ..failure import Failure
 from ..host.hardware import Hardware
 from ..ladder.memory import image_identity
-from ..lifecycle.state import Record
+from .record import Record
 from ..redact import Secrets
 from ..serverless import failures
-from ..serverless.volume import worker_id
+from ..runpod_env import worker_id
 
 log = logging.getLogger("kiln")
 

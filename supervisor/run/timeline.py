@@ -28,7 +28,7 @@ import re
 import threading
 import time
 from dataclasses import dataclass
-from typing import Any, Iterable, Sequence
+from typing import Any, Sequence
 
 Markers = Sequence[tuple[str, "re.Pattern[str]"]]
 
@@ -239,13 +239,3 @@ class EngineWatch:
                 break
         if self.next >= len(self.markers):
             self.done = True
-
-
-def summed(phases: Iterable[dict[str, Any]]) -> dict[str, float]:
-    """Seconds per phase name over a timeline (a name can recur: a rung that fell through)."""
-    out: dict[str, float] = {}
-    for p in phases:
-        name, seconds = p.get("phase"), p.get("seconds")
-        if isinstance(name, str) and isinstance(seconds, (int, float)) and not isinstance(seconds, bool):
-            out[name] = round(out.get(name, 0.0) + float(seconds), 3)
-    return out

@@ -1,5 +1,5 @@
 """The supervisor's own status endpoint: /live, /ready, /status, /metrics and a small HTML page;
-on a RunPod Serverless worker also the load balancer's health path (supervisor/serverless/contract.py).
+on a RunPod Serverless worker also the load balancer's health path (supervisor/runpod_env.py).
 
 It serves on its own port, never the engine's, so it answers while the engine is loading,
 restarting or dead. It only reads a snapshot (a plain dict from the lifecycle) per request and
@@ -16,7 +16,7 @@ import logging
 import math
 import traceback
 from collections.abc import Callable, Mapping, Sequence
-from typing import Any
+from typing import Any, Iterable
 from urllib.parse import urlsplit
 
 from .httpd import HttpServer, Request, Response
@@ -25,8 +25,7 @@ from .listen import bind_error
 from ..redact import ordered, redact_data
 from ..redact import redact as _mask_text
 from ..lifecycle.state import State
-from ..serverless.contract import health_code
-from ..run.timeline import summed
+from ..runpod_env import health_code
 
 __all__ = ["StatusServer", "STATES", "render_metrics", "render_html", "ready_text"]
 
@@ -506,3 +505,13 @@ def _lane_of(request: Request, health_path: str | None = None) -> str:
 
 def _text(status: int, text: str, *, allow: str = "") -> Response:
     return Response(status, _TEXT, text.encode("utf-8"), (("Allow", allow),) if allow else ())
+
+
+def summed(phases: Iterable[dict[str, Any]]) -> dict[str, float]:
+    """Seconds per phase name over a timeline (a name can recur: a rung that fell through)."""
+    out: dict[str, float] = {}
+    for p in phases:
+        name, seconds = p.get("phase"), p.get("seconds")
+        if isinstance(name, str) and isinstance(seconds, (int, float)) and not isinstance(seconds, bool):
+            out[name] = round(out.get(name, 0.0) + float(seconds), 3)
+    return out

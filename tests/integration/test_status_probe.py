@@ -7,7 +7,8 @@ import http.client
 
 from supervisor.failure import Failure, FailureClass
 from supervisor.run.runtime import Runtime
-from supervisor.lifecycle.state import Record, State
+from supervisor.lifecycle.state import State
+from supervisor.run.record import Record
 from supervisor.redact import Secrets
 from supervisor.status.server import StatusServer, ready_text
 

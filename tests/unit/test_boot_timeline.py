@@ -10,8 +10,10 @@ from pathlib import Path
 import pytest
 
 from supervisor.engines import llamacpp, vllm
-from supervisor.lifecycle.state import Record, State
-from supervisor.run.timeline import Timelines, process_start, summed
+from supervisor.lifecycle.state import State
+from supervisor.run.record import Record
+from supervisor.run.timeline import Timelines, process_start
+from supervisor.status.server import summed
 from supervisor.status.server import render_html, render_metrics
 
 LOGS = Path(__file__).resolve().parents[1] / "fixtures" / "engine-logs"

@@ -232,7 +232,7 @@ def _edges_text(edges: dict[str, dict[str, list[str]]], within: set[str]) -> str
                      if a in within and b in within)
 
 
-@pytest.mark.parametrize("pkg", [pytest.param("supervisor", marks=pytest.mark.xfail(strict=True, reason="issue 35")), "images"])
+@pytest.mark.parametrize("pkg", ["supervisor", "images"])
 def test_no_cycle_among_the_top_folders(pkg):
     edges = folder_edges(pkg)
     found = cycles({a: set(bs) for a, bs in edges.items()})
@@ -240,7 +240,6 @@ def test_no_cycle_among_the_top_folders(pkg):
         _edges_text(edges, set(c)) for c in found)
 
 
-@pytest.mark.xfail(strict=True, reason="issue 35: the folders still knot (the design commits untie them)")
 def test_every_supervisor_folder_has_a_layer():
     top = {p.stem if p.is_file() else p.name for p in (ROOT / "supervisor").iterdir()
            if (p.suffix == ".py" and p.name != "__init__.py") or (p.is_dir() and (p / "__init__.py").exists())}
@@ -249,7 +248,6 @@ def test_every_supervisor_folder_has_a_layer():
     assert placed - top - {"supervisor"} == set(), "a layer names a folder that is gone"
 
 
-@pytest.mark.xfail(strict=True, reason="issue 35: the folders still knot (the design commits untie them)")
 def test_supervisor_folders_import_only_their_layer_or_below():
     layer = {f: LAYER_ORDER.index(name) for name, fs in SUPERVISOR_LAYERS.items() for f in fs}
     up = {f"{a} ({LAYER_ORDER[layer[a]]}) -> {b} ({LAYER_ORDER[layer[b]]})": via
@@ -258,7 +256,6 @@ def test_supervisor_folders_import_only_their_layer_or_below():
     assert up == {}
 
 
-@pytest.mark.xfail(strict=True, reason="issue 35: the folders still knot (the design commits untie them)")
 def test_the_decisions_do_no_io_and_start_no_thread():
     banned = {"threading", "subprocess", "socket", "os", "shutil", "requests", "urllib", "http"}
     bad = {}

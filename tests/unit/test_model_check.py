@@ -161,7 +161,7 @@ def test_check_model_cli_refuses_the_seed_files_and_passes_a_loadable_one(models
 
 def test_a_rungs_preflight_checks_the_draft_it_names_and_its_overrides(models, facts, tmp_path):
     from supervisor.config import parse_config
-    from supervisor.model.check import check_rung
+    from supervisor.run.launch import model_problems as check_rung
 
     shutil.copy(FACTS, tmp_path / "gguf-facts.json")      # beside the flag snapshot, as in the image
     cfg = parse_config(f"""

@@ -162,3 +162,11 @@ def test_the_sampler_the_argv_asked_for():
             "-t", "1", "--top-k=20"]
     s = sampler_from_argv(argv)
     assert (s.temperature, s.min_p, s.repeat_penalty, s.top_k, s.top_p) == (0.3, 0.1, 1.05, 20, None)
+
+
+def test_the_configs_probe_set_names_are_the_selftests_sets():
+    # config.py (the base) names the sets a config may ask for; the probes live with the selftest
+    from supervisor.config import PROBE_SETS
+    from supervisor.selftest.probes import SETS
+
+    assert sorted(PROBE_SETS) == sorted(SETS)

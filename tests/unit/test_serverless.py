@@ -16,8 +16,9 @@ from supervisor.lifecycle import events as E
 from supervisor.lifecycle.machine import Machine
 from supervisor.lifecycle.state import Live, Origin, State
 from supervisor.reload.boot_only import boot_only_changes
-from supervisor.serverless import contract, failures
-from supervisor.serverless.volume import worker_id
+from supervisor import runpod_env as contract
+from supervisor.serverless import failures
+from supervisor.runpod_env import worker_id
 from supervisor.status.server import _ROUTES
 
 BASE = """
@@ -248,7 +249,7 @@ def test_a_worker_with_the_volume_keeps_its_state_there_and_without_it_where_the
 
 
 def test_each_worker_has_its_own_directory_beside_the_shared_state(tmp_path):
-    from supervisor.serverless.volume import worker_dir
+    from supervisor.runpod_env import worker_dir
 
     assert worker_dir(tmp_path, {"RUNPOD_POD_ID": "w1"}) == tmp_path / "workers/w1"
     assert worker_dir(tmp_path, {"RUNPOD_POD_ID": "w1"}) != worker_dir(tmp_path, {"RUNPOD_POD_ID": "w2"})

@@ -6,7 +6,7 @@ from pathlib import Path
 from supervisor.config import Rung
 from supervisor.run import launch
 from supervisor.run.runtime import Runtime
-from supervisor.lifecycle.state import Record
+from supervisor.run.record import Record
 from supervisor.process.pid1 import exit_code_for
 from supervisor.redact import Secrets
 

@@ -27,7 +27,7 @@ from ... import hubclient
 from ...config import DeployConfig
 from ...errors import Cancelled, FetchError
 from ...redact import redact
-from ...serverless.volume import worker_id
+from ...runpod_env import worker_id
 from .layout import cache_dir
 from .volume_lock import VolumeLock, lock_file
 

@@ -1,7 +1,7 @@
 """One download of a model per volume: a worker that finds another downloading it waits, then reuses it.
 
 RunPod Serverless workers of one endpoint cold-start together on one network volume
-(supervisor/serverless/volume.py), and each would download the same model into the same Hub
+(supervisor/runpod_env.py), and each would download the same model into the same Hub
 cache at once: huggingface_hub's per-blob locks (layout.lock_path) keep two downloaders off one
 blob, but the one that waits there moves no byte, shows nothing and is ended by the stall deadline.
 So `fetch()` (parent.py) takes this lock, an flock on a file beside the cache, one per repo, for
