@@ -364,6 +364,48 @@ class StartupSpec:
 
 PREFETCH_AT = ("start", "preflight")
 
+# -- what the config hash leaves out, and what a published config cannot change -----------------------
+# The hash names what would run (the ladder memory's key; a published config with the running hash is
+# "unchanged"). Each field it leaves out is also boot-only (BOOT_ONLY; a test keeps it so): a published
+# change to it alone would otherwise be judged unchanged and lost without a word.
+NOT_HASHED: dict[str, str] = {
+    "watch": "where updates come from, not what runs",
+    "runpod": "what becomes of the pod after a failure, not what runs",
+    "serverless": "what becomes of a Serverless worker after a failure (its ports and state_dir are hashed)",
+    "startup.prefetch": "how the model's files are read, not what runs",
+    "startup.prefetch_streams": "how the model's files are read, not what runs",
+    "startup.prefetch_at": "how the model's files are read, not what runs",
+}
+# Tables and fields added after configs were first hashed: left out while they hold their defaults,
+# so a config that does not set them keeps the hash it always had.
+HASHED_WHEN_SET = ("server.fast_start", "startup", "router")
+# Dotted name -> why the supervisor cannot take a change to it after boot (reload/boot_only.py).
+BOOT_ONLY: dict[str, str] = {
+    "watch": "it says where the next update comes from",
+    "state_dir": "it says where the supervisor keeps its state, the reload book with it",
+    "status": "the status server listens where it was started",
+    "runpod": "it says what becomes of this pod and where its RunPod key is sent",
+    "serverless": "it says what becomes of this Serverless worker after a failure, and where its volume is",
+    "server.tcp_port": "the TCP relay listens where it was started",
+    "startup.prefetch": "the model prefetch is set for the container's life",
+    "startup.prefetch_streams": "the model prefetch is set for the container's life",
+    "startup.prefetch_at": "the model prefetch is set for the container's life",
+}
+
+
+def _get(d: dict[str, Any], dotted: str) -> Any:
+    for part in dotted.split("."):
+        d = d.get(part) if isinstance(d, dict) else None
+    return d
+
+
+def _pop(d: dict[str, Any], dotted: str) -> None:
+    *parents, leaf = dotted.split(".")
+    for part in parents:
+        d = d.get(part) if isinstance(d, dict) else None
+    if isinstance(d, dict):
+        d.pop(leaf, None)
+
 
 @dataclass(frozen=True)
 class DeployConfig:
@@ -392,24 +434,15 @@ class DeployConfig:
 
     @property
     def hash(self) -> str:
-        """Stable identity of what would run: same config, same hash, wherever it came from.
-        [watch] says where updates come from, [runpod] and [serverless] what happens to the pod or
-        worker after a failure, not what runs: they are left out (the ports and state_dir a Serverless
-        worker's environment sets are in)."""
-        d = self.to_dict()
-        d.pop("watch")
-        d.pop("runpod")
-        d.pop("serverless")
-        if not d["server"]["fast_start"]:
-            d["server"].pop("fast_start")   # added later: a config that does not set it keeps its hash
-        for k in ("prefetch", "prefetch_streams", "prefetch_at"):
-            d["startup"].pop(k)     # how the files are read, not what runs
-        d0 = StartupSpec()
-        if dataclasses.replace(self.startup, prefetch=d0.prefetch, prefetch_streams=d0.prefetch_streams,
-                               prefetch_at=d0.prefetch_at) == d0:
-            d.pop("startup")        # no lever set: the hash every config had before [startup] existed
-        if self.router == RouterSpec():
-            d.pop("router")         # not a router: the hash every config had before [router] existed
+        """Stable identity of what would run: same config, same hash, wherever it came from. What it
+        leaves out is declared once (NOT_HASHED, HASHED_WHEN_SET), never decided here field by field."""
+        d, default = self.to_dict(), DeployConfig(self.engine, self.model, self.ladder).to_dict()
+        for path in NOT_HASHED:
+            _pop(d, path)
+            _pop(default, path)
+        for path in HASHED_WHEN_SET:
+            if _get(d, path) == _get(default, path):
+                _pop(d, path)
         blob = json.dumps(d, sort_keys=True, separators=(",", ":"), default=list)
         return hashlib.sha256(blob.encode()).hexdigest()
 

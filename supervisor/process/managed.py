@@ -130,6 +130,9 @@ class ManagedProcess:
         except ProcessLookupError:  # cannot happen before we reap it; keep the session's id
             self.pgid = popen.pid
         self.started_at = time.monotonic()
+        # The argv it was asked to run (setpriv's wrapper not included): secrets and all, for the
+        # supervisor's own use only (the selftest reads its sampler flags); never shown as it is.
+        self.argv: tuple[str, ...] = ()
         self._on_line = on_line
         self._on_lines = on_lines
         self._batch_s = 0.0
@@ -213,7 +216,8 @@ class ManagedProcess:
                 log.close()
             raise
         proc = cls(popen, on_line=on_line, on_lines=on_lines, tail_lines=tail_lines, redact=redact, log=log, on_unkillable=on_unkillable)
-        REGISTRY.track(proc, role, [str(a) for a in argv])
+        proc.argv = tuple(str(a) for a in argv)
+        REGISTRY.track(proc, role, list(proc.argv))
         return proc
 
     # -- state ---------------------------------------------------------------------------------

@@ -15,23 +15,9 @@ from __future__ import annotations
 import dataclasses
 from typing import Any, Mapping
 
-from ..config import ENV_OVERRIDES, DeployConfig
+from ..config import BOOT_ONLY, ENV_OVERRIDES, DeployConfig
 from ..runpod_env import volume_state_dir
 
-# Dotted name -> why the supervisor cannot take a change to it after boot.
-BOOT_ONLY: dict[str, str] = {
-    "watch": "it says where the next update comes from",
-    "state_dir": "it says where the supervisor keeps its state, the reload book with it",
-    "status": "the status server listens where it was started",
-    "runpod": "it says what becomes of this pod and where its RunPod key is sent",
-    "serverless": "it says what becomes of this Serverless worker after a failure, and where its volume is",
-    "server.tcp_port": "the TCP relay listens where it was started",
-    # not in the config hash (they change how the model is read, not what runs), so a change to them
-    # alone would be judged unchanged and never reach a launch: named instead
-    "startup.prefetch": "the model prefetch is set for the container's life",
-    "startup.prefetch_streams": "the model prefetch is set for the container's life",
-    "startup.prefetch_at": "the model prefetch is set for the container's life",
-}
 
 
 def boot_only_changes(raw: Mapping[str, Any], running: DeployConfig, env: Mapping[str, str]) -> list[str]:

@@ -96,7 +96,6 @@ class _Engine:
     proc: ManagedProcess
     live: Live
     index: int
-    argv: list[str]
     stopping: bool = False         # we stopped it: its exit is not news
 
 
@@ -420,7 +419,7 @@ class Supervisor:
             self.rt.timing(last_rung_switch_s=switch)
             log.info("rung switch took %.3f s", switch)
             self.last_exit_at = None
-        eng = _Engine(proc, fx.live, fx.index, list(self.rec.snapshot()["engine"]["argv"]))
+        eng = _Engine(proc, fx.live, fx.index)
         self.engines[fx.token] = eng
         self.last_engine = eng
 
@@ -459,7 +458,7 @@ class Supervisor:
         rung = eng.live.cfg.ladder.rungs[fx.index]
         self.tasks.start(fx.token, "selftest",
                          lambda task: E.SelftestDone(fx.token, run_stage(self.rt, eng.live.cfg, rung, eng.proc,
-                                                                         eng.argv, task)),
+                                                                         list(eng.proc.argv), task)),
                          on_error=lambda e: E.SelftestDone(fx.token, Failure(
                              FailureClass.SELFTEST_FAILED, f"selftest: {type(e).__name__}: {e}", rung=rung.name)))
 

@@ -116,6 +116,20 @@ def subreaper() -> Iterator[None]:
 # -- starting -----------------------------------------------------------------------------------
 
 
+def test_the_process_keeps_the_real_argv_while_its_output_is_redacted() -> None:
+    # The selftest reads the engine's sampler flags from proc.argv; it was handed /status's redacted
+    # display copy (issue 35), where a secret that looks like a value mangles it.
+    proc = ManagedProcess.start([sys.executable, "-c", "import sys; print(sys.argv[1:])", "--temp", "0.7"],
+                                redact=["0.7"])
+    try:
+        assert proc.exited().wait(10)
+        assert proc.argv[-2:] == ("--temp", "0.7")
+        proc.stop(1.0)
+        assert "0.7" not in "".join(proc.tail())
+    finally:
+        proc.stop(1.0)
+
+
 def test_argv_string_is_refused() -> None:
     with pytest.raises(TypeError):
         ManagedProcess.start("echo hello")  # type: ignore[arg-type]

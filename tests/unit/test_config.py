@@ -241,3 +241,47 @@ def test_a_utf8_byte_order_mark_is_accepted(tmp_path):
     cfg.write_bytes(b"\xef\xbb\xbf" + HERE.encode())
     r = _check(cfg, "--flags", str(HELP))
     assert r.returncode == 0, r.stderr
+
+
+# The hash of every committed deploy config, as the per-field code before issue 35 computed them: the
+# declared lists (NOT_HASHED, HASHED_WHEN_SET) must not move a ladder memory's key or a reload's
+# "unchanged" for a config that sets nothing new.
+COMMITTED_HASHES = {
+    "cpu-small.toml": "aeb704135951665bed0d2503cf583d258c535816169663e3d8a1786a4672c139",
+    "kimi-k3-2xa40.toml": "12fb4cb3bc8c0d74b4711ade4e54085604243fc229022654f27652a7ebdc0ead",
+    "kimi-linear-a40.toml": "28cda01e064862d5a9d0188130e0b389f548b00684aaddd14721815cd2536606",
+    "qwen3-coder-a40-code-editing.toml": "3dfe52746c727884eeb3a394ea17e7ddbd875241521ef9bcfcff854ac3f1de25",
+    "qwen3-coder-a40.toml": "d1de324206d8533a005a93fbe79952094be9db1969f91e92d0b112b18035adaa",
+    "router.toml": "6dd79feea08a2c2fc10e20de3deebbb75600bff03525191c890abdb0dfd08e83",
+}
+
+
+def test_the_committed_configs_keep_their_hashes():
+    from pathlib import Path
+    from supervisor.config import load_config
+
+    deploy = Path(__file__).resolve().parents[2] / "images" / "deploy"
+    assert {p.name: load_config(p, env={}).hash for p in deploy.glob("*.toml")} == COMMITTED_HASHES
+
+
+def test_what_the_hash_leaves_out_is_boot_only_and_each_path_exists():
+    import dataclasses
+
+    from supervisor.config import BOOT_ONLY, HASHED_WHEN_SET, NOT_HASHED
+
+    cfg = parse_config(GOOD, env={})
+    assert set(NOT_HASHED) <= set(BOOT_ONLY), "a change to it alone would be 'unchanged' and lost"
+    for path in (*NOT_HASHED, *HASHED_WHEN_SET, *BOOT_ONLY):
+        node = cfg
+        for part in path.split("."):
+            assert part in {f.name for f in dataclasses.fields(node)}, path
+            node = getattr(node, part)
+
+
+def test_a_field_left_out_of_the_hash_changes_nothing_and_one_set_changes_it():
+    import dataclasses
+
+    cfg = parse_config(GOOD, env={})
+    assert dataclasses.replace(cfg, startup=dataclasses.replace(cfg.startup, prefetch_streams=7)).hash == cfg.hash
+    assert dataclasses.replace(cfg, startup=dataclasses.replace(cfg.startup, load_mode="none")).hash != cfg.hash
+    assert dataclasses.replace(cfg, server=dataclasses.replace(cfg.server, fast_start=True)).hash != cfg.hash
