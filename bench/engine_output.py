@@ -84,7 +84,7 @@ def one(n: int, wiring: str, tmp: Path, pace_s: float) -> tuple[float, float]:
     p = ManagedProcess.start(child(n, pace_s), log_file=str(tmp / f"engine-{wiring}.log"), log_max_bytes=64 << 20,
                              redact=["hf_not-a-real-token-but-as-long-as-one"], **kw)
     if wiring == "supervisor":
-        p.batch_output(loop.ENGINE_OUTPUT_BATCH_S)
+        p.batch_output(serving.ENGINE_OUTPUT_BATCH_S)
     p.wait(n * pace_s * 3 + 120)
     p.stop(5)
     if seen["lines"] < n // len(LINES) * len(LINES):

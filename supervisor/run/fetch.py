@@ -27,12 +27,16 @@ PROGRESS_LOG_S = 10.0      # a progress line in the log at most this often (ever
 
 def fetch_model(token: int, cfg: DeployConfig, *, candidate: bool, tasks: Tasks, env: Mapping[str, str],
                 hub_token: str | None, secrets: Secrets, post: Callable[[Any], None],
-                show: Callable[[str, dict[str, Any]], None],
-                on_record: Callable[[str, Path, dict[str, Any]], None],
-                warn: Callable[[str], None]) -> None:
+                show: Callable[[str, dict[str, Any]], None], warn: Callable[[str], None],
+                records: dict[str, dict[str, Any]]) -> None:
     """The model of `cfg`; `candidate`: a published config's, fetched beside the serving engine
-    (its /status section is `model_candidate` until it serves)."""
+    (its /status section is `model_candidate` until it serves). Each model's record is shown and kept
+    in `records` by its path: /status `model` shows it once that model serves."""
     from ..model import resolve
+
+    def on_record(key: str, path: Path, record: dict[str, Any]) -> None:
+        records[str(path)] = record
+        show(key, record)
 
     key = "model_candidate" if candidate else "model"
     if not cfg.model.source:          # the router: its replicas serve the model

@@ -19,14 +19,18 @@ from __future__ import annotations
 import dataclasses
 import logging
 import socket
+import time
 from pathlib import Path
 from typing import Any, Callable, Mapping
 
-from ..config import DeployConfig, Rung
+from ..config import DeployConfig, LadderSpec, Rung
 from ..errors import KilnError
 from ..failure import Failure, FailureClass, classify
-from ..process.managed import ManagedProcess
+from ..lifecycle import events as E
+from ..process.managed import REGISTRY, ManagedProcess
+from .logs import engine_lines
 from .runtime import Runtime
+from .tasks import Task
 from ..lifecycle.state import Live
 from ..engines import registry
 from ..engines.caches import own_caches
@@ -211,6 +215,21 @@ def start(rt: Runtime, cfg: DeployConfig, index: int, model: Path | None,
     return proc
 
 
+def launch_rung(rt: Runtime, live: Live, index: int, *, last_exit_at: float | None) -> ManagedProcess | Failure:
+    """Launch: the rung's engine started (start()), the boot timeline watching its own lines from its
+    exec, and the time since the failed rung's exit when one fell through (P6)."""
+    watch = rt.rec.boot.engine(getattr(rt.engine, "PHASES", ()), live.cfg.ladder.rungs[index].name)
+    proc = start(rt, live.cfg, index, live.model_path, on_line=watch.line, on_lines=engine_lines)
+    if isinstance(proc, Failure):
+        return proc
+    watch.arm(proc.started_at)            # the boot timeline's engine_exec, then the engine's own phases
+    if last_exit_at is not None:
+        switch = proc.started_at - last_exit_at
+        rt.timing(last_rung_switch_s=switch)
+        log.info("rung switch took %.3f s", switch)
+    return proc
+
+
 def unkillable(rt: Runtime, rung: Rung, info: dict[str, Any]) -> None:
     """An engine that outlived SIGKILL (uninterruptible sleep: a wedged GPU driver): on /status under
     `unkillable` (by pid), a warning, the history. It is left behind; the supervisor goes on."""
@@ -222,10 +241,72 @@ def unkillable(rt: Runtime, rung: Rung, info: dict[str, Any]) -> None:
             "pod (or host) restarted")
 
 
-def down(rt: Runtime, proc: ManagedProcess, rung: Rung, *, returncode: int | None, elapsed_s: float | None,
+def down(rt: Runtime, proc: ManagedProcess, rung: Rung, *, returncode: int | None,
          stall_reason: str | None = None) -> Failure:
-    """Why the engine failed, from its exit, its timing and its own words."""
+    """Why the engine failed, from its exit, how long it ran, and its own words."""
     assert rt.engine is not None
+    end = proc.exited_at if proc.exited_at is not None else (None if stall_reason else time.monotonic())
+    elapsed_s = end - proc.started_at if end is not None else None
     return classify(returncode=returncode, elapsed_s=elapsed_s, tail=proc.tail(), signatures=rt.engine.SIGNATURES,
                     hint_signatures=rt.engine.HINTS, stalled=stall_reason is not None, stall_reason=stall_reason,
                     rung=rung.name)
+
+
+# -- the effects around a launch, as the loop hands them to a task or runs them -----------------------
+def health_work(rt: Runtime, proc: ManagedProcess, cfg: DeployConfig, token: int
+                ) -> tuple[Callable[[Task], E.HealthDone | None], Callable[[BaseException], E.HealthDone]]:
+    """WaitHealthy: the engine's health wait (engines/health.py) as a task. Its answer: ready, stalled
+    (health.py says why), or nothing when the engine exited (the exit event tells) or it was cancelled."""
+    from ..engines.health import wait_healthy
+
+    def work(task: Task) -> E.HealthDone | None:
+        out = wait_healthy(proc, cfg.server.host, cfg.server.port, stall_s=cfg.health.stall_s,
+                           max_s=cfg.health.max_s, poll_s=cfg.health.poll_s,
+                           should_stop=task.cancelled.is_set, sleep=task.cancelled.wait,
+                           stall_lines=rt.engine.STALL_LINES if rt.engine else None)
+        if out.ready:
+            rt.timing(last_load_s=out.elapsed_s)
+            return E.HealthDone(token, True, out.elapsed_s)
+        if out.stalled:
+            return E.HealthDone(token, False, out.elapsed_s, out.reason or "stalled")
+        return None
+
+    return work, lambda e: E.HealthDone(token, False, 0.0, f"health wait failed: {e}")
+
+
+def barrier_work(rt: Runtime, spec: LadderSpec, done: Callable[[], E.BarrierDone]
+                 ) -> Callable[[Task], E.BarrierDone]:
+    """Barrier: between rungs, the last engine's processes gone and its GPU memory back (ladder/reclaim.py)."""
+    from ..ladder.reclaim import reclaim
+
+    def work(task: Task) -> E.BarrierDone:
+        rep = reclaim(REGISTRY, baseline_mib=rt.baseline_mib, gpu_used=rt.gpu_used_visible,
+                      timeout_s=spec.reclaim_timeout_s, slack_mib=spec.reclaim_slack_mib, sleep=task.cancelled.wait)
+        rt.rec.event("reclaim", rep.describe())
+        if rep.vram_back is False:
+            rt.warn(f"GPU memory did not return to its baseline between rungs: {rep.describe()}")
+        return done()
+
+    return work
+
+
+def calibrate(rt: Runtime, rung: str, failure: Failure) -> bool:
+    """Calibrate: the balanced rung's split re-planned from the OOM's shortfall lines (ladder/balanced.py),
+    or the environment a failure asks for set on the rung's relaunches (the engine's RELAUNCH_ENV,
+    merged with what earlier failures asked for): not when the launch that failed already had it,
+    so the same failure is never relaunched into again. False: nothing new to try."""
+    forced = registry.relaunch_env(rt.engine).get(failure.failure_class)
+    if forced is not None:
+        launched = rt.launched_env.get(rung, {})
+        ok = any(launched.get(k) != v for k, v in forced.items())
+        if ok:
+            rt.relaunch_env[rung] = {**rt.relaunch_env.get(rung, {}), **forced}
+            rt.rec.event("relaunch", f"{rung}: {failure.reason}; relaunched with "
+                                     f"{', '.join(f'{k}={v}' for k, v in forced.items())}")
+        return ok
+    bal = rt.balancers.get(rung)
+    ok = bal is not None and bal.calibrate(failure.tail) is not None
+    if ok:
+        rt.rec.update(placement={"rung": rung, "rounds": bal.history})
+        rt.rec.event("calibrate", f"{rung}: new budgets {bal.budgets} MiB after {bal.history[-1]['shortfall_mib']}")
+    return ok

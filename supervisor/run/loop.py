@@ -42,27 +42,26 @@ from ..lifecycle import events as E
 from . import preflight
 from ..host import hardware
 from . import launch
-from ..engines import registry
-from ..process import leftovers
 from ..config import DeployConfig
 from ..errors import KilnError
-from ..failure import Failure, FailureClass
+from ..failure import Failure
 from ..ladder.memory import LadderMemory
-from ..ladder.reclaim import reclaim
-from ..ladder import residency
 from .fetch import fetch_model
 from ..reload.book import ReloadBook
 from .reload import ReloadTracker
 from ..lifecycle.machine import Machine
-from ..process.pid1 import SignalRelay, become_subreaper, exit_code_for, reap_orphans
+from ..process.pid1 import SignalRelay, exit_code_for, reap_orphans
 from ..lifecycle.policy import EXIT_NOTHING_SERVED
 from ..process.managed import REGISTRY, ManagedProcess
 from ..redact import Secrets
+from ..runpod_env import worker_dir
 from .runtime import Runtime
-from ..lifecycle.state import Live, Origin, State
+from ..lifecycle.state import Live, State
 from .record import Record
-from .tasks import Task, Tasks
-from .logs import engine_lines
+from . import serving
+from .prefetch import WalkPrefetch
+from .terminate import Terminator
+from .tasks import Tasks
 
 log = logging.getLogger("kiln")
 EXIT_USAGE = 2            # the supervisor could not even start (a busy status port, say)
@@ -104,13 +103,8 @@ class Supervisor:
         self.opts = opts or Options()
         env = dict(os.environ if self.opts.env is None else self.opts.env)
         self.boot_cfg = cfg
-        # A Serverless worker keeps its own state in a directory of its own on the shared volume
-        # (runpod_env.py); what all workers share stays at state_dir.
-        self.state_dir = Path(cfg.state_dir)
-        if cfg.serverless.active:
-            from ..runpod_env import worker_dir
-
-            self.state_dir = worker_dir(cfg.state_dir, env)
+        # A Serverless worker's own state is a directory of its own on the shared volume (runpod_env.py)
+        self.state_dir = worker_dir(cfg.state_dir, env) if cfg.serverless.active else Path(cfg.state_dir)
         self.rec = Record(__version__, process_start=self.opts.process_start)
         self.rt = Runtime(env=env, state_dir=self.state_dir, rec=self.rec, secrets=Secrets(),
                           hardware_probe=self.opts.hardware_probe, gpu_used=self.opts.gpu_used,
@@ -126,38 +120,22 @@ class Supervisor:
         self.exit_code: int | None = None
         self.reloads = ReloadTracker(ReloadBook(self.state_dir / "reload"), self.rec, self.rt.secrets)
         self.peripherals: Any = None                # run/peripherals.py, started once the engine is on its way
-        self.terminator: Any = None                 # fleet/self_terminate.py Termination, while FAILED with it on
+        self.terminator = Terminator(self.rt.env, self.rec)    # run/terminate.py: a pod that can never serve
         self.model_records: dict[str, dict[str, Any]] = {}   # model path -> its /status record, shown once it serves
         self.worker: Any = None                     # run/serverless.py ServerlessWorker, on a Serverless worker
-        # the model prefetch of this walk is rt.prefetch (the launch asks whether one reads: boot_args)
-        self._shown_prefetch: Any = None            # the one /status shows: its end is the news, even after the walk
-        early = self.opts.prefetch
-        if early is not None:                       # begun before this was built: kept if preflight plans the same files
-            self.rt.prefetch = self._shown_prefetch = early
-            self.rec.update(prefetch=self._prefetch_shown(early))
-            early.adopt(self._prefetch_done)
+        # the model prefetch of this walk (run/prefetch.py); the read in force is rt.prefetch
+        self.prefetch = WalkPrefetch(self.rt, self.rec, process_start=self.opts.process_start, early=self.opts.prefetch)
         if cfg.serverless.active:
             from .serverless import ServerlessWorker
 
-            self.worker = ServerlessWorker(cfg.serverless, shared=Path(cfg.state_dir), own=self.state_dir,
-                                           status_port=cfg.status.port, env=env, rec=self.rec,
-                                           secrets=self.rt.secrets, warn=self.rt.warn, hardware=lambda: self.rt.hw)
+            self.worker = ServerlessWorker.of(cfg, self.rt)
 
     # -- the loop ----------------------------------------------------------------------------------
     def run(self) -> int:
         self.relay.install()
-        become_subreaper()
-        self.rt.run_dir.mkdir(parents=True, exist_ok=True)
-        leftovers.end_leftovers(self.rt.run_dir, log)
-        REGISTRY.journal_to(self.rt.run_dir)
-        from .. import hubclient
-        self.rt.hub_token = hubclient.token(self.rt.env)
-        self.rt.secrets.add(self.rt.hub_token, self.rt.env.get("HF_TOKEN"), self.rt.env.get("RUNPOD_API_KEY"))
+        preflight.begin(self.rt, self.boot_cfg, status=self.opts.status)
         if self.worker is not None:
             self.worker.show()
-        if self.opts.status:        # a busy status port is one clear line before anything starts
-            from ..status.listen import STATUS_PORT_FIX, check_free
-            check_free("status.port", self.boot_cfg.status.host, self.boot_cfg.status.port, STATUS_PORT_FIX)
         live = self.reloads.boot_live(self.boot_cfg, self.rt.env)
         sls = self.boot_cfg.serverless
         self.machine = Machine(live, exit_on_failure=self.opts.exit_on_failure,
@@ -201,7 +179,8 @@ class Supervisor:
             for eng in list(self.engines.values()):
                 eng.proc.stop(self.boot_cfg.health.stop_grace_s)
             REGISTRY.stop_all(1.0)
-            self._stop_terminator()
+            self.terminator.leave(failed_for_good=self.opts.exit_on_failure and self.machine is not None
+                                  and self.machine.last_failure is not None and self.rec.state == State.STOPPED)
             if self.peripherals is not None:
                 self.peripherals.stop()
         return self.exit_code
@@ -220,17 +199,6 @@ class Supervisor:
             env=self.rt.env, hub_token=self.rt.hub_token, status=self.opts.status, probe=self.rec.probe,
             live=lambda: self.machine.live.cfg if self.machine else boot, api_key=lambda: self.rt.api_key))
         self.peripherals.start()
-
-    def _stop_terminator(self) -> None:
-        """Leaving FAILED for good on exit_on_failure: let the pod go first. Any other exit: keep it."""
-        if self.terminator is None:
-            return
-        failed_for_good = self.opts.exit_on_failure and self.machine is not None \
-            and self.machine.last_failure is not None and self.rec.state == State.STOPPED
-        if failed_for_good:
-            self.terminator.wait(self.terminator.grace_s + 60.0)
-        else:
-            self.terminator.cancel()
 
     def _timeout(self) -> float:
         deadline = self.machine.next_deadline() if self.machine else None
@@ -269,8 +237,7 @@ class Supervisor:
         rc = eng.proc.stop(0.0)                   # reaps and drains the rest of the output
         self.last_exit_at = eng.proc.exited_at
         rung = eng.live.cfg.ladder.rungs[eng.index]
-        elapsed = (eng.proc.exited_at or time.monotonic()) - eng.proc.started_at
-        failure = launch.down(self.rt, eng.proc, rung, returncode=rc, elapsed_s=elapsed)
+        failure = launch.down(self.rt, eng.proc, rung, returncode=rc)
         if self.rec.state == State.SELFTEST:
             from .selftest import crashed_record
             crashed_record(self.rt, rung, rc)
@@ -284,9 +251,8 @@ class Supervisor:
 
     def _do_Enter(self, fx: E.Enter) -> None:
         self.rec.transition(fx.state, fx.detail)
-        if fx.state in (State.HEALTHY, State.FAILED, State.STOPPING) and self.rt.prefetch is not None:
-            self.rt.prefetch.stop()             # the weights are loaded, or nothing will load them:
-            self.rt.prefetch = None             # spent; a restart or reload reads anew (or goes without)
+        if fx.state in (State.HEALTHY, State.FAILED, State.STOPPING):
+            self.prefetch.spent()               # loaded, or nothing will load it: a restart reads anew
         log.info("state %s%s", fx.state.value, f": {fx.detail}" if fx.detail else "")
         if self.peripherals is not None:
             self.peripherals.state_changed(fx.state)
@@ -306,198 +272,65 @@ class Supervisor:
             if recorded is not None:            # nothing fetched, nothing loaded: FAILED, then released
                 self.inbox.put(E.Prepared(fx.token, recorded, 0))
                 return
-        self._prefetch(fx.live)                 # a local model: read from now on, beside preflight
+        self.prefetch.ensure(fx.live)                 # a local model: read from now on, beside preflight
         failure, first = preflight.prepare(self.rt, fx.live.cfg, self.memory)
         self.inbox.put(E.Prepared(fx.token, failure, first))
 
-    def _prefetch(self, live: Live) -> None:
-        """Start reading the model's weights into the page cache (model/prefetch.py), unless the same
-        files are being read already; what it did, or why not, is /status `prefetch`. Never raises:
-        it only makes a boot faster, and PID 1 must not end over it."""
-        try:
-            self._start_prefetch(live)
-        except Exception as e:                 # a file gone between listing and opening, no thread left
-            self._drop_prefetch()
-            self.rec.update(prefetch={"state": "skipped", "note": f"could not start: {type(e).__name__}: {e}"})
-
-    def _start_prefetch(self, live: Live) -> None:
-        from ..model import prefetch, resolve
-
-        path = live.model_path
-        if path is None:
-            try:
-                path = resolve.resolve(live.cfg)       # None for hf://: the fetch finds it, CheckLaunch starts it
-            except KilnError:                          # the fetch step names what is wrong with the source
-                path = None
-        if path is None:
-            self._drop_prefetch()                      # an early read of another model must not compete with the fetch
-            return
-        try:
-            planned, why = prefetch.plan(live.cfg, live.cfg.engine, path, hardware.ram_available_bytes(), self.rt.env)
-        except OSError as e:                           # a file vanished between the listing and its size
-            planned, why = [], f"could not list the weights: {e.strerror or e}"
-        files = [p for p, _ in planned]
-        running = self.rt.prefetch
-        if running is not None and running.files == files and running.useful:
-            return                                     # the same files, being read or read whole in this walk
-        self._drop_prefetch()
-        if why:
-            self.rec.update(prefetch={"state": "skipped", "note": why})
-            return
-
-        p = prefetch.Prefetch(files, sizes=[n for _, n in planned], streams=live.cfg.startup.prefetch_streams,
-                              on_done=self._prefetch_done)
-        self.rt.prefetch = self._shown_prefetch = p
-        self.rec.update(prefetch=self._prefetch_shown(p))     # before start(): its end's update comes after
-        p.start()
-
-    def _drop_prefetch(self) -> None:
-        """Stop the read of files this boot does not plan (the early one of a config replaced since)."""
-        if self.rt.prefetch is not None:
-            self.rt.prefetch.stop()
-            self.rt.prefetch = self._shown_prefetch = None
-            self.rec.update(prefetch=None)
-
-    def _prefetch_shown(self, p: Any) -> dict[str, Any]:
-        """/status `prefetch`: what it read, and `start_s`, when it began after the process's exec
-        (the boot timeline's zero): the earlier, the more of the read is done when the engine needs it."""
-        d = p.to_dict()
-        zero = self.opts.process_start if self.opts.process_start is not None else self.rec.boot_monotonic
-        d["start_s"] = round((p.started if p.started is not None else time.monotonic()) - zero, 3)
-        return d
-
-    def _prefetch_done(self, p: Any) -> None:
-        if self._shown_prefetch is not p:              # replaced: its late end is not the news
-            return
-        d = self._prefetch_shown(p)
-        self.rec.update(prefetch=d)
-        self.rec.event("prefetch", f"{p.state}: {p.read / 2**30:.2f} of {p.total / 2**30:.2f} GiB "
-                                   f"in {d['seconds']} s ({p.streams} streams)")
-
     def _do_Fetch(self, fx: E.Fetch) -> None:
-        def on_record(key: str, path: Path, record: dict[str, Any]) -> None:
-            self.model_records[str(path)] = record
-            self.rec.update(**{key: record})
-
         fetch_model(fx.token, fx.live.cfg, candidate=fx.candidate, tasks=self.tasks, env=self.rt.env,
                     hub_token=self.rt.hub_token, secrets=self.rt.secrets, post=self.inbox.put,
-                    show=lambda key, record: self.rec.update(**{key: record}), on_record=on_record,
-                    warn=self.rt.warn)
+                    show=lambda key, record: self.rec.update(**{key: record}), warn=self.rt.warn,
+                    records=self.model_records)
 
     def _do_CheckLaunch(self, fx: E.CheckLaunch) -> None:
         self.rec.phase("launch", rung=fx.live.cfg.ladder.rungs[fx.index].name)
-        self._prefetch(fx.live)
+        self.prefetch.ensure(fx.live)
         self.inbox.put(E.LaunchChecked(fx.token, launch.check(self.rt, fx.live, fx.index)))
 
     def _do_Barrier(self, fx: E.Barrier) -> None:
-        spec = self.machine.live.cfg.ladder if self.machine else self.boot_cfg.ladder
         self.rec.phase("reclaim")
-
-        def work(task: Task) -> E.BarrierDone:
-            rep = reclaim(REGISTRY, baseline_mib=self.rt.baseline_mib, gpu_used=self.rt.gpu_used_visible,
-                          timeout_s=spec.reclaim_timeout_s, slack_mib=spec.reclaim_slack_mib,
-                          sleep=task.cancelled.wait)
-            self.rec.event("reclaim", rep.describe())
-            if rep.vram_back is False:
-                self.rt.warn(f"GPU memory did not return to its baseline between rungs: {rep.describe()}")
-            return E.BarrierDone(fx.token)
-
-        self.tasks.start(fx.token, "reclaim", work, on_error=lambda e: E.BarrierDone(fx.token))
+        spec = (self.machine.live.cfg if self.machine else self.boot_cfg).ladder
+        self.tasks.start(fx.token, "reclaim", launch.barrier_work(self.rt, spec, lambda: E.BarrierDone(fx.token)),
+                         on_error=lambda e: E.BarrierDone(fx.token))
 
     def _do_Launch(self, fx: E.Launch) -> None:
-        watch = self.rec.boot.engine(getattr(self.rt.engine, "PHASES", ()), fx.live.cfg.ladder.rungs[fx.index].name)
-
-        started = launch.start(self.rt, fx.live.cfg, fx.index, fx.live.model_path, on_line=watch.line,
-                               on_lines=engine_lines)
-        if isinstance(started, Failure):
-            self.inbox.put(E.EngineDown(fx.token, started, started=False))
+        proc = launch.launch_rung(self.rt, fx.live, fx.index, last_exit_at=self.last_exit_at)
+        if isinstance(proc, Failure):
+            self.inbox.put(E.EngineDown(fx.token, proc, started=False))
             return
-        proc = started
-        watch.arm(proc.started_at)             # the boot timeline's engine_exec, then the engine's own phases
-        if self.last_exit_at is not None:      # from the failed rung's exit to this one's start (P6)
-            switch = proc.started_at - self.last_exit_at
-            self.rt.timing(last_rung_switch_s=switch)
-            log.info("rung switch took %.3f s", switch)
-            self.last_exit_at = None
-        eng = _Engine(proc, fx.live, fx.index)
-        self.engines[fx.token] = eng
-        self.last_engine = eng
+        self.last_exit_at = None
+        self.engines[fx.token] = self.last_engine = _Engine(proc, fx.live, fx.index)
 
-        def wake_on_exit() -> None:
-            proc.exited().wait()
-            self.inbox.put(_Exited(fx.token))
-
-        threading.Thread(target=wake_on_exit, name=f"kiln-exit-{proc.pid}", daemon=True).start()
+        threading.Thread(target=lambda: (proc.exited().wait(), self.inbox.put(_Exited(fx.token))),
+                         name=f"kiln-exit-{proc.pid}", daemon=True).start()   # its exit is an event
         self.inbox.put(E.Launched(fx.token, proc.pid))
 
     def _do_WaitHealthy(self, fx: E.WaitHealthy) -> None:
-        from ..engines.health import wait_healthy
-
         eng = self.engines[fx.token]
-        cfg = eng.live.cfg
-
-        def work(task: Task) -> E.HealthDone | None:
-            out = wait_healthy(eng.proc, cfg.server.host, cfg.server.port, stall_s=cfg.health.stall_s,
-                               max_s=cfg.health.max_s, poll_s=cfg.health.poll_s,
-                               should_stop=task.cancelled.is_set, sleep=task.cancelled.wait,
-                               stall_lines=self.rt.engine.STALL_LINES if self.rt.engine else None)
-            if out.ready:
-                self.rt.timing(last_load_s=out.elapsed_s)
-                return E.HealthDone(fx.token, True, out.elapsed_s)
-            if out.stalled:
-                return E.HealthDone(fx.token, False, out.elapsed_s, out.reason or "stalled")   # health.py says why
-            return None                            # exited (the exit event tells) or cancelled
-
-        self.tasks.start(fx.token, "health", work,
-                         on_error=lambda e: E.HealthDone(fx.token, False, 0.0, f"health wait failed: {e}"))
+        work, on_error = launch.health_work(self.rt, eng.proc, eng.live.cfg, fx.token)
+        self.tasks.start(fx.token, "health", work, on_error=on_error)
 
     def _do_RunSelftest(self, fx: E.RunSelftest) -> None:
-        from .selftest import run_stage
+        from .selftest import stage_work
 
         eng = self.engines[fx.token]
-        rung = eng.live.cfg.ladder.rungs[fx.index]
-        self.tasks.start(fx.token, "selftest",
-                         lambda task: E.SelftestDone(fx.token, run_stage(self.rt, eng.live.cfg, rung, eng.proc,
-                                                                         list(eng.proc.argv), task)),
-                         on_error=lambda e: E.SelftestDone(fx.token, Failure(
-                             FailureClass.SELFTEST_FAILED, f"selftest: {type(e).__name__}: {e}", rung=rung.name)))
+        work, on_error = stage_work(self.rt, eng.live.cfg, eng.live.cfg.ladder.rungs[fx.index], eng.proc, fx.token)
+        self.tasks.start(fx.token, "selftest", work, on_error=on_error)
 
     def _do_StopEngine(self, fx: E.StopEngine) -> None:
         eng = self.engines.pop(fx.token, None)
         if eng is None:
             return
         eng.stopping = True
-        rc = eng.proc.stop(eng.live.cfg.health.stop_grace_s)   # reaps and drains the rest of the output
+        eng.proc.stop(eng.live.cfg.health.stop_grace_s)   # reaps and drains the rest of the output
         if fx.stall_reason is not None:
             self.last_exit_at = eng.proc.exited_at
-            rung = eng.live.cfg.ladder.rungs[eng.index]
-            failure = launch.down(self.rt, eng.proc, rung, returncode=None, elapsed_s=eng.proc.exited_at
-                                  and eng.proc.exited_at - eng.proc.started_at, stall_reason=fx.stall_reason)
+            failure = launch.down(self.rt, eng.proc, eng.live.cfg.ladder.rungs[eng.index], returncode=None,
+                                  stall_reason=fx.stall_reason)
             self.inbox.put(E.EngineDown(fx.token, failure))
-        del rc
 
     def _do_Calibrate(self, fx: E.Calibrate) -> None:
-        """The balanced rung's split re-planned from the OOM's shortfall lines (ladder/balanced.py),
-        or the environment a failure asks for set on the rung's relaunches (the engine's RELAUNCH_ENV,
-        merged with what earlier failures asked for): not when the launch that failed already had it,
-        so the same failure is never relaunched into again."""
-        forced = registry.relaunch_env(self.rt.engine).get(fx.failure.failure_class)
-        if forced is not None:
-            launched = self.rt.launched_env.get(fx.rung, {})
-            ok = any(launched.get(k) != v for k, v in forced.items())
-            if ok:
-                self.rt.relaunch_env[fx.rung] = {**self.rt.relaunch_env.get(fx.rung, {}), **forced}
-                self.rec.event("relaunch", f"{fx.rung}: {fx.failure.reason}; relaunched with "
-                                           f"{', '.join(f'{k}={v}' for k, v in forced.items())}")
-            self.inbox.put(E.Calibrated(fx.token, ok))
-            return
-        bal = self.rt.balancers.get(fx.rung)
-        ok = bal is not None and bal.calibrate(fx.failure.tail) is not None
-        if ok:
-            self.rec.update(placement={"rung": fx.rung, "rounds": bal.history})
-            self.rec.event("calibrate", f"{fx.rung}: new budgets {bal.budgets} MiB after "
-                                        f"{bal.history[-1]['shortfall_mib']}")
-        self.inbox.put(E.Calibrated(fx.token, ok))
+        self.inbox.put(E.Calibrated(fx.token, launch.calibrate(self.rt, fx.rung, fx.failure)))
 
     def _do_CancelTask(self, fx: E.CancelTask) -> None:
         self.tasks.cancel(fx.token)
@@ -524,42 +357,19 @@ class Supervisor:
     def _do_Serving(self, fx: E.Serving) -> None:
         """Before /ready says 200: the winning rung remembered, the timings, the placement estimate."""
         assert self.machine is not None
-        live = self.machine.live
-        preflight.remember(self.rt, live.cfg, self.memory, live.cfg.ladder.rungs[fx.index].name)
         eng = self.engines.get(self.machine.engine) if self.machine.engine is not None else None
-        if eng is not None:                        # its boot phases are read: gather its output (P2b)
-            eng.proc.batch_output(ENGINE_OUTPUT_BATCH_S)
-        if "boot_to_ready_s" not in self.rec.snapshot()["timings"]:
-            self.rt.timing(boot_to_ready_s=time.monotonic() - self.rec.boot_monotonic)
-        if self.terminator is not None:            # a published config brought it back: keep the pod
-            self.terminator.cancel()
-            self.rec.update(runpod_terminate=self.terminator.to_dict())
-            self.terminator = None
-        record = self.model_records.get(str(live.model_path))
-        if record is not None:
-            self.rec.update(model=record, model_candidate=None)
-        estimate, warning = residency.estimate(live.cfg, live.model_path, self.rt.hw,
-                                               gpu_used=self.rt.gpu_used_visible, baseline_mib=self.rt.baseline_mib)
-        if estimate is not None:
-            self.rec.update(placement_estimate=estimate)
-        if warning:
-            self.rt.warn(warning)
+        serving.serving(self.rt, self.machine.live, fx.index, self.memory, eng.proc if eng else None,
+                        self.model_records)
+        self.terminator.serving()
 
     def _do_Failed(self, fx: E.Failed) -> None:
-        """FAILED: nothing retries it but a published config. On RunPod, with [runpod]
-        terminate_on_terminal_failure, the pod is terminated after a grace (fleet/self_terminate.py)."""
+        """FAILED: nothing retries it but a published config (run/terminate.py: a pod may end itself)."""
         failure = fx.failure
         why = f"{failure.failure_class.value}: {self.rt.secrets.redact(failure.reason)}" if failure else "unknown"
         log.error("FAILED: %s", why)
         if self.worker is not None and self.machine is not None:    # say why, record it; released after the grace
             self.worker.failed(why, self.machine.last_failure, self.machine.live.cfg)
-        spec = self.machine.live.cfg.runpod if self.machine else self.boot_cfg.runpod
-        if self.terminator is None and spec.terminate_on_terminal_failure:
-            from ..fleet import self_terminate
-
-            self.terminator = self_terminate.arm(spec, self.rt.env, failure=why, on_event=self.rec.event)
-            if self.terminator is not None:
-                self.rec.update(runpod_terminate=self.terminator.to_dict())
+        self.terminator.failed((self.machine.live.cfg if self.machine else self.boot_cfg).runpod, why)
 
     def _do_Shutdown(self, fx: E.Shutdown) -> None:
         self.tasks.cancel_all()
@@ -572,12 +382,6 @@ class Supervisor:
             rc = self.last_engine.proc.stop(0.0)   # already stopped: its status
         REGISTRY.stop_all(self.boot_cfg.health.stop_grace_s)
         self.exit_code = fx.code if fx.code is not None else exit_code_for(rc)
-
-
-# A serving engine's output is read at most this often: llama-server writes each of a request's ~10
-# lines on its own, and a read per line cost the supervisor more CPU than all else while serving
-# (P2b, bench/engine_output.py). A tenth of a second late in `docker logs` and the log file is unseen.
-ENGINE_OUTPUT_BATCH_S = 0.1
 
 
 def run(cfg: DeployConfig, opts: Options | None = None) -> int:
@@ -593,4 +397,4 @@ def run(cfg: DeployConfig, opts: Options | None = None) -> int:
         return EXIT_NOTHING_SERVED
 
 
-__all__ = ["Options", "Supervisor", "run", "Origin"]
+__all__ = ["Options", "Supervisor", "run"]

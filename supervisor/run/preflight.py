@@ -29,6 +29,27 @@ from .runtime import Runtime
 log = logging.getLogger("kiln")
 
 
+def begin(rt: Runtime, boot: DeployConfig, *, status: bool) -> None:
+    """PID 1's first steps, once: a subreaper, what an earlier run left behind ended, every child
+    journaled, the Hub token read (and every secret known to the redaction), and a busy status port
+    said in one clear line before anything starts."""
+    from .. import hubclient
+    from ..process import leftovers
+    from ..process.managed import REGISTRY
+    from ..process.pid1 import become_subreaper
+
+    become_subreaper()
+    rt.run_dir.mkdir(parents=True, exist_ok=True)
+    leftovers.end_leftovers(rt.run_dir, log)
+    REGISTRY.journal_to(rt.run_dir)
+    rt.hub_token = hubclient.token(rt.env)
+    rt.secrets.add(rt.hub_token, rt.env.get("HF_TOKEN"), rt.env.get("RUNPOD_API_KEY"))
+    if status:
+        from ..status.listen import STATUS_PORT_FIX, check_free
+
+        check_free("status.port", boot.status.host, boot.status.port, STATUS_PORT_FIX)
+
+
 def probe(rt: Runtime) -> None:
     rt.hw = rt.hardware_probe()
     rt.rec.update(hardware=rt.hw.to_dict())

@@ -11,20 +11,28 @@ from __future__ import annotations
 import logging
 import threading
 import time
-from typing import Any
+from typing import Any, Callable
 
 from ..config import DeployConfig, Rung
 from ..failure import Failure, FailureClass
 from ..process.managed import ManagedProcess
 from .runtime import Runtime
+from ..lifecycle import events as E
 from .tasks import Task
 
 log = logging.getLogger("kiln")
 HARD_DEADLINE_SLACK_S = 30.0     # the runner keeps timeout_s itself; this only catches a hang
 
 
-def run_stage(rt: Runtime, cfg: DeployConfig, rung: Rung, proc: ManagedProcess, argv: list[str],
-              task: Task) -> Failure | None:
+def stage_work(rt: Runtime, cfg: DeployConfig, rung: Rung, proc: ManagedProcess, token: int
+               ) -> tuple[Callable[[Task], E.SelftestDone], Callable[[BaseException], E.SelftestDone]]:
+    """The RunSelftest effect as a task: its work and what a crash in it answers."""
+    return (lambda task: E.SelftestDone(token, run_stage(rt, cfg, rung, proc, task)),
+            lambda e: E.SelftestDone(token, Failure(FailureClass.SELFTEST_FAILED, f"selftest: {type(e).__name__}: {e}",
+                                                    rung=rung.name)))
+
+
+def run_stage(rt: Runtime, cfg: DeployConfig, rung: Rung, proc: ManagedProcess, task: Task) -> Failure | None:
     from ..selftest.client import Client, RequestCancelled
     from ..selftest.runner import run_selftest, sampler_from_argv
 
@@ -35,7 +43,7 @@ def run_stage(rt: Runtime, cfg: DeployConfig, rung: Rung, proc: ManagedProcess, 
                     engine=cfg.engine)
     task.on_cancel.append(client.abort)
     # What the engine was told ([sampler], or a rung's own flags): the server must report it.
-    expected = sampler_from_argv(argv) if cfg.engine == "llamacpp" else None
+    expected = sampler_from_argv(list(proc.argv)) if cfg.engine == "llamacpp" else None
     timed_out = threading.Event()
 
     def cut_off() -> None:

@@ -24,6 +24,7 @@ from ..host.hardware import Hardware
 from ..ladder.memory import image_identity
 from .record import Record
 from ..redact import Secrets
+from .runtime import Runtime
 from ..serverless import failures
 from ..runpod_env import worker_id
 
@@ -38,6 +39,12 @@ class ServerlessWorker:
         self.id = worker_id(env)
         self.rec, self.secrets, self.warn, self.hardware = rec, secrets, warn, hardware
         self.recalled = False                   # this boot failed from another worker's record
+
+    @classmethod
+    def of(cls, cfg: DeployConfig, rt: Runtime) -> "ServerlessWorker":
+        """The worker a Serverless boot of `cfg` is: its own state under rt.state_dir, the shared at state_dir."""
+        return cls(cfg.serverless, shared=Path(cfg.state_dir), own=rt.state_dir, status_port=cfg.status.port,
+                   env=rt.env, rec=rt.rec, secrets=rt.secrets, warn=rt.warn, hardware=lambda: rt.hw)
 
     def show(self) -> None:
         on_volume = Path(self.spec.volume) in self.shared.parents

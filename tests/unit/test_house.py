@@ -274,3 +274,9 @@ def test_the_folder_check_itself_can_fail():
     assert cycles({"a": {"b"}, "b": {"a"}}) == [["a", "b"]]
     assert folder_of("supervisor.run.loop", "supervisor") == "run"
     assert folder_of("supervisor.config", "supervisor") == "config"
+
+
+def test_the_loop_stays_a_loop():
+    # Each effect's body lives in its own file of run/; the loop dispatches (issue 35: it grew 388 -> 594).
+    lines = (ROOT / "supervisor" / "run" / "loop.py").read_text(encoding="utf-8").count("\n")
+    assert lines <= 400, f"run/loop.py has {lines} lines: move the work of an effect into its own file"

@@ -1,4 +1,4 @@
-"""The loop's side of the model prefetch (run/loop.py `_prefetch`): it never raises into PID 1,
+"""The loop's side of the model prefetch (run/prefetch.py `WalkPrefetch.ensure`): it never raises into PID 1,
 a replaced prefetch's late end does not overwrite the current one on /status, and one that was told
 to stop does not stand in for a new read of the same files."""
 
@@ -39,7 +39,7 @@ def test_a_file_gone_between_the_plan_and_the_open_is_said_and_nothing_raises(tm
 
     monkeypatch.setattr(prefetch, "plan", plan_then_lose_it)
     monkeypatch.setattr(prefetch.Prefetch, "start", lambda self: (_ for _ in ()).throw(OSError(2, "gone")))
-    sup._prefetch(Live(sup.boot_cfg, model_path=m))           # must not raise
+    sup.prefetch.ensure(Live(sup.boot_cfg, model_path=m))           # must not raise
     shown = sup.rec.snapshot()["prefetch"]
     assert shown["state"] == "skipped" and "could not start" in shown["note"] and sup.rt.prefetch is None
 
@@ -56,9 +56,9 @@ def test_a_replaced_prefetchs_late_end_leaves_the_current_one_on_status(tmp_path
         real_worker(self)
 
     monkeypatch.setattr(prefetch.Prefetch, "_worker", held)
-    sup._prefetch(Live(sup.boot_cfg, model_path=a))
+    sup.prefetch.ensure(Live(sup.boot_cfg, model_path=a))
     first = sup.rt.prefetch
-    sup._prefetch(Live(sup.boot_cfg, model_path=b))           # another model: the first is stopped
+    sup.prefetch.ensure(Live(sup.boot_cfg, model_path=b))           # another model: the first is stopped
     second = sup.rt.prefetch
     assert second is not first and second.wait(30)
     gate.set()
@@ -75,12 +75,12 @@ def test_a_stopped_prefetch_of_the_same_files_is_replaced_not_kept(tmp_path, mon
     gate = threading.Event()
     real_worker = prefetch.Prefetch._worker
     monkeypatch.setattr(prefetch.Prefetch, "_worker", lambda self: (gate.wait(30), real_worker(self)))
-    sup._prefetch(Live(sup.boot_cfg, model_path=m))
+    sup.prefetch.ensure(Live(sup.boot_cfg, model_path=m))
     first = sup.rt.prefetch
-    sup._prefetch(Live(sup.boot_cfg, model_path=m))           # still reading the same files: kept
+    sup.prefetch.ensure(Live(sup.boot_cfg, model_path=m))           # still reading the same files: kept
     assert sup.rt.prefetch is first
     first.stop()                                              # told to stop (HEALTHY), not ended yet
-    sup._prefetch(Live(sup.boot_cfg, model_path=m))           # a relaunch: read again
+    sup.prefetch.ensure(Live(sup.boot_cfg, model_path=m))           # a relaunch: read again
     assert sup.rt.prefetch is not first
     gate.set()
     assert sup.rt.prefetch.wait(30) and first.wait(30)
@@ -93,7 +93,7 @@ def test_status_says_when_the_prefetch_began_after_the_processs_exec(tmp_path):
     cfg = parse_config(f'engine = "llamacpp"\nstate_dir = "{tmp_path / "state"}"\n[model]\nsource = "{m}"\n'
                        '[[ladder.rungs]]\nname = "a"\n', env={})
     sup = loop.Supervisor(cfg, loop.Options(env={}, process_start=exec_at))
-    sup._prefetch(Live(sup.boot_cfg, model_path=m))
+    sup.prefetch.ensure(Live(sup.boot_cfg, model_path=m))
     assert sup.rt.prefetch.wait(30)
     shown = sup.rec.snapshot()["prefetch"]
     assert shown["state"] == "done" and shown["start_s"] == round(sup.rt.prefetch.started - exec_at, 3) >= 1.0
@@ -138,7 +138,7 @@ def test_a_begun_prefetch_is_adopted_its_end_said_once_whether_it_ended_before_o
     running = prefetch.begin(cfg_for(tmp_path, str(m)), {})
     sup = loop.Supervisor(cfg_for(tmp_path, str(m)), loop.Options(env={}, prefetch=running))
     assert sup.rec.snapshot()["prefetch"]["state"] == "reading"
-    sup._prefetch(Live(sup.boot_cfg, model_path=m))           # preflight plans the same files: kept, not read twice
+    sup.prefetch.ensure(Live(sup.boot_cfg, model_path=m))           # preflight plans the same files: kept, not read twice
     assert sup.rt.prefetch is running
     gate.set()
     assert running.wait(30)
@@ -155,7 +155,7 @@ def test_a_begun_prefetch_of_another_model_than_the_boots_is_stopped(tmp_path, m
     monkeypatch.setattr(prefetch.Prefetch, "_worker", lambda self: (gate.wait(30), real_worker(self)))
     early = prefetch.begin(cfg_for(tmp_path, str(a)), {})
     sup = loop.Supervisor(cfg_for(tmp_path, str(b)), loop.Options(env={}, prefetch=early))
-    sup._prefetch(Live(sup.boot_cfg, model_path=b))
+    sup.prefetch.ensure(Live(sup.boot_cfg, model_path=b))
     assert sup.rt.prefetch is not early and sup.rt.prefetch.files == [b]
     gate.set()
     assert early.wait(30) and sup.rt.prefetch.wait(30)
@@ -170,7 +170,7 @@ def test_an_early_read_that_ended_is_not_read_again_at_preflight(tmp_path):
     ended = prefetch.begin(cfg_for(tmp_path, str(m)), {})
     assert ended.wait(30) and ended.state == "done"
     sup = loop.Supervisor(cfg_for(tmp_path, str(m)), loop.Options(env={}, prefetch=ended))
-    sup._prefetch(Live(sup.boot_cfg, model_path=m))
+    sup.prefetch.ensure(Live(sup.boot_cfg, model_path=m))
     assert sup.rt.prefetch is ended
     assert [h["event"] for h in sup.rec.snapshot()["history"]].count("prefetch") == 1
 
@@ -185,7 +185,7 @@ def test_an_early_read_is_stopped_when_the_boots_model_is_fetched_instead(tmp_pa
     early = prefetch.begin(cfg_for(tmp_path, str(m)), {})
     fetched = cfg_for(tmp_path, "hf://org/repo", 'entry = "m.gguf"\n' + EARLY)
     sup = loop.Supervisor(fetched, loop.Options(env={}, prefetch=early))
-    sup._prefetch(Live(fetched, model_path=None))
+    sup.prefetch.ensure(Live(fetched, model_path=None))
     assert sup.rt.prefetch is None and not early.active
     gate.set()
     assert early.wait(30) and early.state == "stopped"
@@ -203,7 +203,7 @@ def test_the_read_is_spent_when_the_engine_is_healthy_and_a_later_walk_reads_ane
     real_worker = prefetch.Prefetch._worker
     monkeypatch.setattr(prefetch.Prefetch, "_worker", lambda self: (gate.wait(30), real_worker(self)))
     sup = supervisor(tmp_path, m)
-    sup._prefetch(Live(sup.boot_cfg, model_path=m))
+    sup.prefetch.ensure(Live(sup.boot_cfg, model_path=m))
     first = sup.rt.prefetch
     for state in (State.FETCH, State.LAUNCHING, State.LOADING, State.HEALTHY):
         sup._do_Enter(E.Enter(state, ""))
@@ -211,7 +211,7 @@ def test_the_read_is_spent_when_the_engine_is_healthy_and_a_later_walk_reads_ane
     gate.set()
     assert first.wait(30)
     assert sup.rec.snapshot()["prefetch"]["state"] in ("stopped", "done")   # its end still said on /status
-    sup._prefetch(Live(sup.boot_cfg, model_path=m))                 # a reload of the same model
+    sup.prefetch.ensure(Live(sup.boot_cfg, model_path=m))                 # a reload of the same model
     assert sup.rt.prefetch is not None and sup.rt.prefetch is not first
     assert sup.rt.prefetch.wait(30)
 
@@ -221,9 +221,9 @@ def test_a_read_that_ended_within_the_walk_is_not_read_again_at_the_launch_check
     m = model(tmp_path)
     cfg = cfg_for(tmp_path, str(m), '[startup]\nprefetch_at = "preflight"\n')
     sup = loop.Supervisor(cfg, loop.Options(env={}))
-    sup._prefetch(Live(cfg, model_path=m))
+    sup.prefetch.ensure(Live(cfg, model_path=m))
     first = sup.rt.prefetch
     assert first.wait(30) and first.state == "done"
-    sup._prefetch(Live(cfg, model_path=m))
+    sup.prefetch.ensure(Live(cfg, model_path=m))
     assert sup.rt.prefetch is first
     assert [h["event"] for h in sup.rec.snapshot()["history"]].count("prefetch") == 1

@@ -9,7 +9,7 @@ from pathlib import Path
 
 from supervisor.config import parse_config
 from supervisor.lifecycle import events as E
-from supervisor.run import loop
+from supervisor.run import loop, serving
 from supervisor.lifecycle.machine import Machine
 from supervisor.lifecycle.state import Live
 from supervisor.process.managed import ManagedProcess
@@ -30,7 +30,7 @@ def test_the_serving_engine_and_only_it_reads_its_output_in_batches(tmp_path: Pa
         sup.machine.engine = 7                    # 8: one being replaced, say
         assert procs[0]._batch_s == 0.0           # loading, health, selftest: each line as it comes
         sup._do_Serving(E.Serving(0))
-        assert procs[0]._batch_s == loop.ENGINE_OUTPUT_BATCH_S > 0
+        assert procs[0]._batch_s == serving.ENGINE_OUTPUT_BATCH_S > 0
         assert procs[1]._batch_s == 0.0
     finally:
         for p in procs:
