@@ -15,8 +15,7 @@ A thin entry point over images/cli/app.py; `pip install -e .` installs the same 
     python build.py fleet-status --repo R                 the pods reporting to a Hub repo
 
 `python build.py --help` lists the commands, `python build.py COMMAND --help` says what each takes;
-docs/cli.md is the same text. The old flag spellings (--list, --render, --print-tag, ...) still work
-until the next release, with a deprecation line naming the new one.
+docs/cli.md is the same text.
 """
 
 import sys

@@ -6,11 +6,7 @@
     python -m supervisor check-model FILE [--engine-share DIR] [--draft FILE]
     python -m supervisor selftest --url http://host:port [--api-key-env NAME] [--family F] [--json OUT]
 
-publish-config and fleet-status are workstation commands now (`python build.py publish-config|fleet-status`,
-or `kiln ...` once installed; images/fleet/). For one release their old spellings here print one
-deprecation line and, from a Kiln checkout, run the new command with the same arguments and exit
-with its status; the image carries no images/ package, so in a pod they say where to run it and exit 2.
-Nothing here imports images/.
+Nothing here imports images/ (publish-config and fleet-status are workstation commands: build.py).
 
 `run` with a deploy config that does not validate stays up in FAILED and says why on /status
 (run/boot_failure.py); `--exit-on-failure` exits 2 instead. No command ends in a traceback:
@@ -29,7 +25,6 @@ from . import __version__
 
 DEFAULT_CONFIG = "/etc/kiln/deploy.toml"
 EXIT_INVALID = 2
-WORKSTATION = ("publish-config", "fleet-status")     # moved to build.py (issue 23): forwarded there
 
 
 def _run_arguments(run: argparse.ArgumentParser) -> None:
@@ -58,8 +53,6 @@ def _parser() -> argparse.ArgumentParser:
     model_check.add_parser(sub)
     from .selftest import cli as selftest_cli
     selftest_cli.add_parser(sub)
-    for name in WORKSTATION:        # listed in --help only: main() forwards them before any parsing
-        sub.add_parser(name, help=f"deprecated: python build.py {name}", add_help=False)
     return p
 
 
@@ -130,33 +123,8 @@ def _sampler_notes(cfg: Any, index: int, rung: Any, overrides: dict[str, str]) -
     return [f"ladder.rungs[{index}] ({rung.name}): replaces [sampler] {replaced}; {rest}"]
 
 
-def forward_workstation(argv: list[str]) -> int:
-    """An old spelling of a workstation command: one deprecation line, then, from a checkout, the
-    new command with the same arguments (its exit status); in an image, exit 2."""
-    import shlex
-    import subprocess
-
-    line = (f"python -m supervisor {argv[0]}: deprecated spelling (it goes in the next release); use: "
-            f"{shlex.join(['python', 'build.py', *argv])}")
-    checkout = Path(__file__).resolve().parent.parent
-    build_py = checkout / "build.py"
-    if not (checkout / "images").is_dir() or not build_py.is_file():
-        print(f"{line} from a Kiln checkout (this image carries no workstation commands)", file=sys.stderr)
-        return EXIT_INVALID
-    print(line, file=sys.stderr, flush=True)
-    # build.py, not `python -m images.cli`: it finds its own checkout from any working directory,
-    # so FILE arguments stay relative to the caller's.
-    try:
-        rc = subprocess.call([sys.executable, str(build_py), *argv])
-    except KeyboardInterrupt:            # the child had the same SIGINT: it says what it stopped
-        return 130
-    return rc if rc >= 0 else 128 - rc
-
-
 def _main(argv: list[str] | None) -> int:
     argv = sys.argv[1:] if argv is None else list(argv)
-    if argv and argv[0] in WORKSTATION:
-        return forward_workstation(argv)
     if not argv or argv[0] == "run":
         # PID 1's path: parse `run` alone, so a boot imports none of the other commands (P1).
         run_parser = argparse.ArgumentParser(prog="python -m supervisor run")

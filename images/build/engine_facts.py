@@ -28,7 +28,6 @@ machine and in CI. The facts depend only on the pinned source.
 from __future__ import annotations
 
 import json
-import sys
 from pathlib import Path
 from typing import Any
 
@@ -68,11 +67,3 @@ def read(path: Path) -> dict[str, Any]:
         got = facts.get("schema") if isinstance(facts, dict) else type(facts).__name__
         raise FactsError(f"{path}: schema {got!r}, this Kiln reads schema {SCHEMA}: run `python build.py generate`")
     return facts
-
-
-
-
-if __name__ == "__main__":      # the old spelling, for one release
-    from ..deprecated import forward
-
-    sys.exit(forward("python -m images.build.engine_facts", ["generate", "--only", "engine-facts", *sys.argv[1:]]))

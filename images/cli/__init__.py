@@ -14,7 +14,6 @@ script `pip install -e .` installs): one parser, every workstation command. Impo
     fleet.py      publish-config, fleet-status
     router.py     router: the supervised router in front of replicas, here
     generate.py   generate [--check]: every committed generated file (what they are: images/generate/families.py)
-    legacy.py     the old single-command flag spellings (--list, --render, ...), for one release
     reference.py  docs/cli.md, generated from the parsers' --help
 
 Each command module holds arguments and wiring only; what a command does lives in the package of

@@ -7,7 +7,7 @@ docs/cli.md (`generate --check` and a test fail while it is stale).
 
 Every user error is one clear message on stderr and exit 2, never a traceback; argparse's own
 usage errors exit 2 as well. An error nothing foresaw (a bug) is one line too, exit 1; KILN_TRACEBACK=1
-adds its traceback. The old single-command spellings go through legacy.py.
+adds its traceback.
 """
 
 from __future__ import annotations
@@ -23,7 +23,7 @@ import supervisor
 from supervisor.errors import KilnError
 from supervisor.redact import redact
 
-from . import binaries, endpoint, fleet, generate, image, legacy, pins, pods, reference, router, runpod, upgrade
+from . import binaries, endpoint, fleet, generate, image, pins, pods, reference, router, runpod, upgrade
 from .command import Command, Formatter, add_commands, walk
 
 EXIT_USAGE = 2
@@ -47,7 +47,7 @@ PROG = "python build.py"    # the name docs/cli.md and every message use; `kiln`
 
 def parser(prog: str = PROG) -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(
-        prog=prog, formatter_class=Formatter, epilog=legacy.EPILOG,
+        prog=prog, formatter_class=Formatter,
         description="Kiln: bake LLM-serving images from targets (images/targets/*.toml), deploy them on RunPod, "
                     "publish deploy configs to a fleet.\n"
                     f"`{prog} COMMAND --help` says what each command takes.")
@@ -92,8 +92,6 @@ def kiln() -> int:
 
 def _main(argv: list[str], prog: str) -> int:
     try:
-        if legacy.is_legacy(argv):
-            argv = legacy.translate(argv, options_of)
         args = parser(prog).parse_args(argv)
         return args.run(args)
     except BrokenPipeError:

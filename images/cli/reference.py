@@ -1,14 +1,11 @@
 """docs/cli.md: build.py's reference, generated from the parsers' own --help (TGI's update_doc.py
 practice), so it cannot say what the CLI does not do. `python build.py generate` writes it,
 `generate --check` (and tests/unit/test_cli.py) fail when it drifted.
-
-The old spelling `python -m images.cli.reference [--check]` forwards there for one release.
 """
 
 from __future__ import annotations
 
 import argparse
-import sys
 
 from .command import walk
 
@@ -27,9 +24,3 @@ def render(parser: argparse.ArgumentParser) -> str:
         title = " ".join(("python build.py", *path))
         parts.append(f"## `{title}`\n\n```text\n{p.format_help().rstrip()}\n```\n")
     return "\n".join(parts)
-
-
-if __name__ == "__main__":
-    from ..deprecated import forward
-
-    sys.exit(forward("python -m images.cli.reference", ["generate", "--only", "cli-reference", *sys.argv[1:]]))

@@ -6,13 +6,10 @@ Reviewers read the real Dockerfile and template diffs, not a template-code diff
 
     python build.py generate --only rendered          # rewrite them (plain `generate`: every generated file)
     python build.py generate --only rendered --check  # exit 1 on drift
-
-The old spelling `python -m images.build.golden [--check]` forwards there for one release.
 """
 
 from __future__ import annotations
 
-import sys
 from pathlib import Path
 
 from ..pins.lock import load_lock, pins_for
@@ -47,9 +44,3 @@ def generated() -> dict[Path, str]:
     out = {RENDERED_DIR / name / "Dockerfile": text for name, text in render_all().items()}
     out.update({RENDERED_DIR / name / TEMPLATE_FILE: text for name, text in render_templates().items()})
     return out
-
-
-if __name__ == "__main__":
-    from ..deprecated import forward
-
-    sys.exit(forward("python -m images.build.golden", ["generate", "--only", "rendered", *sys.argv[1:]]))

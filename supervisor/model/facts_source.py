@@ -69,7 +69,7 @@ def choose(*, facts: str | None = None, engine_share: str | None = None, target:
                                     + (f" (the pinned engine of {', '.join(users)})" if users else ""))
     if not sets:
         return FactsChoice(None, f"no engine facts in {_rel(root, root / 'images/engine-facts')}: write them with "
-                                 "python -m images.build.engine_facts")
+                                 "python build.py generate --only engine-facts")
     return FactsChoice(None, f"{len(sets)} engine fact sets in {_rel(root, root / 'images/engine-facts')}: "
                              "pass --target T for a target's engine (or --facts FILE)")
 
@@ -104,7 +104,7 @@ def _target(root: Path, name: str) -> FactsChoice:
                                  "Kiln keeps facts only for a pinned sdist")
     if not path.is_file():
         return FactsChoice(None, f"target {name}'s engine has no facts file {_rel(root, path)}: write it with "
-                                 "python -m images.build.engine_facts")
+                                 "python build.py generate --only engine-facts")
     return FactsChoice(path, f"target {name}'s pinned engine, {_rel(root, path)}")
 
 

@@ -217,17 +217,6 @@ def test_commands_without_a_key_say_how_to_get_one(bare):
     assert r.returncode == 2 and "RUNPOD_API_KEY is not set" in r.stderr and "Settings > API Keys" in r.stderr
 
 
-def test_the_old_spelling_python_m_images_pods_still_works_for_one_release_and_names_the_new_one(bare):
-    env = {**os.environ, "RUNPOD_API_KEY": ACCOUNT_KEY}
-    r = subprocess.run([sys.executable, "-m", "images.pods", "status", "--api", bare.url],
-                       capture_output=True, text=True, cwd=ROOT, env=env)
-    assert r.returncode == 0 and r.stdout.strip() == "no Kiln pods", r.stderr
-    (line,) = r.stderr.splitlines()
-    assert line == ("python -m images.pods: deprecated spelling (it goes in the next release); use: "
-                    f"python build.py pods status --api {bare.url}")
-    no_canary(r.stdout, r.stderr)
-
-
 # -- whose pods: a target's own, never another's whose name begins the same (issue 24, item 1) ---------
 SHORT, LONGER = "a40-llamacpp", "a40-llamacpp-upstream"     # kiln-a40-llamacpp- begins both targets' pod names
 

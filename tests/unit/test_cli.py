@@ -1,6 +1,6 @@
-"""build.py as subcommands: each with its own --help, --version, the old flag spellings mapped exactly
-onto the new commands (one deprecation line), conflicting options refused, every user error one line
-and exit 2 (never a traceback), and docs/cli.md generated from the parsers."""
+"""build.py as subcommands: each with its own --help, --version, the old flag spellings refused (they
+went before a first release), conflicting options refused, every user error one line and exit 2
+(never a traceback), and docs/cli.md generated from the parsers."""
 
 from __future__ import annotations
 
@@ -14,7 +14,7 @@ import pytest
 
 from images.cli import app as cli
 from images.pins import lock as lockfile
-from images.cli import legacy, reference
+from images.cli import reference
 from images.paths import DOCS_CLI
 from supervisor import __version__
 
@@ -125,94 +125,18 @@ def test_kiln_and_python_m_images_cli_are_build_py_by_other_names():
     assert as_kiln.stdout.split("\ncommands:\n")[1] == top.split("\ncommands:\n")[1]     # every command, the same
 
 
-def test_the_supervisors_old_workstation_spellings_forward_to_build_py_with_one_deprecation_line():
-    r = subprocess.run([sys.executable, "-m", "supervisor", "fleet-status", "--repo", "not-a-repo"],
-                       capture_output=True, text=True, cwd=ROOT)
-    assert r.returncode == 2, r.stderr
-    assert r.stderr.splitlines() == [
-        "python -m supervisor fleet-status: deprecated spelling (it goes in the next release); use: "
-        "python build.py fleet-status --repo not-a-repo",
-        "fleet-status: --repo 'not-a-repo' is not OWNER/NAME"]
-
-
 def test_the_pods_group_mounts_every_pod_command():
     assert {"up", "status", "logs", "down", "volumes"} <= {
         path[1] for _, path in cli.walk(cli.parser()) if len(path) == 2 and path[0] == "pods"}
     assert "--replicas" in cli.options_of("pods up") and "--all" in cli.options_of("pods down")
 
 
-# -- the old spellings -----------------------------------------------------------------------------
-LEGACY = [
-    ([], ["build"]),
-    (["--target", "cpu-llamacpp", "--base-image", "kiln-local/debian:bookworm", "--ca-bundle", "/etc/ca.crt"],
-     ["build", "--target", "cpu-llamacpp", "--base-image", "kiln-local/debian:bookworm", "--ca-bundle", "/etc/ca.crt"]),
-    (["--target", "T", "--image", "r/me/kiln", "--staging", "r/me/kiln:s", "--push", "--cache-from", "a",
-      "--cache-from", "b", "--build-network", "default", "--tag", "x:1"],
-     ["build", "--target", "T", "--push", "--tag", "x:1", "--staging", "r/me/kiln:s", "--image", "r/me/kiln",
-      "--cache-from", "a", "--cache-from", "b", "--build-network", "default"]),
-    (["--binaries", "fetch", "--fallback-compile", "--binaries-store", "hf://o/n", "--patch-file", "p=x"],
-     ["build", "--binaries", "fetch", "--binaries-store", "hf://o/n", "--fallback-compile", "--patch-file", "p=x"]),
-    (["--list"], ["list"]),
-    (["--target", "a40-llamacpp", "--render", "--out", "D", "--allow-floating"],
-     ["render", "--target", "a40-llamacpp", "--out", "D", "--allow-floating"]),
-    (["--render", "--base-image", "b:1", "--patch-file", "n=p"], ["render", "--base-image", "b:1", "--patch-file", "n=p"]),
-    (["--target", "T", "--print-tag", "--image", "r/me/kiln"], ["tag", "--target", "T", "--image", "r/me/kiln"]),
-    (["--target", "T", "--runpod-template", "--image", "r/k", "--runpod-image", "r/k:1",
-      "--runpod-template-name", "mine", "--runpod-registry-auth", "auth1"],
-     ["template", "--target", "T", "--image", "r/k", "--image-ref", "r/k:1", "--name", "mine",
-      "--registry-auth", "auth1"]),
-    (["--target", "T", "--runpod-upsert", "--runpod-api", "http://127.0.0.1:9/v1", "--allow-floating"],
-     ["template", "--upsert", "--target", "T", "--allow-floating", "--api", "http://127.0.0.1:9/v1"]),
-    (["--runpod-template", "--runpod-upsert"], ["template", "--upsert"]),
-    (["--tag=-odd"], ["build", "--tag=-odd"]),
-]
-
-
-@pytest.mark.parametrize("old,new", LEGACY, ids=[" ".join(o) or "(nothing)" for o, _ in LEGACY])
-def test_an_old_spelling_maps_exactly_onto_its_subcommand_with_one_deprecation_line(old, new, capsys):
-    assert legacy.is_legacy(old)
-    assert legacy.translate(old, cli.options_of) == new
-    err = capsys.readouterr().err.splitlines()
-    assert len(err) == 1 and err[0].startswith("build.py: deprecated spelling")
-    assert err[0].endswith("use: python build.py " + " ".join(new))
-    cli.parser().parse_args(new)            # what it maps to is a valid new command line
-
-
-@pytest.mark.parametrize("old,new", [
-    (["--list"], ["list"]),
-    (["--target", "a40-llamacpp", "--print-tag", "--image", "r.example/me/kiln"],
-     ["tag", "--target", "a40-llamacpp", "--image", "r.example/me/kiln"]),
-    (["--target", "a40-llamacpp", "--runpod-template"], ["template", "--target", "a40-llamacpp"]),
-])
-def test_old_and_new_spellings_print_the_same(old, new):
-    o, n = build_py(*old), build_py(*new)
-    assert o.returncode == n.returncode == 0, o.stderr + n.stderr
-    assert o.stdout == n.stdout
-    assert o.stderr == "build.py: deprecated spelling (it goes in the next release); use: python build.py " \
-        + " ".join(new) + "\n" + n.stderr
-
-
-def test_old_render_writes_what_the_new_render_writes(tmp_path):
-    o = build_py("--target", "cpu-llamacpp", "--render", "--out", str(tmp_path / "old"))
-    n = build_py("render", "--target", "cpu-llamacpp", "--out", str(tmp_path / "new"))
-    assert o.returncode == n.returncode == 0, o.stderr + n.stderr
-    assert (tmp_path / "old" / "Dockerfile").read_text() == (tmp_path / "new" / "Dockerfile").read_text()
-
-
-@pytest.mark.parametrize("argv,says", [
-    (["--render", "--push"], "--push cannot be used with --render: `python build.py render` does not take it"),
-    (["--list", "--print-tag"], "--list and --print-tag cannot be combined: they are separate commands now"),
-    (["--render", "--runpod-template"], "--render and --runpod-template cannot be combined"),
-    (["--list", "--target", "cpu-llamacpp"], "--target cannot be used with --list"),
-    (["--print-tag", "--push", "--ca-bundle", "x"], "--push, --ca-bundle cannot be used with --print-tag"),
-    (["--out", "D"], "--out cannot be used in a build (no mode flag): `python build.py build` does not take it"),
-    (["--runpod-template", "--patch-file", "a=b"], "--patch-file cannot be used with --runpod-template"),
-    (["--render", "--no-such-flag"], "unrecognized arguments: --no-such-flag"),
-])
-def test_conflicting_old_flags_are_refused_not_ignored(argv, says, tmp_path):
+# -- the old spellings are gone (issue 35: no shims before a first release; CHANGELOG.md) -------------
+@pytest.mark.parametrize("argv", [["--list"], ["--target", "cpu-llamacpp", "--render", "--out", "D"],
+                                  ["--target", "cpu-llamacpp", "--print-tag"]])
+def test_an_old_single_command_spelling_is_refused_not_guessed(argv, tmp_path):
     r = build_py(*argv, cwd=tmp_path)
-    assert says in one_line_error(r)
-    assert r.stdout == "" and list(tmp_path.iterdir()) == []      # nothing rendered, built or printed
+    assert r.returncode == 2 and r.stdout == "" and list(tmp_path.iterdir()) == []
 
 
 @pytest.mark.parametrize("argv,says", [
@@ -226,11 +150,6 @@ def test_conflicting_old_flags_are_refused_not_ignored(argv, says, tmp_path):
 ])
 def test_conflicting_new_options_are_refused(argv, says):
     assert says in one_line_error(build_py(*argv))
-
-
-def test_old_help_flags_show_the_new_commands_help():
-    r = build_py("--render", "--help")
-    assert r.returncode == 0 and r.stdout.startswith("usage: python build.py render ")
 
 
 # -- bad input: one line, exit 2, never a traceback --------------------------------------------------

@@ -112,12 +112,3 @@ def test_the_vendored_runpod_schema_is_checked_to_be_a_closed_excerpt():
     doc = json.loads(RUNPOD_SCHEMA.read_text(encoding="utf-8"))
     del doc["components"]["schemas"]["Pod"]
     assert vendor.excerpt_problems(doc) == ["a $ref reaches 'Pod', which the file does not hold"]
-
-
-def test_the_old_spellings_forward_with_one_deprecation_line():
-    for old, new in ((["-m", "images.cli.reference"], "generate --only cli-reference"),):
-        r = subprocess.run([sys.executable, *old, "--check"], capture_output=True, text=True, cwd=ROOT)
-        assert r.returncode == 0, r.stderr
-        (line,) = r.stderr.splitlines()
-        assert line == f"python {' '.join(old)}: deprecated spelling (it goes in the next release); use: " \
-                       f"python build.py {new} --check"
