@@ -38,7 +38,7 @@ from pathlib import Path
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE.parent))
 
-from supervisor.run import logs, loop  # noqa: E402
+from supervisor.run import logs, serving  # noqa: E402
 from supervisor.process.managed import ManagedProcess  # noqa: E402
 
 LINES = [   # one request's lines from llama-server 11434 (tests/fixtures/engine-logs), as served

@@ -1,28 +1,13 @@
-"""The lifecycle loop: wait for an event, let the machine decide, run the effects.
+"""The loop: wait for an event, let the machine decide, run the effects (run/__init__.py maps them).
 
     signal / child exit / task answer / published config / timer
-        -> Machine.step (machine.py: pure; the decisions live in policy.py and lifecycle/reload.py)
-        -> effects: state transitions, checks, launches, stops, tasks started beside the loop
+        -> Machine.step (lifecycle/machine.py: pure; its questions in policy.py and reload.py)
+        -> effects: each a `_do_<Effect>` of a line or a few here, calling the file that does its work
 
 One thread (the main one) owns the engine process and the state; downloads, health waits,
 selftests and the reclaim barrier run as tasks (tasks.py) and answer with events, so the loop
-keeps watching the engine while they run. Each effect has its handler here (`_do_<Effect>`), which
-calls the part that does the work, given what it needs and never the loop:
-
-    preflight.py              what must hold before a config runs; where the walk starts
-    run/fetch.py         the model into the volume (Fetch)
-    run/launch.py         a rung's checks, its start, why it went down (one classify call)
-    ladder/reclaim.py         the barrier between rungs (Barrier)
-    ladder/balanced.py        a balanced rung's split re-planned after an OOM (Calibrate)
-    engines/health.py         the health wait (WaitHealthy)
-    run/selftest.py         the SELFTEST stage (RunSelftest)
-    run/reload.py         the reload book: boot from last good, record a decision, mark good
-    ladder/residency.py         how much of a serving model stayed in host RAM (Serving)
-    fleet/self_terminate.py   a pod that can never serve terminates itself (Failed)
-    run/serverless.py      a Serverless worker: who it is; a deterministic failure recorded on the
-                              shared volume (Failed) and recalled before anything is fetched (Prepare)
-    peripherals.py            status page, TCP relay, config watcher, fleet reporter: started at
-                              the loop's first idle moment (P1), wired with callbacks
+keeps watching the engine while they run. No effect body is handed the loop: each gets values
+and callbacks.
 """
 
 from __future__ import annotations
@@ -38,30 +23,28 @@ from pathlib import Path
 from typing import Any, Callable, Mapping
 
 from .. import __version__
-from ..lifecycle import events as E
-from . import preflight
-from ..host import hardware
-from . import launch
 from ..config import DeployConfig
 from ..errors import KilnError
 from ..failure import Failure
+from ..host import hardware
 from ..ladder.memory import LadderMemory
-from .fetch import fetch_model
-from ..reload.book import ReloadBook
-from .reload import ReloadTracker
+from ..lifecycle import events as E
 from ..lifecycle.machine import Machine
-from ..process.pid1 import SignalRelay, exit_code_for, reap_orphans
 from ..lifecycle.policy import EXIT_NOTHING_SERVED
-from ..process.managed import REGISTRY, ManagedProcess
-from ..redact import Secrets
-from ..runpod_env import worker_dir
-from .runtime import Runtime
 from ..lifecycle.state import Live, State
-from .record import Record
-from . import serving
+from ..process.managed import REGISTRY, ManagedProcess
+from ..process.pid1 import SignalRelay, exit_code_for, reap_orphans
+from ..redact import Secrets
+from ..reload.book import ReloadBook
+from ..runpod_env import worker_dir
+from . import launch, preflight, serving
+from .fetch import fetch_model
 from .prefetch import WalkPrefetch
-from .terminate import Terminator
+from .record import Record
+from .reload import ReloadTracker
+from .runtime import Runtime
 from .tasks import Tasks
+from .terminate import Terminator
 
 log = logging.getLogger("kiln")
 EXIT_USAGE = 2            # the supervisor could not even start (a busy status port, say)
