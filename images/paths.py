@@ -32,3 +32,4 @@ ROUTER_REQUIREMENTS = SUPERVISOR_DIR / "router-requirements.txt"   # the router 
 RENDERED_DIR = IMAGES_DIR / "rendered"            # <target>/Dockerfile and <target>/runpod-template.json
 ENGINE_FACTS_DIR = IMAGES_DIR / "engine-facts"    # <package>-<version>.json per pinned llama.cpp sdist
 DOCS_CLI = REPO_ROOT / "docs" / "cli.md"          # build.py's reference, from the parsers' --help
+DOCS_ARCHITECTURE = REPO_ROOT / "docs" / "architecture.md"   # its module map is generated (images/generate/module_map.py)

@@ -181,7 +181,7 @@ def test_bad_input_to_every_command_is_one_line_and_exit_2(tmp_path):
         (["template", "--upsert", "--target", "cpu-llamacpp"], "needs RUNPOD_API_KEY"),
         (["pods"], "the following arguments are required: COMMAND"),
         (["pods", "up"], "the following arguments are required: --target"),
-        (["--target"], "expected one argument"),
+        (["--target"], "the following arguments are required: COMMAND"),
     ]
     env = {k: v for k, v in os.environ.items() if k != "RUNPOD_API_KEY"}
     for argv, says in cases:
