@@ -280,3 +280,15 @@ def test_the_loop_stays_a_loop():
     # Each effect's body lives in its own file of run/; the loop dispatches (issue 35: it grew 388 -> 594).
     lines = (ROOT / "supervisor" / "run" / "loop.py").read_text(encoding="utf-8").count("\n")
     assert lines <= 400, f"run/loop.py has {lines} lines: move the work of an effect into its own file"
+
+
+def test_the_architecture_docs_layer_map_is_the_one_this_test_holds():
+    text = (ROOT / "docs" / "architecture.md").read_text(encoding="utf-8")
+    assert text.index("## The house: layers, then folders") < text.index("## Building an image")  # it opens the doc
+    shown = {}
+    for line in text.splitlines():
+        parts = line.split()
+        if parts and parts[0] in SUPERVISOR_LAYERS and line.startswith("  "):
+            shown[parts[0]] = {p.rstrip("/").removesuffix(".py") for p in parts[1:]}
+    expected = {name: set(fs) - {"supervisor"} for name, fs in SUPERVISOR_LAYERS.items()}
+    assert shown == expected
