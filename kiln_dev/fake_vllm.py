@@ -239,7 +239,7 @@ def oom_h200(a: Args) -> int:
 
 
 def shm_hang(a: Args) -> int:
-    # The seed's words (shared/seed/FINDINGS.md) under vLLM 0.27.1; the first line is made up.
+    # The seed's words (seed findings § "Two fixes that made it work at all") under vLLM 0.27.1; the first line is made up.
     out("INFO 11-29 12:00:00 [api_server.py] vLLM API server version 0.27.1")
     while True:
         out("WARNING 11-29 12:01:00 [shm_broadcast.py] No available shared memory broadcast block found in 60 seconds.")

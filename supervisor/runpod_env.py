@@ -6,7 +6,7 @@ while it parses, the status server answers with `health_code`, the shell lays ou
 
 ## The load-balancing worker contract
 
-Facts (runpod/docs, read at 04313c17 and a900806e; /work/research/runpod-serverless.md lists them):
+Facts (runpod/docs, read at 04313c17 and a900806e):
 
 - requests to https://ENDPOINT_ID.api.runpod.ai/<path> go to the worker's HTTP server on `PORT`
   (default 80); the load balancer polls `HEALTH_CHECK_PATH` (default /ping) on `PORT_HEALTH`
@@ -45,7 +45,7 @@ Without the volume a worker's state stays where the config says (the container d
 the same way. The worker id is RUNPOD_POD_ID when RunPod sets it, else the hostname. Whether
 load-balancing workers get RUNPOD_POD_ID at all is unresolved: RunPod publishes its env vars for
 Pods only, and its SDK reads RUNPOD_POD_ID as the worker id of queue-based workers
-(/work/research/runpod-serverless.md, "Env vars RunPod sets in Serverless workers"); a container's
+(runpod/docs @a900806e lists the variables of Pods only); a container's
 hostname is its own either way.
 """
 

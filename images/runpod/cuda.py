@@ -2,11 +2,10 @@
 
 A host's CUDA version (what RunPod's catalog lists per GPU type, from the host's driver) must be
 at least the CUDA the image was built against: newer drivers run older CUDA, not the reverse.
-`cuda_floor` is the one place that says what the image needs. Today it is the target's declared
-`[cuda] version`; issue 13 makes each image record its measured floor, and only this function
-changes then. Known gap until then: the vLLM targets declare 12.8, but vllm 0.27.1 pulls torch
-2.13, whose wheels are built for CUDA 13 (cu13; shared/seed/FINDINGS.md "Which CUDA an engine
-needs"), so their real floor is 13.0 (being fixed in the target files).
+`cuda_floor` is the one place that says what the image needs: the target's `[cuda] version`, which
+is the CUDA the engine really runs, not the base image's (a vLLM target declares 13.0: its torch
+wheel needs cu13 although the base is nvidia/cuda 12.8), and which the image build measures again
+and refuses to label differently (images/pins/cudafloor.py).
 """
 
 from __future__ import annotations

@@ -1,6 +1,7 @@
 """vLLM (`vllm serve`): argv, lint against its own `--help=all`, failure signatures.
 
-What the seed paid for (shared/seed/FINDINGS.md, sessions 3-5) and this module enforces:
+What the seed paid for (seed findings § "vLLM's Kimi-K3 support is real and unreachable", § "n-gram
+speculation is BROKEN on this backend", § "Two fixes that made it work at all") and this module enforces:
 - `--disable-log-requests` was removed in vLLM 0.27 and crash-loops the server; a pod's args
   cannot be edited after creation, so a bad flag costs a full recreate: the lint names it first.
 - n-gram speculation on Kimi-Linear corrupts code (`return a -b):` for `return a - b`) and runs

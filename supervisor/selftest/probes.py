@@ -197,7 +197,7 @@ SMOLLM2 = (
     CODE_ADD,
 )
 
-# The seed's probes on Kimi-K3 (shared/seed/FINDINGS.md, "Output quality"), as it ran them:
+# The seed's probes on Kimi-K3 (seed findings § "Output quality"), as it ran them:
 # raw continuations where it quoted a prompt, chat where it quoted a question.
 KIMI_K3 = (
     Probe("capital-japan", "The capital of Japan is", mode=COMPLETION, expect=(r"\bTokyo\b",), max_tokens=24),

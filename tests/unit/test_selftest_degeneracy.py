@@ -16,7 +16,7 @@ SMOL = json.loads((FIX / "smollm2-135m-q4_1-replies.json").read_text())
 TINY = json.loads((FIX / "tiny-random-replies.json").read_text())
 
 
-# -- the seed's strings (shared/seed/FINDINGS.md) ------------------------------------------------
+# -- the seed's strings (seed findings § "Output quality") ------------------------------------------------
 
 @pytest.mark.parametrize("text", [
     "# [CS_ah]",                                              # as quoted

@@ -51,7 +51,7 @@ def test_smollm2_fails_the_questions_it_gets_wrong():
 
 
 def test_the_seed_s_kimi_k3_answers_pass_its_probes():
-    # shared/seed/FINDINGS.md, "Output quality": what Kimi-K3 answered at 7.3 tok/s.
+    # seed findings § "Output quality": what Kimi-K3 answered at 7.3 tok/s.
     assert by_name("capital-japan").evaluate(" Tokyo, Washington, Stockholm, Berlin").passed
     assert by_name("train-duration").evaluate("The trip takes 3 hours 30 minutes.").passed
     assert by_name("train-duration").evaluate("The trip duration is 3.5 hours.").passed
@@ -65,7 +65,7 @@ def test_code_exactness_catches_the_seed_s_speculation_corruption():
     add = probes.CODE_ADD
     good = "```python\ndef add(a, b):\n    return a + b\n```"
     assert add.evaluate(good).passed and add.severity == FATAL
-    # n-gram speculation on Kimi-Linear (FINDINGS.md, session 5): a fragment re-spliced
+    # n-gram speculation on Kimi-Linear (seed findings § "n-gram speculation is BROKEN on this backend"): a fragment re-spliced
     assert not add.evaluate("def add(a, b):\n    return a -b):\n    return a -").passed
     assert not add.evaluate("def add(a, b):\n    return a - b").passed
     fib = by_name("code-fibonacci")
