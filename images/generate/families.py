@@ -9,6 +9,7 @@ docker-library's apply-templates.sh + verify-templating, for Kiln. The families 
   rendered       images/rendered/<target>/Dockerfile and runpod-template.json    images/generate/golden.py
   cli-reference  docs/cli.md, from the parsers' --help                           images/cli/reference.py
   module-map     docs/architecture.md's module map, from each module's docstring  images/generate/module_map.py
+  tests-map      tests/README.md's map: each module and the test files importing it images/generate/tests_map.py
   engine-facts   images/engine-facts/<package>-<version>.json                    images/generate/facts.py
                  (reads each pinned llama.cpp sdist: Kiln's cache, else a download)
   requirements   supervisor/requirements.txt, every wheel hashed                 images/pins/requirements.py
@@ -38,7 +39,7 @@ import requests
 
 from supervisor.errors import KilnError
 
-from . import facts as facts_generator, golden, module_map
+from . import facts as facts_generator, golden, module_map, tests_map
 from ..paths import DOCS_CLI, ENGINE_FACTS_DIR, RENDERED_DIR, REPO_ROOT, ROUTER_REQUIREMENTS, RUNPOD_SCHEMA, SUPERVISOR_REQUIREMENTS
 from ..pins import requirements
 from ..runpod import vendor
@@ -110,6 +111,7 @@ def families(cli_reference: Callable[[], str]) -> tuple[Family, ...]:
         Family("rendered", golden.generated, owns=((RENDERED_DIR, "*/*"),)),
         Family("cli-reference", lambda: {DOCS_CLI: cli_reference()}),
         Family("module-map", module_map.generated),
+        Family("tests-map", tests_map.generated),
         Family("engine-facts", _engine_facts, owns=((ENGINE_FACTS_DIR, "*.json"),)),
         Family("requirements", _requirements),
         Family("router-requirements", _router_requirements),

@@ -542,12 +542,6 @@ def _health_wait(p: ManagedProcess, port: int, poll_s: float) -> object:
                         should_stop=lambda: False, sleep=time.sleep)
 
 
-def _port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 def _go(fifo: Path) -> None:
     """Tell late_health.py to start serving (from a thread: opening a FIFO waits for its reader)."""
     def send() -> None:
@@ -575,7 +569,7 @@ def test_the_health_wait_wakes_on_the_ready_line_instead_of_sleeping_out_its_pol
         return real_rest(proc, mark, seconds, sleep)
 
     monkeypatch.setattr(health, "_rest", rest)
-    port = _port()
+    port = free_port()
     p = ManagedProcess.start(helper("late_health.py", "--port", str(port), "--go", str(fifo)))
     try:
         out = _health_wait(p, port, poll_s=30)
@@ -599,7 +593,7 @@ def test_a_chatty_engine_gets_at_most_a_probe_per_10_ms(tmp_path, monkeypatch) -
         return real(*args, **kwargs)
 
     monkeypatch.setattr(health, "probe_health", counted)
-    port = _port()
+    port = free_port()
     p = ManagedProcess.start(helper("late_health.py", "--port", str(port), "--go", str(fifo), "--chatty"))
     try:
         out = _health_wait(p, port, poll_s=30)

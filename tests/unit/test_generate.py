@@ -17,7 +17,7 @@ from images.runpod import vendor
 from images.paths import RUNPOD_SCHEMA
 
 ROOT = Path(__file__).resolve().parents[2]
-OFFLINE = ("rendered", "cli-reference", "module-map", "engine-facts", "runpod-schema")   # requirements asks pip's index
+OFFLINE = ("rendered", "cli-reference", "module-map", "tests-map", "engine-facts", "runpod-schema")   # requirements asks pip's index
 
 
 def build_py(*args: str) -> subprocess.CompletedProcess[str]:
@@ -26,7 +26,7 @@ def build_py(*args: str) -> subprocess.CompletedProcess[str]:
 
 def test_every_family_is_listed_and_the_committed_files_have_not_drifted():
     names = [f.name for f in generate.families(lambda: "")]
-    assert names == ["rendered", "cli-reference", "module-map", "engine-facts", "requirements", "router-requirements",
+    assert names == ["rendered", "cli-reference", "module-map", "tests-map", "engine-facts", "requirements", "router-requirements",
                      "runpod-schema"]
     r = build_py("generate", "--check", *(a for n in OFFLINE for a in ("--only", n)))
     assert r.returncode == 0, r.stderr

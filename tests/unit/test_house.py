@@ -292,3 +292,23 @@ def test_the_architecture_docs_layer_map_is_the_one_this_test_holds():
             shown[parts[0]] = {p.rstrip("/").removesuffix(".py") for p in parts[1:]}
     expected = {name: set(fs) - {"supervisor"} for name, fs in SUPERVISOR_LAYERS.items()}
     assert shown == expected
+
+
+def test_one_free_port_helper_for_every_test():
+    # kiln_dev.supervised.free_port never hands a port out twice; a helper of a test's own that binds
+    # port 0 and returns the number after closing brings back the race it fixed (issue 35).
+    bad = []
+    for pkg in ("tests", "kiln_dev", "bench"):
+        for f in sorted((ROOT / pkg).rglob("*.py")):
+            for fn in ast.walk(ast.parse(f.read_text(encoding="utf-8"))):
+                if not isinstance(fn, ast.FunctionDef) or (f.name == "supervised.py" and fn.name == "free_port"):
+                    continue
+                src = ast.unparse(fn)
+                binds_zero = any(isinstance(c, ast.Call) and isinstance(c.func, ast.Attribute) and c.func.attr == "bind"
+                                 and c.args and isinstance(c.args[0], ast.Tuple) and ast.unparse(c.args[0].elts[-1]) == "0"
+                                 for c in ast.walk(fn))
+                returns_port = any(isinstance(r, ast.Return) and r.value is not None and "getsockname" in ast.unparse(r.value)
+                                   for r in ast.walk(fn))
+                if binds_zero and returns_port and "listen" not in src:
+                    bad.append(f"{f.relative_to(ROOT)}:{fn.lineno} {fn.name}")
+    assert bad == [], "use kiln_dev.supervised.free_port"

@@ -4,10 +4,11 @@ not exit 1 (which says the server was tested and failed)."""
 from __future__ import annotations
 
 import os
-import socket
 import subprocess
 import sys
 from pathlib import Path
+
+from kiln_dev.supervised import free_port
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -18,9 +19,7 @@ def run_cli(*args: str) -> subprocess.CompletedProcess[str]:
 
 
 def closed_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]   # bound, never listened on, closed: connecting is refused
+    return free_port()          # never handed out before, nothing listens there: connecting is refused
 
 
 def test_nothing_listening_is_exit_2_with_one_line_not_a_failed_selftest():

@@ -10,7 +10,6 @@ import json
 import os
 import queue
 import signal
-import socket
 import subprocess
 import sys
 import threading
@@ -27,7 +26,7 @@ if str(ROOT) not in sys.path:  # `pytest` without `python -m` doesn't put the re
 
 from kiln_dev import children, models  # noqa: E402
 
-from kiln_dev.supervised import FAKE  # noqa: E402
+from kiln_dev.supervised import FAKE, free_port  # noqa: E402
 LOGS = ROOT / "tests" / "fixtures" / "engine-logs"
 DEADLINE_S = 10.0  # generous: the machine may be busy compiling
 
@@ -124,12 +123,6 @@ def test_fake_without_scenario_refuses() -> None:
 
 
 # --- fake llama-server: serving scenarios ----------------------------------------------------
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
 
 class Fake:
     """The fake as a child process (dying with this one), with its stderr read on a thread."""
