@@ -10,6 +10,8 @@ from __future__ import annotations
 import ast
 from pathlib import Path
 
+from supervisor.errors import ConfigError
+
 from ..paths import REPO_ROOT
 
 TESTS_README = REPO_ROOT / "tests" / "README.md"
@@ -59,7 +61,8 @@ def table(root: Path = REPO_ROOT) -> str:
 
 def render(text: str, root: Path = REPO_ROOT) -> str:
     if BEGIN not in text or END not in text:
-        raise ValueError(f"tests/README.md has no {BEGIN!r} ... {END!r} section")
+        raise ConfigError(f"tests/README.md has lost its tests-map markers ({BEGIN!r} ... {END!r}): put them back "
+                          "where the map goes")
     head, rest = text.split(BEGIN, 1)
     _, tail = rest.split(END, 1)
     return f"{head}{BEGIN}\n{table(root)}\n{END}{tail}"

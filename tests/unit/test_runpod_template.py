@@ -47,7 +47,7 @@ def published(name):
 @pytest.mark.parametrize("name", target_names())
 def test_printed_template_matches_the_committed_golden_byte_for_byte(name):
     """Regenerate with `python build.py generate` after changing a target, the lock or images/runpod/."""
-    r = run_build("--target", name, "--runpod-template")
+    r = run_build("template", "--target", name)
     assert r.returncode == 0, r.stderr
     committed = (ROOT / "images" / "rendered" / name / golden.TEMPLATE_FILE).read_text(encoding="utf-8")
     assert r.stdout == committed, f"images/rendered/{name}/{golden.TEMPLATE_FILE} drifted: run `python build.py generate`"
@@ -56,8 +56,8 @@ def test_printed_template_matches_the_committed_golden_byte_for_byte(name):
 
 @pytest.mark.parametrize("name", target_names())
 def test_every_printed_template_is_a_valid_v2_create_and_update_body(name):
-    """Issue 12's done-when: `--runpod-template` prints a v2 body that validates, for every target."""
-    body = json.loads(run_build("--target", name, "--runpod-template").stdout)
+    """Issue 12's done-when: `template` prints a v2 body that validates, for every target."""
+    body = json.loads(run_build("template", "--target", name).stdout)
     published("CreateTemplateRequest").validate(body)
     assert schema.problems(body, "CreateTemplateRequest") == []
     # An update sends only what changed: every field Kiln sets is one UpdateTemplateRequest takes.
@@ -124,14 +124,14 @@ def test_secrets_are_runpod_references_never_values(name):
 
 def test_a_secret_canary_never_appears_in_the_printed_template_or_its_errors():
     for name in target_names():
-        r = run_build("--target", name, "--runpod-template", env=SECRET_ENV)
+        r = run_build("template", "--target", name, env=SECRET_ENV)
         assert r.returncode == 0
         assert CANARY not in r.stdout + r.stderr
     # Nor in a refusal: a floating upsert without --allow-floating, and an upsert with no API reachable.
-    r = run_build("--target", "a40-llamacpp", "--runpod-upsert", env=SECRET_ENV)
+    r = run_build("template", "--upsert", "--target", "a40-llamacpp", env=SECRET_ENV)
     assert r.returncode == 2 and "--allow-floating" in r.stderr
     assert CANARY not in r.stdout + r.stderr
-    r = run_build("--target", "cpu-llamacpp", "--runpod-upsert", "--runpod-api", "http://127.0.0.1:9/v2",
+    r = run_build("template", "--upsert", "--target", "cpu-llamacpp", "--api", "http://127.0.0.1:9/v2",
                   env=SECRET_ENV)
     assert r.returncode == 2 and "RunPod API GET /templates" in r.stderr
     assert CANARY not in r.stdout + r.stderr
@@ -140,23 +140,23 @@ def test_a_secret_canary_never_appears_in_the_printed_template_or_its_errors():
 def test_a40_llamacpp_prints_valid_json_with_a_start_command_and_a_tcp_port_and_says_it_floats():
     """Issue 7's done-when, in v2 terms. a40-llamacpp has unresolved pins: the template names the
     tag `build.py --allow-floating` would give the image, and says so on stderr."""
-    r = run_build("--target", "a40-llamacpp", "--runpod-template")
+    r = run_build("template", "--target", "a40-llamacpp")
     assert r.returncode == 0, r.stderr
     body = json.loads(r.stdout)
     assert body["args"] == "run"
     assert any(p.endswith("/tcp") for p in body["ports"])
     assert body["image"] == f"ghcr.io/kiln-llm/kiln:a40-llamacpp-{__version__}-floating"
     assert "FLOATING" in r.stderr and "source.commit" in r.stderr
-    assert run_build("--target", "a40-llamacpp", "--print-tag").stdout.strip() == body["image"]
+    assert run_build("tag", "--target", "a40-llamacpp").stdout.strip() == body["image"]
 
 
 def test_image_name_and_registry_overrides_are_still_schema_checked():
-    r = run_build("--target", "cpu-llamacpp", "--runpod-template", "--image", "registry.example/me/kiln",
-                  "--runpod-template-name", "mine", "--runpod-registry-auth", "reg_123")
+    r = run_build("template", "--target", "cpu-llamacpp", "--image", "registry.example/me/kiln",
+                  "--name", "mine", "--registry-auth", "reg_123")
     body = json.loads(r.stdout)
     assert body["image"].startswith("registry.example/me/kiln:cpu-llamacpp-") and body["name"] == "mine"
     assert body["registry"] == "reg_123"
-    r = run_build("--target", "cpu-llamacpp", "--runpod-template", "--image", "Registry/Me:tag")
+    r = run_build("template", "--target", "cpu-llamacpp", "--image", "Registry/Me:tag")
     assert r.returncode == 2 and "expected a repository" in r.stderr
 
 

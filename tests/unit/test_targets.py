@@ -287,7 +287,7 @@ def test_upstream_kimi_target_renders_with_every_pin_resolved(tmp_path):
     """Issue 17's done-when: `--render` without --allow-floating succeeds and nothing floats."""
     target = load_target("a40-llamacpp-upstream")
     assert missing(target, pins_for(target, load_lock())) == []
-    r = run_build("--target", "a40-llamacpp-upstream", "--render", "--out", str(tmp_path / "ctx"))
+    r = run_build("render", "--target", "a40-llamacpp-upstream", "--out", str(tmp_path / "ctx"))
     assert r.returncode == 0, r.stderr
     dockerfile = (tmp_path / "ctx" / "Dockerfile").read_text()
     assert "FLOATING" not in dockerfile and 'io.kiln.floating="false"' in dockerfile
