@@ -1,7 +1,9 @@
 """`endpoint plan|up|status|logs|down`: a target as a RunPod Serverless load-balancing endpoint,
-one URL that scales to zero. Arguments and wiring only: the body is images/runpod/endpoint.py,
-the catalog check, create-or-update and the restore body images/runpod/endpoints.py, the wait
-and the rollout images/runpod/rollout.py.
+one URL that scales to zero. The arguments, and the order of a release (`cmd_up`: the body
+checked offline -> the catalog -> the network volume -> create or update -> wait for a healthy
+worker -> on failure the previous release restored); each step's work is in images/runpod/:
+the body endpoint.py, the catalog, volume, create-or-update and restore body endpoints.py, the
+wait rollout.py.
 
 `plan` needs no key. The others read RUNPOD_API_KEY from the environment (never an argument:
 argv is visible to every process on the machine); `--api` / $RUNPOD_API_URL points at another
