@@ -18,7 +18,7 @@ TCP_PORT="${KILN_QUICKSTART_TCP_PORT:-18082}"
 CA_BUNDLE="${KILN_CA_BUNDLE:-/etc/ssl/certs/ca-certificates.crt}"
 
 say "setting up (first run compiles llama-server: ~11-16 min on 2 cores; later runs: seconds)"
-eval "$(bash scripts/dev-setup.sh)"
+eval "$(bash scripts/dev-setup.sh --no-vllm)"
 export DOCKER_HOST
 
 say "publishing the compiled binaries to the local artifact store"

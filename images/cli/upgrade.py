@@ -73,11 +73,16 @@ def _run(args: argparse.Namespace) -> int:
                      published=args.published, python=args.python, cpu_torch=args.cpu_torch)
     sys.stdout.write(upgrade_report.markdown(p, command))
     sys.stdout.flush()
-    if not p.clean:
+    if p.unresolved:
+        print(f"error: {p.moved.source.package} {p.new_version} cannot be installed: {'; '.join(p.unresolved)}",
+              file=sys.stderr)
+        print(f"  {upgrade_report.resolvable_line(p)}", file=sys.stderr)
+    if p.refusals:
         print(f"error: refusing to write the lock: {len(p.refusals)} deploy config rung(s) use what "
               f"{p.moved.source.package} {p.new_version} removed:", file=sys.stderr)
         for r in p.refusals:
             print(f"  {r}", file=sys.stderr)
+    if not p.clean:
         return 2
     if p.old_version == p.new_version and not p.diff.changed:
         print(f"upgrade: {p.target.name} already pins {p.new_version}", file=sys.stderr)

@@ -20,6 +20,7 @@ from __future__ import annotations
 import dataclasses
 import datetime as _dt
 import re
+from packaging.version import Version
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable
@@ -66,6 +67,8 @@ class Plan:
     snapshots: dict[str, str]       # version -> where its snapshot came from
     linted: list[tuple[str, int]] = field(default_factory=list)   # (file, rungs)
     refusals: list[Refusal] = field(default_factory=list)
+    unresolved: list[str] = field(default_factory=list)   # the new closure's gaps: the lock cannot be written
+    resolvable: str | None = None   # then: the newest release newer than the pinned one whose closure resolves
     notes: list[str] = field(default_factory=list)
     index: str = ""
     today: str = ""
@@ -80,7 +83,7 @@ class Plan:
 
     @property
     def clean(self) -> bool:
-        return not self.refusals
+        return not self.refusals and not self.unresolved
 
 
 def _rel(path: Path) -> str:
@@ -100,8 +103,10 @@ def _moved(target: Target, release: releases.Release) -> Target:
                                                                   filename=release.filename, url=url))
 
 
-def _closure(package: str, version: str, index: str, log: Log) -> str:
-    """The version's hash-locked closure text: the committed file, else the cache, else a walk."""
+def _closure(package: str, version: str, index: str, log: Log, *, partial: list[str] | None = None) -> str:
+    """The version's hash-locked closure text: the committed file, else the cache, else a walk. With
+    `partial` (a list), a walk with gaps is not an error: the gaps are appended to it and what was
+    found is returned (closure_file.text partial: for the parser's scratch venv only, never cached)."""
     committed = closure_file.path_for(package, version)
     cache = snapshot.slot(package, version) / closure_file.file_name(package, version)
     for path in (committed, cache):
@@ -113,7 +118,11 @@ def _closure(package: str, version: str, index: str, log: Log) -> str:
             return text
     root = f"{package}=={version}"
     log(f"upgrade: walking {root}'s closure on {index} (metadata only)")
-    text = closure_file.text(root, walk(root, index=index), index)
+    walked = walk(root, index=index)
+    if partial is not None and not walked.complete:
+        partial += walked.problems()
+        return closure_file.text(root, walked, index, partial=True)
+    text = closure_file.text(root, walked, index)
     cache.parent.mkdir(parents=True, exist_ok=True)
     closure_file.write(cache, text)
     return text
@@ -137,15 +146,17 @@ def plan(name: str, to: str | None = None, *, index: str = "https://pypi.org/sim
     pins = {"source.sha256": Pin("source.sha256", release.sha256,
                                  f"PyPI simple API ({index}) for {release.filename}", today)}
     closure_text = old_closure = closure_name = ""
+    unresolved: list[str] = []
     if target.engine == "vllm":
         floor, evidence = engine_cuda(moved, index=index)
         pins["engine.cuda"] = Pin("engine.cuda", floor, evidence, today)
         if floor != target.cuda_version:
             moved = dataclasses.replace(moved, cuda_version=floor)
         closure_name = closure_file.file_name(src.package, release.version)
-        closure_text = _closure(src.package, release.version, index, log)
-        pins["engine.closure"] = Pin("engine.closure", closure_file.digest(closure_text),
-                                     closure_source(closure_text, index, closure_name), today)
+        closure_text = _closure(src.package, release.version, index, log, partial=unresolved)
+        if not unresolved:
+            pins["engine.closure"] = Pin("engine.closure", closure_file.digest(closure_text),
+                                         closure_source(closure_text, index, closure_name), today)
         old_closure = _closure(src.package, str(src.version), index, log)
     current = pins_for(target, load_lock())
     engine = registry.get(target.engine)
@@ -164,10 +175,28 @@ def plan(name: str, to: str | None = None, *, index: str = "https://pypi.org/sim
                                                  for k, v in getattr(engine, "KNOWN_RENAMES", {}).items()}
     diff = flagdiff.diff(snaps[str(src.version)], snaps[release.version], old_version=str(src.version),
                          new_version=release.version, known=known)
-    p = Plan(target, moved, pins, closure_name, closure_text, old_closure, diff, how, index=index, today=today)
+    p = Plan(target, moved, pins, closure_name, closure_text, old_closure, diff, how, index=index, today=today,
+             unresolved=unresolved)
+    if unresolved:
+        p.resolvable = newest_resolvable(target, release.version, index=index, log=log)
     configs = _configs(target.engine, targets_dir) + [path.resolve() for path in published or []]
     _lint_all(p, engine, snaps[str(src.version)], snaps[release.version], configs)
     return p
+
+
+def newest_resolvable(target: Target, above: str, *, index: str, log: Log, tries: int = 4) -> str | None:
+    """The newest release older than `above` and newer than the pinned one whose closure resolves
+    (at most `tries` walks, newest first); None when none does."""
+    pinned = Version(str(target.source.version))
+    between = sorted((v for v in releases.usable_files(target, index=index) if pinned < v < Version(above)),
+                     reverse=True)
+    for v in between[:tries]:
+        gaps: list[str] = []
+        _closure(str(target.source.package), str(v), index, log, partial=gaps)
+        if not gaps:
+            return str(v)
+        log(f"upgrade: {target.source.package} {v} does not resolve either: {gaps[0]}")
+    return None
 
 
 def _configs(engine: str, targets_dir: Path) -> list[Path]:

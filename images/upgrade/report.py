@@ -21,6 +21,15 @@ def _closure_changes(old: str, new: str) -> list[str]:
     return out
 
 
+def resolvable_line(p: Plan) -> str:
+    """The newest release that does resolve, and the command that takes it (or that none newer does)."""
+    if p.resolvable:
+        return (f"The newest release whose closure resolves is {p.resolvable}: "
+                f"`python build.py upgrade --target {p.target.name} --to {p.resolvable}`.")
+    return (f"No release between the pinned {p.old_version} and {p.new_version} resolves: stay on {p.old_version}, "
+            f"or try again when the index has what {p.new_version} needs.")
+
+
 def markdown(p: Plan, command: str) -> str:
     t, src, new = p.target, p.target.source, p.moved.source
     out = [f"# {t.name}: {src.package} {p.old_version} -> {p.new_version}", "",
@@ -30,7 +39,10 @@ def markdown(p: Plan, command: str) -> str:
     if "engine.cuda" in p.pins:
         cuda = p.pins["engine.cuda"]
         out.append(f"| engine.cuda (the CUDA floor) | {t.cuda_version} | {cuda.value} |")
-    if p.closure_name:
+    if p.closure_name and p.unresolved:
+        out.append(f"| engine.closure | {len(closure_file.pinned(p.old_closure))} packages | **does not resolve** "
+                   f"on {p.index}: {flagdiff._cell('; '.join(p.unresolved))} |")
+    elif p.closure_name:
         out.append(f"| engine.closure | {len(closure_file.pinned(p.old_closure))} packages | "
                    f"{len(closure_file.pinned(p.closure_text))} packages, `images/closures/{p.closure_name}` "
                    f"sha256 `{p.pins['engine.closure'].value}` |")
@@ -41,7 +53,7 @@ def markdown(p: Plan, command: str) -> str:
             out.append(f"**The CUDA floor moves: {t.cuda_version} -> {cuda.value}.** A pod needs a driver for CUDA "
                        f"{cuda.value}; the target's [cuda] version is set to it.")
         out += [f"CUDA: {cuda.source}.", ""]
-    if p.closure_name:
+    if p.closure_name and not p.unresolved:
         out += ["Closure (every package the image installs, hash-locked):", ""]
         out += _closure_changes(p.old_closure, p.closure_text) + [""]
     out += ["## Flags", "", "Each version's flag snapshot is its own parser's help, made as the image build makes it "
@@ -52,8 +64,16 @@ def markdown(p: Plan, command: str) -> str:
     out += [f"- `{f}`: {n} rung(s)" for f, n in p.linted] or ["None."]
     out += [f"- {note}" for note in p.notes]
     out += ["", "## Verdict", ""]
+    if p.unresolved:
+        out.append(f"Not installable: {p.new_version}'s closure does not resolve on {p.index} "
+                   f"({'; '.join(p.unresolved)}), so no image can be built on it and the lock is not written. "
+                   "The flags and the lint above are still its own (they need only its parser).")
+        out.append(resolvable_line(p))
+        out.append("")
     if p.clean:
         out.append(f"Clean: no deploy config uses what {p.new_version} removed.")
+    elif not p.refusals:
+        out.append(f"No deploy config uses what {p.new_version} removed.")
     else:
         out.append(f"Refused ({len(p.refusals)}): the lock is not written while a deploy config uses what "
                    f"{p.new_version} removed.")

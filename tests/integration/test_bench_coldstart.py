@@ -81,6 +81,7 @@ WRAPPER = "#!/bin/sh\nexport KILN_FAKE_SCENARIO=vllm-ok\nexec {python} {fake} \"
 
 @pytest.mark.slow
 def test_the_vllm_flow_against_the_stand_in_keeps_or_renews_home_and_passes_the_levers(tmp_path):
+    # stand-in: bench/coldstart.py measures a GPU boot; this checks its plumbing, which needs no engine's time
     vllm_bin, model = fake_vllm_bench(tmp_path, WRAPPER)
     root, out = tmp_path / "root", tmp_path / "out"
     (root / "bare-home").mkdir(parents=True)

@@ -30,6 +30,7 @@ exec {python} {fake} "$@"
 
 
 def test_cold_warm_and_repeated_steps(tmp_path):
+    # stand-in: bench/gpu_vllm.py measures the H200 (its CUDA OOM rung among them); this checks its plumbing
     vllm, model = fake_vllm_bench(tmp_path, WRAPPER)
     root, out = tmp_path / "root", tmp_path / "out"
     (root / "state-vllm" / "cache").mkdir(parents=True)
@@ -66,6 +67,7 @@ def test_cold_warm_and_repeated_steps(tmp_path):
 
 
 def test_a_port_that_already_answers_is_refused_not_measured(tmp_path):
+    # stand-in: the refusal comes before any engine runs; the stand-in is the bench's plumbing on CPU
     """Figures read from a server left over from before would be that server's (seen in the dry run
     of 2026-12-01: a supervisor from a crashed run answered the next run's boots)."""
     import http.server

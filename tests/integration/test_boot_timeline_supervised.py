@@ -76,6 +76,7 @@ def test_a_real_llama_server_boot_shows_every_phase_and_a_restart_starts_a_new_t
 
 @pytest.mark.slow
 def test_the_vllm_stand_ins_recorded_boot_shows_vllms_own_phases(tmp_path):
+    # stand-in: CUDA graph capture and the GPU warm-up happen on a GPU only (the CPU boot: test_vllm_real.py)
     model = tmp_path / "model"
     model.mkdir()
     (model / "config.json").write_text("{}")

@@ -45,6 +45,7 @@ def test_the_real_llama_server_boots_with_the_model_read_ahead_or_says_why_not(t
 
 @pytest.mark.slow
 def test_the_vllm_stand_ins_safetensors_are_read_and_a_switch_turns_it_off(tmp_path):
+    # stand-in: Kiln's read ahead is what is tested; the stand-in boots in a second, the real engine in 30
     model = tmp_path / "model"
     model.mkdir()
     (model / "config.json").write_text("{}")

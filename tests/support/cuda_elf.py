@@ -75,7 +75,8 @@ def linked(out: Path, libdir: Path, major: int | None, *, shared: bool = False, 
 
 def fake_vllm_site(root: Path, *, toolkit: str, cudart_major: int) -> Path:
     """A site-packages with torch's dist-info (its real Requires-Dist form) and version.py, and a vllm
-    whose compiled extension NEEDs libcudart.so.<cudart_major>."""
+    whose compiled extension NEEDs libcudart.so.<cudart_major>.
+    stand-in: the CUDA wheel's headers without its 300 MB (the CPU engine links no CUDA)."""
     site = root / "site"
     torch_info = site / "torch-2.13.0.dist-info"
     torch_info.mkdir(parents=True)

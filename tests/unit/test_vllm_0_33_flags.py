@@ -141,6 +141,7 @@ def test_llama_cpps_own_removed_text_is_the_replacement():
 
 
 def test_the_cpu_stand_in_serves_0_33_0s_metrics_and_help():
+    # stand-in: no 0.33.0 engine runs here (the CPU engine is 0.32.0); its metrics sample is 0.33.0's own
     text = fake_vllm.metrics_text("served")
     c = Counters.from_text(text)
     assert (c.decode_tokens, c.prompt_tokens, c.prompt_tokens_cached) == (0.0, 0.0, 0.0) and c.spec_drafts is None
