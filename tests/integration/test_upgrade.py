@@ -138,3 +138,33 @@ def test_a_clean_upgrade_writes_the_lock_the_closure_and_the_target_and_they_ren
     # and the next run finds nothing to do
     rc, out, err = run(capsys, "--dry-run")
     assert rc == 0 and "0.33.0 -> 0.33.0" in out
+
+
+def test_a_release_whose_closure_does_not_resolve_still_shows_its_flags_and_lint_names_the_gap_and_writes_nothing(
+        tmp_path, monkeypatch, cache, capsys):
+    # As PyPI stood on 2026-12-05: vllm 0.34.0 requires flashinfer-python==0.7.3, which PyPI lacks (0.7.2,
+    # 0.7.2.post1 and 0.7.4 exist); no vllm between the pinned 0.33.0 and 0.34.0. Its parser is its
+    # committed help (tests/fixtures/engine-logs/PROVENANCE.md). Should PyPI publish 0.7.3 this test
+    # fails: then `upgrade` has become possible and the test has done its job.
+    targets = tmp_path / "targets"
+    shutil.copytree(ROOT / "images" / "targets", targets)
+    lock = tmp_path / "lock.toml"
+    shutil.copy2(ROOT / "images" / "lock.toml", lock)
+    closures = tmp_path / "closures"
+    shutil.copytree(ROOT / "images" / "closures", closures)
+    monkeypatch.setattr(upgrade, "TARGETS_DIR", targets)
+    monkeypatch.setattr(lockfile, "LOCK_PATH", lock)
+    monkeypatch.setattr(closure_file, "CLOSURES_DIR", closures)
+    monkeypatch.setenv("KILN_CACHE_DIR", str(cache))
+    before = state(tmp_path)
+    rc = app.main(["upgrade", "--target", TARGET, "--to", "0.34.0",
+                   "--snapshot", f"0.33.0={LOGS / 'vllm-0.33.0-serve-help-all.txt'}",
+                   "--snapshot", f"0.34.0={LOGS / 'vllm-0.34.0-serve-help-all.txt'}", "--dry-run"])
+    out, err = capsys.readouterr()
+    assert rc == 2
+    assert state(tmp_path) == before                          # nothing written, --dry-run or not
+    gap = "flashinfer-python==0.7.3 (required by vllm==0.34.0) is not on https://pypi.org/simple"
+    assert gap in out and gap in err
+    assert "### Added (6)" in out and "`--cache-aware-admission-window`" in out     # its own parser's flags
+    assert "## Deploy configs linted against 0.34.0" in out and "qwen3-coder-a40.toml`: 3 rung(s)" in out
+    assert "No release between the pinned 0.33.0 and 0.34.0 resolves: stay on 0.33.0" in err
