@@ -175,6 +175,9 @@ def cmd_up(args: argparse.Namespace) -> int:
 
     if not args.wait and (args.timeout is not None or args.poll is not None):
         raise KilnError("--timeout and --poll only go with --wait")
+    for name, value in (("--timeout", args.timeout), ("--poll", args.poll)):
+        if value is not None and not value > 0:           # 0 meant the default before (`or`), a negative ran
+            raise KilnError(f"{name} {value:g}: seconds, more than 0 (leave it out for the default)")
     if args.no_network_volume and (args.network_volume or args.network_volume_gb or args.data_center):
         raise KilnError("--no-network-volume cannot be combined with --network-volume, --network-volume-gb or "
                         "--data-center")
@@ -209,8 +212,9 @@ def cmd_up(args: argparse.Namespace) -> int:
         say("a new release: workers on the previous one are replaced as they finish their requests")
     code = 0
     if args.wait:
-        outcome = rollout.wait_healthy(api, e, say, api_key=key, timeout_s=args.timeout or 1800.0,
-                                       poll_s=args.poll or 5.0, latest_only=change.new_release)
+        outcome = rollout.wait_healthy(api, e, say, api_key=key,
+                                       timeout_s=1800.0 if args.timeout is None else args.timeout,
+                                       poll_s=5.0 if args.poll is None else args.poll, latest_only=change.new_release)
         if not outcome.healthy:
             code = _not_healthy(api, plan, change, outcome, key, target.name)
         else:
@@ -286,9 +290,8 @@ def cmd_status(args: argparse.Namespace) -> int:
     sm = listing.get("summary") or {}
     print(f"  workers: {sm.get('total', 0)} (running {sm.get('running', 0)}, idle {sm.get('idle', 0)}, initializing "
           f"{sm.get('initializing', 0)}, throttled {sm.get('throttled', 0)}, unhealthy {sm.get('unhealthy', 0)})")
-    billing = 0
+    billing = endpoints.billed(listing.get("workers") or [])
     for x in listing.get("workers") or []:
-        billing += x.get("status") in ("RUNNING", "IDLE", "INITIALIZING")
         print(f"    {x.get('id')}  {x.get('status')}  v{x.get('version')}{' STALE' if x.get('isStale') else ''}  "
               f"up {x.get('uptimeSeconds') if x.get('uptimeSeconds') is not None else '-'} s  "
               f"{x.get('gpuTypeId') or '-'}  {x.get('dataCenterId') or '-'}")
@@ -297,7 +300,7 @@ def cmd_status(args: argparse.Namespace) -> int:
         print(f"  cost: {source}")
     else:
         print(f"  cost: ${rate:.2f}/h per worker (${rate / 3600:.5f}/s), {source}; now {billing} worker(s) "
-              f"running, idle or starting: ${rate * billing:.2f}/h")
+              f"running, idle, starting or unhealthy (each bills until it is stopped): ${rate * billing:.2f}/h")
     return 0
 
 

@@ -126,6 +126,9 @@ def offline_compute(target: Target, *, pools: tuple[str, ...] = (), gpu_count: i
         if not cpu_flavor or not vcpu:
             raise KilnError(f"{target.name} is a CPU target: give --cpu-flavor (an id from RunPod's CPU catalog, "
                             "GET /v2/catalog/cpus) and --vcpu (a power of two, at least 2)")
+        if vcpu < 2 or vcpu & (vcpu - 1):
+            raise KilnError(f"--vcpu {vcpu}: RunPod's CPU workers come in powers of two vCPUs, at least 2 "
+                            "(2, 4, 8, 16, ...)")
         return Compute(cpu_flavor=cpu_flavor, vcpu=vcpu)
     if cpu_flavor or vcpu:
         raise KilnError(f"--cpu-flavor/--vcpu: {target.name} is a GPU target ([cuda] is set)")

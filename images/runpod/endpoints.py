@@ -224,6 +224,17 @@ def restore_body(change: Change, secret_keys: frozenset[str], refs: dict[str, st
 
 
 # -- what it costs, and down ------------------------------------------------------------------------
+# A worker bills from its start until it is stopped, whatever its health: an UNHEALTHY one is a running
+# container the load balancer no longer routes to (serverless/load-balancing/overview.mdx @a900806e),
+# not a stopped one. THROTTLED waits for a machine and has none yet.
+BILLED = ("RUNNING", "IDLE", "INITIALIZING", "UNHEALTHY")
+
+
+def billed(workers: list[dict]) -> int:
+    """How many of an endpoint's workers bill now (GET /v2/serverless/{id}/workers' `workers`)."""
+    return sum(1 for w in workers if isinstance(w, dict) and w.get("status") in BILLED)
+
+
 def price(api: RunPodAPI, endpoint: dict[str, Any]) -> tuple[float | None, str]:
     """RunPod's serverless list price for one worker of `endpoint` per hour, and where it comes from."""
     gpu = endpoint.get("gpu") if isinstance(endpoint.get("gpu"), dict) else None

@@ -182,6 +182,12 @@ def test_bad_input_to_every_command_is_one_line_and_exit_2(tmp_path):
         (["pods"], "the following arguments are required: COMMAND"),
         (["pods", "up"], "the following arguments are required: --target"),
         (["--target"], "the following arguments are required: COMMAND"),
+        # issue 37 item 7: 0 meant 1800 s and a negative timeout was taken; --vcpu 3 passed the help's "a power of two"
+        (["endpoint", "up", "--target", "cpu-llamacpp", "--wait", "--timeout", "0"], "--timeout 0: seconds, more than 0"),
+        (["endpoint", "up", "--target", "cpu-llamacpp", "--wait", "--timeout", "-5"], "--timeout -5: seconds, more than 0"),
+        (["endpoint", "up", "--target", "cpu-llamacpp", "--wait", "--poll", "0"], "--poll 0: seconds, more than 0"),
+        (["endpoint", "plan", "--target", "cpu-llamacpp", "--cpu-flavor", "cpu3c", "--vcpu", "3"],
+         "--vcpu 3: RunPod's CPU workers come in powers of two vCPUs"),
     ]
     env = {k: v for k, v in os.environ.items() if k != "RUNPOD_API_KEY"}
     for argv, says in cases:

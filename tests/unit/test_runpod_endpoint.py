@@ -188,3 +188,11 @@ def test_the_failure_line_is_the_supervisors_own_word():
     assert rollout.health_url({"id": "abc", "requestUrls": {"base": "https://abc.api.runpod.ai",
                                                             "health": "https://abc.api.runpod.ai/ping"}}) \
         == "https://abc.api.runpod.ai/ping"
+
+
+def test_an_unhealthy_worker_bills_until_it_is_stopped():
+    # issue 37 item 6: `endpoint status` counted UNHEALTHY workers as $0.00/h
+    from images.runpod.endpoints import billed
+
+    workers = [{"status": s} for s in ("RUNNING", "IDLE", "INITIALIZING", "UNHEALTHY", "UNHEALTHY", "THROTTLED")]
+    assert billed(workers) == 5
