@@ -91,7 +91,7 @@ def _router_requirements() -> dict[Path, str]:
     current = ROUTER_REQUIREMENTS.read_text(encoding="utf-8") if ROUTER_REQUIREMENTS.is_file() else None
     try:
         return {ROUTER_REQUIREMENTS: requirements.lock(
-            current, top_level=requirements.ROUTER_TOP_LEVEL, base=SUPERVISOR_REQUIREMENTS.read_text(encoding="utf-8"),
+            current, top_level=requirements.router_top_level(), base=SUPERVISOR_REQUIREMENTS.read_text(encoding="utf-8"),
             what="the router's smg and its deps")}
     except requirements.PipFailed as e:
         raise Unavailable(f"pip could not download the pinned wheels from its package index ({e})") from e

@@ -29,8 +29,15 @@ TOP_LEVEL = ("psutil==7.2.2", "requests==2.34.2", "watchdog==7.1.0", "huggingfac
              "nvidia-ml-py==13.615.71")
 # The router image's extra: smg (the SGLang gateway; why not vllm-router: docs/research/router-choice-2026-12-01.md).
 # Its closure is resolved under the supervisor's pins and holds only what they do not: the router
-# image installs both files in one pip call, so one package never has two pins.
-ROUTER_TOP_LEVEL = ("smg==1.13.0",)
+# image installs both files in one pip call, so one package never has two pins. Its version is the
+# router target's [source] (images/targets/router.toml): one pin, read here, in the image and its labels.
+
+
+def router_top_level() -> tuple[str, ...]:
+    from ..target import load_target
+
+    src = load_target("router").source
+    return (f"{src.package}=={src.version}",)
 PYTHONS = ("3.11", "3.12")
 PLATFORMS = ("manylinux_2_28_x86_64", "manylinux_2_17_x86_64", "manylinux2014_x86_64", "manylinux1_x86_64",
              "manylinux_2_5_x86_64", "manylinux_2_34_x86_64", "manylinux_2_31_x86_64")

@@ -138,6 +138,11 @@ def plan(name: str, to: str | None = None, *, index: str = "https://pypi.org/sim
     targets_dir = targets_dir or TARGETS_DIR
     target = load_target(name, targets_dir)
     src = target.source
+    if target.engine == "router":
+        raise KilnError(f"target {name}: upgrade does not move the router yet (no flag snapshot of smg is "
+                        "made here); change [source] version, filename and sha256 in images/targets/router.toml, "
+                        "then `python build.py generate --only router-requirements` (the one pin the image, its "
+                        "labels and supervisor/router-requirements.txt read)")
     if src.kind not in ("pypi-wheel", "sdist") or not src.package:
         raise KilnError(f"target {name}: upgrade moves an engine pinned on PyPI (source kind pypi-wheel or "
                         f"sdist); {src.kind} sources follow their branch with `python build.py lock`")

@@ -112,3 +112,13 @@ def test_the_vendored_runpod_schema_is_checked_to_be_a_closed_excerpt():
     doc = json.loads(RUNPOD_SCHEMA.read_text(encoding="utf-8"))
     del doc["components"]["schemas"]["Pod"]
     assert vendor.excerpt_problems(doc) == ["a $ref reaches 'Pod', which the file does not hold"]
+
+
+def test_the_router_image_installs_the_smg_its_target_pins():
+    # issue 37 item 13: the pin was hard-coded beside the target's, and could differ from it
+    from images.pins import requirements
+    from images.target import load_target
+
+    src = load_target("router").source
+    assert requirements.router_top_level() == (f"{src.package}=={src.version}",)
+    assert f"{src.package}=={src.version}" in (ROOT / "supervisor" / "router-requirements.txt").read_text()
