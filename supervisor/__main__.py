@@ -157,7 +157,7 @@ def _main(argv: list[str] | None) -> int:
 
             if exit_on_failure or serverless.active(os.environ):   # CI: say it and go
                 # A Serverless worker says it and goes too: RunPod releases it (no bill), routes nothing
-                # to it, and scales down an endpoint that keeps producing such workers (contract.py).
+                # to it, and scales down an endpoint that keeps producing such workers (runpod_env.py).
                 print(e, file=sys.stderr)
                 return EXIT_INVALID
             # A pod's PID 1 stays up in FAILED to say why: an exit would restart the container into the

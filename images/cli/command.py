@@ -5,8 +5,7 @@ options it takes (`arguments`, which is exactly what its own --help shows) and t
 runs it. A group of subcommands (`pods up`, `pods down`) is a Command with `children` and no
 `run`. Every command module under images/cli/ exports a tuple COMMANDS (generate.py a function
 making it); images/cli/app.py lists those tuples in one table, and that table is the whole CLI:
-the parsers, the dispatch, the checked-in reference (docs/cli.md) and the legacy-flag mapping are
-all derived from it.
+the parsers, the dispatch and the checked-in reference (docs/cli.md) are all derived from it.
 """
 
 from __future__ import annotations

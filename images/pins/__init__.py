@@ -12,12 +12,7 @@
     the engine's CUDA ────────── cuda.py      what the target declares vs what its engine is known to need
                                  cudafloor.py measured from what is installed (libcudart SONAME, torch's CUDA);
                                               also copied into the image build, where it writes share/kiln/cuda.json
-    another engine version ───── upgrade.py   `build.py upgrade`: the steps below, every deploy config linted,
-                                              then the lock (or the refusal: file, rung, flag, fix)
-                                 releases.py  the index's newest (or the named) version and its one file
-                                 snapshot.py  a version's flag snapshot from its own parser (cached by version)
-                                 flagdiff.py  two snapshots compared: removed + replacement, renamed, added, ...
-                                 upgrade_report.py  what upgrade prints (Markdown)
+    another engine version ───── images/upgrade/ (`build.py upgrade`, its own folder above pins and binaries)
 
 A failed refresh keeps a previously resolved value: an outage never unpins a working build.
 """

@@ -1,6 +1,6 @@
 """RunPod through its REST API v2 (https://api.runpod.io/v2): everything Kiln does there.
 
-    schema.py     the vendored v2 OpenAPI excerpt and the offline check of every request body
+    (images/runpod_schema.py, a leaf: the vendored v2 OpenAPI excerpt and the offline check of every body)
     api.py        the v2 client (templates, catalog, pods, logs, network volumes); checks, then sends
     template.py   a target's CreateTemplateRequest, and upsert by name
     cuda.py       which host CUDA versions a target's image can run on (one function: cuda_floor)

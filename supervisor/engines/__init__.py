@@ -8,7 +8,7 @@
     caches.py     compile caches (torch.compile, Triton, the driver's PTX JIT) on the state volume
     startup.py    the deploy config's [startup] levers on a boot's time, as each engine's flags
     apikey.py     the server's API key: env, file or generated into the volume; never in argv
-    launch.py     a rung's checks before anything starts, the start, why it went down
+    (run/launch.py, the shell's: a rung's checks before anything starts, the start, why it went down)
     health.py     the health wait, racing the deadline, the engine's exit and a stop
 
 An engine module's surface:
@@ -32,6 +32,6 @@ An engine module's surface:
     PHASES                                        (phase, pattern): the engine's own boot phases, in the
                                                   order it prints them (run/timeline.py)
 
-What an exit means is decided once, in launch.down() with supervisor/failure.py's classify.
+What an exit means is decided once, in run/launch.py down() with supervisor/failure.py's classify.
 Kept free of imports.
 """

@@ -129,7 +129,8 @@ PHASES = (
     # "[model_runner.py:305] Model loading took 0.26 GiB and 1.808848 seconds": Dynamo's trace (its
     # "Dynamo bytecode transform time: 2.09 s" comes after it), the graphs compiled or loaded from the
     # cache, up to "torch.compile took 4.30 s in total". Eager (-O0, --enforce-eager): the profiling run
-    # CPU: "[default_loader.py:501] Loading weights took 1.07 seconds"
+    # CPU: "[default_loader.py:501] Loading weights took 1.07 seconds". On a GPU the same line comes with
+    # "Model loading took" in the same instant (vllm-0.26.0-serve-h200.log lines 27-28): either ends weights
     ("compile", re.compile(r"Model loading took|Loading weights took")),
     # "[monitor.py:53] torch.compile took 4.30 s in total": the profiling run, the KV cache sized
     # CPU (eager: no profiling run): "[cpu_worker.py:260] Explicitly set (1.0/10.09) GiB for KV cache on node 0."

@@ -3,8 +3,6 @@
     hardware.py   GPUs (NVML, else nvidia-smi), the container's real vCPU and RAM (cgroups), the
                   [hardware] guard, GPU memory in use (the reclaim barrier's baseline)
     cuda.py       the driver's CUDA (NVML) against the CUDA this image's engine needs
-    residency.py  once a llama.cpp rung serves: how much of the model stayed in host RAM, and a
-                  warning when the vCPU per host-resident GiB is low
 
 Kept free of imports.
 """

@@ -4,14 +4,14 @@
                   watched; reports them to the loop (wake) and never decides
     candidate.py  a Candidate, and CandidateCheck: size, UTF-8, schema, boot-only tables, engine,
                   lint, [hardware], model, all checked while the server keeps serving
-    decide.py     what becomes of a checked candidate (the machine asks): reject, unchanged,
-                  fetch its model first, apply; how a failed one is told
     book.py       what reload must not lose, in the volume: last good config, history, seen
                   markers, the last rejected bytes
-    tracker.py    the book through one run, for the loop: boot from last good, check a candidate,
-                  record a decision, mark good
 
-    watcher -> candidate -> tracker.check -> CandidateChecked -> machine (decide) -> RELOADING
+The decision (reject, unchanged, fetch its model first, apply) is lifecycle/reload.py's, the book
+through one run (boot from last good, check a candidate, record a decision, mark good) run/reload.py's:
+
+    watcher -> candidate -> run/reload.py check -> CandidateChecked -> machine (lifecycle/reload.py
+      decide) -> RELOADING
       -> the new ladder -> SERVING (MarkGood, RecordReload "applied")  |  ROLLBACK -> last good
 
 Kept free of imports.

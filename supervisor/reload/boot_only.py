@@ -19,7 +19,6 @@ from ..config import BOOT_ONLY, ENV_OVERRIDES, DeployConfig
 from ..runpod_env import volume_state_dir
 
 
-
 def boot_only_changes(raw: Mapping[str, Any], running: DeployConfig, env: Mapping[str, str]) -> list[str]:
     """What a published config (its TOML, `raw`) changes of what the running supervisor read at boot:
     one message per table, naming it, the keys and where to change them instead. Read from the TOML

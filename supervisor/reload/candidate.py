@@ -8,7 +8,7 @@ one fails to *parse*; Kiln refuses everything it can know before stopping anythi
     size (<= MAX_BYTES), UTF-8, no NUL byte
     TOML and the deploy-config schema (unknown keys, wrong types, ranges, shell syntax in values,
         path-traversing names), with the same environment overrides as the boot config
-    what the supervisor reads only at boot (boot_only.BOOT_ONLY: [watch], state_dir, [status], [runpod],
+    what the supervisor reads only at boot (config.BOOT_ONLY: [watch], state_dir, [status], [runpod],
         server.tcp_port) left as it is -- a change is rejected by name --, then the cross-table checks
         (ports) on the config as it will run
     the engine is in this image (its module and its binary)

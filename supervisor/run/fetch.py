@@ -2,9 +2,9 @@
 in a task beside the loop (supervisor/model/fetch/), answering with one ModelReady event.
 
 Given what it needs (the tasks, the environment, the token, the secrets, where to post and where to
-record), never the loop. `on_record(key, path, record)` is called with what a fetched or local
-model is (source, revision, commit, path: /status's `model` section once it serves); `show(key,
-record)` with each progress step, for /status while the fetch runs.
+record), never the loop. What a fetched or local model is (source, revision, commit, path) is shown
+and kept in `records` by its path (/status's `model` section once it serves); `show(key, record)`
+hears each progress step, for /status while the fetch runs.
 """
 
 from __future__ import annotations

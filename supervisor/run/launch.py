@@ -1,4 +1,5 @@
-"""Launching one rung: the checks before anything starts, the start itself, and what an exit means.
+"""Launching one rung (the CheckLaunch, Launch, WaitHealthy, Barrier and Calibrate effects): the checks
+before anything starts, the start itself, the wait for health, and what an exit means.
 
     check()     the rung's flags linted against the engine's own --help        -> config_rejected
                 the model's GGUF header against what this engine build knows  -> model_incompatible
@@ -7,11 +8,16 @@
                 a balanced rung's split planned from the GGUF layout + free VRAM -> config_rejected
                 argv (a list; no shell), the environment without secrets the engine does not need,
                 the process in its own session, with a parent-death signal  -> engine_missing
+    launch_rung()  start() with the boot timeline watching the engine's own lines, and the rung-switch time
+    health_work()  the health wait (engines/health.py), as a task
+    barrier_work() between rungs: our processes gone, GPU memory back (ladder/reclaim.py), as a task
+    calibrate()    a balanced rung's split re-planned, or the environment a failure asks for, set
     down()      why an engine that exited or stalled failed: ONE classify call, with the engine's
                 signatures and hints, for every way an engine goes down
 
-All on the loop thread: the process is started from it, so its parent-death signal is tied to
-the thread that lives as long as the supervisor (PR_SET_PDEATHSIG follows the forking thread).
+check, start and down run on the loop thread: the process is started from it, so its parent-death
+signal is tied to the thread that lives as long as the supervisor (PR_SET_PDEATHSIG follows the
+forking thread); the health wait and the barrier run as tasks beside it.
 """
 
 from __future__ import annotations

@@ -340,10 +340,10 @@ class Supervisor:
     def _do_Serving(self, fx: E.Serving) -> None:
         """Before /ready says 200: the winning rung remembered, the timings, the placement estimate."""
         assert self.machine is not None
+        self.terminator.serving()                   # a published config brought it back: keep the pod
         eng = self.engines.get(self.machine.engine) if self.machine.engine is not None else None
         serving.serving(self.rt, self.machine.live, fx.index, self.memory, eng.proc if eng else None,
                         self.model_records)
-        self.terminator.serving()
 
     def _do_Failed(self, fx: E.Failed) -> None:
         """FAILED: nothing retries it but a published config (run/terminate.py: a pod may end itself)."""

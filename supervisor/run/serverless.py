@@ -8,7 +8,7 @@
                            recorded on the volume when another worker would meet it again
 
 The release itself (exit after `[serverless] exit_grace_s`) is the machine's deadline
-(lifecycle/machine.py); the health path's 503 comes from the state (contract.health_code).
+(lifecycle/machine.py); the health path's 503 comes from the state (runpod_env.health_code).
 """
 
 from __future__ import annotations

@@ -3,11 +3,11 @@
 A boot's phases are contiguous: each begins where the one before ends, so they add up to the
 boot. Three sources mark them, each where it already is:
 
-    state.py Record.transition   PREFLIGHT (the first timeline), FETCH, LAUNCHING, SELFTEST;
+    run/record.py Record.transition  PREFLIGHT (the first timeline), FETCH, LAUNCHING, SELFTEST;
                                  SERVING closes it (ready), FAILED (failed), STOPPING (stopped);
                                  RESTARTING and RELOADING begin a new one, ROLLBACK marks a phase
-    run/loop.py            what is not a state: a rung's launch checks, the reclaim
-                                 barrier, the engine's exec (engine_exec)
+    run/loop.py, run/launch.py   what is not a state: a rung's launch checks, the reclaim
+                                 barrier, the engine's exec (engine_exec: launch_rung)
     the engine's own lines       engines/<name>.py PHASES: (phase, regex) in the order the engine
                                  prints them, matched as its lines arrive (its reader thread) by
                                  an EngineWatch, forward only (a phase the engine skips, a compile

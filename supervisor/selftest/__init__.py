@@ -15,9 +15,9 @@ requests. One concern per module:
     report.py      the JSON report, the /status record and the table
     runner.py      one selftest, start to verdict: in full, or as the gate a Serverless worker's
                    cold start runs (probes at once, measurements sized to the floors)
-    stage.py       SELFTEST as a stage of the lifecycle: a task beside the loop, with a hard deadline
     cli.py         `python -m supervisor selftest --url ...` against any server
 
-Only the lifecycle loop acts on a verdict (SELFTEST -> SERVING, or `selftest_failed`).
-Kept free of imports here: supervisor.config reads the probe set names from probes.py.
+SELFTEST as a stage (a task beside the loop, with a hard deadline) is run/selftest.py; only the
+loop acts on a verdict (SELFTEST -> SERVING, or `selftest_failed`). Kept free of imports (config.py
+names the probe sets, PROBE_SETS, which a test keeps equal to probes.py SETS).
 """

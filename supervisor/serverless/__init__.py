@@ -1,20 +1,19 @@
 """A Kiln supervisor as a worker of a RunPod Serverless load-balancing endpoint.
 
     environment (PORT, PORT_HEALTH, HEALTH_CHECK_PATH, RUNPOD_ENDPOINT_ID)
-        ─▶ contract.py   serverless mode; PORT -> the engine's port, PORT_HEALTH -> the status
+        ─▶ runpod_env.py (base)  serverless mode; PORT -> the engine's port, PORT_HEALTH -> the status
                          server's, where the health path answers 204 / 200 / 503 from the state
-                         (health_code); PORT_HEALTH == PORT refused (config.py applies it)
+                         (health_code); PORT_HEALTH == PORT refused (config.py applies it); many
+                         workers, one volume: state_dir on it, shared, and each worker's own
+                         directory (workers/<id>/); the worker id
     FAILED for good
-        ─▶ worker.py     one log line (class and cause, masked); 503 from the state; exit after
+        ─▶ run/serverless.py  one log line (class and cause, masked); 503 from the state; exit after
                          [serverless] exit_grace_s so the worker stops billing (the machine's
                          release deadline: lifecycle/machine.py)
         ─▶ failures.py   the failure recorded on the shared volume, keyed by image, config and
                          GPU kind; a later worker with the same key fails at once, fetching nothing
-                         (worker.py recalls it at PREFLIGHT)
-    volume.py            many workers, one volume: state_dir on it, shared, and each worker's own
-                         directory (workers/<id>/); the worker id
+                         (run/serverless.py recalls it at PREFLIGHT)
 
 Pods (neither PORT_HEALTH nor RUNPOD_ENDPOINT_ID set) never enter any of this: FAILED stays up.
-Kept free of imports: supervisor.config imports contract.py and volume.py while it parses; the
-loop imports worker.py only on a Serverless worker.
+Kept free of imports.
 """

