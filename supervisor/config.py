@@ -110,6 +110,7 @@ COMMIT = re.compile(r"[0-9a-f]{40}")
 # verbatim. `|` and `( )` alone stay allowed: -ot regexes use them ("blk\.(1|2)\.ffn=CPU").
 SHELL_META = re.compile(r"[`;&<>]|\$[A-Za-z_({]|\|\|")
 # Names of files Kiln reads from or publishes to a repo or directory: relative, plain segments.
+API_KEY_SOURCE = re.compile(r"none|env:[A-Za-z_][A-Za-z0-9_]*|file:/.+")   # server.api_key: where, never what
 SAFE_PATH = r"[A-Za-z0-9_][A-Za-z0-9_.-]*(/[A-Za-z0-9_][A-Za-z0-9_.-]*)*"
 # Upper bounds of durations: every number has a range (a huge one overflows a wait, as nan broke it).
 DAY_S, WEEK_S = 86400.0, 604800.0
@@ -719,8 +720,13 @@ def _server(r: Reader, engine: str) -> ServerSpec:
     d = ServerSpec()
     host = r.str("host", d.host, pattern=r"[\w.:-]+", pattern_hint="an address such as 0.0.0.0")
     port = r.int("port", d.port, min=1, max=65535)
-    api_key = r.str("api_key", d.api_key, pattern=r"none|env:[A-Za-z_][A-Za-z0-9_]*|file:/.+",
-                    pattern_hint='"env:NAME", "file:/path" or "none" (no authentication, said out loud)')
+    api_key = r.str("api_key", d.api_key)
+    if isinstance(api_key, str) and not API_KEY_SOURCE.fullmatch(api_key):
+        # Most likely the key itself, pasted: never echoed (this message reaches the log and stderr).
+        r.problem("api_key", "is not where a key comes from; if it is the key itself, it is now in this file: "
+                  "rotate it, and give its place instead", f"<{len(api_key)} characters, not shown>",
+                  '"env:NAME" (e.g. env:KILN_API_KEY), "file:/path" or "none" (no authentication, said out loud)')
+        api_key = d.api_key
     binary = r.str("binary", DEFAULT_BINARIES.get(engine, ""))
     if binary and SHELL_META.search(binary):
         r.problem("binary", _SHELL_META_MESSAGE, binary)

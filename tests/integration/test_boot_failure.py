@@ -117,3 +117,15 @@ def test_a_missing_config_is_explained_on_the_status_port_of_the_environment(tmp
                                                          str(missing))
         assert "KILN_CONFIG" in p["fix"]
         assert sup.stop() == 3
+
+
+def test_a_key_pasted_into_the_config_reaches_neither_the_log_nor_the_status_page(tmp_path):
+    # issue 37, "small lies": /status hid it, the boot log printed it (the problem line quoted the value)
+    sport = free_port()
+    text = config(binary="/bin/true", model="/models/m.gguf", port=free_port(), status_port=sport,
+                  state_dir=tmp_path / "state", rungs='[[ladder.rungs]]\nname = "a"\n', api_key="sk-live-SECRETSECRET123")
+    with Supervised(tmp_path, text) as sup:
+        st = sup.wait_state("FAILED", timeout=30)
+        assert "server.api_key" in str(st) and "SECRETSECRET" not in str(st)
+        sup.stop()
+        assert "SECRETSECRET" not in sup.log() and "not shown" in sup.log()

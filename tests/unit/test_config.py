@@ -285,3 +285,12 @@ def test_a_field_left_out_of_the_hash_changes_nothing_and_one_set_changes_it():
     assert dataclasses.replace(cfg, startup=dataclasses.replace(cfg.startup, prefetch_streams=7)).hash == cfg.hash
     assert dataclasses.replace(cfg, startup=dataclasses.replace(cfg.startup, load_mode="none")).hash != cfg.hash
     assert dataclasses.replace(cfg, server=dataclasses.replace(cfg.server, fast_start=True)).hash != cfg.hash
+
+
+def test_a_key_pasted_into_api_key_is_refused_without_being_echoed():
+    # issue 37, "small lies": the problem line (log, stderr) quoted the value, which is most likely the key
+    with pytest.raises(ConfigError) as e:
+        parse_config(GOOD + '[server]\napi_key = "sk-live-SECRETSECRET123"\n', env={})
+    text = str(e.value)
+    assert "server.api_key" in text and "<23 characters, not shown>" in text and "env:NAME" in text
+    assert "SECRETSECRET" not in text
