@@ -23,6 +23,10 @@ class Record:
         self.since = time.time()
         self.started = time.time()
         self.boot_monotonic = time.monotonic()
+        # The boot's zero: the process's exec when known (where the boot timeline starts, its
+        # supervisor_start phase), else when this record was made.
+        self.start_monotonic = process_start if process_start is not None and process_start <= self.boot_monotonic \
+            else self.boot_monotonic
         self.data: dict[str, Any] = {
             "version": version, "config": {}, "rung": None, "engine": None, "restarts": 0,
             "launches": 0, "failures": {}, "last_failure": None, "selftest": None,

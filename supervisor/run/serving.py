@@ -26,7 +26,7 @@ def serving(rt: Runtime, live: Live, index: int, memory: LadderMemory, proc: Man
     if proc is not None:                       # its boot phases are read: gather its output (P2b)
         proc.batch_output(ENGINE_OUTPUT_BATCH_S)
     if "boot_to_ready_s" not in rt.rec.snapshot()["timings"]:
-        rt.timing(boot_to_ready_s=time.monotonic() - rt.rec.boot_monotonic)
+        rt.timing(boot_to_ready_s=time.monotonic() - rt.rec.start_monotonic)   # as boot.seconds counts it
     record = model_records.get(str(live.model_path))
     if record is not None:
         rt.rec.update(model=record, model_candidate=None)
