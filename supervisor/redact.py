@@ -4,16 +4,28 @@ Secrets are masked longest first: with "sk-ab" and "sk-abcd" both secret, maskin
 first would leave "cd" of the long one in the clear. Structured data is redacted before it is
 rendered, because JSON and HTML escaping can change how a secret is spelt in the body (a quote
 becomes \\" or &quot;) and a text-only pass over the rendered body would miss it.
+
+A secret shorter than SHORT characters (a 2-letter key someone set) is masked where it stands as a
+token of its own, not inside other words: masked everywhere it turned every message into asterisks
+("a l***el ***out t***s" for "ab"), and a key that short is in no word's place when it is used.
 """
 
 from __future__ import annotations
 
 import enum
+import re
 import threading
 from collections.abc import Iterable, Mapping
 from typing import Any
 
 MASK = "***"
+SHORT = 8
+
+
+def _mask(text: str, secret: str) -> str:
+    if len(secret) >= SHORT:
+        return text.replace(secret, MASK)
+    return re.sub(rf"(?<![A-Za-z0-9]){re.escape(secret)}(?![A-Za-z0-9])", MASK, text)
 
 
 def ordered(secrets: Iterable[str | None]) -> tuple[str, ...]:
@@ -24,7 +36,7 @@ def ordered(secrets: Iterable[str | None]) -> tuple[str, ...]:
 def redact(text: str, secrets: Iterable[str | None]) -> str:
     """`text` with every secret replaced by ***."""
     for s in ordered(secrets):
-        text = text.replace(s, MASK)
+        text = _mask(text, s)
     return text
 
 
@@ -38,7 +50,7 @@ def redact_data(value: Any, secrets: Iterable[str | None]) -> Any:
             v = v.value
         if isinstance(v, str):
             for s in keys:
-                v = v.replace(s, MASK)
+                v = _mask(v, s)
             return v
         if isinstance(v, Mapping):
             return {walk(k): walk(x) for k, x in v.items()}

@@ -16,6 +16,7 @@ import collections
 import fcntl
 import logging
 import os
+import re
 import select
 import shutil
 import signal
@@ -31,7 +32,7 @@ import psutil
 from .leftovers import ChildrenJournal
 from .logfile import RotatingFile
 from ..redact import ordered
-from ..redact import MASK, redact as redact_text
+from ..redact import redact as redact_text
 
 __all__ = ["ManagedProcess", "ProcessRegistry", "REGISTRY"]
 
@@ -101,6 +102,11 @@ def _wait_gone(procs: Iterable[psutil.Process], deadline: float) -> list[psutil.
             return pending
         time.sleep(min(delay, deadline - now))
         delay = min(delay * 2, 0.1)
+
+
+# A terminal's colour and cursor codes (smg colours its log lines even into a pipe): they are not
+# text, and they landed in engine.log and /status as escape bytes. Taken out before anything keeps a line.
+_ANSI = re.compile(r"\x1b\[[0-9;?]*[A-Za-z]")
 
 
 class ManagedProcess:
@@ -513,12 +519,11 @@ class ManagedProcess:
         """The lines of one read: the tail, the log file and `on_lines` take them together (one
         lock, one write, one call: a GPU engine logs ~10 lines a request, P2b), `on_line` each."""
         if self._redact_joined:                   # one decode and one pass per secret for the whole read
-            text = b"\n".join(raws).decode("utf-8", errors="replace")
-            for secret in self._redact:
-                text = text.replace(secret, MASK)
+            text = redact_text(_ANSI.sub("", b"\n".join(raws).decode("utf-8", errors="replace")), self._redact)
             lines = [line.rstrip("\r") for line in text.split("\n")]
         else:                                     # a secret with a newline in it: line by line, as it was
-            lines = [redact_text(raw.decode("utf-8", errors="replace").rstrip("\r"), self._redact) for raw in raws]
+            lines = [redact_text(_ANSI.sub("", raw.decode("utf-8", errors="replace")).rstrip("\r"), self._redact)
+                     for raw in raws]
         with self._tail_lock:
             self._tail.extend(lines)
         self._last_output_at = time.monotonic()

@@ -602,3 +602,17 @@ def test_a_chatty_engine_gets_at_most_a_probe_per_10_ms(tmp_path, monkeypatch) -
         assert len(probes) >= 20 and min(gaps) >= health.FAST_POLL_S * 0.9, (len(probes), min(gaps))
     finally:
         p.stop(5)
+
+
+def test_a_childs_colour_codes_do_not_reach_its_tail_or_log_file(tmp_path) -> None:
+    # issue 37, "small lies": smg's ANSI colours landed in engine.log and /status
+    log = tmp_path / "engine.log"
+    proc = ManagedProcess.start([sys.executable, "-c", r"print('\x1b[32mINFO\x1b[0m smg \x1b[1mready\x1b[0m')"],
+                                log_file=str(log))
+    try:
+        assert proc.exited().wait(10)
+        proc.stop(1.0)
+        assert list(proc.tail()) == ["INFO smg ready"]
+        assert log.read_text() == "INFO smg ready\n"
+    finally:
+        proc.stop(1.0)

@@ -21,3 +21,10 @@ def test_secrets_grow_and_stay_ordered():
     s.add("abcd", None, "ab")
     assert list(s) == ["abcd", "ab"] and len(s) == 2 and "ab" in s
     assert s.redact("abcd ab") == "*** ***"
+
+
+def test_a_very_short_secret_is_masked_as_a_token_not_inside_every_word():
+    # issue 37, "small lies": a 2-letter key turned every message into asterisks
+    assert redact("a label about tabs: key ab, Bearer ab", ["ab"]) == "a label about tabs: key ***, Bearer ***"
+    assert redact_data({"m": "absent ab"}, ["ab"]) == {"m": "absent ***"}
+    assert redact("x-sk-longer-secret-x", ["sk-longer-secret"]) == "x-***-x"     # 8 or more: wherever it is
