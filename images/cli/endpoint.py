@@ -263,13 +263,19 @@ def _print_endpoint(api, e: dict, code: int, target_name: str) -> None:
     print(f"  `python build.py endpoint status --target {target_name}` shows its workers; `endpoint down` deletes it")
 
 
+def _existing(api, args: argparse.Namespace) -> dict:
+    """The endpoint `--name` or the target's name says: its target file is not read (status, logs and
+    down work on an endpoint whose target is gone, as `pods` does)."""
+    from ..runpod import endpoints
+
+    return endpoints.resolve(api, args.name or ep.default_name(args.target))
+
+
 def cmd_status(args: argparse.Namespace) -> int:
     from ..runpod import endpoints, rollout
-    from ..target import load_target
 
-    target = load_target(args.target)
     api = _api(args)
-    e = endpoints.resolve(api, args.name or ep.endpoint_name(target))
+    e = _existing(api, args)
     eid = str(e["id"])
     gpu = e.get("gpu") if isinstance(e.get("gpu"), dict) else None
     w, s = e.get("workers") or {}, e.get("scaling") or {}
@@ -305,13 +311,10 @@ def cmd_status(args: argparse.Namespace) -> int:
 
 
 def cmd_logs(args: argparse.Namespace) -> int:
-    from ..runpod import endpoints
     from ..runpod.api import RunPodAPIError
-    from ..target import load_target
 
-    target = load_target(args.target)
     api = _api(args)
-    e = endpoints.resolve(api, args.name or ep.endpoint_name(target))
+    e = _existing(api, args)
     workers = [str(w.get("id")) for w in api.endpoint_workers(str(e["id"])).get("workers") or []]
     worker = args.worker
     if worker is None:
@@ -334,11 +337,9 @@ def cmd_logs(args: argparse.Namespace) -> int:
 
 def cmd_down(args: argparse.Namespace) -> int:
     from ..runpod import endpoints
-    from ..target import load_target
 
-    target = load_target(args.target)
     api = _api(args)
-    e = endpoints.resolve(api, args.name or ep.endpoint_name(target))
+    e = _existing(api, args)
     kept = endpoints.delete(api, e, say, delete_volumes=args.delete_volume)
     print(f"endpoint {e.get('name')} ({e.get('id')}): deleted")
     if kept:

@@ -105,7 +105,12 @@ class EndpointPlan:
 
 
 def endpoint_name(target: Target) -> str:
-    return f"kiln-{target.name}"
+    return default_name(target.name)
+
+
+def default_name(target_name: str) -> str:
+    """The endpoint a target's name makes, whether or not the target's file still exists."""
+    return f"kiln-{target_name}"
 
 
 def docs_pools(gpu_id: str) -> list[str]:

@@ -170,8 +170,9 @@ def test_logs_and_down_name_what_exists(standin):
     assert "its workers: none" in r.stderr
     r = endpoint_cli(standin, "down", "--target", "a40-llamacpp")
     assert r.returncode == 2 and f"endpoints there: kiln-{TARGET} ({e['id']})" in r.stderr
-    r = endpoint_cli(standin, "down", "--target", "no-such-target")
-    assert r.returncode == 2 and "is not a known target" in r.stderr
+    r = endpoint_cli(standin, "down", "--target", "no-such-target")   # a target that is gone: its endpoint's name
+    assert r.returncode == 2 and "no endpoint named 'kiln-no-such-target'" in r.stderr
+    assert f"endpoints there: kiln-{TARGET} ({e['id']})" in r.stderr
     assert endpoint_cli(standin, "down", "--target", TARGET).returncode == 0
 
 
@@ -219,3 +220,16 @@ def test_a_request_with_no_worker_to_take_it_waits_then_gets_the_load_balancers_
         assert requests.get(f"{standin.balancer.base}/nope/v1/models", timeout=10,
                             headers={"Authorization": f"Bearer {ACCOUNT_KEY}"}).status_code == 404
     assert standin.faults == []
+
+
+def test_status_logs_and_down_take_an_endpoint_whose_target_is_gone(standin):
+    # issue 37 item 7: they loaded the target's file first and refused, even with --name
+    up = endpoint_cli(standin, "up", "--target", TARGET, "--no-network-volume")
+    assert up.returncode == 0, up.stderr
+    gone = ("--target", "a-target-since-deleted", "--name", f"kiln-{TARGET}")
+    status = endpoint_cli(standin, "status", *gone)
+    assert status.returncode == 0 and f"endpoint kiln-{TARGET}" in status.stdout, status.stderr
+    logs = endpoint_cli(standin, "logs", *gone)
+    assert logs.returncode == 2 and "has 0 workers: nothing to read" in logs.stderr      # the endpoint was found
+    down = endpoint_cli(standin, "down", *gone)
+    assert down.returncode == 0 and standin.endpoints == {}, down.stderr
