@@ -30,18 +30,10 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from kiln_dev import Unavailable, vllm_cpu  # noqa: E402
 from kiln_dev.children import spawn, stop  # noqa: E402
 from kiln_dev.supervised import Supervised, free_port, http, wait_for  # noqa: E402
+from gpu import drop_caches  # noqa: E402  (bench/ is on the path of a bench run as a script)
 
 ARGS = ["--max-model-len", "2048", "--enforce-eager"]
 ENV = {"VLLM_CPU_KVCACHE_SPACE": "1"}
-
-
-def drop_cache() -> bool:
-    try:
-        os.sync()
-        Path("/proc/sys/vm/drop_caches").write_text("3\n")
-        return True
-    except OSError:
-        return False
 
 
 def bare(vllm: Path, model: Path, cache: Path) -> float:
@@ -110,7 +102,7 @@ def main() -> int:
             for temp in ("cold", "warm"):
                 for who in ("bare", "kiln"):
                     if temp == "cold":
-                        dropped = drop_cache() and dropped
+                        dropped = drop_caches() and dropped
                     if who == "bare":
                         s = bare(vllm, model, Path(tmp) / "bare-cache")
                         print(f"round {r + 1} {temp} bare: /health {s:.2f} s", flush=True)

@@ -58,6 +58,12 @@ def sandbox(tmp_path, monkeypatch, cache):
     now = load_target(TARGET).source
     path.write_text(text.replace(f'version = "{now.version}"', 'version = "0.27.1"')
                     .replace(f'filename = "{now.filename}"', f'filename = "{OLD_WHEEL}"'))
+    return isolate(tmp_path, monkeypatch, cache, targets)
+
+
+def isolate(tmp_path, monkeypatch, cache, targets: Path) -> Path:
+    """`upgrade` pointed at a copy of the lock and the closures (and `targets`): nothing of the checkout's
+    is written, whatever it does."""
     lock = tmp_path / "lock.toml"
     shutil.copy2(ROOT / "images" / "lock.toml", lock)
     closures = tmp_path / "closures"
@@ -148,14 +154,7 @@ def test_a_release_whose_closure_does_not_resolve_still_shows_its_flags_and_lint
     # fails: then `upgrade` has become possible and the test has done its job.
     targets = tmp_path / "targets"
     shutil.copytree(ROOT / "images" / "targets", targets)
-    lock = tmp_path / "lock.toml"
-    shutil.copy2(ROOT / "images" / "lock.toml", lock)
-    closures = tmp_path / "closures"
-    shutil.copytree(ROOT / "images" / "closures", closures)
-    monkeypatch.setattr(upgrade, "TARGETS_DIR", targets)
-    monkeypatch.setattr(lockfile, "LOCK_PATH", lock)
-    monkeypatch.setattr(closure_file, "CLOSURES_DIR", closures)
-    monkeypatch.setenv("KILN_CACHE_DIR", str(cache))
+    isolate(tmp_path, monkeypatch, cache, targets)
     before = state(tmp_path)
     rc = app.main(["upgrade", "--target", TARGET, "--to", "0.34.0",
                    "--snapshot", f"0.33.0={LOGS / 'vllm-0.33.0-serve-help-all.txt'}",
