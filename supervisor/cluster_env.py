@@ -25,12 +25,12 @@ A node is in a cluster when NUM_NODES is set and more than 1. Kiln's own variabl
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Mapping
 
 from .errors import Problem
 
-__all__ = ["Node", "read", "active", "RUNPOD_VARS", "DEFAULT_IFNAME"]
+__all__ = ["DEFAULT_IFNAME", "RUNPOD_VARS", "Node", "active", "read"]
 
 RUNPOD_VARS = ("PRIMARY_ADDR", "MASTER_ADDR", "PRIMARY_PORT", "MASTER_PORT", "NODE_ADDR", "NODE_RANK",
                "NUM_NODES", "NUM_TRAINERS", "WORLD_SIZE")

@@ -28,14 +28,15 @@ import json
 import logging
 import threading
 import time
-from urllib.parse import urlencode
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any, Callable
+from typing import Any
+from urllib.parse import urlencode
 
 from ..cluster_env import Node
 from .protocol import GONE, PATH, UP, Beat, decode
 
-__all__ = ["Group", "BEAT_S"]
+__all__ = ["BEAT_S", "Group"]
 
 log = logging.getLogger("kiln")
 BEAT_S = 0.5           # how often a rank beats (and the primary looks)
@@ -218,7 +219,7 @@ class Group:
             self._seen[0] = _Seen(beat, self._clock())
 
     def _check(self) -> None:
-        state, running, _ = self._local()
+        _, running, _ = self._local()
         if not running or self.epoch == 0:
             return
         reason = self._loss()
@@ -244,14 +245,15 @@ class Group:
                     if b.running and b.epoch == self.epoch:
                         s.joined = True
                     elif s.joined:
-                        return f"rank {r}'s engine went down (it is {b.state})"
+                        return f"rank {r}'s engine went down (rank {r} is {b.state}, with no engine of this epoch)"
                 else:
                     quiet = now - (since if since is not None else self._launched_at)
                     if quiet > self.node.lost_s:
                         return f"rank 0 (the primary) stopped answering: nothing for {quiet:.1f} s (dead or hung)"
-                    if since is not None and b is not None and (not b.running or b.epoch != self.epoch):
-                        return (f"rank 0's engine went down (it is {b.state}, epoch {b.epoch}; this rank joined "
-                                f"epoch {self.epoch})")
+                    if since is not None and b is not None and not b.running:
+                        return f"rank 0's engine went down (rank 0 is {b.state}, with no engine running)"
+                    if since is not None and b is not None and b.epoch != self.epoch:
+                        return f"rank 0 started another engine (epoch {b.epoch}; this rank joined epoch {self.epoch})"
         return None
 
     # -- /status ------------------------------------------------------------------------------------

@@ -4,12 +4,12 @@ problem and its fix, or None. I/O only to read the host (statvfs, /sys/class/net
 from __future__ import annotations
 
 import os
+from collections.abc import Sequence
 from pathlib import Path
-from typing import Sequence
 
 from ..cluster_env import Node
 
-__all__ = ["shm_problem", "interface_problem", "engine_problem", "rung_problems", "problems"]
+__all__ = ["engine_problem", "interface_problem", "problems", "rung_problems", "shm_problem"]
 
 GIB = 1024 ** 3
 SPANS_NODES = ("vllm",)        # engines with a multi-node executor Kiln drives

@@ -8,7 +8,7 @@ from __future__ import annotations
 import json
 from dataclasses import asdict, dataclass
 
-__all__ = ["Beat", "PATH", "decode", "UP", "GONE"]
+__all__ = ["GONE", "PATH", "UP", "Beat", "decode"]
 
 PATH = "/cluster"
 UP = ("HEALTHY", "SELFTEST", "SERVING")      # a rank whose engine is up

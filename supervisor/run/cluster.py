@@ -16,8 +16,9 @@ from __future__ import annotations
 
 import logging
 import time
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
-from typing import Any, Callable, Mapping
+from typing import Any
 
 from .. import cluster_env
 from ..cluster import engine as cluster_engine
@@ -32,7 +33,7 @@ from .tasks import Task
 
 log = logging.getLogger("kiln")
 
-__all__ = ["GroupLost", "ClusterNode"]
+__all__ = ["ClusterNode", "GroupLost"]
 
 
 @dataclass(frozen=True)
@@ -49,7 +50,7 @@ class ClusterNode:
 
     @classmethod
     def of(cls, env: Mapping[str, str], cfg: DeployConfig, rt: Runtime, *, running: Callable[[], bool],
-           post: Callable[[Any], None]) -> "ClusterNode":
+           post: Callable[[Any], None]) -> ClusterNode:
         """An inert one (no group, no checks) when this node is not in a cluster (NUM_NODES unset or 1)."""
         problems: list[Problem] = []
         node = cluster_env.read(env, problems)

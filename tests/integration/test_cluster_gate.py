@@ -11,7 +11,6 @@ import pytest
 
 from kiln_dev import vllm_cpu
 from kiln_dev.supervised import Supervised, free_port
-
 from tests.support.cluster import deploy, node_env
 
 
@@ -24,11 +23,12 @@ def engine() -> dict[str, Path]:
 def primary(tmp: Path, engine: dict[str, Path], **extra: str) -> Supervised:
     sport = free_port()
     text = deploy(tmp, port=free_port(), sport=sport, **engine)
-    return Supervised(tmp, text, env=node_env(0, master_port=free_port(), primary_status=sport, extra=extra))
+    env = node_env(0, nodes=2, master_port=free_port(), primary_status=sport, extra=extra)
+    return Supervised(tmp, text, env=env)
 
 
 def test_a_rank_that_never_arrives_fails_the_group_after_the_stated_timeout_naming_it(tmp_path, engine):
-    with primary(tmp_path, engine, KILN_CLUSTER_ARRIVE_S="6") as sup:
+    with primary(tmp_path, engine, KILN_CLUSTER_ARRIVE_S="6", KILN_CLUSTER_MIN_SHM_GIB="0.01") as sup:
         st = sup.wait_state("FAILED", "SERVING", timeout=120)
         assert st["state"] == "FAILED" and st["last_failure"]["class"] == "node_missing", st["last_failure"]
         reason = st["last_failure"]["reason"]

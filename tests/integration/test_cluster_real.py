@@ -15,78 +15,43 @@ killed, rank 1's node hung (SIGSTOP) and resumed. Each step starts from a group 
 
 from __future__ import annotations
 
-import json
 import os
 import signal
+from collections.abc import Iterator
 from pathlib import Path
-from typing import Iterator
 
 import pytest
 
 from kiln_dev import vllm_cpu
-from kiln_dev.supervised import Supervised, free_port, http, wait_for
-from tests.support.cluster import BOOT_S, KEY, deploy, node_env
+from kiln_dev.loopback_cluster import LoopbackCluster
+from kiln_dev.supervised import http
+from tests.support.cluster import BOOT_S, KEY, LOST_S, deploy
 
 pytestmark = pytest.mark.slow
 
 NOTICE_S = 60         # a loss seen, the engine stopped and the state moved: generous on a loaded machine
 
 
-class Group:
-    def __init__(self, tmp: Path):
-        self.tmp = tmp
-        self.port, self.master = free_port(), free_port()
-        self.sports = [free_port(), free_port()]
-        self.nodes: list[Supervised] = []
-        self.engine = {"bin": vllm_cpu.require_vllm(), "model": vllm_cpu.require_model("tiny"),
-                       "snapshot": vllm_cpu.snapshot_file()}
-
-    def start(self, rank: int) -> Supervised:
-        d = self.tmp / f"node{rank}"
-        d.mkdir(exist_ok=True)
-        text = deploy(d, model=self.engine["model"], binary=self.engine["bin"], snapshot=self.engine["snapshot"],
-                      port=self.port + 0, sport=self.sports[rank])
-        env = node_env(rank, master_port=self.master, primary_status=self.sports[0],
-                       extra={"KILN_SERVER_PORT": str(self.port if rank == 0 else free_port())})
-        sup = Supervised(d, text, env=env)
-        self.nodes.append(sup)
-        return sup
-
-    def ready(self) -> bool:
-        return http(self.nodes[0].url("/ready"), timeout=3)[0] == 200
-
-    def chat(self) -> int:
-        body = json.dumps({"model": self.engine["model"].name, "max_tokens": 4,
-                           "messages": [{"role": "user", "content": "hi"}]}).encode()
-        code, _ = http(f"http://127.0.0.1:{self.port}/v1/chat/completions", data=body, timeout=120,
-                       headers={"Authorization": f"Bearer {KEY}", "Content-Type": "application/json"})
-        return code
-
-    def epoch(self) -> int:
-        return (self.nodes[0].status() or {}).get("cluster", {}).get("epoch", 0)
-
-    def wait(self, cond, timeout: float, what: str) -> None:
-        """wait_for, with both nodes' logs as they are when it gives up."""
-        try:
-            wait_for(cond, timeout, what, interval=0.2)
-        except AssertionError as e:
-            raise AssertionError(f"{e}\n{self.tails()}") from None
-
-    def serving_again(self, after_epoch: int) -> None:
-        self.wait(lambda: self.epoch() > after_epoch and self.ready(), BOOT_S, f"the group ready again after epoch {after_epoch}")
-
-    def tails(self) -> str:
-        return "\n".join(f"--- node {i}:\n{n.log()[-2500:]}" for i, n in enumerate(self.nodes))
+def config(engine: dict[str, Path]):
+    return lambda d, port, sport: deploy(d, model=engine["model"], binary=engine["bin"], snapshot=engine["snapshot"],
+                                         port=port, sport=sport)
 
 
 @pytest.fixture(scope="module")
-def group(tmp_path_factory) -> Iterator[Group]:
-    g = Group(tmp_path_factory.mktemp("cluster"))
+def group(tmp_path_factory) -> Iterator[LoopbackCluster]:
+    engine = {"bin": vllm_cpu.require_vllm(), "model": vllm_cpu.require_model("tiny"), "snapshot": vllm_cpu.snapshot_file()}
+    g = LoopbackCluster(tmp_path_factory.mktemp("cluster"), config(engine), nodes=2, key=KEY,
+                        env={"KILN_CLUSTER_LOST_S": str(LOST_S), "KILN_CLUSTER_MIN_SHM_GIB": "1", "KILN_API_KEY": KEY})
+    g.model = engine["model"].name
     try:
         yield g
     finally:
-        for n in g.nodes:
-            n.__exit__()
+        g.close()
+
+
+def serving_again(group: LoopbackCluster, after_epoch: int) -> None:
+    group.wait(lambda: group.epoch() > after_epoch and group.ready(), BOOT_S,
+               f"the group ready again after epoch {after_epoch}")
 
 
 def test_the_group_turns_ready_only_with_both_ranks_and_answers_through_rank_0(group):
@@ -94,7 +59,7 @@ def test_the_group_turns_ready_only_with_both_ranks_and_answers_through_rank_0(g
     # rank 0 alone: at its launch gate, not ready, rank 1 named as the one missing
     group.wait(lambda: ((rank0.status() or {}).get("cluster") or {}).get("waiting"), 120,
                "rank 0 waiting at the group's gate")
-    code, text = http(rank0.url("/ready"))
+    code, _ = http(rank0.url("/ready"))
     assert code == 503
     assert rank0.status()["cluster"]["others"]["1"]["state"] == "never arrived"
     assert not (rank0.status().get("engine") or {}).get("pid")          # nothing launched before the group
@@ -110,7 +75,7 @@ def test_the_group_turns_ready_only_with_both_ranks_and_answers_through_rank_0(g
     assert b"GLOO_SOCKET_IFNAME=lo" in environ and b"NCCL_SOCKET_IFNAME=lo" in environ
     assert b"VLLM_HOST_IP=127.0.0.1" in environ
     assert st0["cluster"]["others"]["1"]["state"] == "SERVING"
-    assert group.chat() == 200
+    assert group.chat(group.model) == 200
 
 
 def test_rank_1_killed_rank_0_not_ready_within_seconds_then_the_group_serves_again(group):
@@ -123,8 +88,8 @@ def test_rank_1_killed_rank_0_not_ready_within_seconds_then_the_group_serves_aga
     # ... at once through its gate (rank 1 is not SERVING), then rank 0 stops its own engine for the loss
     group.wait(lambda: "rank 1" in ((group.nodes[0].status() or {}).get("cluster") or {}).get("last_loss", ""),
                NOTICE_S, "rank 0 naming the lost rank 1")
-    group.serving_again(epoch)
-    assert group.chat() == 200
+    serving_again(group, epoch)
+    assert group.chat(group.model) == 200
     assert group.nodes[0].status()["restarts"] >= 1 and rank1.status()["restarts"] >= 1
 
 
@@ -137,8 +102,8 @@ def test_rank_0_killed_rank_1_notices_and_the_group_restarts(group):
     group.wait(lambda: (rank1.status() or {}).get("restarts", 0) > before, NOTICE_S,
                "rank 1 restarting after rank 0's engine died")
     assert "rank 0" in rank1.status()["cluster"]["last_loss"]       # set before the restart it caused
-    group.serving_again(epoch)
-    assert group.chat() == 200
+    serving_again(group, epoch)
+    assert group.chat(group.model) == 200
 
 
 def test_a_hung_rank_is_lost_and_the_group_comes_back_when_it_resumes(group):
@@ -156,7 +121,7 @@ def test_a_hung_rank_is_lost_and_the_group_comes_back_when_it_resumes(group):
     finally:
         os.killpg(engine, signal.SIGCONT)
         os.kill(rank1.proc.pid, signal.SIGCONT)
-    group.serving_again(epoch)
-    assert group.chat() == 200
+    serving_again(group, epoch)
+    assert group.chat(group.model) == 200
     for n in group.nodes:
         assert n.stop() == 0

@@ -1,5 +1,5 @@
-"""Two Kiln supervisors as two nodes of one RunPod Instant Cluster on loopback: the deploy config every
-node runs and the environment RunPod sets on each (tests/integration/test_cluster_*.py)."""
+"""The deploy config every node of the tests' loopback cluster runs (tests/integration/test_cluster_*.py;
+the nodes themselves: kiln_dev/loopback_cluster.py)."""
 
 from __future__ import annotations
 
@@ -45,13 +45,3 @@ max_restarts = 8
 host = "127.0.0.1"
 port = {sport}
 """
-
-
-def node_env(rank: int, *, master_port: int, primary_status: int, extra: dict[str, str] | None = None) -> dict[str, str]:
-    """What RunPod sets on node `rank` of a two-node cluster with one GPU per node, plus Kiln's loopback knobs."""
-    return {"PRIMARY_ADDR": "127.0.0.1", "MASTER_ADDR": "127.0.0.1", "PRIMARY_PORT": str(master_port),
-            "MASTER_PORT": str(master_port), "NODE_ADDR": "127.0.0.1", "NODE_RANK": str(rank), "NUM_NODES": "2",
-            "NUM_TRAINERS": "1", "WORLD_SIZE": "2", "HOST_NODE_ADDR": f"127.0.0.1:{master_port}",
-            "CUDA_VISIBLE_DEVICES": str(rank), "KILN_CLUSTER_IFNAME": "lo",
-            "KILN_CLUSTER_STATUS_PORT": str(primary_status), "KILN_CLUSTER_LOST_S": str(LOST_S),
-            "KILN_CLUSTER_MIN_SHM_GIB": "1", "KILN_API_KEY": KEY, **(extra or {})}

@@ -105,7 +105,7 @@ def test_a_rank_whose_engine_went_down_is_a_loss_once_per_epoch():
     beat(g, 2, "RESTARTING", False, 1)
     g._check()
     g._check()
-    assert lost == ["rank 2's engine went down (it is RESTARTING)"]
+    assert lost == ["rank 2's engine went down (rank 2 is RESTARTING, with no engine of this epoch)"]
     run_epoch(g, clock, local)                # the next epoch may lose again
     beat(g, 1, "RESTARTING", False, 2)
     g._check()
@@ -135,3 +135,58 @@ def test_a_bad_beat_is_refused_and_another_rank_is_not_the_primary():
     other = Group(Node(1, 2, "10.0.0.1", 29501, "10.0.0.2", 1, "lo", None), local=lambda: ("FETCH", False, ""),
                   lost=lambda _: None, primary_status_port=8081)
     assert other.answer(Beat(1, "FETCH", False, 0).encode())[0] == 409
+
+
+def other_rank():
+    clock = Clock()
+    local = {"state": "LOADING", "running": False}
+    lost: list[str] = []
+    node = Node(rank=1, nodes=2, primary_addr="10.0.0.1", primary_port=29501, node_addr="10.0.0.2",
+                gpus_per_node=1, ifname="lo", status_port=None, arrive_s=30.0, lost_s=5.0)
+    g = Group(node, local=lambda: (local["state"], local["running"], ""), lost=lost.append,
+              primary_status_port=8081, clock=clock)
+    return g, clock, local, lost
+
+
+def primary_says(g: Group, state: str, running: bool, epoch: int) -> None:
+    """What the other rank's beat brings back (Group._beat keeps the primary's answer this way)."""
+    from supervisor.cluster.group import _Seen
+
+    g._seen[0] = _Seen(Beat(0, state, running, epoch), g._clock())
+
+
+def test_another_rank_joins_the_primarys_newer_epoch_and_loses_it_when_the_primary_restarts():
+    g, clock, local, lost = other_rank()
+    primary_says(g, "LOADING", True, 3)
+    assert g.launch_gate(threading.Event()) is None
+    local.update(running=True)
+    g.launched()
+    assert g.epoch == 3
+    primary_says(g, "SERVING", True, 3)
+    assert g.headless_up(threading.Event(), lambda: True, 60) is True
+    g._check()
+    assert lost == []
+    primary_says(g, "RESTARTING", False, 3)
+    g._check()
+    assert lost == ["rank 0's engine went down (rank 0 is RESTARTING, with no engine running)"]
+
+
+def test_another_rank_loses_a_silent_primary_and_waits_for_a_newer_epoch_before_launching():
+    g, clock, local, lost = other_rank()
+    primary_says(g, "SERVING", True, 1)
+    assert g.launch_gate(threading.Event()) is None
+    local.update(running=True)
+    g.launched()
+    clock.t += 6                                   # no answer from the primary since
+    g._check()
+    assert lost and lost[0].startswith("rank 0 (the primary) stopped answering: nothing for 6.0 s")
+    primary_says(g, "SERVING", True, 1)            # the same epoch again: not a new group to join
+    cancelled = threading.Event()
+    out: list[str | None] = []
+    t = threading.Thread(target=lambda: out.append(g.launch_gate(cancelled)))
+    t.start()
+    t.join(0.3)
+    assert t.is_alive()
+    primary_says(g, "LOADING", True, 2)
+    t.join(5)
+    assert out == [None]
