@@ -147,8 +147,8 @@ def main() -> int:
         ratios.append(recovery / cold)
         failed += failed_after
         print(f"round {r + 1}: cold group boot {cold:.2f} s; rank 1's engine SIGKILLed under load -> the group "
-              f"ready again in {recovery:.2f} s ({recovery / cold:.3f} of the cold boot); {outage} request(s) "
-              f"failed during the outage; after it {failed_after} of {after} failed", flush=True)
+              f"ready again in {recovery:.2f} s ({recovery / cold:.3f} of the cold boot); {outage} attempt(s) "
+              f"failed during the outage (each client retries every 0.2 s); after it {failed_after} of {after} failed", flush=True)
     print(f"load average {load0:.2f} at the start, {os.getloadavg()[0]:.2f} at the end (2 cores)")
     ratio = sorted(ratios)[len(ratios) // 2]
     print(f"P16 group_recovery_over_cold_boot={ratio:.3f}")
