@@ -10,8 +10,9 @@ from pathlib import Path
 import pytest
 
 from kiln_dev import vllm_cpu
+from kiln_dev.loopback_cluster import node_env
 from kiln_dev.supervised import Supervised, free_port
-from tests.support.cluster import deploy, node_env
+from tests.support.cluster import deploy
 
 
 @pytest.fixture(scope="module")
