@@ -21,6 +21,10 @@ A node is in a cluster when NUM_NODES is set and more than 1. Kiln's own variabl
     KILN_CLUSTER_ARRIVE_S     how long the group waits for a rank that never arrived (default 600)
     KILN_CLUSTER_LOST_S       silence after which a rank counts as dead or hung (default 5)
     KILN_CLUSTER_MIN_SHM_GIB  the /dev/shm a node must have (default 8: RunPod asks for 8-16 GB)
+    KILN_CLUSTER_PROBE_S      how often the primary sends one real 1-token request through its API
+                              while it serves (default 15)
+    KILN_CLUSTER_PROBE_TIMEOUT_S  how long that request may take before the group counts as hung
+                              (default 60: under load a request waits its turn)
 """
 
 from __future__ import annotations
@@ -38,6 +42,8 @@ DEFAULT_IFNAME = "ens1"          # configuration.mdx: PRIMARY_ADDR is on ens1; e
 DEFAULT_ARRIVE_S = 600.0
 DEFAULT_LOST_S = 5.0
 DEFAULT_MIN_SHM_GIB = 8.0
+DEFAULT_PROBE_S = 15.0
+DEFAULT_PROBE_TIMEOUT_S = 60.0
 
 
 @dataclass(frozen=True)
@@ -54,6 +60,8 @@ class Node:
     arrive_s: float = DEFAULT_ARRIVE_S
     lost_s: float = DEFAULT_LOST_S
     min_shm_gib: float = DEFAULT_MIN_SHM_GIB
+    probe_s: float = DEFAULT_PROBE_S
+    probe_timeout_s: float = DEFAULT_PROBE_TIMEOUT_S
 
     @property
     def primary(self) -> bool:
@@ -143,9 +151,11 @@ def read(env: Mapping[str, str], problems: list[Problem]) -> Node | None:
     arrive = _float(env, "KILN_CLUSTER_ARRIVE_S", DEFAULT_ARRIVE_S, problems)
     lost = _float(env, "KILN_CLUSTER_LOST_S", DEFAULT_LOST_S, problems)
     shm = _float(env, "KILN_CLUSTER_MIN_SHM_GIB", DEFAULT_MIN_SHM_GIB, problems)
+    probe = _float(env, "KILN_CLUSTER_PROBE_S", DEFAULT_PROBE_S, problems)
+    probe_timeout = _float(env, "KILN_CLUSTER_PROBE_TIMEOUT_S", DEFAULT_PROBE_TIMEOUT_S, problems)
     if len(problems) > bad:
         return None
     assert nodes is not None and rank is not None and addr is not None and port is not None
     return Node(rank=rank, nodes=nodes, primary_addr=addr, primary_port=port, node_addr=node_addr,
                 gpus_per_node=gpus, ifname=ifname, status_port=status_port, arrive_s=arrive, lost_s=lost,
-                min_shm_gib=shm)
+                min_shm_gib=shm, probe_s=probe, probe_timeout_s=probe_timeout)

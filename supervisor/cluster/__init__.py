@@ -20,7 +20,9 @@ Kiln moves no tensor and schedules nothing: vLLM (`--nnodes/--node-rank/--master
                         KILN_CLUSTER_LOST_S, or whose engine went down, is a loss for every rank,
                         which stops its own engine (the loop's restart, with backoff and its cap,
                         does the rest); a headless rank is up once the primary's engine is; the
-                        primary's /ready waits for every rank SERVING in its epoch
+                        primary's /ready waits for every rank SERVING in its epoch; while it
+                        serves, the primary's real 1-token request through its own API finds an
+                        engine that hangs or died under a live supervisor
 
 The protocol (protocol.py) carries states and numbers, never a secret and never the model's data.
 Kept free of imports.

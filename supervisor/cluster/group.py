@@ -10,12 +10,16 @@
     headless_up: the primary's engine up in        ready_gate (/ready): every other rank SERVING in
       the epoch it joined                            this epoch, and fresh
     watch: the primary silent for LOST_S, or its   watch: a rank silent for LOST_S (dead or hung),
-      engine down or of another epoch -> lost()      its engine down after it joined, or gone -> lost()
+      engine down or of another epoch -> lost()      its engine down after it joined, or gone -> lost();
+                                                     while SERVING, a real 1-token request through its
+                                                     own API every PROBE_S, answered within its timeout
+                                                     (a hung or dead engine under a live supervisor)
 
 The epoch is the primary's engine launch count; a rank's engine belongs to the epoch it joined. A
 loss is reported once per epoch, and only while this rank's own engine runs: the loop stops that
 engine and its restart policy (backoff, cap, then FAILED) takes over, so the group restarts in
-order through the two gates. vLLM's /health is never asked: it says 200 with a dead rank.
+order through the two gates. vLLM's /health is never asked: it says 200 with a dead rank; while SERVING the primary sends a real
+1-token request through its own API instead (a rank's engine hung or dead under a live supervisor).
 
 The primary's `answer` runs on the status server's thread; everything else on the watcher's thread or
 a task's. One lock guards the table.
@@ -51,7 +55,8 @@ class _Seen:
 
 class Group:
     def __init__(self, node: Node, *, local: Callable[[], tuple[str, bool, str]], lost: Callable[[str], None],
-                 primary_status_port: int, clock: Callable[[], float] = time.monotonic, beat_s: float = BEAT_S):
+                 primary_status_port: int, clock: Callable[[], float] = time.monotonic, beat_s: float = BEAT_S,
+                 probe: Callable[[], str | None] | None = None):
         self.node = node
         self._local = local                  # (state, an engine of ours runs, last failure class)
         self._lost = lost
@@ -69,6 +74,13 @@ class Group:
         self._seen: dict[int, _Seen] = {r: _Seen() for r in others}
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
+        # The primary's real request through its own API while SERVING (cluster_env: KILN_CLUSTER_PROBE_S):
+        # a rank whose engine hangs or died under a live supervisor answers no beat differently, and
+        # vLLM's /health says 200 while every request fails; None: why the last probe failed, else None.
+        self._probe = probe if node.primary else None
+        self._probe_at = clock()
+        self._probing = False
+        self._probe_failed: tuple[int, str, float] | None = None    # (epoch, why, when)
 
     # -- this rank ----------------------------------------------------------------------------------
     def me(self) -> Beat:
@@ -219,15 +231,35 @@ class Group:
             self._seen[0] = _Seen(beat, self._clock())
 
     def _check(self) -> None:
-        _, running, _ = self._local()
+        state, running, _ = self._local()
         if not running or self.epoch == 0:
             return
+        self._maybe_probe(state)
         reason = self._loss()
         if reason is None or self._fired == self.epoch:
             return
         self._fired, self._last_loss = self.epoch, reason
         log.warning("cluster: %s: stopping this rank's engine (epoch %d) so the group restarts", reason, self.epoch)
         self._lost(reason)
+
+    def _maybe_probe(self, state: str) -> None:
+        """While SERVING, every probe_s, one real request in a thread of its own (it may take its timeout)."""
+        if self._probe is None or state != "SERVING" or self._probing \
+                or self._clock() - self._probe_at < self.node.probe_s:
+            return
+        self._probing, epoch = True, self.epoch
+
+        def run() -> None:
+            try:
+                why = self._probe() if self._probe is not None else None
+            except Exception as e:  # noqa: BLE001 - a probe that cannot run says so as its answer
+                why = f"the probe could not run: {type(e).__name__}"
+            with self._lock:
+                if why is not None and epoch == self.epoch:
+                    self._probe_failed = (epoch, why, self._clock())
+                self._probe_at, self._probing = self._clock(), False
+
+        threading.Thread(target=run, name="kiln-cluster-probe", daemon=True).start()
 
     def _loss(self) -> str | None:
         now = self._clock()
@@ -254,6 +286,11 @@ class Group:
                         return f"rank 0's engine went down (rank 0 is {b.state}, with no engine running)"
                     if since is not None and b is not None and b.epoch != self.epoch:
                         return f"rank 0 started another engine (epoch {b.epoch}; this rank joined epoch {self.epoch})"
+        failed = self._probe_failed
+        # A failed probe counts once the beats had LOST_S to say more (a rank's engine that died says
+        # so in its next beat, which names it); then it is the group's own hang or death.
+        if failed is not None and failed[0] == self.epoch and now - failed[2] >= self.node.lost_s:
+            return failed[1]
         return None
 
     # -- /status ------------------------------------------------------------------------------------

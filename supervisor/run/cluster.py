@@ -14,6 +14,8 @@ RunPod's variables at start, then one hook per effect that a rank changes.
 
 from __future__ import annotations
 
+import http.client
+import json
 import logging
 import time
 from collections.abc import Callable, Mapping
@@ -60,8 +62,10 @@ class ClusterNode:
                 probe = rt.rec.probe()
                 return probe["state"], running(), probe["last_failure"].get("class") or ""
 
+            host = "127.0.0.1" if cfg.server.host in ("0.0.0.0", "::", "") else cfg.server.host
             group = Group(node, local=local, lost=lambda why: post(GroupLost(why)),
-                          primary_status_port=node.status_port or cfg.status.port)
+                          primary_status_port=node.status_port or cfg.status.port,
+                          probe=lambda: probe(host, cfg.server.port, rt.api_key, node.probe_timeout_s))
             rt.node_argv, rt.node_env = cluster_engine.argv(node), cluster_engine.env_defaults(node)
             rt.rec.update(cluster={"rank": node.rank, "nodes": node.nodes, "primary": node.primary_addr})
         return cls(node, problems, group, show=lambda r: rt.rec.update(selftest=r))
@@ -136,3 +140,34 @@ class ClusterNode:
         eng.proc.stop(grace_s)
         rung = eng.live.cfg.ladder.rungs[eng.index].name
         return E.EngineDown(token, Failure(FailureClass.CRASHED, f"the group lost a rank: {ev.reason}", rung=rung))
+
+
+def probe(host: str, port: int, key: str | None, timeout_s: float) -> str | None:
+    """One real request through the primary's API, as a client sends it: the served model's id from
+    /v1/models, then a 1-token completion at temperature 0. None when both answered 200 within
+    timeout_s; else why (never the key)."""
+    headers = {"Content-Type": "application/json", **({"Authorization": f"Bearer {key}"} if key else {})}
+    deadline = time.monotonic() + timeout_s
+    conn = http.client.HTTPConnection(host, port, timeout=timeout_s)
+    try:
+        conn.request("GET", "/v1/models", headers=headers)
+        resp = conn.getresponse()
+        models = json.loads(resp.read() or b"{}") if resp.status == 200 else {}
+        if resp.status != 200 or not models.get("data"):
+            return f"the group's probe: /v1/models through rank 0's API answered {resp.status}"
+        body = json.dumps({"model": models["data"][0]["id"], "prompt": "1", "max_tokens": 1, "temperature": 0})
+        conn.timeout = max(0.1, deadline - time.monotonic())
+        if conn.sock is not None:
+            conn.sock.settimeout(conn.timeout)
+        conn.request("POST", "/v1/completions", body=body, headers=headers)
+        resp = conn.getresponse()
+        resp.read()
+        if resp.status != 200:
+            return (f"the group's probe: a 1-token completion through rank 0's API answered {resp.status} "
+                    "(vLLM's /health may still say 200: a rank's engine is dead)")
+        return None
+    except (OSError, ValueError, KeyError, http.client.HTTPException) as e:
+        kind = "no answer within" if isinstance(e, TimeoutError) else f"{type(e).__name__} within"
+        return f"the group's probe: a 1-token completion through rank 0's API: {kind} {timeout_s:g} s (a hung rank)"
+    finally:
+        conn.close()

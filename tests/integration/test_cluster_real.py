@@ -8,9 +8,10 @@ selftest_failed, and rank 1 then FAILED naming rank 0), so the group here runs w
 what is shown is the group's lifecycle; the selftest through rank 0's API with a real model is issue 41's
 GPU run (tests/unit/test_cluster_group.py holds /ready to the whole group).
 
-A two-node boot is the heaviest thing the tests do (~40-90 s on 2 cores), so one group (module
+A two-node boot is the heaviest thing the tests do (~60-130 s on 2 cores), so one group (module
 scope) is booted once and broken four times in order: rank 1's engine killed, rank 0's engine
-killed, rank 1's node hung (SIGSTOP) and resumed. Each step starts from a group that serves.
+killed, rank 1's node hung (SIGSTOP) and resumed, rank 1's engine alone hung under its live
+supervisor. Each step starts from a group that serves.
 `CUDA_VISIBLE_DEVICES` is set per node as on a two-GPU host (issue 41 runs the same setup on GPUs)."""
 
 from __future__ import annotations
@@ -30,6 +31,7 @@ from tests.support.cluster import BOOT_S, KEY, LOST_S, deploy
 pytestmark = pytest.mark.slow
 
 NOTICE_S = 60         # a loss seen, the engine stopped and the state moved: generous on a loaded machine
+PROBE_TIMEOUT_S = 30  # KILN_CLUSTER_PROBE_TIMEOUT_S: a 1-token request on the tiny model takes ~1 s here
 
 
 def config(engine: dict[str, Path]):
@@ -41,7 +43,8 @@ def config(engine: dict[str, Path]):
 def group(tmp_path_factory) -> Iterator[LoopbackCluster]:
     engine = {"bin": vllm_cpu.require_vllm(), "model": vllm_cpu.require_model("tiny"), "snapshot": vllm_cpu.snapshot_file()}
     g = LoopbackCluster(tmp_path_factory.mktemp("cluster"), config(engine), nodes=2, key=KEY,
-                        env={"KILN_CLUSTER_LOST_S": str(LOST_S), "KILN_CLUSTER_MIN_SHM_GIB": "1", "KILN_API_KEY": KEY})
+                        env={"KILN_CLUSTER_LOST_S": str(LOST_S), "KILN_CLUSTER_MIN_SHM_GIB": "1", "KILN_API_KEY": KEY,
+                             "KILN_CLUSTER_PROBE_S": "5", "KILN_CLUSTER_PROBE_TIMEOUT_S": str(PROBE_TIMEOUT_S)})
     g.model = engine["model"].name
     try:
         yield g
@@ -122,6 +125,27 @@ def test_a_hung_rank_is_lost_and_the_group_comes_back_when_it_resumes(group):
         os.killpg(engine, signal.SIGCONT)
         os.kill(rank1.proc.pid, signal.SIGCONT)
     serving_again(group, epoch)
+    assert group.chat(group.model) == 200
+
+
+def test_a_hung_engine_under_a_live_supervisor_is_found_by_rank_0s_probe(group):
+    """Rank 1's engine stopped (SIGSTOP), its supervisor beating on as if all were well: only a real
+    request through rank 0's API shows the hang (KILN_CLUSTER_PROBE_S, _TIMEOUT_S); the group restarts,
+    rank 1's stopped engine killed by its own supervisor's stop (SIGKILL after the grace)."""
+    assert group.ready()
+    epoch = group.epoch()
+    rank0, rank1 = group.nodes
+    engine = rank1.status()["engine"]["pid"]
+    os.killpg(engine, signal.SIGSTOP)
+    try:
+        group.wait(lambda: "probe" in ((rank0.status() or {}).get("cluster") or {}).get("last_loss", ""),
+                   PROBE_TIMEOUT_S + NOTICE_S, "rank 0's probe finding the hang")
+        serving_again(group, epoch)
+    finally:
+        try:
+            os.killpg(engine, signal.SIGCONT)
+        except ProcessLookupError:
+            pass                                  # killed by its supervisor, as it should be
     assert group.chat(group.model) == 200
     for n in group.nodes:
         assert n.stop() == 0

@@ -30,6 +30,7 @@ def test_runpods_variables_make_the_node_and_the_default_interface_is_ens1():
     assert (n.rank, n.nodes, n.primary_addr, n.primary_port, n.node_addr, n.gpus_per_node) == \
         (1, 2, "10.65.0.2", 29501, "10.65.0.3", 8)
     assert n.ifname == "ens1" and not n.primary and n.status_port is None
+    assert (n.lost_s, n.arrive_s, n.probe_s, n.probe_timeout_s, n.min_shm_gib) == (5.0, 600.0, 15.0, 60.0, 8.0)
     assert read({**RUNPOD, "NCCL_SOCKET_IFNAME": "ens2"})[0].ifname == "ens2"
     assert read({**RUNPOD, "NCCL_SOCKET_IFNAME": "ens2", "KILN_CLUSTER_IFNAME": "lo"})[0].ifname == "lo"
     only_legacy = {k: v for k, v in RUNPOD.items() if not k.startswith("PRIMARY_")}
@@ -38,7 +39,7 @@ def test_runpods_variables_make_the_node_and_the_default_interface_is_ens1():
 
 def test_every_bad_variable_is_named_with_its_value_and_fix():
     env = {**RUNPOD, "NODE_RANK": "2", "MASTER_ADDR": "10.65.0.9", "WORLD_SIZE": "8", "PRIMARY_PORT": "70000",
-           "MASTER_PORT": "70000", "KILN_CLUSTER_LOST_S": "-1"}
+           "MASTER_PORT": "70000", "KILN_CLUSTER_LOST_S": "-1", "KILN_CLUSTER_PROBE_TIMEOUT_S": "soon"}
     n, problems = read(env)
     assert n is None
     text = "\n".join(problems)
@@ -46,7 +47,7 @@ def test_every_bad_variable_is_named_with_its_value_and_fix():
     assert "PRIMARY_ADDR (env): differs from MASTER_ADDR" in text
     assert "WORLD_SIZE (env): is not NUM_NODES * NUM_TRAINERS (2 * 8)" in text and "allowed: 16" in text
     assert "PRIMARY_PORT (env)" in text and "'70000'" in text
-    assert "KILN_CLUSTER_LOST_S (env)" in text
+    assert "KILN_CLUSTER_LOST_S (env)" in text and "KILN_CLUSTER_PROBE_TIMEOUT_S (env)" in text and "'soon'" in text
     missing = read({"NUM_NODES": "2"})[1]
     assert any(p.startswith("NODE_RANK (env): is not set") for p in missing)
     assert any(p.startswith("PRIMARY_ADDR (env): is not set") for p in missing)
