@@ -13,12 +13,12 @@ from __future__ import annotations
 import json
 import os
 import signal
-import subprocess
 from pathlib import Path
 
 import pytest
 
 from kiln_dev.supervised import Supervised, config, free_port, http, wait_for
+from kiln_dev.tmpfs import small_tmpfs
 
 pytestmark = pytest.mark.llama
 NOSPACE = "No space left on device"
@@ -27,16 +27,8 @@ NOSPACE = "No space left on device"
 @pytest.fixture
 def small_disk(tmp_path):
     """A 16 MiB tmpfs, unmounted afterwards (we are root here and in CI)."""
-    mnt = tmp_path / "volume"
-    mnt.mkdir()
-    r = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=16m,mode=0755", "tmpfs", str(mnt)],
-                       capture_output=True, text=True)
-    if r.returncode != 0:
-        pytest.skip(f"cannot mount a tmpfs here ({r.stderr.strip()}): these tests need root")
-    try:
+    with small_tmpfs(tmp_path / "volume", "16m") as mnt:
         yield mnt
-    finally:
-        subprocess.run(["umount", "-l", str(mnt)], check=False)
 
 
 def fill(disk: Path) -> None:
