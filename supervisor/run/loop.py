@@ -95,13 +95,13 @@ class Supervisor:
         self.inbox: queue.Queue[Any] = queue.Queue()
         self.relay = SignalRelay(notify=lambda: self.inbox.put(_Wake()))
         self.tasks = Tasks(self.inbox.put)
-        self.memory = LadderMemory(self.state_dir / "ladder-memory.json")
+        self.memory = LadderMemory(self.state_dir / "ladder-memory.json", writes=self.rt.writes)
         self.engines: dict[int, _Engine] = {}
         self.last_engine: _Engine | None = None
         self.last_exit_at: float | None = None      # when the last failed engine exited (rung switch time)
         self.machine: Machine | None = None
         self.exit_code: int | None = None
-        self.reloads = ReloadTracker(ReloadBook(self.state_dir / "reload"), self.rec, self.rt.secrets)
+        self.reloads = ReloadTracker(ReloadBook(self.state_dir / "reload", self.rt.writes), self.rec, self.rt.secrets)
         self.peripherals: Any = None                # run/peripherals.py, started once the engine is on its way
         self.terminator = Terminator(self.rt.env, self.rec)    # run/terminate.py: a pod that can never serve
         self.model_records: dict[str, dict[str, Any]] = {}   # model path -> its /status record, shown once it serves
