@@ -13,7 +13,8 @@ rollout.py.
                        Kiln sends as a secret reference goes back as the reference).
     find / resolve     an endpoint by name; `resolve` refuses, naming the endpoints that exist.
     price              the pool's serverless list rate from the catalog (RunPod's, per GPU-hour).
-    delete             DELETE /v2/serverless/{id}; the network volume stays unless asked.
+    delete             DELETE /v2/serverless/{id}; the network volume stays unless asked, and is never
+                       deleted while another endpoint or a pod mounts it (volume_users names them).
 """
 
 from __future__ import annotations
@@ -257,10 +258,32 @@ def volume_for(api: RunPodAPI, name: str, size_gb: int, data_centers: tuple[str,
     return vol
 
 
+def volume_users(api: RunPodAPI, volume_id: str, *, besides: str) -> list[str]:
+    """Who else mounts network volume `volume_id`, named: the endpoints that list it in
+    networkVolumes and the pods that mount it (mounts.network[].volumeId), a stopped pod
+    included (it keeps its mount), except the endpoint `besides`."""
+    users = [f"endpoint {e.get('name')} ({e.get('id')})" for e in api.endpoints()
+             if str(e.get("id")) != besides and volume_id in (e.get("networkVolumes") or [])]
+    for pod in api.pods():
+        mounts = pod.get("mounts") if isinstance(pod.get("mounts"), dict) else {}
+        if any(isinstance(m, dict) and m.get("volumeId") == volume_id for m in mounts.get("network") or []):
+            users.append(f"pod {pod.get('name')} ({pod.get('id')}, {pod.get('status')})")
+    return users
+
+
 def delete(api: RunPodAPI, endpoint: dict[str, Any], say: Say, *, delete_volumes: bool = False) -> list[str]:
-    """Delete the endpoint (its workers end with it); its network volumes too when asked. Returns
+    """Delete the endpoint (its workers end with it); its network volumes too when asked, and only
+    when nothing else mounts them: otherwise nothing is deleted and the users are named. Returns
     the ids of the volumes kept."""
     eid = str(endpoint["id"])
+    if delete_volumes:
+        shared = {str(v): volume_users(api, str(v), besides=eid) for v in endpoint.get("networkVolumes") or []}
+        shared = {v: users for v, users in shared.items() if users}
+        if shared:
+            named = "; ".join(f"{v} is mounted by {', '.join(users)}" for v, users in shared.items())
+            raise KilnError(f"--delete-volume: {named}: deleting it would take their weights and caches away. "
+                            f"Nothing was deleted; `endpoint down` without --delete-volume deletes endpoint "
+                            f"{endpoint.get('name')} and keeps the volume")
     if api.delete_endpoint(eid):
         say(f"endpoint {endpoint.get('name')} ({eid}): deleted, with its workers")
     else:

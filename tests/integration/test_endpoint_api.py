@@ -233,3 +233,31 @@ def test_status_logs_and_down_take_an_endpoint_whose_target_is_gone(standin):
     assert logs.returncode == 2 and "has 0 workers: nothing to read" in logs.stderr      # the endpoint was found
     down = endpoint_cli(standin, "down", *gone)
     assert down.returncode == 0 and standin.endpoints == {}, down.stderr
+
+
+def test_down_delete_volume_refuses_a_volume_another_endpoint_or_a_pod_still_mounts(standin):
+    # issue 37 item 5: it deleted the volume from under the other endpoint's workers (and a pod's)
+    assert endpoint_cli(standin, *UP).returncode == 0
+    (vol,) = standin.volumes
+    other = endpoint_cli(standin, *UP, "--name", "kiln-other", "--network-volume", f"kiln-{TARGET}")
+    assert other.returncode == 0 and "reused" in other.stderr, other.stderr
+    by_name = {e["name"]: e for e in standin.endpoints.values()}
+    assert by_name["kiln-other"]["networkVolumes"] == [vol]
+    writes = standin.writes()
+    r = endpoint_cli(standin, "down", "--target", TARGET, "--delete-volume")
+    assert r.returncode == 2, r.stdout + r.stderr
+    assert f"{vol} is mounted by endpoint kiln-other ({by_name['kiln-other']['id']})" in r.stderr
+    assert "Nothing was deleted" in r.stderr and standin.writes() == writes and vol in standin.volumes
+
+    # A pod that mounts it (and no other endpoint) is named the same way.
+    assert endpoint_cli(standin, "down", "--name", "kiln-other", "--target", TARGET).returncode == 0
+    pod = RunPodAPI(ACCOUNT_KEY, standin.url).create_pod(
+        {"name": "kiln-pod", "image": "a/b:c", "gpu": {"id": "NVIDIA A40", "count": 1}, "dataCenterIds": ["EU-RO-1"],
+         "mounts": {"network": [{"volumeId": vol, "path": "/workspace"}]}})
+    r = endpoint_cli(standin, "down", "--target", TARGET, "--delete-volume")
+    assert r.returncode == 2 and f"{vol} is mounted by pod kiln-pod ({pod['id']}" in r.stderr, r.stderr
+    assert f"kiln-{TARGET}" in {e["name"] for e in standin.endpoints.values()} and vol in standin.volumes
+
+    RunPodAPI(ACCOUNT_KEY, standin.url).terminate_pod(pod["id"])
+    down = endpoint_cli(standin, "down", "--target", TARGET, "--delete-volume")
+    assert down.returncode == 0 and standin.volumes == {} and standin.endpoints == {}, down.stderr
