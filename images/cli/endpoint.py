@@ -204,7 +204,11 @@ def cmd_up(args: argparse.Namespace) -> int:
                 "until one has")
     vol = _volume(api, args, target)
     plan = _plan(args, target, pins, compute, (vol.id, vol.data_center) if vol else None)
-    change = endpoints.upsert(api, plan)
+    try:
+        change = endpoints.upsert(api, plan)
+    except BaseException:             # an API error, Ctrl-C or TERM: only what this command created goes
+        endpoints.drop_created(api, vol, say)
+        raise
     e = change.endpoint
     say(f"endpoint {plan.name}: {change.action} ({e.get('id')})" +
         (f"; changed: {', '.join(sorted(change.patch))}" if change.patch else ""))

@@ -11,6 +11,8 @@ rollout.py.
                        PATCH changes are kept, so a failed release can be undone.
     restore_body       the PATCH that puts those values back (never a secret's value: a variable
                        Kiln sends as a secret reference goes back as the reference).
+    drop_created       the network volume this command created, deleted again when the endpoint was not
+                       written (a create that fails must not leave a volume billing on its own).
     find / resolve     an endpoint by name; `resolve` refuses, naming the endpoints that exist.
     price              the pool's serverless list rate from the catalog (RunPod's, per GPU-hour).
     delete             DELETE /v2/serverless/{id}; the network volume stays unless asked, and is never
@@ -256,6 +258,27 @@ def volume_for(api: RunPodAPI, name: str, size_gb: int, data_centers: tuple[str,
     say(f"network volume {vol.name}: {vol.action} ({vol.id}, {vol.size_gb} GB in {vol.data_center}; workers mount "
         "it at /runpod-volume and are placed in its data center); it bills while it exists")
     return vol
+
+
+def drop_created(api: RunPodAPI, vol: volumes.Volume | None, say: Say) -> None:
+    """After the endpoint that was to mount it was not written (an API error, an interrupt): delete
+    the network volume when this command created it and nothing mounts it, so it does not bill on
+    alone. A volume that was reused, or that something mounts after all (an interrupted create
+    that RunPod carried out), is kept; a delete that fails names the command that does it."""
+    if vol is None or vol.action != "created":
+        return
+    try:
+        users = volume_users(api, vol.id, besides="")
+        if users:
+            say(f"network volume {vol.name} ({vol.id}): kept, {', '.join(users)} mounts it")
+            return
+        api.delete_network_volume(vol.id)
+    except (KilnError, OSError) as e:
+        say(f"network volume {vol.name} ({vol.id}) was created for this endpoint and could not be deleted ({e}); "
+            f"it bills while it exists: `python build.py pods volumes --delete {vol.id}` deletes it")
+        return
+    say(f"network volume {vol.name} ({vol.id}): deleted again (created by this command for the endpoint, "
+        "which was not written)")
 
 
 def volume_users(api: RunPodAPI, volume_id: str, *, besides: str) -> list[str]:

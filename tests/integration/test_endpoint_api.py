@@ -261,3 +261,23 @@ def test_down_delete_volume_refuses_a_volume_another_endpoint_or_a_pod_still_mou
     RunPodAPI(ACCOUNT_KEY, standin.url).terminate_pod(pod["id"])
     down = endpoint_cli(standin, "down", "--target", TARGET, "--delete-volume")
     assert down.returncode == 0 and standin.volumes == {} and standin.endpoints == {}, down.stderr
+
+
+@pytest.mark.parametrize("fails", [(400, "no capacity for this endpoint"), (429, "too many requests")])
+def test_a_create_that_fails_deletes_the_volume_this_command_created_and_only_that(standin, fails):
+    # issue 37 item 7: the volume was created first and left billing when the endpoint's create failed
+    standin.fail_on[("POST", "/v2/serverless")] = fails
+    r = endpoint_cli(standin, *UP)
+    assert r.returncode == 2 and f"HTTP {fails[0]}" in r.stderr, r.stderr
+    assert standin.endpoints == {} and standin.volumes == {}, "the new volume outlived the failed create"
+    writes = standin.writes()
+    assert writes[:2] == [("POST", "/v2/network-volumes"), ("POST", "/v2/serverless")] and len(writes) == 3
+    assert writes[2][0] == "DELETE" and writes[2][1].startswith("/v2/network-volumes/"), writes
+    assert "deleted again (created by this command" in r.stderr
+
+    # A volume that existed before (reused by name) is never this command's to delete.
+    api = RunPodAPI(ACCOUNT_KEY, standin.url)
+    vol = api.create_network_volume({"name": f"kiln-{TARGET}", "size": 20, "dataCenter": "EU-RO-1"})
+    standin.fail_on[("POST", "/v2/serverless")] = fails
+    again = endpoint_cli(standin, *UP)
+    assert again.returncode == 2 and list(standin.volumes) == [vol["id"]] and "reused" in again.stderr
