@@ -216,9 +216,14 @@ def cmd_up(args: argparse.Namespace) -> int:
         say("a new release: workers on the previous one are replaced as they finish their requests")
     code = 0
     if args.wait:
-        outcome = rollout.wait_healthy(api, e, say, api_key=key,
-                                       timeout_s=1800.0 if args.timeout is None else args.timeout,
-                                       poll_s=5.0 if args.poll is None else args.poll, latest_only=change.new_release)
+        try:
+            outcome = rollout.wait_healthy(api, e, say, api_key=key,
+                                           timeout_s=1800.0 if args.timeout is None else args.timeout,
+                                           poll_s=5.0 if args.poll is None else args.poll,
+                                           latest_only=change.new_release)
+        except (KeyboardInterrupt, SystemExit):  # Ctrl-C, or TERM (app.py raises SystemExit for it)
+            _interrupted(api, plan, change, target.name)
+            raise
         if not outcome.healthy:
             code = _not_healthy(api, plan, change, outcome, key, target.name)
         else:
@@ -237,8 +242,8 @@ def _not_healthy(api, plan: ep.EndpointPlan, change, outcome, key: str, target_n
         print(f"  worker {outcome.worker}" + (", its log ends:" if outcome.log_tail else ""))
         for line in masked(outcome.log_tail, secrets):
             print(f"    {line}")
-    restore = endpoints.restore_body(change, plan.secret_keys, {k: plan.body["env"][k] for k in plan.secret_keys})
-    if change.action == "updated" and change.new_release and restore:
+    restore = _restore_body(plan, change)
+    if restore:
         api.update_endpoint(str(change.endpoint["id"]), restore)
         print(f"restored the previous release's {', '.join(sorted(restore))} (a new release of the old "
               "configuration); the failed one takes no more traffic once its workers are replaced")
@@ -246,6 +251,40 @@ def _not_healthy(api, plan: ep.EndpointPlan, change, outcome, key: str, target_n
     print(f"nothing to restore (the endpoint was {change.action}); `python build.py endpoint down --target "
           f"{target_name}` deletes it")
     return EXIT_NOT_HEALTHY
+
+
+def _restore_body(plan: ep.EndpointPlan, change) -> dict:
+    """The PATCH that puts back what a new release replaced; {} when there is none to undo."""
+    from ..runpod import endpoints
+
+    if not (change.action == "updated" and change.new_release):
+        return {}
+    return endpoints.restore_body(change, plan.secret_keys, {k: plan.body["env"][k] for k in plan.secret_keys})
+
+
+def _interrupted(api, plan: ep.EndpointPlan, change, target_name: str) -> None:
+    """Ctrl-C or TERM before the new release proved healthy: put the previous one back, as `pods up`
+    accounts for its pods, or print the command that does it. A second signal while restoring
+    ends the attempt and prints the command too."""
+    from ..runpod import endpoints
+
+    eid = str(change.endpoint["id"])
+    restore = _restore_body(plan, change)
+    if not restore:
+        print(f"interrupted before a worker proved healthy; the endpoint was {change.action}, nothing to restore: "
+              f"`python build.py endpoint down --target {target_name}` deletes it", flush=True)
+        return
+    try:
+        api.update_endpoint(eid, restore)
+    except BaseException as e:      # an API error, or a second Ctrl-C/TERM: the user restores it
+        print(f"interrupted: the new release is still live and restoring the previous one failed "
+              f"({type(e).__name__}: {e}); this restores its {', '.join(sorted(restore))}:\n"
+              f"  {endpoints.restore_command(api, eid, restore)}", flush=True)
+        if isinstance(e, Exception):
+            return
+        raise
+    print(f"interrupted before the new release proved healthy: restored the previous release's "
+          f"{', '.join(sorted(restore))} (a new release of the old configuration)", flush=True)
 
 
 def _print_endpoint(api, e: dict, code: int, target_name: str) -> None:

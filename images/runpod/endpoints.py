@@ -10,7 +10,8 @@ rollout.py.
                        that differ (a second run writes nothing). The previous values of what the
                        PATCH changes are kept, so a failed release can be undone.
     restore_body       the PATCH that puts those values back (never a secret's value: a variable
-                       Kiln sends as a secret reference goes back as the reference).
+                       Kiln sends as a secret reference goes back as the reference);
+                       restore_command the same PATCH as a command a user runs when Kiln could not.
     drop_created       the network volume this command created, deleted again when the endpoint was not
                        written (a create that fails must not leave a volume billing on its own).
     find / resolve     an endpoint by name; `resolve` refuses, naming the endpoints that exist.
@@ -21,6 +22,8 @@ rollout.py.
 
 from __future__ import annotations
 
+import json
+import shlex
 from dataclasses import dataclass
 from typing import Any, Callable
 
@@ -224,6 +227,14 @@ def restore_body(change: Change, secret_keys: frozenset[str], refs: dict[str, st
                      **({"excludedTypes": value["excludedTypes"]} if value.get("excludedTypes") else {})}
         out[key] = value
     return out
+
+
+def restore_command(api: RunPodAPI, endpoint_id: str, body: dict[str, Any]) -> str:
+    """The shell command that sends the restore PATCH, for when Kiln could not: the key is read
+    from $RUNPOD_API_KEY where it runs, never written out; secrets are references in `body`."""
+    url = f"{api.base_url}/serverless/{endpoint_id}"
+    return (f"curl -fsS -X PATCH {shlex.quote(url)} -H \"Authorization: Bearer $RUNPOD_API_KEY\" "
+            f"-H 'Content-Type: application/json' --data {shlex.quote(json.dumps(body, separators=(',', ':')))}")
 
 
 # -- what it costs, and down ------------------------------------------------------------------------
