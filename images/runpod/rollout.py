@@ -6,11 +6,13 @@ went wrong when none does.
                    supervisor's selftest passed and it serves). While it waits, one request at a
                    time goes to the endpoint's URL (RunPod's key in Authorization, as its docs
                    show), because a load-balancing endpoint at zero workers starts one only for a
-                   request in flight. A worker of the latest release that turns UNHEALTHY is read
-                   at once (GET .../workers/{workerId}/logs, while it is still listed: whether a
-                   log outlives its worker is not documented): the supervisor's last line before
-                   it gives up names the failure class and cause, and once a worker has said that,
-                   waiting longer cannot help.
+                   request in flight. A worker of the latest release fails when it turns UNHEALTHY
+                   or leaves the list before it turned healthy (its process ended); its log is read
+                   at once (GET .../workers/{workerId}/logs; whether a log outlives its worker is not
+                   documented: it is asked for anyway), where the supervisor's one failure line
+                   names the class and cause whatever the phase. FAILED_WORKERS failed workers and
+                   none healthy end the wait at once: the release is rolled back, no timeout is
+                   waited out (a bad config woke ~95 billed workers in 20 s that way).
     failure_line   that line, out of a worker's log.
 
 The caller (images/cli/endpoint.py) restores the previous release when a new one fails.
@@ -27,16 +29,20 @@ from typing import Any, Callable
 import requests
 
 from supervisor.redact import redact
+from supervisor.runpod_env import RELEASE_LINE
 
 from .api import RunPodAPI, RunPodAPIError
 from .endpoint import HEALTH_CHECK_PATH
 
 Say = Callable[[str], None]
 READY = ("IDLE", "RUNNING")             # WorkerStatus: ready, or processing a request
-# What the supervisor prints when it can never serve (supervisor/run/loop.py): as a serverless
-# worker, one line before it exits ("serverless worker: it can never serve (<class>: <cause>); ...");
-# in any mode "FAILED: <class>: <cause>".
-RELEASE_LINE = re.compile(r"serverless worker: it can never serve \((?P<cause>\S+: .*)\); \S+ on port \d+ answers 503")
+# A release is judged by two different workers: one that fails may owe it to its host (a GPU, a
+# download that stalled), two that fail with none healthy are the release's own (README: Releases
+# that cannot take the endpoint down). Both are read at once; no timeout is waited out.
+FAILED_WORKERS = 2
+# What the supervisor prints when it can never serve: as a serverless worker, one line in every
+# phase (supervisor/runpod_env.py release_line: a config that does not parse, or a failure once
+# running); in any mode "FAILED: <class>: <cause>".
 FAILED_LINE = re.compile(r"\bFAILED: (?P<cause>\S+: .*)$")
 FAILURE_LINE = re.compile(r"\bfailure (?P<cause>\w+(?: on rung \S+)?: .*)$")
 # RunPod's URL for a load-balancing endpoint when its answer carries no requestUrls.
@@ -71,6 +77,7 @@ class Outcome:
     worker: str | None = None               # the healthy worker, or the failing one
     cause: str | None = None                # why not, in one line
     log_tail: list[str] = field(default_factory=list)
+    failed: int = 0                         # workers of the release that failed
 
 
 class Waker:
@@ -118,13 +125,14 @@ def _describe(workers: list[dict[str, Any]]) -> str:
 def wait_healthy(api: RunPodAPI, endpoint: dict[str, Any], say: Say, *, api_key: str, timeout_s: float,
                  poll_s: float = 5.0, wake: bool = True, latest_only: bool = True,
                  session: requests.Session | None = None) -> Outcome:
-    """Until a worker of the latest release is healthy, one of them gives up, or `timeout_s` passes.
-    Without `latest_only` (a change that replaces no container: workers, scaling) any healthy
+    """Until a worker of the latest release is healthy, FAILED_WORKERS of them failed, or `timeout_s`
+    passes. Without `latest_only` (a change that replaces no container: workers, scaling) any healthy
     worker will do: whether RunPod marks the running ones stale then is not documented."""
     eid = str(endpoint["id"])
     session = session or requests.Session()
     deadline = time.monotonic() + timeout_s
-    read: dict[str, list[str]] = {}          # worker id -> its log, read once it turned UNHEALTHY
+    seen: set[str] = set()                   # workers of the release listed so far
+    failed: dict[str, list[str]] = {}        # worker id -> its log, read once it failed
     last = ""
     version: int | None = None
     waker = Waker(health_url(endpoint), api_key, session) if wake else None
@@ -143,23 +151,40 @@ def wait_healthy(api: RunPodAPI, endpoint: dict[str, Any], say: Say, *, api_key:
             ready = next((w for w in latest if w.get("status") in READY), None)
             if ready is not None:
                 return Outcome(True, version, str(ready.get("id")))
-            for w in latest:
-                wid = str(w.get("id"))
-                if w.get("status") == "UNHEALTHY" and wid not in read:
-                    read[wid] = _log_lines(api, eid, wid)
-                    cause = failure_line(read[wid])
-                    if cause:
-                        return Outcome(False, version, wid, cause, read[wid][-12:])
-            if time.monotonic() >= deadline:
-                wid = next(iter(read), None)
-                cause = failure_line(read[wid]) if wid else None
-                return Outcome(False, version, wid, f"no worker of release v{version} turned healthy within "
-                               f"{timeout_s:.0f} s (last: {_describe(workers)})" + (f"; {cause}" if cause else ""),
-                               read[wid][-12:] if wid else [])
+            listed = {str(w.get("id")) for w in latest}
+            # Failed: UNHEALTHY (its health path said it can never serve), or gone from the list before
+            # it ever turned healthy (the process ended: "only active workers" are listed).
+            for wid in sorted({str(w.get("id")) for w in latest if w.get("status") == "UNHEALTHY"}
+                              | (seen - listed)):
+                if wid not in failed:
+                    failed[wid] = _log_lines(api, eid, wid)
+                    say(f"worker {wid} of release v{version} failed: "
+                        f"{failure_line(failed[wid]) or 'its log names no cause (yet)'}")
+            seen |= listed
+            if len(failed) >= FAILED_WORKERS or time.monotonic() >= deadline:
+                for wid, lines in failed.items():        # a line logged after the read (the 503 came first)
+                    if failure_line(lines) is None:
+                        failed[wid] = _log_lines(api, eid, wid) or lines
+                if len(failed) >= FAILED_WORKERS:
+                    return _failed(version, failed, f"{len(failed)} workers of release v{version} failed and none "
+                                   "turned healthy")
+                return _failed(version, failed, f"no worker of release v{version} turned healthy within "
+                               f"{timeout_s:.0f} s (last: {_describe(workers)})")
             time.sleep(poll_s)               # the polling interval of a condition wait with a deadline
     finally:
         if waker:
             waker.__exit__()
+
+
+def _failed(version: int | None, failed: dict[str, list[str]], summary: str) -> Outcome:
+    """Not healthy: the first failed worker whose log says why (else the first failed), its cause
+    first (the supervisor's own line) and what was seen after it."""
+    causes = {wid: failure_line(lines) for wid, lines in failed.items()}
+    wid = next((w for w, c in causes.items() if c), next(iter(failed), None))
+    cause = causes.get(wid) if wid else None
+    named = f" ({', '.join(failed)})" if failed else ""
+    return Outcome(False, version, wid, f"{cause}; {summary}{named}" if cause else f"{summary}{named}",
+                   failed[wid][-12:] if wid else [], failed=len(failed))
 
 
 def masked(lines: list[str], secrets: list[str | None]) -> list[str]:
