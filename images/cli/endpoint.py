@@ -104,6 +104,9 @@ def _up_arguments(p: argparse.ArgumentParser) -> None:
                    "start downloads or loads the model and runs the selftest)")
     p.add_argument("--poll", type=float, metavar="S", help="with --wait: seconds between reads of the workers "
                    "(default: 5)")
+    p.add_argument("--settle", type=float, metavar="S", help="with --wait: a worker is healthy once it was read "
+                   "ready for this long, at every read (default: 30: a crash a moment after it turned ready fails "
+                   "the release)")
     _api_option(p)
 
 
@@ -173,9 +176,9 @@ def cmd_up(args: argparse.Namespace) -> int:
     from ..runpod import endpoints, rollout
     from ..runpod.cuda import cuda_floor
 
-    if not args.wait and (args.timeout is not None or args.poll is not None):
-        raise KilnError("--timeout and --poll only go with --wait")
-    for name, value in (("--timeout", args.timeout), ("--poll", args.poll)):
+    if not args.wait and (args.timeout is not None or args.poll is not None or args.settle is not None):
+        raise KilnError("--timeout, --poll and --settle only go with --wait")
+    for name, value in (("--timeout", args.timeout), ("--poll", args.poll), ("--settle", args.settle)):
         if value is not None and not value > 0:           # 0 meant the default before (`or`), a negative ran
             raise KilnError(f"{name} {value:g}: seconds, more than 0 (leave it out for the default)")
     if args.no_network_volume and (args.network_volume or args.network_volume_gb or args.data_center):
@@ -220,6 +223,7 @@ def cmd_up(args: argparse.Namespace) -> int:
             outcome = rollout.wait_healthy(api, e, say, api_key=key,
                                            timeout_s=1800.0 if args.timeout is None else args.timeout,
                                            poll_s=5.0 if args.poll is None else args.poll,
+                                           settle_s=rollout.SETTLE_S if args.settle is None else args.settle,
                                            latest_only=change.new_release)
         except (KeyboardInterrupt, SystemExit):  # Ctrl-C, or TERM (app.py raises SystemExit for it)
             _interrupted(api, plan, change, target.name)
@@ -227,7 +231,8 @@ def cmd_up(args: argparse.Namespace) -> int:
         if not outcome.healthy:
             code = _not_healthy(api, plan, change, outcome, key, target.name)
         else:
-            say(f"worker {outcome.worker} of release v{outcome.version} is healthy (its selftest passed)")
+            say(f"worker {outcome.worker} of release v{outcome.version} is healthy: ready, and still ready "
+                f"{outcome.settled_s:g} s later at every read; {outcome.checked}")
     _print_endpoint(api, e, code, target.name)
     return code
 

@@ -84,3 +84,43 @@ def test_a_release_whose_workers_cannot_parse_their_config_says_why_and_is_rolle
             assert "(config_rejected: " in line and "answers 503 and the worker exits in 2 s" in line
         assert ACCOUNT_KEY not in bad.stdout + bad.stderr + json.dumps([w.system for w in started])
     assert standin.faults == []
+
+
+CRASHY = "r.example/kiln:crashy"
+RESTART = "[restart]\nmax_restarts = 1\nwindow_s = 120\nbackoff_initial_s = 0.2\nbackoff_max_s = 1\n"
+
+
+def crashy_config_for(tiny: Path, tmp_path: Path):
+    def config_for(endpoint, worker_id, volume):
+        crashy = str(endpoint.get("image", "")).endswith(":crashy")
+        env = {"KILN_FAKE_SCENARIO": "crash-after-ready", "KILN_FAKE_CRASH_AFTER_S": "3"} if crashy else None
+        return worker_config(tiny, tmp_path / "disk" / worker_id / "kiln", rung_env=env, extra=RESTART)
+    return config_for
+
+
+def test_a_release_whose_workers_crash_a_moment_after_turning_ready_is_not_healthy(tmp_path, tiny):
+    # issue 37 item 4: `up --wait` took the first 200 and exited 0; the engine died 3 s later.
+    with standin_with(tmp_path, crashy_config_for(tiny, tmp_path)) as standin:
+        first = endpoint_cli(standin, "up", "--target", TARGET, "--image-ref", GOOD, "--no-network-volume")
+        assert first.returncode == 0, first.stderr
+        (e,) = standin.endpoints.values()
+        crashy = endpoint_cli(standin, "up", "--target", TARGET, "--image-ref", CRASHY, "--no-network-volume",
+                              "--wait", "--poll", "0.2", "--timeout", "180", "--settle", "10")
+        started = [w for w in standin.started_workers if w.image == CRASHY]
+        assert any("-> IDLE (health 200)" in line for w in started for _, line in w.system), "it turned ready"
+        assert crashy.returncode == 3, crashy.stdout + crashy.stderr
+        assert "turned ready, then" in crashy.stdout + crashy.stderr and "within the 10 s settle window" \
+            in crashy.stdout + crashy.stderr, crashy.stdout + crashy.stderr
+        assert "restored the previous release's image" in crashy.stdout
+        assert standin.endpoints[e["id"]]["image"] == GOOD
+
+
+def test_a_healthy_release_says_what_its_health_check_vouched_for(tmp_path, tiny):
+    # issue 37 item 4: with the selftest off the CLI said "its selftest passed"; it says what was checked.
+    with standin_with(tmp_path, crashy_config_for(tiny, tmp_path)) as standin:
+        up = endpoint_cli(standin, "up", "--target", TARGET, "--image-ref", GOOD, "--no-network-volume",
+                          "--wait", "--poll", "0.2", "--settle", "2")
+        assert up.returncode == 0, up.stdout + up.stderr
+        assert "is healthy: ready, and still ready 2 s later" in up.stderr, up.stderr
+        assert "its selftest passed" not in up.stderr
+        assert "no selftest ran on it" in up.stderr, up.stderr
