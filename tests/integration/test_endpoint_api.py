@@ -284,55 +284,52 @@ def test_a_create_that_fails_deletes_the_volume_this_command_created_and_only_th
     assert again.returncode == 2 and list(standin.volumes) == [vol["id"]] and "reused" in again.stderr
 
 
-@pytest.mark.parametrize("sig,code", [(signal.SIGINT, 130), (signal.SIGTERM, 128 + signal.SIGTERM)])
-def test_ctrl_c_or_term_during_up_wait_restores_the_previous_release(standin, sig, code):
-    # issue 37 item 1: it printed `interrupted` and left the new, unproven release live. No worker
-    # can start on this stand-in (no WorkerRunner), so the wait is still going when the signal comes.
+def interrupted_up(standin, sig: int, before=lambda e: None) -> tuple[dict, subprocess.CompletedProcess]:
+    """`up --wait` of a new image over an endpoint on r.example/k:old, sent `sig` while it waits
+    (`before(endpoint)` runs just before). No worker can start on this stand-in (no WorkerRunner),
+    so the wait is still going when the signal comes."""
     first = endpoint_cli(standin, "up", "--target", TARGET, "--no-network-volume", "--image-ref", "r.example/k:old")
     assert first.returncode == 0, first.stderr
     (e,) = standin.endpoints.values()
-    env = {**os.environ, "RUNPOD_API_KEY": ACCOUNT_KEY, "RUNPOD_API_URL": standin.url, "HF_TOKEN": HF_CANARY}
     cli = subprocess.Popen([sys.executable, str(ROOT / "build.py"), "endpoint", "up", "--target", TARGET,
                             "--no-network-volume", "--image-ref", "r.example/k:new", "--wait", "--poll", "0.2"],
-                           cwd=ROOT, env=env, text=True, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+                           cwd=ROOT, env=cli_env(standin), text=True, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
     try:
         wait_for(lambda: any(q["method"] == "GET" and q["path"].endswith("/workers") for q in standin.requests),
                  60, "the CLI waiting on the new release's workers")
         assert standin.endpoints[e["id"]]["image"] == "r.example/k:new"
+        before(e)
         cli.send_signal(sig)
         out, err = cli.communicate(timeout=60)
     finally:
         if cli.poll() is None:
             cli.kill()
-    assert cli.returncode == code, out + err
+    return e, subprocess.CompletedProcess(cli.args, cli.returncode, out, err)
+
+
+def cli_env(standin) -> dict[str, str]:
+    return {**os.environ, "RUNPOD_API_KEY": ACCOUNT_KEY, "RUNPOD_API_URL": standin.url, "HF_TOKEN": HF_CANARY}
+
+
+@pytest.mark.parametrize("sig,code", [(signal.SIGINT, 130), (signal.SIGTERM, 128 + signal.SIGTERM)])
+def test_ctrl_c_or_term_during_up_wait_restores_the_previous_release(standin, sig, code):
+    # issue 37 item 1: it printed `interrupted` and left the new, unproven release live.
+    e, r = interrupted_up(standin, sig)
+    assert r.returncode == code, r.stdout + r.stderr
     assert standin.endpoints[e["id"]]["image"] == "r.example/k:old", "the unproven release was left live"
-    assert "restored the previous release's image" in out, out + err
+    assert "restored the previous release's image" in r.stdout, r.stdout + r.stderr
     patches = [q["body"] for q in standin.requests if q["method"] == "PATCH"]
     assert patches == [{"image": "r.example/k:new"}, {"image": "r.example/k:old"}]
-    no_canary(out, err)
+    no_canary(r.stdout, r.stderr)
 
 
 def test_an_interrupted_wait_whose_restore_fails_prints_the_command_that_restores(standin):
-    first = endpoint_cli(standin, "up", "--target", TARGET, "--no-network-volume", "--image-ref", "r.example/k:old")
-    assert first.returncode == 0, first.stderr
-    (e,) = standin.endpoints.values()
-    env = {**os.environ, "RUNPOD_API_KEY": ACCOUNT_KEY, "RUNPOD_API_URL": standin.url, "HF_TOKEN": HF_CANARY}
-    cli = subprocess.Popen([sys.executable, str(ROOT / "build.py"), "endpoint", "up", "--target", TARGET,
-                            "--no-network-volume", "--image-ref", "r.example/k:new", "--wait", "--poll", "0.2"],
-                           cwd=ROOT, env=env, text=True, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
-    try:
-        wait_for(lambda: any(q["method"] == "GET" and q["path"].endswith("/workers") for q in standin.requests),
-                 60, "the CLI waiting on the new release's workers")
-        standin.fail_on[("PATCH", f"/v2/serverless/{e['id']}")] = (503, "service unavailable")
-        cli.send_signal(signal.SIGINT)
-        out, err = cli.communicate(timeout=60)
-    finally:
-        if cli.poll() is None:
-            cli.kill()
-    assert cli.returncode == 130 and standin.endpoints[e["id"]]["image"] == "r.example/k:new", out + err
-    (line,) = [ln for ln in out.splitlines() if ln.lstrip().startswith("curl ")]
+    e, r = interrupted_up(standin, signal.SIGINT, before=lambda e: standin.fail_on.update(
+        {("PATCH", f"/v2/serverless/{e['id']}"): (503, "service unavailable")}))
+    assert r.returncode == 130 and standin.endpoints[e["id"]]["image"] == "r.example/k:new", r.stdout + r.stderr
+    (line,) = [ln for ln in r.stdout.splitlines() if ln.lstrip().startswith("curl ")]
     # The printed command, run as printed (RUNPOD_API_KEY from the environment), restores it.
-    r = subprocess.run(["bash", "-c", line.strip()], env={**env, "PATH": os.environ["PATH"]}, capture_output=True,
-                       text=True, timeout=60)
-    assert r.returncode == 0 and standin.endpoints[e["id"]]["image"] == "r.example/k:old", r.stdout + r.stderr
-    no_canary(out, err)
+    done = subprocess.run(["bash", "-c", line.strip()], env=cli_env(standin), capture_output=True, text=True,
+                          timeout=60)
+    assert done.returncode == 0 and standin.endpoints[e["id"]]["image"] == "r.example/k:old", done.stderr
+    no_canary(r.stdout, r.stderr)

@@ -49,6 +49,15 @@ def standin_with(tmp_path: Path, config_for) -> ServerlessStandIn:
     return ServerlessStandIn(ACCOUNT_KEY, workers=runner, no_worker_limit_s=240, worker_stop_grace_s=10)
 
 
+def release_over_good(standin, image: str, *wait: str) -> tuple[dict, subprocess.CompletedProcess]:
+    """An endpoint created on GOOD (no worker woken), then `up --wait` of `image` over it."""
+    first = endpoint_cli(standin, "up", "--target", TARGET, "--image-ref", GOOD, "--no-network-volume")
+    assert first.returncode == 0, first.stderr
+    (e,) = standin.endpoints.values()
+    return e, endpoint_cli(standin, "up", "--target", TARGET, "--image-ref", image, "--no-network-volume",
+                           "--wait", "--poll", "0.2", *wait)
+
+
 def bad_config_for(tiny: Path, tmp_path: Path):
     def config_for(endpoint, worker_id, volume):
         text = worker_config(tiny, tmp_path / "disk" / worker_id / "kiln")
@@ -62,11 +71,7 @@ def test_a_release_whose_workers_cannot_parse_their_config_says_why_and_is_rolle
     # issue 37 item 3: the worker exited before any line the CLI knew, never showed UNHEALTHY, and
     # `up --wait` kept waking workers for its whole timeout (~95 billed cold starts in 20 s).
     with standin_with(tmp_path, bad_config_for(tiny, tmp_path)) as standin:
-        first = endpoint_cli(standin, "up", "--target", TARGET, "--image-ref", GOOD, "--no-network-volume")
-        assert first.returncode == 0, first.stderr
-        (e,) = standin.endpoints.values()
-        bad = endpoint_cli(standin, "up", "--target", TARGET, "--image-ref", BAD_CONFIG, "--no-network-volume",
-                           "--wait", "--poll", "0.2", "--timeout", "120")
+        e, bad = release_over_good(standin, BAD_CONFIG, "--timeout", "120")
         assert bad.returncode == 3, bad.stdout + bad.stderr
         assert "NOT HEALTHY: config_rejected: the deploy config does not validate" in bad.stdout, bad.stdout
         assert "selftest.decode_tokens" in bad.stdout and "2 workers of release v2 failed and none turned healthy" \
@@ -101,11 +106,7 @@ def crashy_config_for(tiny: Path, tmp_path: Path):
 def test_a_release_whose_workers_crash_a_moment_after_turning_ready_is_not_healthy(tmp_path, tiny):
     # issue 37 item 4: `up --wait` took the first 200 and exited 0; the engine died 3 s later.
     with standin_with(tmp_path, crashy_config_for(tiny, tmp_path)) as standin:
-        first = endpoint_cli(standin, "up", "--target", TARGET, "--image-ref", GOOD, "--no-network-volume")
-        assert first.returncode == 0, first.stderr
-        (e,) = standin.endpoints.values()
-        crashy = endpoint_cli(standin, "up", "--target", TARGET, "--image-ref", CRASHY, "--no-network-volume",
-                              "--wait", "--poll", "0.2", "--timeout", "180", "--settle", "10")
+        e, crashy = release_over_good(standin, CRASHY, "--timeout", "180", "--settle", "10")
         started = [w for w in standin.started_workers if w.image == CRASHY]
         assert any("-> IDLE (health 200)" in line for w in started for _, line in w.system), "it turned ready"
         assert crashy.returncode == 3, crashy.stdout + crashy.stderr
