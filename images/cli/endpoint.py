@@ -8,10 +8,12 @@ wait rollout.py.
 `plan` needs no key. The others read RUNPOD_API_KEY from the environment (never an argument:
 argv is visible to every process on the machine); `--api` / $RUNPOD_API_URL points at another
 API (tests: the stand-in in kiln_dev/runpod). Progress goes to stderr, results to stdout. Exit 0;
-1 when no worker turned healthy (`up --wait`, nothing to restore); 3 when a new release failed and
-the previous one's configuration was restored; 2 on a usage, configuration or API error (one
-line; an option a command does not take, an unknown target or endpoint, a body that breaks
-RunPod's schema: nothing is sent after it).
+1 when no worker turned healthy (`up --wait`) and nothing was restored (nothing to restore, or the
+restore failed: the command that does it is printed); 3 when a new release failed and the previous
+one's configuration was restored; 130 or 143 on Ctrl-C or TERM during the wait, after the
+restore; 2 on a usage, configuration or API error (one line; an option a command does not take,
+an unknown target or endpoint, a body that breaks RunPod's schema: nothing is sent after it).
+`up` on an error or a signal before the endpoint is written deletes a network volume it created.
 """
 
 from __future__ import annotations
@@ -231,14 +233,14 @@ def cmd_up(args: argparse.Namespace) -> int:
         if not outcome.healthy:
             code = _not_healthy(api, plan, change, outcome, key, target.name)
         else:
+            # Read after the wait: an interrupt from here on leaves the release it proved in place.
             say(f"worker {outcome.worker} of release v{outcome.version} is healthy: ready, and still ready "
-                f"{outcome.settled_s:g} s later at every read; {outcome.checked}")
+                f"{outcome.settled_s:g} s later at every read; {rollout.checked(api, str(e['id']), str(outcome.worker))}")
     _print_endpoint(api, e, code, target.name)
     return code
 
 
 def _not_healthy(api, plan: ep.EndpointPlan, change, outcome, key: str, target_name: str) -> int:
-    from ..runpod import endpoints
     from ..runpod.rollout import masked
 
     secrets = [key, os.environ.get("HF_TOKEN")]
@@ -249,7 +251,8 @@ def _not_healthy(api, plan: ep.EndpointPlan, change, outcome, key: str, target_n
             print(f"    {line}")
     restore = _restore_body(plan, change)
     if restore:
-        api.update_endpoint(str(change.endpoint["id"]), restore)
+        if not _put_back(api, str(change.endpoint["id"]), restore, "the failed release"):
+            return EXIT_NOT_HEALTHY
         print(f"restored the previous release's {', '.join(sorted(restore))} (a new release of the old "
               "configuration); the failed one takes no more traffic once its workers are replaced")
         return EXIT_ROLLED_BACK
@@ -271,25 +274,31 @@ def _interrupted(api, plan: ep.EndpointPlan, change, target_name: str) -> None:
     """Ctrl-C or TERM before the new release proved healthy: put the previous one back, as `pods up`
     accounts for its pods, or print the command that does it. A second signal while restoring
     ends the attempt and prints the command too."""
-    from ..runpod import endpoints
-
-    eid = str(change.endpoint["id"])
     restore = _restore_body(plan, change)
     if not restore:
         print(f"interrupted before a worker proved healthy; the endpoint was {change.action}, nothing to restore: "
               f"`python build.py endpoint down --target {target_name}` deletes it", flush=True)
         return
+    if _put_back(api, str(change.endpoint["id"]), restore, "the new release, interrupted before it proved healthy,"):
+        print(f"interrupted before the new release proved healthy: restored the previous release's "
+              f"{', '.join(sorted(restore))} (a new release of the old configuration)", flush=True)
+
+
+def _put_back(api, endpoint_id: str, restore: dict, what: str) -> bool:
+    """PATCH the previous release back; when that fails (an API error, or a second Ctrl-C/TERM, which
+    still ends the command) print the command that does it instead. Whether it was put back."""
+    from ..runpod import endpoints
+
     try:
-        api.update_endpoint(eid, restore)
-    except BaseException as e:      # an API error, or a second Ctrl-C/TERM: the user restores it
-        print(f"interrupted: the new release is still live and restoring the previous one failed "
-              f"({type(e).__name__}: {e}); this restores its {', '.join(sorted(restore))}:\n"
-              f"  {endpoints.restore_command(api, eid, restore)}", flush=True)
-        if isinstance(e, Exception):
-            return
-        raise
-    print(f"interrupted before the new release proved healthy: restored the previous release's "
-          f"{', '.join(sorted(restore))} (a new release of the old configuration)", flush=True)
+        api.update_endpoint(endpoint_id, restore)
+        return True
+    except BaseException as e:
+        print(f"{what} is still live: restoring the previous release failed ({type(e).__name__}: {e}); this "
+              f"restores its {', '.join(sorted(restore))}:\n  {endpoints.restore_command(api, endpoint_id, restore)}",
+              flush=True)
+        if not isinstance(e, Exception):
+            raise
+        return False
 
 
 def _print_endpoint(api, e: dict, code: int, target_name: str) -> None:

@@ -92,7 +92,6 @@ class Outcome:
     log_tail: list[str] = field(default_factory=list)
     failed: int = 0                         # workers of the release that failed
     settled_s: float = 0.0                  # the healthy worker was read ready this long, at every read
-    checked: str = ""                       # what its health path's 200 vouched for (checked())
 
 
 class Waker:
@@ -184,7 +183,7 @@ def wait_healthy(api: RunPodAPI, endpoint: dict[str, Any], say: Say, *, api_key:
             seen |= set(listed)
             settled = next((wid for wid, t in ready_since.items() if wid not in failed and now - t >= settle_s), None)
             if settled is not None:
-                return Outcome(True, version, settled, settled_s=settle_s, checked=checked(api, eid, settled))
+                return Outcome(True, version, settled, settled_s=settle_s)
             settling = any(wid not in failed for wid in ready_since)
             if len(failed) >= FAILED_WORKERS or now >= deadline + (settle_s if settling else 0.0):
                 for wid, lines in failed.items():        # a line logged after the read (the 503 came first)
