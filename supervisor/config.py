@@ -510,6 +510,21 @@ def boot_fallback(data: Any, env: Mapping[str, str]) -> tuple[StatusSpec, SelfTe
     return status, runpod
 
 
+def serverless_fallback(data: Any, env: Mapping[str, str]) -> ServerlessSpec:
+    """[serverless] for a Serverless worker whose config does not validate (run/boot_failure.py), as
+    boot_fallback reads [status]: each field where it is valid on its own, its default where not;
+    the health path from HEALTH_CHECK_PATH (its default where that is invalid)."""
+    ignored: list[Problem] = []
+    table = (data if isinstance(data, dict) else {}).get("serverless")
+    tables = {"serverless": copy.deepcopy(table)} if isinstance(table, dict) else {}
+    _apply_env(tables, env, ignored)
+    health_path = serverless_contract.apply_env({}, env, ignored) or serverless_contract.DEFAULT_HEALTH_PATH
+    d = ServerlessSpec()
+    r = Reader(tables.get("serverless", {}), "serverless", ignored)
+    return ServerlessSpec(exit_grace_s=r.float("exit_grace_s", d.exit_grace_s, min=0.0, max=DAY_S),
+                          active=True, health_path=health_path)
+
+
 def _apply_env(data: dict[str, Any], env: Mapping[str, str], problems: list[Problem]) -> None:
     for name, (path, kind) in ENV_OVERRIDES.items():
         if name not in env:

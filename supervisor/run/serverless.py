@@ -26,7 +26,7 @@ from .record import Record
 from ..redact import Secrets
 from .runtime import Runtime
 from ..serverless import failures
-from ..runpod_env import worker_id
+from ..runpod_env import release_line, worker_id
 
 log = logging.getLogger("kiln")
 
@@ -77,9 +77,7 @@ class ServerlessWorker:
         """FAILED: say why once (`why` is masked already), and record the failure for the next worker
         when another would meet it again. The machine releases the worker after the grace."""
         why = " ".join(why.split())
-        log.error("serverless worker: it can never serve (%s); %s on port %d answers 503 and the worker exits "
-                  "in %g s ([serverless] exit_grace_s) so RunPod releases it", why, self.spec.health_path,
-                  self.status_port, self.spec.exit_grace_s)
+        log.error("%s", release_line(why, self.spec.health_path, self.status_port, self.spec.exit_grace_s))
         self.rec.merge("serverless", worker=self.id, exit_in_s=self.spec.exit_grace_s, cause=why)
         if self.recalled or failure is None or not failures.recordable(failure):
             return

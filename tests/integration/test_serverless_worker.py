@@ -222,11 +222,14 @@ def test_port_health_on_the_engines_port_is_refused_at_boot_naming_both_and_the_
     (tmp_path / "deploy.toml").write_text(text)
     env = {k: v for k, v in os.environ.items() if not k.startswith("KILN_")}
     r = subprocess.run([sys.executable, "-m", "supervisor", "run", "--config", str(tmp_path / "deploy.toml")],
-                       env={**env, "PYTHONPATH": str(REPO_ROOT), "PORT": "8000", "PORT_HEALTH": "8000"},
+                       env={**env, "PYTHONPATH": str(REPO_ROOT), "PORT": "8000", "PORT_HEALTH": "8000",
+                            "KILN_SERVERLESS_EXIT_GRACE_S": "0"},     # no 503 to answer for: it goes at once
                        capture_output=True, text=True, timeout=60, cwd=REPO_ROOT)
     assert r.returncode == 2, r.stderr
     assert "PORT_HEALTH (env): PORT_HEALTH = 8000, which is the engine's port (PORT = 8000)" in r.stderr
     assert "PORT_HEALTH=8081" in r.stderr and "Traceback" not in r.stderr
+    # The one failure line every phase logs, last, with the class `endpoint up --wait` reads.
+    assert "serverless worker: it can never serve (config_rejected: " in r.stderr.strip().splitlines()[-1]
 
 
 def test_a_worker_killed_mid_download_lets_the_waiting_one_go_on_from_where_it_stopped(tmp_path, prefix, hub):

@@ -29,6 +29,7 @@ CONTRACTS = {
     "supervisor.hubclient": "the Hub token and what a Hub error means (publish, rollout, fleet-status)",
     "supervisor.reload.candidate": "what a published config must pass before it may replace a running one",
     "supervisor.engines.registry": "the engines' flag lint (publish-config lints before uploading)",
+    "supervisor.runpod_env": "the Serverless worker's one failure line, which `endpoint up --wait` reads",
 }
 LOOSE_MAX = 12
 

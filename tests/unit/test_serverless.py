@@ -311,3 +311,28 @@ def test_a_worker_that_finds_the_download_taken_waits_saying_for_whom_then_takes
     waiter.release()
     assert other.try_acquire()                    # a holder that lets go (or dies) frees it
     other.release()
+
+
+def test_the_one_failure_line_is_what_the_cli_reads_whatever_the_phase():
+    # issue 37 item 3: a config that did not parse ended the worker before any line `up --wait` knew
+    from images.runpod.rollout import failure_line
+    from supervisor.config import serverless_fallback
+
+    line = contract.release_line("config_rejected: the deploy config does not validate:\n 1 problem(s)", "/ping",
+                                 8081, 2)
+    assert "\n" not in line and "answers 503 and the worker exits in 2 s" in line
+    assert failure_line(["noise", f"2026-12-05 10:00:00 kiln ERROR {line}", "after"]) == \
+        "config_rejected: the deploy config does not validate: 1 problem(s)"
+    # The port RunPod health-checks, for a worker whose config failed (no engine holds PORT then).
+    assert contract.checked_port({"PORT": "8000", "PORT_HEALTH": "8081"}) == 8081
+    assert contract.checked_port({"PORT": "8000", "PORT_HEALTH": "8000"}) == 8000
+    assert contract.checked_port({"PORT": "9000", "PORT_HEALTH": "http"}) == 9000
+    assert contract.checked_port({"RUNPOD_ENDPOINT_ID": "ep"}) == 80
+    # [serverless] as far as it is valid on its own: the env's override, the file's, else the default.
+    env = {"PORT": "8000", "PORT_HEALTH": "8081", "HEALTH_CHECK_PATH": "/healthz"}
+    assert serverless_fallback({"serverless": {"exit_grace_s": 5}}, env).exit_grace_s == 5
+    assert serverless_fallback({"serverless": {"exit_grace_s": 5}},
+                               {**env, "KILN_SERVERLESS_EXIT_GRACE_S": "2"}).exit_grace_s == 2
+    assert serverless_fallback({"serverless": {"exit_grace_s": "soon"}}, env).exit_grace_s == 60
+    assert serverless_fallback(None, env).health_path == "/healthz"
+    assert serverless_fallback(None, {**env, "HEALTH_CHECK_PATH": "/status"}).health_path == "/ping"
