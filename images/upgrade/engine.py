@@ -4,11 +4,14 @@ anything is written.
     releases.py    the version (the index's newest by default, or --to) and the one file to pin
     cuda.py        its CUDA floor, from the wheel's and torch's metadata (vLLM)
     pyclosure.py   its closure walked and checked; closure.py: hash-locked (vLLM)
+    kiln_argv.py   the flags Kiln's own argv builders add, which no deploy config shows
     snapshot.py    the flag snapshots of the pinned and the new version, from the engines' own parsers
     flagdiff.py    what the flags did: removed (with the replacement named), renamed, added, defaults
     here           every deploy config of every target on that engine, and the published configs given,
                    linted against both snapshots: a rung the new version would refuse where the pinned
-                   one did not refuses the whole upgrade (file, rung, flag, fix); then the writes
+                   one did not refuses the whole upgrade (file, rung, flag, fix); so does a flag the
+                   supervisor itself puts on every rung's argv that the new version lacks (kiln_argv.py);
+                   then the writes
 
 Nothing is written until everything above is known and clean, and with --dry-run nothing at all: the
 closure file (images/closures/), the target's pins in images/lock.toml, the target's [source] (and
@@ -30,7 +33,7 @@ from supervisor.engines import registry
 from supervisor.errors import ConfigError, KilnError
 
 from ..pins import closure as closure_file
-from . import flagdiff, releases, snapshot
+from . import flagdiff, kiln_argv, releases, snapshot
 from ..pins import lock as lockfile
 from ..pins.cuda import engine_cuda
 from ..pins.lock import Pin, load_lock, pins_for, save_lock
@@ -215,6 +218,7 @@ def _configs(engine: str, targets_dir: Path) -> list[Path]:
 
 
 def _lint_all(p: Plan, engine: Any, old: Any, new: Any, paths: list[Path]) -> None:
+    own: dict[str, list[str]] = {}        # a flag Kiln adds -> "file: rung" of each rung it is added to
     for path in paths:
         rel = _rel(path)
         try:
@@ -239,11 +243,39 @@ def _lint_all(p: Plan, engine: Any, old: Any, new: Any, paths: list[Path]) -> No
                 fix = p.diff.replacement(flag) if flag else None
                 p.refusals.append(Refusal(rel, rung.name, _short_where(issue.where), flag, fix or issue.message))
             p.refusals += _lost_values(p, rel, rung.name, i, args, new)
+            for flag in kiln_argv.kiln_flags(engine, cfg, rung):
+                own.setdefault(flag, []).append(f"{rel}: {rung.name}")
             deprecated = {n for ch in p.diff.deprecated for n in ch.flag.split(", ")}
             for k, tok in enumerate(args):
                 if tok.split("=", 1)[0] in deprecated:
                     p.notes.append(f"{rel}: rung {rung.name} (ladder.rungs[{i}].args[{k}]) {tok.split('=', 1)[0]}: "
                                    f"deprecated in {p.new_version}, still accepted")
+
+
+    p.refusals += _lost_own(p, engine, old, new, own)
+
+
+def _lost_own(p: Plan, engine: Any, old: Any, new: Any, own: dict[str, list[str]]) -> list[Refusal]:
+    """A flag the supervisor itself puts on the command line (kiln_argv.py) that the new parser lacks:
+    one refusal per flag, naming the builder to change and the rungs it breaks."""
+    out = []
+    for flag, rungs in own.items():
+        now = new.get(flag)
+        if now is not None and not now.removed:
+            continue
+        was = old.get(flag)
+        if was is None or was.removed:
+            p.notes.append(f"Kiln's own argv passes {flag}, which {p.old_version} lacks already")
+            continue
+        said = f"removed it ({now.removed})" if now is not None else "does not accept it"
+        fix = p.diff.replacement(flag)
+        total = sum(n for _, n in p.linted)
+        scope = f"all {total} linted" if len(rungs) == total else f"{len(rungs)} of {total} linted"
+        out.append(Refusal(kiln_argv.builder(engine), f"* ({scope}, e.g. {rungs[0]})", "Kiln's own argv, in no config",
+                           flag, f"the supervisor adds {flag} to every command line it builds for these rungs and "
+                           f"{p.new_version} {said}" + (f"; its flag diff: {fix}" if fix else "") + f". Change "
+                           f"{kiln_argv.builder(engine)} before moving the pin: no deploy config can fix this"))
+    return out
 
 
 def _short_where(where: str) -> str:
