@@ -36,7 +36,7 @@ is `<volume>/kiln` (unless KILN_STATE_DIR says otherwise) and is laid out as:
       cache/vllm, torchinductor, triton   compile caches: written atomically by their tools
                                           (engines/caches.py says why that is safe)
       api-key                             a generated key: one for every worker, created once
-      serverless/failures/                deterministic failures (serverless/failures.py)
+      serverless/failures/<key>/<worker>  failure witnesses, one file per worker (serverless/failures.py)
       workers/<worker id>/                this worker's own: never written by another
         ladder-memory.json, reload/, run/ (engine.log, the children journal, the engine's key file),
         cache/cuda-jit                    the driver's JIT cache (engines/caches.py: not shared)

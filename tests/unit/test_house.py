@@ -29,6 +29,8 @@ CONTRACTS = {
     "supervisor.hubclient": "the Hub token and what a Hub error means (publish, rollout, fleet-status)",
     "supervisor.reload.candidate": "what a published config must pass before it may replace a running one",
     "supervisor.engines.registry": "the engines' flag lint (publish-config lints before uploading)",
+    "supervisor.serverless.failures": "the failure records' clear mark, which `endpoint failures --clear` sets "
+                                      "on the endpoint and its workers read",
 }
 LOOSE_MAX = 12
 
