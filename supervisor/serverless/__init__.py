@@ -15,6 +15,10 @@
                          same way, a later worker with the same key fails at once, fetching nothing
                          (run/serverless.py recalls it at PREFLIGHT); the endpoint's clear mark
                          (KILN_SERVERLESS_FAILURES_CLEARED_AT) lifts what was written before it
+    PREFLIGHT, once
+        ─▶ workdirs.py   this worker's directory marked as Kiln's with a heartbeat; dead workers'
+                         directories pruned (only marked ones, bounded), a dead worker's driver JIT
+                         cache of the same image and GPU kind taken over (run/serverless.py tidy)
 
 Pods (neither PORT_HEALTH nor RUNPOD_ENDPOINT_ID set) never enter any of this: FAILED stays up.
 Kept free of imports.
