@@ -15,6 +15,8 @@ from .command import Command
 DESCRIPTION = (
     "Move a target's engine (a PyPI wheel or sdist) to another version, showing first what the move "
     "changes.\n"
+    "Engines: vLLM (a wheel), llama.cpp (an sdist) and the router's smg (a wheel; its parser is "
+    "`smg launch --help` of that version installed into the cache).\n"
     "1. The version: --to VERSION, else the newest final release on the index with a file the target can "
     "pin.\n"
     "2. Its pins: the file's sha256; for vLLM the CUDA floor (the wheel's torch pin and torch's CUDA "
@@ -38,7 +40,8 @@ DESCRIPTION = (
     "--api-key-file, vLLM --served-model-name, ...): one line per flag the new version lacks, naming the "
     "builder to change.\n"
     "6. Clean and not --dry-run: writes images/closures/<package>-<version>-cp312.txt (vLLM), the "
-    "target's pins in images/lock.toml and its [source]. Then run `python build.py generate` for the "
+    "target's pins in images/lock.toml and its [source]; the router also supervisor/router-requirements.txt "
+    "(resolved and hashed by pip first) and pyproject.toml's smg pins. Then run `python build.py generate` for the "
     "rendered Dockerfiles.\n"
     "--dry-run writes nothing (the cache aside)."
 )

@@ -37,8 +37,15 @@ def kiln_flags(engine: ModuleType, cfg: DeployConfig, rung: Rung) -> list[str]:
     flag the config itself gives."""
     argv = engine.build_argv(cfg, rung, model_path=_MODEL, api_key_file=_KEY_FILE, vcpus=_VCPUS)
     tail = argv[argv.index("--") + 1:] if "--" in argv else argv[1:]
-    user = {name for _, name in _names(list(cfg.server.extra_args) + list(rung.args))}
+    if "--" in argv:                                  # a launcher: what it adds to the engine's own argv
+        tail += list(getattr(engine, "LAUNCHER_FLAGS", ()))
+    user = {name for _, name in _names(list(cfg.server.extra_args) + list(rung.args) + list(_extra(engine, cfg)))}
     return list(dict.fromkeys(name for _, name in _names(tail) if name not in user))
+
+
+def _extra(engine: ModuleType, cfg: DeployConfig) -> tuple[str, ...]:
+    """The config's own flags outside the rungs: the router's [router] extra_args."""
+    return tuple(cfg.router.extra_args) if engine.__name__.endswith(".router") else ()
 
 
 def builder(engine: ModuleType) -> str:
