@@ -18,8 +18,9 @@ What is pruned and what is never touched:
 - only directories carrying MARK (and tombstones, which carry a dead worker's mark): a directory
   without one, a user's or an older Kiln's, is never deleted, nor is anything outside workers/;
 - at most PRUNE_MAX directories per worker boot, each claimed first by an atomic rename to a
-  tombstone, so two workers pruning at once never delete the same tree twice and a pruner that dies
-  half way leaves a tombstone the next one claims (the mark goes last, so it stays recognisable);
+  tombstone whose mark is touched, so two workers pruning at once never delete the same tree, and a
+  pruner that dies half way leaves a tombstone a later worker claims once that mark is DEAD_AFTER_S
+  old (the mark goes last, so it stays recognisable);
 - the driver's JIT cache of a dead worker of the same image and GPU kind is renamed into this worker's
   own directory when it has none yet (before its engine starts): the cache is not safe to share between
   live writers (engines/caches.py: NVIDIA documents no cross-process locking; DeepEP#683), but one with
@@ -175,6 +176,10 @@ def prune(workers: Path, own: Path, dead_dirs: Sequence[Path], *, pruner: str, l
             os.rename(d, claimed)
         except OSError:
             continue
+        try:
+            os.utime(claimed / MARK)            # claimed: alive again for DEAD_AFTER_S, unless this pruner dies
+        except OSError:
+            pass
         out.bytes += _remove(claimed, out.errors)
         out.removed.append(name)
     return out

@@ -24,7 +24,7 @@ from images.pins import requirements
 from images.pins.lock import load_lock, pins_for
 from images.target import load_target
 from images.upgrade import engine as upgrade
-from tests.integration.test_upgrade import isolate, state
+from tests.integration.test_upgrade import cache, isolate, state  # noqa: F401 (cache: one Kiln cache, PyPI checked)
 
 ROOT = Path(__file__).resolve().parents[2]
 OLD, NEW = "1.13.0", "1.12.0"
@@ -38,16 +38,6 @@ def pypi_sha(version: str) -> str:
                      timeout=30)
     r.raise_for_status()
     return next(f["hashes"]["sha256"] for f in r.json()["files"] if f["filename"] == WHEEL.format(v=version))
-
-
-@pytest.fixture(scope="module")
-def cache(tmp_path_factory):
-    """One Kiln cache for the module: each version's smg is installed once for its flag snapshot."""
-    try:
-        pypi_sha(OLD)
-    except (requests.RequestException, StopIteration) as e:
-        pytest.skip(f"pypi.org's smg is not reachable from here ({type(e).__name__})")
-    return tmp_path_factory.mktemp("kiln-cache")
 
 
 @pytest.fixture
