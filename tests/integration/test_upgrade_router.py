@@ -48,8 +48,8 @@ def sandbox(tmp_path, monkeypatch, cache):
     for name, src in (("router-requirements.txt", ROOT / "supervisor" / "router-requirements.txt"),
                       ("pyproject.toml", ROOT / "pyproject.toml")):
         shutil.copy2(src, root / name)
-    monkeypatch.setattr(upgrade, "ROUTER_REQUIREMENTS", root / "router-requirements.txt")
-    monkeypatch.setattr(upgrade, "PYPROJECT", root / "pyproject.toml")
+    monkeypatch.setattr(upgrade, "ROUTER_REQUIREMENTS", root / "router-requirements.txt", raising=False)
+    monkeypatch.setattr(upgrade, "PYPROJECT", root / "pyproject.toml", raising=False)
     monkeypatch.setattr(render, "ROUTER_REQUIREMENTS", root / "router-requirements.txt")
     return root
 
