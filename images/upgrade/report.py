@@ -48,7 +48,7 @@ def markdown(p: Plan, command: str) -> str:
                    f"sha256 `{p.pins['engine.closure'].value}` |")
     out.append("")
     if p.files:
-        out += [f"The one pin is also written, with the lock and the target, into: "
+        out += ["The one pin is also written, with the lock and the target, into: "
                 + ", ".join(f"`{rel_path(path)}`" for path in p.files)
                 + " (the router's requirements resolved and hashed by pip now: the image installs, and its labels "
                   "name, the same version).", ""]

@@ -60,13 +60,13 @@ from __future__ import annotations
 import hashlib
 import json
 import math
-import os
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Mapping, Sequence
 
 from ..config import DeployConfig
 from ..failure import Failure, FailureClass
+from ..process.statefile import write_atomic
 
 __all__ = ["Recorded", "config_identity", "failure_key", "recordable", "record", "recall", "as_failure",
            "records_dir", "cleared_at", "forget", "RECORDED", "WITNESSES", "CLEARED_ENV"]
@@ -128,12 +128,9 @@ def record(shared: Path, key: str, failure: Failure, *, reason: str, worker: str
     masked already, `worker` one path segment (runpod_env.worker_id). Returns its path. OSError when
     the volume cannot be written (the caller warns)."""
     path = records_dir(shared) / key / f"{worker}.json"
-    path.parent.mkdir(parents=True, exist_ok=True)
     body = {"class": failure.failure_class.value, "reason": reason[:REASON_MAX], "worker": worker,
             "at": round(now, 3), "rung": failure.rung, "key_of": about}
-    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-    tmp.write_text(json.dumps(body, indent=1, sort_keys=True), encoding="utf-8")
-    os.replace(tmp, path)
+    write_atomic(path, json.dumps(body, indent=1, sort_keys=True).encode())    # no temp file left on ENOSPC
     return path
 
 

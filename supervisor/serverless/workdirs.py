@@ -39,6 +39,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Sequence
 
+from ..process.statefile import write_atomic
+
 __all__ = ["MARK", "HEARTBEAT_S", "DEAD_AFTER_S", "PRUNE_MAX", "JIT_CACHE", "Pruned", "mark", "beat", "dead",
            "adopt_jit_cache", "prune", "now_on"]
 
@@ -65,12 +67,9 @@ class Pruned:
 
 def mark(own: Path, *, worker: str, image: str, gpus: Sequence[str], now: float) -> Path:
     """Mark `own` as this worker's, Kiln-made (atomically); the write is the first heartbeat."""
-    own.mkdir(parents=True, exist_ok=True)
     path = own / MARK
-    tmp = own / f".{MARK}.{os.getpid()}.tmp"
-    tmp.write_text(json.dumps({"worker": worker, "image": image, "gpus": sorted(gpus), "started": round(now, 3)},
-                              sort_keys=True), encoding="utf-8")
-    os.replace(tmp, path)
+    write_atomic(path, json.dumps({"worker": worker, "image": image, "gpus": sorted(gpus), "started": round(now, 3)},
+                                  sort_keys=True).encode())
     return path
 
 
