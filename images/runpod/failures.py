@@ -11,8 +11,8 @@ no route to a volume's files. What reaches them honestly:
 - the endpoint's env: `clear_body` sets KILN_SERVERLESS_FAILURES_CLEARED_AT to now, a new release
   whose workers ignore and delete every record written before it (whatever the data center).
   The mark uses this machine's clock and the records the workers': a skew between them moves the
-  line by as much. The mark stays until the next `endpoint up` (whose env lacks it); by then the
-  workers of the clear release have deleted what it covers.
+  line by as much. `endpoint up` keeps the mark (endpoints.py `_kept_env`), so the records it lifted
+  stay lifted, and its workers delete them.
 """
 
 from __future__ import annotations

@@ -62,6 +62,11 @@ def test_failures_says_where_the_records_are_and_clear_sets_the_mark_as_a_new_re
     assert after["env"]["HF_TOKEN"] == "{{ RUNPOD_SECRET_hf_token }}"                      # still a reference
     again = endpoint_cli(standin, "failures", "--target", TARGET)
     assert f"clear mark: {failures.CLEARED_ENV}={mark} (" in again.stdout
+    # a later `up` of the same target keeps the mark: nothing changed, nothing written, no release
+    writes = standin.writes()
+    up = endpoint_cli(standin, "up", "--target", TARGET, "--data-center", "EU-RO-1")
+    assert up.returncode == 0 and "unchanged" in up.stderr, up.stderr
+    assert standin.writes() == writes and standin.endpoints[e["id"]]["env"][failures.CLEARED_ENV] == mark
     for text in (shown.stdout, shown.stderr, cleared.stdout, cleared.stderr, json.dumps(standin.requests)):
         for canary in (ACCOUNT_KEY, HF_CANARY, SERVER_KEY):
             assert canary not in text
