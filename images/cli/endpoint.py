@@ -372,9 +372,9 @@ def cmd_failures(args: argparse.Namespace) -> int:
     print(f"endpoint {e.get('name')} ({eid}): failure records are files on its network volume, under "
           f"{failures.RECORDS_PATH}<key>/<worker>.json; RunPod's REST API cannot read a volume's files")
     mark = failures.mark_of(e)
-    print(f"  clear mark: {failures.CLEARED_ENV}={mark} ({time.strftime('%Y-%m-%d %H:%M:%S UTC', time.gmtime(float(mark)))}"
-          "): its workers ignore records written before it" if mark and mark.isdigit() else
-          f"  clear mark: {mark or 'none'}")
+    when = time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime(float(mark))) if mark and mark.isdigit() else None
+    print(f"  clear mark: {failures.CLEARED_ENV}={mark} ({when}): its workers ignore records written before it"
+          if when else f"  clear mark: {mark or 'none'}")
     listed = api.endpoint_workers(eid).get("workers") or []
     print(f"  what the {len(listed)} listed worker(s) logged about them (RunPod lists running workers only):")
     for w in listed:

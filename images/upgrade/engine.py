@@ -17,7 +17,8 @@ Nothing is written until everything above is known and clean, and with --dry-run
 closure file (images/closures/), the target's pins in images/lock.toml, the target's [source] (and
 [cuda] version where the floor moved); for the router (smg) also supervisor/router-requirements.txt,
 resolved and hashed by pip before anything is written, and pyproject.toml's extras: one pin, so the
-image never installs one version while its labels name another (images/build/render.py refuses that). The rendered Dockerfiles follow with `python build.py generate`.
+image never installs one version while its labels name another (images/build/render.py refuses that).
+The rendered Dockerfiles follow with `python build.py generate`.
 """
 
 from __future__ import annotations
@@ -188,7 +189,7 @@ def plan(name: str, to: str | None = None, *, index: str = "https://pypi.org/sim
                          new_version=release.version, known=known)
     p = Plan(target, moved, pins, closure_name, closure_text, old_closure, diff, how, index=index, today=today,
              unresolved=unresolved, files=files)
-    if unresolved:
+    if unresolved and closure_name:          # a closure walked on the index (vLLM); the router's is pip's
         p.resolvable = newest_resolvable(target, release.version, index=index, log=log)
     configs = _configs(target.engine, targets_dir) + [path.resolve() for path in published or []]
     _lint_all(p, engine, snaps[str(src.version)], snaps[release.version], configs)

@@ -121,7 +121,8 @@ def _router_help(site: Path, package: str, version: str, log: Log) -> str:
     """`smg launch --help` of `package==version`, installed (with its dependencies) under `site`."""
     if not (site / package).is_dir():
         _run([sys.executable, "-m", "pip", "install", "-q", "--disable-pip-version-check", "--only-binary=:all:",
-              "--target", str(site), f"{package}=={version}"], log, what=f"installing {package} {version} for its parser")
+              "--target", str(site), f"{package}=={version}"], log,
+             what=f"installing {package} {version} for its parser")
     env = {**os.environ, "PYTHONPATH": str(site), "NO_COLOR": "1"}
     r = subprocess.run([sys.executable, "-s", "-c", _SMG_HELP], capture_output=True, text=True,
                        env=env, check=False)

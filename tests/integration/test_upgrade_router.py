@@ -100,4 +100,5 @@ def test_an_image_whose_router_pin_and_requirements_disagree_is_not_rendered(san
     target = load_target("router", sandbox / "targets")
     with pytest.raises(Exception) as e:
         render.make_context(target, pins_for(target, load_lock()))
-    assert f"smg=={NEW}" in str(e.value) and OLD in str(e.value) and "generate --only router-requirements" in str(e.value)
+    said = str(e.value)
+    assert f"smg=={NEW}" in said and OLD in said and "generate --only router-requirements" in said
