@@ -36,10 +36,15 @@ is `<volume>/kiln` (unless KILN_STATE_DIR says otherwise) and is laid out as:
       cache/vllm, torchinductor, triton   compile caches: written atomically by their tools
                                           (engines/caches.py says why that is safe)
       api-key                             a generated key: one for every worker, created once
-      serverless/failures/                deterministic failures (serverless/failures.py)
-      workers/<worker id>/                this worker's own: never written by another
+      serverless/failures/<key>/<worker>  failure witnesses, one file per worker (serverless/failures.py)
+      workers/<worker id>/                this worker's own: never written by another while it lives
+        .kiln-worker                      Kiln's mark and the worker's heartbeat: a marked directory
+                                          whose heartbeat stopped an hour ago is pruned by a later
+                                          worker, bounded (serverless/workdirs.py); unmarked, never
         ladder-memory.json, reload/, run/ (engine.log, the children journal, the engine's key file),
-        cache/cuda-jit                    the driver's JIT cache (engines/caches.py: not shared)
+        cache/cuda-jit                    the driver's JIT cache (engines/caches.py: not shared while
+                                          its worker lives; handed to a new worker of the same image
+                                          and GPU kind once it is gone)
 
 Without the volume a worker's state stays where the config says (the container disk), laid out
 the same way. The worker id is RUNPOD_POD_ID when RunPod sets it, else the hostname. Whether

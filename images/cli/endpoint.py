@@ -405,6 +405,62 @@ def cmd_down(args: argparse.Namespace) -> int:
     return 0
 
 
+def _failures_arguments(p: argparse.ArgumentParser) -> None:
+    _which(p)
+    p.add_argument("--clear", action="store_true", help="set the endpoint's clear mark (a new release): its "
+                   "workers ignore and delete every failure record written before now")
+    _api_option(p)
+
+
+def cmd_failures(args: argparse.Namespace) -> int:
+    """The failure records of the endpoint's workers (supervisor/serverless/failures.py): what the CLI can
+    see of them, and --clear (images/runpod/failures.py says why this is the way)."""
+    import time
+
+    from ..runpod import failures
+    from ..runpod.rollout import masked
+    from ..runpod.template import secret_ref
+    from ..target import load_target
+
+    api = _api(args)
+    e = api.endpoint(str(_existing(api, args)["id"]))
+    eid, secrets = str(e["id"]), [_key(), os.environ.get("HF_TOKEN")]
+    vols = {str(v.get("id")): v for v in api.network_volumes()}
+    print(f"endpoint {e.get('name')} ({eid}): failure records are files on its network volume, under "
+          f"{failures.RECORDS_PATH}<key>/<worker>.json; RunPod's REST API cannot read a volume's files")
+    mark = failures.mark_of(e)
+    when = time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime(float(mark))) if mark and mark.isdigit() else None
+    print(f"  clear mark: {failures.CLEARED_ENV}={mark} ({when}): its workers ignore records written before it"
+          if when else f"  clear mark: {mark or 'none'}")
+    listed = api.endpoint_workers(eid).get("workers") or []
+    print(f"  what the {len(listed)} listed worker(s) logged about them (RunPod lists running workers only):")
+    for w in listed:
+        lines = failures.worker_lines(api.worker_logs(eid, str(w.get("id")), tail=500, idle_s=1.0))
+        print(f"    {w.get('id')} {w.get('status')}: " + ("nothing" if not lines else ""))
+        for line in masked(lines, secrets):
+            print(f"      {line}")
+    for vid in e.get("networkVolumes") or []:
+        dc = str((vols.get(vid) or {}).get("dataCenter") or "DATACENTER")
+        ls, rm = failures.s3_commands(vid, dc)
+        print(f"  volume {vid} ({dc}), with an S3 API key of RunPod's S3-compatible API (select data centers: "
+              f"runpod/docs storage/s3-api.mdx):\n    list:   {ls}\n    delete: {rm}")
+    if not e.get("networkVolumes"):
+        print("  no network volume: each worker keeps its records on its own disk, and they go with it")
+    if not args.clear:
+        return 0
+    try:
+        target = load_target(args.target)
+    except KilnError as err:
+        raise KilnError(f"--clear needs the target's file for its secret references (the endpoint's env is sent "
+                        f"back whole): {err}; delete the records with the S3 command above instead") from None
+    refs = {key: secret_ref(name) for key, name in target.runpod.secrets}
+    body = failures.clear_body(e, refs)
+    api.update_endpoint(eid, body)
+    print(f"cleared: {failures.CLEARED_ENV}={body['env'][failures.CLEARED_ENV]} is set (a new release): its workers "
+          "ignore every failure record written before it and delete it; the next request starts one")
+    return 0
+
+
 COMMANDS = (
     Command("endpoint", "RunPod Serverless load-balancing endpoints from a target: one URL that scales to zero",
             description="A target as a RunPod Serverless load-balancing endpoint (REST API v2, $RUNPOD_API_KEY): "
@@ -421,5 +477,7 @@ COMMANDS = (
                 Command("logs", "a worker's log lines (container and system)", cmd_logs, _logs_arguments),
                 Command("down", "delete the endpoint and its workers (the network volume is kept unless asked)",
                         cmd_down, _down_arguments),
+                Command("failures", "the failure records its workers keep on the network volume; --clear lifts "
+                        "them (README: One URL for a team)", cmd_failures, _failures_arguments),
             )),
 )

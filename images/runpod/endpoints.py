@@ -28,6 +28,7 @@ from dataclasses import dataclass
 from typing import Any, Callable
 
 from supervisor.errors import KilnError
+from supervisor.serverless.failures import CLEARED_ENV
 
 from . import volumes
 from .api import RunPodAPI
@@ -165,6 +166,14 @@ def _env_same(existing: Any, wanted: dict[str, str], secret_keys: frozenset[str]
     return all(k in secret_keys and e[k] or e[k] == v for k, v in wanted.items())
 
 
+def _kept_env(existing: Any) -> dict[str, str]:
+    """What a release keeps of the endpoint's env that no target says: the failure records' clear mark
+    (`endpoint failures --clear`, images/runpod/failures.py), so an `up` neither drops it nor makes a
+    release of its own."""
+    e = existing if isinstance(existing, dict) else {}
+    return {CLEARED_ENV: str(e[CLEARED_ENV])} if e.get(CLEARED_ENV) else {}
+
+
 def differences(existing: dict[str, Any], body: dict[str, Any], secret_keys: frozenset[str]) -> dict[str, Any]:
     """The UpdateEndpointRequest that brings `existing` to `body`: only the fields that differ."""
     patch: dict[str, Any] = {}
@@ -178,6 +187,7 @@ def differences(existing: dict[str, Any], body: dict[str, Any], secret_keys: fro
                 # clears the exclusions: both said explicitly.
                 patch["gpu"] = {**want, "allowedCudaVersions": []}
         elif key == "env":
+            want = {**want, **_kept_env(have)}
             if not _env_same(have, want, secret_keys):
                 patch["env"] = want
         elif key == "workers":

@@ -351,7 +351,8 @@ class Supervisor:
         why = f"{failure.failure_class.value}: {self.rt.secrets.redact(failure.reason)}" if failure else "unknown"
         log.error("FAILED: %s", why)
         if self.worker is not None and self.machine is not None:    # say why, record it; released after the grace
-            self.worker.failed(why, self.machine.last_failure, self.machine.live.cfg)
+            self.worker.failed(why, self.machine.last_failure, self.machine.live.cfg,
+                               served=self.machine.served_since is not None)
         self.terminator.failed((self.machine.live.cfg if self.machine else self.boot_cfg).runpod, why)
 
     def _do_Shutdown(self, fx: E.Shutdown) -> None:

@@ -188,7 +188,8 @@ def test_bad_input_to_every_command_is_one_line_and_exit_2(tmp_path):
         (["endpoint", "up", "--target", "cpu-llamacpp", "--wait", "--poll", "0"], "--poll 0: seconds, more than 0"),
         (["endpoint", "up", "--target", "cpu-llamacpp", "--wait", "--settle", "0"], "--settle 0: seconds, more than 0"),
         (["endpoint", "up", "--target", "cpu-llamacpp", "--settle", "5"], "--settle only go with --wait"),
-        (["upgrade", "--target", "router", "--dry-run"], "upgrade does not move the router yet"),   # item 13: KeyError
+        # item 13: was KeyError: 'router'; the router's upgrade itself: tests/integration/test_upgrade_router.py
+        (["upgrade", "--target", "router", "--snapshot", "1.14.0"], "--snapshot '1.14.0': expected VERSION=FILE"),
         (["endpoint", "plan", "--target", "cpu-llamacpp", "--cpu-flavor", "cpu3c", "--vcpu", "3"],
          "--vcpu 3: RunPod's CPU workers come in powers of two vCPUs"),
     ]

@@ -30,6 +30,8 @@ CONTRACTS = {
     "supervisor.reload.candidate": "what a published config must pass before it may replace a running one",
     "supervisor.engines.registry": "the engines' flag lint (publish-config lints before uploading)",
     "supervisor.runpod_env": "the Serverless worker's one failure line, which `endpoint up --wait` reads",
+    "supervisor.serverless.failures": "the failure records' clear mark, which `endpoint failures --clear` sets "
+                                      "on the endpoint and its workers read",
 }
 LOOSE_MAX = 12
 
