@@ -29,6 +29,7 @@ CONTRACTS = {
     "supervisor.hubclient": "the Hub token and what a Hub error means (publish, rollout, fleet-status)",
     "supervisor.reload.candidate": "what a published config must pass before it may replace a running one",
     "supervisor.engines.registry": "the engines' flag lint (publish-config lints before uploading)",
+    "supervisor.plan.shape": "what a model's memory depends on, the same for `plan` and a booted pod's self-check",
 }
 LOOSE_MAX = 12
 
@@ -198,7 +199,7 @@ SUPERVISOR_LAYERS = {
     "base": {"supervisor", "config", "validate", "errors", "failure", "redact", "hubclient", "runpod_env",
              "levers", "process"},
     "decisions": {"lifecycle"},
-    "libraries": {"host", "model", "engines", "ladder", "selftest", "fleet", "reload", "serverless", "status",
+    "libraries": {"host", "model", "plan", "engines", "ladder", "selftest", "fleet", "reload", "serverless", "status",
                   "router"},
     "shell": {"run"},
     "entry": {"__main__"},
