@@ -18,12 +18,15 @@ A40_ID = "NVIDIA A40"
 VCPU_BY_COUNT = {(A40_ID, 2): 16, (A40_ID, 5): 41}
 # seed findings § "Under $1 per million tokens is not reachable with K3": "At $0.44/h per A40"
 A40_USD_H = 0.44
+# seed findings § "Decode is serialisation-bound": "696 GB/s available on the active card" (A40)
+BANDWIDTH_GB_S = {A40_ID: 696.0}
 
 
 @dataclass(frozen=True)
 class SpeedRow:
-    """One measured row: aggregate decode tok/s at `streams` concurrent streams."""
-    model: str
+    """One measured row: aggregate decode tok/s at `streams` concurrent streams, for a model whose
+    source names every string of `match` (case-insensitive)."""
+    match: tuple[str, ...]
     engine: str
     gpu: str
     count: int
@@ -40,13 +43,13 @@ _K3_5 = "seed findings § \"Result: 7.3 tok/s\" and § \"Decode is serialisation
 _K3_2 = "seed findings § \"Result: 7.3 tok/s\" (2x A40, autofit, partly on the host)"
 
 SPEED_ROWS: tuple[SpeedRow, ...] = (
-    *(SpeedRow("qwen3-coder-30b-a3b-awq", "vllm", A40_ID, 1, True, s, agg, 3693.0, _QWEN)
+    *(SpeedRow(("qwen3-coder-30b-a3b", "awq"), "vllm", A40_ID, 1, True, s, agg, 3693.0, _QWEN)
       for s, agg in ((1, 77.6), (4, 265.3), (8, 496.8), (16, 782.4), (32, 1165.6))),
-    *(SpeedRow("kimi-linear-48b-a3b-awq", "vllm", A40_ID, 1, True, s, agg, 6162.0, _KL)
+    *(SpeedRow(("kimi-linear-48b-a3b", "awq"), "vllm", A40_ID, 1, True, s, agg, 6162.0, _KL)
       for s, agg in ((1, 67.4), (4, 206.6), (8, 352.4), (16, 556.1), (32, 779.9))),
-    *(SpeedRow("kimi-k3-reap-width50-iq1_s", "llamacpp", A40_ID, 5, True, s, agg, 167.0, _K3_5)
+    *(SpeedRow(("kimi-k3", "iq1_s"), "llamacpp", A40_ID, 5, True, s, agg, 167.0, _K3_5)
       for s, agg in ((1, 7.35), (2, 9.85), (4, 14.53))),
-    SpeedRow("kimi-k3-reap-width50-iq1_s", "llamacpp", A40_ID, 2, False, 1, 2.94, 4.1, _K3_2),
+    SpeedRow(("kimi-k3", "iq1_s"), "llamacpp", A40_ID, 2, False, 1, 2.94, None, _K3_2),
 )
 
 # -- the seed's three models -----------------------------------------------------------------------

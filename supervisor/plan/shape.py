@@ -46,12 +46,22 @@ class Shape:
     vocab: int = 0
     n_ff: int = 0
     dtype_bytes: int = 2                      # the checkpoint's dtype (vLLM's kv-cache-dtype auto)
+    experts: tuple[int, int] = (0, 0)         # routed experts per layer, of which used per token
     source: str = ""
     notes: tuple[str, ...] = field(default=())
 
     @property
     def weights_bytes(self) -> int:
         return sum(self.weights_by_kind.values())
+
+    @property
+    def active_bytes(self) -> int:
+        """Weights read per decoded token: all but the routed experts a token does not use."""
+        total, used = self.experts
+        routed = self.weights_by_kind.get("routed_experts", 0)
+        if not total or not routed:
+            return self.weights_bytes
+        return self.weights_bytes - routed + routed * used // total
 
     @property
     def cache_layers(self) -> int:
@@ -143,9 +153,10 @@ def from_gguf(headers: Iterable[FileHeader]) -> Shape:
         (t.dims[1] for h in headers for t in h.tensors if t.name == "token_embd.weight" and len(t.dims) > 1), 0)
     n_ff = get("feed_forward_length")
     n_ff = max(n_ff) if isinstance(n_ff, (tuple, list)) else int(n_ff or 0)
+    experts = (int(get("expert_count") or 0), int(get("expert_used_count") or 0))
     return Shape(architecture=arch, n_layers=n_layers, cache_k=cache_k, cache_v=cache_v,
                  weights_by_kind=by_kind, layer_bytes=tuple(layer_bytes), host_input_bytes=host_input,
-                 hidden=n_embd, vocab=int(vocab), n_ff=n_ff, source="gguf", notes=tuple(notes))
+                 hidden=n_embd, vocab=int(vocab), n_ff=n_ff, experts=experts, source="gguf", notes=tuple(notes))
 
 
 _DTYPE_BYTES = {"bfloat16": 2, "float16": 2, "float32": 4, "float8_e4m3fn": 1}
@@ -191,4 +202,6 @@ def from_config(cfg: Mapping[str, Any], *, weights_bytes: int, weights_by_kind: 
                  cache_k=tuple(width_k if c else 0 for c in caching),
                  cache_v=tuple(width_v if c else 0 for c in caching),
                  weights_by_kind=kinds, layer_bytes=(), hidden=hidden, vocab=int(cfg.get("vocab_size") or 0),
-                 n_ff=int(cfg.get("intermediate_size") or 0), dtype_bytes=_DTYPE_BYTES.get(dtype, 2), source=source)
+                 n_ff=int(cfg.get("intermediate_size") or 0), dtype_bytes=_DTYPE_BYTES.get(dtype, 2), source=source,
+                 experts=(int(cfg.get("num_experts") or cfg.get("n_routed_experts") or 0),
+                          int(cfg.get("num_experts_per_tok") or cfg.get("num_experts_per_token") or 0)))

@@ -30,6 +30,9 @@ CONTRACTS = {
     "supervisor.reload.candidate": "what a published config must pass before it may replace a running one",
     "supervisor.engines.registry": "the engines' flag lint (publish-config lints before uploading)",
     "supervisor.plan.shape": "what a model's memory depends on, the same for `plan` and a booted pod's self-check",
+    "supervisor.plan.memory": "the memory arithmetic `plan` predicts with and a booted pod checks",
+    "supervisor.plan.fit": "per-card placement: resident or offloaded, the same rule before renting and after boot",
+    "supervisor.model.gguf_layout": "the GGUF header reader, for `plan` from a prefix fetched by range",
 }
 LOOSE_MAX = 12
 

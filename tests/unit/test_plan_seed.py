@@ -47,3 +47,17 @@ def test_kimi_k3_memory_per_card_at_262144_on_five_a40():
     p = _k3(262144, 5)
     assert p.resident
     assert _pct(sum(p.per_card_bytes) / 5 / 1e9, 41.0) <= GOAL_PCT        # seed: 39.5-42.5 GB per card
+
+
+def test_kimi_k3_ranks_five_a40_resident_above_two_a40_offloaded():
+    from images.plan import rank
+    from kiln_dev.runpod.api import gpu_type
+
+    plans = rank.plans(seed.kimi_k3_shape(), "mmnga-o/Kimi-K3-REAP50-Width50-UD-gguf/UD-IQ1_S", "hf://x",
+                       [gpu_type(seed.A40_ID)], engine="llamacpp", ctx=262144, streams=1, kv_type="f16", targets={})
+    order = [(p.count, p.resident) for p in plans]
+    assert order[0] == (5, True)
+    assert order.index((2, False)) > 0
+    two = next(p for p in plans if p.count == 2)
+    # At one stream the two cost the same per token (seed: ~85 $/1M either way); residency decides the rank.
+    assert "measured" in two.speed.basis and two.speed.decode_1 < plans[0].speed.decode_1
