@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import re
 import sys
 from typing import Any
 
@@ -56,20 +57,26 @@ def _check(args: argparse.Namespace) -> None:
         raise KilnError("; ".join(bad))
 
 
+_FAMILY = re.compile(r'^family\s*=\s*"([^"]+)"', re.MULTILINE)
+
+
 def _targets(src: str) -> dict[tuple[str, str], str]:
-    """(engine, GPU id) -> a target that builds for it; one whose deploy config serves this model first."""
-    found: dict[tuple[str, str], str] = {}
+    """(engine, GPU id) -> a target that builds for it: one whose deploy config serves this repo, else
+    one whose model family the source names, else the first."""
+    best: dict[tuple[str, str], tuple[int, str]] = {}
+    repo, low = src.split("@")[0].rstrip("/"), src.lower()
     for name in target_names():
         try:
             t = load_target(name)
-        except KilnError:
+            text = t.deploy_config_path.read_text(errors="replace")
+        except (KilnError, OSError):
             continue
+        family = _FAMILY.search(text)
+        score = 2 if repo in text else 1 if family and family.group(1) in low else 0
         key = (t.engine, t.runpod.gpu_type or "")
-        serves = src.split("@")[0].rstrip("/") in t.deploy_config_path.read_text(errors="replace") \
-            if t.deploy_config_path.is_file() else False
-        if key not in found or serves:
-            found[key] = name
-    return found
+        if key not in best or score > best[key][0]:
+            best[key] = (score, name)
+    return {k: name for k, (_, name) in best.items()}
 
 
 def _plan_json(p: rank.Plan) -> dict[str, Any]:
@@ -110,7 +117,7 @@ def run(args: argparse.Namespace) -> int:
             raise KilnError(f"--gpu {', '.join(unknown)}: not in RunPod's catalog (one of: "
                             f"{', '.join(sorted(g['id'] for g in catalog))})")
         catalog = [g for g in catalog if g["id"] in args.gpu]
-    plans = rank.plans(src.shape, src.name, args.model, catalog, engine=engine, ctx=args.ctx, streams=args.streams,
+    plans = rank.plans(src.shape, src.name, src.model_table, catalog, engine=engine, ctx=args.ctx, streams=args.streams,
                        kv_type=kv, targets=_targets(args.model), max_usd_h=args.max_usd_h, cloud=args.cloud)
     resident = [p for p in plans if p.resident]
     no_fit = None if resident else rank.no_fit_reason(src.shape, engine, args.ctx, kv, catalog)

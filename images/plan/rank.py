@@ -11,6 +11,7 @@ per hour unless it is measured faster, in which case it is kept too), and the la
 
 from __future__ import annotations
 
+import json
 import shlex
 from dataclasses import dataclass, field
 from typing import Any
@@ -48,14 +49,19 @@ def _estimate(shape: Shape, engine: str, ctx: int, streams: int, kv_type: str) -
         memory.vllm(shape, ctx, streams=streams, kv_type=kv_type)
 
 
-def deploy_config(src: str, engine: str, *, ctx: int, count: int, kv_type: str) -> str:
+def _toml(value: Any) -> str:
+    return "[" + ", ".join(_toml(v) for v in value) + "]" if isinstance(value, (list, tuple)) else json.dumps(value)
+
+
+def deploy_config(model: dict[str, Any], engine: str, *, ctx: int, count: int, kv_type: str) -> str:
     """A deploy config whose ladder is the plan: autofit with no placement flag (a pinned -ngl,
     --tensor-split or -ot turns autofit off: seed findings § "Deployment mechanics"), then half the
     context; vLLM at the plan's utilization and tensor parallelism, then half the context."""
     half = max(4096, ctx // 2)
     lines = [f"# written by `python build.py plan` for {count} GPU(s); review before publishing",
-             f'engine = "{engine}"', 'state_dir = "/workspace/kiln"', "", "[model]", f'source = "{src}"',
-             'revision = "main"', "", "[server]", "port = 8080", 'api_key = "env:KILN_API_KEY"', "",
+             f'engine = "{engine}"', 'state_dir = "/workspace/kiln"', "", "[model]",
+             *(f"{k} = {_toml(v)}" for k, v in model.items()),
+             "", "[server]", "port = 8080", 'api_key = "env:KILN_API_KEY"', "",
              "[ladder]", 'fall_through = ["oom", "config_rejected"]', ""]
     for name, c in ((f"plan-{ctx}", ctx), (f"plan-{half}", half)):
         if engine == "llamacpp":
@@ -80,7 +86,7 @@ def command(target: str | None, gpu: str, count: int) -> str:
     return shlex.join(["python", "build.py", "pods", "up", "--target", t, "--gpu", gpu, "--gpu-count", str(count)])
 
 
-def plans(shape: Shape, name: str, src: str, catalog: list[dict[str, Any]], *, engine: str, ctx: int, streams: int,
+def plans(shape: Shape, name: str, model: dict[str, Any], catalog: list[dict[str, Any]], *, engine: str, ctx: int, streams: int,
           kv_type: str, targets: dict[tuple[str, str], str], max_usd_h: float | None = None,
           cloud: str = "secure") -> list[Plan]:
     est = _estimate(shape, engine, ctx, streams, kv_type)
@@ -106,7 +112,7 @@ def plans(shape: Shape, name: str, src: str, catalog: list[dict[str, Any]], *, e
                         cuda=tuple(v["version"] for v in g.get("cudaVersions", []) if v.get("available")),
                         engine=engine, placement=placed, speed=sp, usd_per_m=speeds.usd_per_million(usd_h, sp.decode_n),
                         command=command(targets.get((engine, g["id"])), g["id"], n),
-                        deploy_config=deploy_config(src, engine, ctx=ctx, count=n, kv_type=kv_type),
+                        deploy_config=deploy_config(model, engine, ctx=ctx, count=n, kv_type=kv_type),
                         notes=tuple(shape.notes) + placed.notes)
             kept.append(plan)
         out += _keep(kept)

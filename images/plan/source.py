@@ -36,16 +36,20 @@ class Source:
     shape: shape.Shape
     name: str                   # what the speed rows are matched against (repo id and file)
     engine_hint: str            # llamacpp for a GGUF, vllm for safetensors
+    model_table: dict[str, Any]  # the deploy config's [model] that serves this SRC
 
 
 def read(src: str) -> Source:
     if src.startswith("hf://"):
         repo, path, rev = _parse_hf(src)
+        hf = {"source": f"hf://{repo}", "revision": rev or "main"}
         if path and path.endswith(".gguf"):
-            return Source(_hf_gguf(repo, path, rev), f"{repo}/{path}", "llamacpp")
+            files = [str(p) for p in shards(PurePosixPath(path))]          # type: ignore[arg-type]
+            table = {**hf, "entry": path} | ({"allow_patterns": files} if len(files) > 1 else {"allow_patterns": [path]})
+            return Source(_hf_gguf(repo, path, rev), f"{repo}/{path}", "llamacpp", table)
         if path:
             raise SourceError(f"--model {src}: an hf:// file must be a .gguf; a safetensors repo is hf://OWNER/REPO")
-        return Source(_hf_safetensors(repo, rev), repo, "vllm")
+        return Source(_hf_safetensors(repo, rev), repo, "vllm", {**hf, "entry": "config.json"})
     p = Path(src)
     if not p.is_file():
         raise SourceError(f"--model {src}: no such file (a local GGUF, hf://OWNER/REPO/FILE.gguf or hf://OWNER/REPO)")
@@ -53,7 +57,7 @@ def read(src: str) -> Source:
         headers = [read_header(s) for s in shards(p)]
     except (GGUFError, FileNotFoundError) as e:
         raise SourceError(f"--model {src}: {e}") from e
-    return Source(shape.from_gguf(headers), p.name, "llamacpp")
+    return Source(shape.from_gguf(headers), p.name, "llamacpp", {"source": str(p.resolve())})
 
 
 def _parse_hf(src: str) -> tuple[str, str, str | None]:

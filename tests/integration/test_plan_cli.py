@@ -15,6 +15,7 @@ from kiln_dev.gguf_kimi import make as make_kimi
 from kiln_dev.hub import HubServer, client_env
 from kiln_dev.models import make_tiny_gguf
 from kiln_dev.runpod.api import RunPodStandIn
+from supervisor.config import parse_config
 from supervisor.model.gguf_layout import read_header, shards
 from supervisor.plan import shape
 
@@ -47,6 +48,7 @@ def test_a_local_gguf_plans_one_a40_with_the_engines_own_figures(runpod, tmp_pat
     assert (first["gpu"], first["count"], first["resident"]) == ("NVIDIA A40", 1, True)
     assert "pods up" in first["command"] and "--gpu-count 1" in first["command"]
     assert 'placement = "autofit"' in first["deploy_config"] and "-ngl" not in first["deploy_config"]
+    parse_config(first["deploy_config"], env={})
     assert first["usd_per_1m"] is not None and "upper bound" in first["speed_basis"]
 
 
@@ -67,6 +69,8 @@ def test_an_hf_gguf_is_read_by_header_ranges_never_the_whole_file(runpod, tmp_pa
 
         rc, doc, _ = _plan(capsys, "--model", f"hf://kiln-test/tiny-GGUF/split/{first.name}")
         assert rc == 0
+        cfg = parse_config(doc["plans"][0]["deploy_config"], env={})
+        assert cfg.model.entry == f"split/{first.name}" and len(cfg.model.allow_patterns) == 2
         assert doc["model"]["weights_bytes"] == shape.from_gguf([read_header(p) for p in shards(first)]).weights_bytes
 
 
@@ -87,6 +91,8 @@ def test_the_seeds_qwen3_coder_awq_on_one_a40_is_under_20_cents_per_million_at_3
     assert (best["gpu"], best["count"], best["resident"]) == ("NVIDIA A40", 1, True)
     assert best["speed_measured"] and best["usd_per_1m"] < 0.20
     assert "--kv-cache-dtype" in best["deploy_config"] and "--tensor-parallel-size" not in best["deploy_config"]
+    assert "--target a40-vllm-qwen3-coder " in best["command"]          # the target serving this model family
+    parse_config(best["deploy_config"], env={})                         # a deploy config Kiln accepts
 
 
 def test_kimi_linear_at_a_million_tokens_fits_one_a40(runpod, tmp_path, capsys):

@@ -53,7 +53,7 @@ def test_kimi_k3_ranks_five_a40_resident_above_two_a40_offloaded():
     from images.plan import rank
     from kiln_dev.runpod.api import gpu_type
 
-    plans = rank.plans(seed.kimi_k3_shape(), "mmnga-o/Kimi-K3-REAP50-Width50-UD-gguf/UD-IQ1_S", "hf://x",
+    plans = rank.plans(seed.kimi_k3_shape(), "mmnga-o/Kimi-K3-REAP50-Width50-UD-gguf/UD-IQ1_S", {"source": "hf://x"},
                        [gpu_type(seed.A40_ID)], engine="llamacpp", ctx=262144, streams=1, kv_type="f16", targets={})
     order = [(p.count, p.resident) for p in plans]
     assert order[0] == (5, True)
