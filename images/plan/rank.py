@@ -29,7 +29,7 @@ class Plan:
     gpu: str
     count: int
     usd_h: float
-    availability: str
+    availability: str           # the catalog's, for one GPU of the kind (asked with count=1)
     cuda: tuple[str, ...]
     engine: str
     placement: fit.Placement

@@ -41,6 +41,17 @@ def _layer_items(shape: Shape, est: Estimate) -> list[int]:
     return [body + c for c in kv]
 
 
+def _output_head(shape: Shape) -> int:
+    """The output projection's bytes on the last card. A model with tied embeddings has no output
+    tensor: llama.cpp then loads token_embd a second time as the output (TENSOR_DUPLICATED in
+    src/models/<arch>.cpp, src/llama-model-loader.cpp), so the card holds a copy of what the host
+    keeps. Without a layout (config.json), half the embeddings."""
+    embeddings = shape.weights_by_kind.get("embeddings", 0)
+    if not shape.layer_bytes:
+        return embeddings // 2
+    return embeddings - shape.host_input_bytes or shape.host_input_bytes
+
+
 def _greedy(items: list[int], count: int, usable: int) -> tuple[list[int], list[int]]:
     """Whole layers in order onto the cards, each up to `usable`; what is left runs on the host."""
     cards, host, c = [0] * count, [], 0
@@ -67,9 +78,7 @@ def _even(items: list[int], count: int) -> list[int]:
 
 def llamacpp(shape: Shape, est: Estimate, *, count: int, card_bytes: int) -> Placement:
     items = _layer_items(shape, est)
-    head = max(0, shape.weights_by_kind.get("embeddings", 0) - shape.host_input_bytes) if shape.layer_bytes else \
-        shape.weights_by_kind.get("embeddings", 0) // 2
-    items[-1] += head                                   # the output head goes with the last layer
+    items[-1] += _output_head(shape)                    # the output head goes with the last layer
     notes = [] if shape.layer_bytes else ["per-layer sizes spread evenly (the source lists no layout)"]
     # Resident on several cards means pipeline parallelism: the compute buffer with its copies.
     compute = llamacpp_compute_bytes(shape, est.ctx, est.streams, copies=PIPELINE_COPIES if count > 1 else 1)
@@ -98,7 +107,9 @@ def llamacpp(shape: Shape, est: Estimate, *, count: int, card_bytes: int) -> Pla
 
 
 def vllm(shape: Shape, est: Estimate, *, count: int, card_bytes: int, utilization: float) -> Placement:
-    per_card = (est.weights_bytes + est.kv_bytes) // count + est.compute_bytes
+    # Tensor parallelism splits the weights and GQA's KV heads; an MLA latent (no V) is whole on every rank.
+    kv = est.kv_bytes if not any(shape.cache_v) else est.kv_bytes // count
+    per_card = est.weights_bytes // count + kv + est.compute_bytes
     budget = int(utilization * card_bytes)
     ok = per_card <= budget
     why = "" if ok else (f"{per_card / 2**30:.1f} GiB per card against {utilization:g} x "

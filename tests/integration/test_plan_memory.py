@@ -49,6 +49,17 @@ def test_model_and_kv_buffers_match_the_real_llama_server(kind, tmp_path):
         assert _pct(est.kv_bytes / MIB, got.kv_mib) <= GOAL_PCT, (kind, ctx, est.kv_bytes / MIB, got)
 
 
+@pytest.mark.parametrize("kv_type", ["q8_0", "q4_0"])
+def test_a_quantized_kv_cache_matches_the_real_llama_server(kv_type):
+    path = smollm2_gguf()
+    s = shape.from_gguf([read_header(path)])
+    got = engine_log.llama_buffers(llama_load_log(path, ctx=16384, extra=("--cache-type-k", kv_type,
+                                                                          "--cache-type-v", kv_type)))
+    est = memory.llamacpp(s, 16384, kv_type=kv_type)
+    assert got is not None and _pct(est.kv_bytes / MIB, got.kv_mib) <= GOAL_PCT, (kv_type, est.kv_bytes / MIB, got)
+    assert est.kv_bytes < memory.llamacpp(s, 16384).kv_bytes             # and smaller than f16's
+
+
 def test_the_hybrids_cache_only_their_mla_layers_and_no_v(tmp_path):
     s = shape.from_gguf([read_header(make_kimi("kimi_linear", tmp_path / "kl.gguf"))])
     assert s.cache_layers == 1 and s.n_layers == 4          # KDA, KDA, KDA, MLA
