@@ -14,8 +14,8 @@ from __future__ import annotations
 import os
 import tempfile
 import time
+from collections.abc import Mapping, Sequence
 from pathlib import Path
-from typing import Mapping, Sequence
 
 from .children import spawn, stop
 from .engine import llama_server_binary

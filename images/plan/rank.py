@@ -139,8 +139,8 @@ def no_fit_reason(shape: Shape, engine: str, ctx: int, kv_type: str, catalog: li
     est = _estimate(shape, engine, ctx, 1, kv_type)
     biggest = max((int(g["memory"]) * 10**9 * int((g.get("maxCount") or {}).get("secure") or 1) for g in catalog),
                   default=0)
-    parts = [f"weights {est.weights_bytes / 2**30:.1f} GiB + KV {est.kv_bytes / 2**30:.1f} GiB at {ctx} tokens; "
-             f"the largest pod in the catalog has {biggest / 2**30:.0f} GiB of VRAM"]
+    parts = [(f"weights {est.weights_bytes / 2**30:.1f} GiB + KV {est.kv_bytes / 2**30:.1f} GiB at {ctx} tokens; "
+              f"the largest pod in the catalog has {biggest / 2**30:.0f} GiB of VRAM")]
     room = biggest * 0.9 - est.weights_bytes
     if room > 0 and est.kv_bytes_per_token:
         parts.append(f"a context of about {int(room / float(est.kv_bytes_per_token)):,} tokens would leave room for "

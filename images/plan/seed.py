@@ -96,8 +96,8 @@ def kimi_k3_shape() -> Shape:
     kinds["other"] = per_layer * K3_LAYERS
     return Shape(architecture="kimi-k3", n_layers=K3_LAYERS, cache_k=k, cache_v=(0,) * K3_LAYERS,
                  weights_by_kind=kinds, layer_bytes=(per_layer,) * K3_LAYERS, hidden=3584, vocab=K3_VOCAB,
-                 n_ff=1536, source="seed findings", notes=("per-layer sizes: the seed's 181 GiB spread evenly "
-                                                           "over 93 layers",))
+                 n_ff=1536, source="seed findings",
+                 notes=("per-layer sizes: the seed's 181 GiB spread evenly over 93 layers",))
 
 
 def kimi_linear_shape() -> Shape:

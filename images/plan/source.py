@@ -15,12 +15,19 @@ from __future__ import annotations
 
 import json
 import struct
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path, PurePosixPath
-from typing import Any, Callable
+from typing import Any
 
 from supervisor.errors import KilnError
-from supervisor.model.gguf_layout import FileHeader, GGUFError, parse_header, read_header, shards
+from supervisor.model.gguf_layout import (
+    FileHeader,
+    GGUFError,
+    parse_header,
+    read_header,
+    shards,
+)
 from supervisor.plan import shape
 
 FIRST_RANGE = 1 << 20           # 1 MiB: a small model's whole header; a 160k-token vocabulary needs ~4
@@ -113,7 +120,7 @@ def _hf_gguf(repo: str, path: str, rev: str | None) -> shape.Shape:
     headers = []
     for shard in shards(PurePosixPath(path)):        # type: ignore[arg-type] - shards only uses .name / with_name
         full = f"{repo}{at}/{shard}"
-        size = int(_hub_errors(f"hf://{full}", lambda: fs.info(full))["size"])
+        size = int(_hub_errors(f"hf://{full}", lambda f=full: fs.info(f))["size"])
         headers.append(header_by_range(_ranged(fs, full), f"hf://{full}", size))
     return shape.from_gguf(headers)
 

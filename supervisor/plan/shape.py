@@ -18,8 +18,9 @@ names keep one (Kimi-Linear's `linear_attn_config.full_attn_layers`, 1-indexed â
 from __future__ import annotations
 
 import re
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
-from typing import Any, Iterable, Mapping
+from typing import Any
 
 from ..errors import KilnError
 from ..model.gguf_layout import FileHeader
