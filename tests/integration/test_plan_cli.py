@@ -52,12 +52,13 @@ def test_a_local_gguf_plans_one_a40_with_the_engines_own_figures(runpod, tmp_pat
     assert first["usd_per_1m"] is not None and "upper bound" in first["speed_basis"]
 
 
-def test_an_hf_gguf_is_read_by_header_ranges_never_the_whole_file(runpod, tmp_path, capsys):
+@pytest.mark.parametrize("storage", ["lfs", "xet"])
+def test_an_hf_gguf_is_read_by_header_ranges_never_the_whole_file(runpod, tmp_path, capsys, storage):
     big = make_tiny_gguf(tmp_path / "big.gguf", n_layers=4, width=512, n_vocab=2000)          # ~38 MB
     first = make_kimi("llama_split", tmp_path / "split" / "tiny.gguf")                          # two shards
     files = {"big.gguf": big.read_bytes()} | {f"split/{p.name}": p.read_bytes() for p in shards(first)}
     with HubServer(tmp_path / "hub") as hub, client_env(hub, tmp_path / "home"):
-        hub.seed("kiln-test/tiny-GGUF", files, storage="lfs")
+        hub.seed("kiln-test/tiny-GGUF", files, storage=storage)
         rc, doc, _ = _plan(capsys, "--model", "hf://kiln-test/tiny-GGUF/big.gguf")
         assert rc == 0
         assert doc["model"]["weights_bytes"] == shape.from_gguf([read_header(big)]).weights_bytes
@@ -66,6 +67,7 @@ def test_an_hf_gguf_is_read_by_header_ranges_never_the_whole_file(runpod, tmp_pa
         read = sum(int(b) - int(a) + 1 for r in gets if r.route == "cdn_get"
                    for a, b in [r.range.removeprefix("bytes=").split("-")])
         assert read < big.stat().st_size / 10
+        assert sum(hub.bytes_served.values()) < big.stat().st_size / 10
 
         rc, doc, _ = _plan(capsys, "--model", f"hf://kiln-test/tiny-GGUF/split/{first.name}")
         assert rc == 0
