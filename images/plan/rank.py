@@ -53,7 +53,8 @@ def _toml(value: Any) -> str:
     return "[" + ", ".join(_toml(v) for v in value) + "]" if isinstance(value, (list, tuple)) else json.dumps(value)
 
 
-def deploy_config(model: dict[str, Any], engine: str, *, ctx: int, count: int, kv_type: str) -> str:
+def deploy_config(model: dict[str, Any], engine: str, *, ctx: int, count: int, kv_type: str,
+                  predictions: dict[str, Any] | None = None) -> str:
     """A deploy config whose ladder is the plan: autofit with no placement flag (a pinned -ngl,
     --tensor-split or -ot turns autofit off: seed findings § "Deployment mechanics"), then half the
     context; vLLM at the plan's utilization and tensor parallelism, then half the context."""
@@ -78,6 +79,8 @@ def deploy_config(model: dict[str, Any], engine: str, *, ctx: int, count: int, k
             lines += ["[[ladder.rungs]]", f'name = "{name}"', "args = [" + ", ".join(f'"{a}"' for a in args) + "]", ""]
         if c == half:
             break
+    if predictions:     # [plan]: what the pod checks itself against after its selftest
+        lines += ["[plan]", *(f"{k} = {_toml(v)}" for k, v in predictions.items() if v not in (None, 0, "")), ""]
     return "\n".join(lines)
 
 
@@ -108,11 +111,18 @@ def plans(shape: Shape, name: str, model: dict[str, Any], catalog: list[dict[str
                 placed = fit.vllm(shape, est, count=n, card_bytes=card, utilization=VLLM_UTILIZATION)
             sp = speeds.estimate(shape, name, engine=engine, gpu=g["id"], count=n, resident=placed.resident,
                                  streams=streams)
+            # vLLM takes gpu_memory_utilization of every card whatever the model needs (the rest is KV cache).
+            card_mib = int(VLLM_UTILIZATION * card) if engine == "vllm" else max(placed.per_card_bytes)
+            predictions = {"gpu": g["id"], "cards": n, "card_mib": card_mib // 2**20,
+                           "kv_tokens": memory.vllm_kv_tokens(shape, card_bytes=card, utilization=VLLM_UTILIZATION,
+                                                              kv_type=kv_type, tp=n) if engine == "vllm" else 0,
+                           "decode_tok_s": round(sp.decode_1, 2) if sp.decode_1 else 0, "basis": sp.basis}
             plan = Plan(gpu=g["id"], count=n, usd_h=usd_h, availability=str(g.get("availability", "")),
                         cuda=tuple(v["version"] for v in g.get("cudaVersions", []) if v.get("available")),
                         engine=engine, placement=placed, speed=sp, usd_per_m=speeds.usd_per_million(usd_h, sp.decode_n),
                         command=command(targets.get((engine, g["id"])), g["id"], n),
-                        deploy_config=deploy_config(model, engine, ctx=ctx, count=n, kv_type=kv_type),
+                        deploy_config=deploy_config(model, engine, ctx=ctx, count=n, kv_type=kv_type,
+                                                    predictions=predictions if placed.resident else None),
                         notes=tuple(shape.notes) + placed.notes)
             kept.append(plan)
         out += _keep(kept)
