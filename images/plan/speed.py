@@ -1,4 +1,5 @@
-"""A plan's speed, always with its basis: a measured row (the seed's tables, carried in seed.py) for
+"""A plan's speed, always with its basis: a measured row (the seed's tables, carried in seed.py, and
+Kiln's own measurements, measured.json, appended by bench/plan_record.py) for
 this model, engine, GPU kind, count and residency; else, for a resident plan on a GPU whose memory
 bandwidth Kiln knows, a bandwidth bound labelled as an upper bound (weights read per token: all but
 the routed experts a token skips); else unknown, said so. An offloaded plan is host-bound: its
@@ -11,7 +12,7 @@ from dataclasses import dataclass
 
 from supervisor.plan.shape import Shape
 
-from . import seed
+from . import measured, seed
 
 
 @dataclass(frozen=True)
@@ -26,7 +27,8 @@ class Speed:
 
 def _rows(name: str, engine: str, gpu: str, count: int, resident: bool) -> list[seed.SpeedRow]:
     low = name.lower()
-    return sorted((r for r in seed.SPEED_ROWS if all(m in low for m in r.match) and r.engine == engine
+    known = (*seed.SPEED_ROWS, *measured.load())        # the seed's tables, then Kiln's own measurements
+    return sorted((r for r in known if all(m in low for m in r.match) and r.engine == engine
                    and r.gpu == gpu and r.count == count and r.resident == resident), key=lambda r: r.streams)
 
 

@@ -8,8 +8,13 @@
                 gpu_memory_utilization and profile peak), an estimate for a context and a number
                 of streams, vLLM's KV token count
     fit.py      whether an estimate is resident on N cards of M bytes each, per card, and what is not
+    engine_log.py  what an engine says it allocated, from its own log (llama-server's buffers, vLLM's
+                KV tokens): P17's baseline, and the self-check's measurement
+    check.py    after the selftest: the deploy config's [plan] predictions beside what the boot
+                measured (NVML, the engine's log, the selftest's decode), for /status and /metrics
 
-Pure: no I/O beyond what a caller hands in (a header already read, a config already parsed), so the
-supervisor can show predicted against measured and the workstation's `plan` can price it.
+Pure: no I/O — callers hand in a header already read, a config already parsed, log lines, NVML's
+figures — so the supervisor can show predicted against measured and the workstation's `plan` can
+price it.
 Kept free of imports.
 """

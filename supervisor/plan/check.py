@@ -24,7 +24,7 @@ def _row(predicted: float, measured: float | None, source: str) -> dict[str, Any
     return {"predicted": predicted, "measured": measured, "error_pct": error, "source": source}
 
 
-def check(spec: PlanSpec, *, gpu_used_mib: list[int] | None, engine_lines: list[str],
+def check(spec: PlanSpec, *, engine: str, gpu_used_mib: list[int] | None, engine_lines: list[str],
           decode_tok_s: float | None) -> dict[str, Any]:
     """The /status `plan` section: the plan as written, and one row per quantity it predicted."""
     rows: dict[str, Any] = {}
@@ -36,6 +36,7 @@ def check(spec: PlanSpec, *, gpu_used_mib: list[int] | None, engine_lines: list[
         rows["kv_tokens"] = _row(spec.kv_tokens, got, "the engine's own log" if got is not None
                                  else "not measured: the engine's log has no KV cache size")
     if spec.decode_tok_s:
-        rows["decode_tok_s"] = _row(spec.decode_tok_s, decode_tok_s, f"the selftest (predicted: {spec.basis or 'no basis given'})"
-                                    if decode_tok_s else "not measured: the selftest measured no decode")
-    return {"gpu": spec.gpu, "cards": spec.cards, "checks": rows}
+        source = (f"the selftest (predicted: {spec.basis or 'no basis given'})" if decode_tok_s
+                  else "not measured: the selftest measured no decode")
+        rows["decode_tok_s"] = _row(spec.decode_tok_s, decode_tok_s, source)
+    return {"engine": engine, "gpu": spec.gpu, "cards": spec.cards, "checks": rows}

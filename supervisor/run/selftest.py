@@ -90,7 +90,7 @@ def plan_check(rt: Runtime, cfg: DeployConfig, proc: ManagedProcess, decode_tok_
     from ..host.hardware import gpu_memory_used_mib
     from ..plan.check import check
 
-    result = check(cfg.plan, gpu_used_mib=gpu_memory_used_mib() if cfg.plan.card_mib else None,
+    result = check(cfg.plan, engine=cfg.engine, gpu_used_mib=gpu_memory_used_mib() if cfg.plan.card_mib else None,
                    engine_lines=proc.tail(), decode_tok_s=decode_tok_s)
     rt.rec.update(plan=result)
     for name, row in result["checks"].items():

@@ -6,17 +6,23 @@ from config.json) and the selftest's decode, and on a host with no GPU, memory s
 from __future__ import annotations
 
 import json
+import subprocess
+import sys
+from pathlib import Path
 
+from images.plan import measured, speed
 from kiln_dev import vllm_cpu
 from kiln_dev.engine import llama_server_binary
 from kiln_dev.models import smollm2_gguf
 from kiln_dev.supervised import Supervised, config, free_port, http
+from supervisor.model.gguf_layout import read_header
 from supervisor.plan import memory, shape
 
 KEY = "plan-selfcheck-canary-key"
 SELFTEST = ('[selftest]\nprobes = "smollm2"\ndecode_tokens = 16\nprefill_tokens = 128\nrequest_wall_s = 60\n'
             'timeout_s = 300\n')
 BOOT_S = 240
+REPO = Path(__file__).resolve().parents[2]
 
 
 def _metric(text: str, name: str, quantity: str) -> float | None:
@@ -79,7 +85,7 @@ port = {sport}
         assert _metric(metrics, "plan_measured", "decode_tok_s") == decode["measured"]
 
 
-def test_without_a_gpu_memory_is_said_to_be_unmeasured_and_decode_is_checked(tmp_path):
+def test_without_a_gpu_memory_is_said_to_be_unmeasured_and_decode_is_checked(tmp_path, monkeypatch):
     port, sport = free_port(), free_port()
     rung = '[[ladder.rungs]]\nname = "cpu"\nplacement = "cpu"\nargs = ["-t", "1", "-c", "2048"]\n'
     plan = '[plan]\ngpu = "NVIDIA A40"\ncards = 1\ncard_mib = 400\ndecode_tok_s = 50.0\nbasis = "upper bound"\n'
@@ -95,3 +101,16 @@ def test_without_a_gpu_memory_is_said_to_be_unmeasured_and_decode_is_checked(tmp
         _, body = http(sup.url("/metrics"))
         assert _metric(body.decode(), "plan_predicted", "card_mib") == 400
         assert _metric(body.decode(), "plan_measured", "card_mib") is None
+
+        # bench/ appends the measurement to the rows the planner reads; the planner then prefers it.
+        data = tmp_path / "measured.json"
+        r = subprocess.run([sys.executable, "bench/plan_record.py", "--status", sup.url("/status"),
+                            "--match", "smollm2", "--data", str(data)], cwd=REPO, capture_output=True, text=True,
+                           check=False)
+        assert r.returncode == 0, r.stderr
+        assert "predicted/measured" in r.stdout
+    monkeypatch.setattr(measured, "DATA", data)
+    s = shape.from_gguf([read_header(smollm2_gguf())])
+    got = speed.estimate(s, smollm2_gguf().name, engine="llamacpp", gpu="NVIDIA A40", count=1, resident=True,
+                         streams=1)
+    assert got.measured and got.decode_1 == st["selftest"]["decode_tok_s"] and "Kiln's measurement" in got.basis
