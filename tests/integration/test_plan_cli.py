@@ -130,3 +130,16 @@ def test_bad_input_is_one_line_naming_the_field(runpod, tmp_path, capsys, argv, 
     rc = main(["plan", *full])
     err = capsys.readouterr().err
     assert rc == 2 and all(w in err for w in words), err
+
+
+def test_a_hub_that_does_not_answer_is_one_line_naming_the_source(runpod, tmp_path, capsys):
+    # No network, a DNS failure, a Hub down: huggingface_hub's transport error is no OSError, and it
+    # reached the user as "unexpected ConnectError ... (a bug in Kiln)".
+    with HubServer(tmp_path / "hub") as hub:
+        hub.seed("kiln-test/tiny", {"m.gguf": make_tiny_gguf(tmp_path / "m.gguf").read_bytes()})
+    with client_env(hub, tmp_path / "home"):                 # the Hub's port is closed now
+        for src in ("hf://kiln-test/tiny/m.gguf", "hf://kiln-test/tiny"):
+            rc = main(["plan", "--model", src])
+            err = capsys.readouterr().err
+            assert rc == 2 and f"--model {src}" in err and "the Hub did not answer (ConnectError" in err, err
+            assert "a bug in Kiln" not in err
