@@ -143,3 +143,13 @@ def test_a_hub_that_does_not_answer_is_one_line_naming_the_source(runpod, tmp_pa
             err = capsys.readouterr().err
             assert rc == 2 and f"--model {src}" in err and "the Hub did not answer (ConnectError" in err, err
             assert "a bug in Kiln" not in err
+
+
+def test_a_price_cap_that_leaves_no_plan_says_so_not_that_nothing_holds_the_model(runpod, tmp_path, capsys):
+    # One A40 ($0.44/h in the stand-in's catalog) holds it; --max-usd-h 0.1 allows none. It said no
+    # catalog GPU holds the model and offered a context of 15M tokens that "would leave room".
+    m = make_tiny_gguf(tmp_path / "m.gguf")
+    rc, doc, err = _plan(capsys, "--model", str(m), "--max-usd-h", "0.1")
+    assert rc == 1 and doc["plans"] == []
+    assert doc["no_fit"].startswith("--max-usd-h 0.1: ") and "1x NVIDIA A40 at $0.44/h" in doc["no_fit"], doc
+    assert "tokens would leave room" not in doc["no_fit"] and "no resident plan: --max-usd-h 0.1" in err
