@@ -153,3 +153,14 @@ def test_a_price_cap_that_leaves_no_plan_says_so_not_that_nothing_holds_the_mode
     assert rc == 1 and doc["plans"] == []
     assert doc["no_fit"].startswith("--max-usd-h 0.1: ") and "1x NVIDIA A40 at $0.44/h" in doc["no_fit"], doc
     assert "tokens would leave room" not in doc["no_fit"] and "no resident plan: --max-usd-h 0.1" in err
+
+
+def test_a_community_plan_prints_the_command_that_rents_community(runpod, tmp_path, capsys):
+    # --cloud community priced the community rate, but its "exact" pods up command left --cloud out:
+    # run as printed, it rented SECURE (pods up's default) at the higher rate.
+    m = make_tiny_gguf(tmp_path / "m.gguf")
+    rc, community, _ = _plan(capsys, "--model", str(m), "--cloud", "community")
+    rc_secure, secure, _ = _plan(capsys, "--model", str(m))
+    assert rc == rc_secure == 0 and community["plans"][0]["usd_h"] < secure["plans"][0]["usd_h"]
+    assert community["plans"][0]["command"].endswith(" --cloud COMMUNITY"), community["plans"][0]["command"]
+    assert "--cloud" not in secure["plans"][0]["command"]             # SECURE is pods up's default
