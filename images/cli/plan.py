@@ -138,8 +138,10 @@ def run(args: argparse.Namespace) -> int:
 
     plans = ranked(args.max_usd_h)
     resident = [p for p in plans if p.resident]
-    no_fit = None if resident else _capped(args.max_usd_h, ranked) or rank.no_fit_reason(src.shape, engine, args.ctx,
-                                                                                          kv, catalog)
+    no_fit = None
+    if not resident:            # the price cap, when it is what left none; else the memory
+        no_fit = _capped(args.max_usd_h, ranked) or rank.no_fit_reason(src.shape, engine, args.ctx, kv, catalog,
+                                                                       args.cloud)
     per_token = memory.kv_bytes_per_token(src.shape, engine, kv)
     if args.json:
         print(json.dumps({

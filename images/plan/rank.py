@@ -146,10 +146,11 @@ def _rank(p: Plan) -> tuple[int, int, float, float]:
             p.usd_per_m if p.usd_per_m is not None else 0.0, p.usd_h)
 
 
-def no_fit_reason(shape: Shape, engine: str, ctx: int, kv_type: str, catalog: list[dict[str, Any]]) -> str:
+def no_fit_reason(shape: Shape, engine: str, ctx: int, kv_type: str, catalog: list[dict[str, Any]],
+                  cloud: str = "secure") -> str:
     """Why no catalog GPU holds the model resident, and what context or KV type would."""
     est = _estimate(shape, engine, ctx, 1, kv_type)
-    biggest = max((int(g["memory"]) * 10**9 * int((g.get("maxCount") or {}).get("secure") or 1) for g in catalog),
+    biggest = max((int(g["memory"]) * 10**9 * int((g.get("maxCount") or {}).get(cloud) or 1) for g in catalog),
                   default=0)
     parts = [(f"weights {est.weights_bytes / 2**30:.1f} GiB + KV {est.kv_bytes / 2**30:.1f} GiB at {ctx} tokens; "
               f"the largest pod in the catalog has {biggest / 2**30:.0f} GiB of VRAM")]

@@ -164,3 +164,11 @@ def test_a_community_plan_prints_the_command_that_rents_community(runpod, tmp_pa
     assert rc == rc_secure == 0 and community["plans"][0]["usd_h"] < secure["plans"][0]["usd_h"]
     assert community["plans"][0]["command"].endswith(" --cloud COMMUNITY"), community["plans"][0]["command"]
     assert "--cloud" not in secure["plans"][0]["command"]             # SECURE is pods up's default
+
+
+def test_no_fit_on_the_community_cloud_counts_the_community_maximum(runpod, tmp_path, capsys):
+    # The largest pod is maxCount of the cloud asked for (the stand-in's A40: 8 secure, 4 community).
+    with HubServer(tmp_path / "hub") as hub, client_env(hub, tmp_path / "home"):
+        _safetensors_repo(hub, "kiln-test/huge", seed.QWEN3_CODER_CONFIG, 900 * 2**30)
+        rc, doc, _ = _plan(capsys, "--model", "hf://kiln-test/huge", "--cloud", "community")
+    assert rc == 1 and "the largest pod in the catalog has 179 GiB of VRAM" in doc["no_fit"], doc["no_fit"]
