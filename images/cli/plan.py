@@ -19,7 +19,7 @@ import sys
 from typing import Any
 
 from supervisor.errors import KilnError
-from supervisor.plan import memory
+from supervisor.plan import kvtypes, memory
 
 from ..plan import rank, source
 from ..target import load_target, target_names
@@ -124,6 +124,10 @@ def run(args: argparse.Namespace) -> int:
         raise KilnError(f"--engine {engine} --model {args.model}: Kiln plans {engine} for {want}; leave --engine out "
                         f"to plan this source for {src.engine_hint}")
     kv = args.kv_type or DEFAULT_KV[engine]
+    try:
+        kvtypes.bytes_per_element(engine, kv)       # before RunPod is asked anything
+    except kvtypes.KVTypeError as e:
+        raise KilnError(f"--kv-type {kv}: {e}") from None
     catalog = runpod_api(args).gpu_types(cloud=args.cloud.upper())
     if args.gpu:
         unknown = sorted(set(args.gpu) - {g["id"] for g in catalog})

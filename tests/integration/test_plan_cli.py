@@ -123,6 +123,7 @@ def test_a_model_no_catalog_gpu_holds_says_why_and_what_would(runpod, tmp_path, 
     (["--gpu", "NVIDIA B999"], ["--gpu NVIDIA B999", "NVIDIA A40"]),
     (["--ctx", "0"], ["--ctx 0", "at least 1"]),
     (["--engine", "vllm"], ["--engine vllm", "safetensors"]),
+    (["--kv-type", "bogus"], ["--kv-type bogus", "q8_0"]),
 ])
 def test_bad_input_is_one_line_naming_the_field(runpod, tmp_path, capsys, argv, words):
     m = make_tiny_gguf(tmp_path / "m.gguf")
