@@ -54,7 +54,8 @@ def read(src: str) -> Source:
         if path and path.endswith(".gguf"):
             files = [str(p) for p in shards(PurePosixPath(path))]          # type: ignore[arg-type]
             table = {**hf, "entry": path} | ({"allow_patterns": files} if len(files) > 1 else {"allow_patterns": [path]})
-            return Source(_hub_errors(src, lambda: _hf_gguf(repo, path, rev)), f"{repo}/{path}", "llamacpp", table)
+            return Source(_weighed(src, _hub_errors(src, lambda: _hf_gguf(repo, path, rev))), f"{repo}/{path}",
+                          "llamacpp", table)
         if path:
             raise SourceError(f"--model {src}: an hf:// file must be a .gguf; a safetensors repo is hf://OWNER/REPO")
         return Source(_hub_errors(src, lambda: _hf_safetensors(repo, rev)), repo, "vllm", {**hf, "entry": "config.json"})
@@ -65,7 +66,15 @@ def read(src: str) -> Source:
         headers = [read_header(s) for s in shards(p)]
     except (GGUFError, FileNotFoundError) as e:
         raise SourceError(f"--model {src}: {e}") from e
-    return Source(shape.from_gguf(headers), p.name, "llamacpp", {"source": str(p.resolve())})
+    return Source(_weighed(src, shape.from_gguf(headers)), p.name, "llamacpp", {"source": str(p.resolve())})
+
+
+def _weighed(src: str, s: shape.Shape) -> shape.Shape:
+    """`s`, when it has weights: a GGUF without tensors (llama.cpp's vocab-only files) serves nothing,
+    and a speed bound over zero bytes read per token is no speed."""
+    if s.weights_bytes <= 0:
+        raise SourceError(f"--model {src}: the file holds no weights (a vocab-only GGUF?): give the model's GGUF")
+    return s
 
 
 def _parse_hf(src: str) -> tuple[str, str, str | None]:

@@ -173,3 +173,23 @@ def test_no_fit_on_the_community_cloud_counts_the_community_maximum(runpod, tmp_
         _safetensors_repo(hub, "kiln-test/huge", seed.QWEN3_CODER_CONFIG, 900 * 2**30)
         rc, doc, _ = _plan(capsys, "--model", "hf://kiln-test/huge", "--cloud", "community")
     assert rc == 1 and "the largest pod in the catalog has 179 GiB of VRAM" in doc["no_fit"], doc["no_fit"]
+
+
+def test_a_gguf_without_weights_is_refused_not_planned_at_a_trillion_tokens_per_second(runpod, tmp_path, capsys):
+    # A vocab-only GGUF (llama.cpp ships them under models/) has no tensors: it was planned at
+    # 6.96e+11 tok/s and $0.000/1M, a bandwidth bound divided by zero bytes.
+    import gguf
+
+    path = tmp_path / "vocab-only.gguf"
+    w = gguf.GGUFWriter(str(path), "llama")
+    w.add_block_count(2)
+    w.add_context_length(512)
+    w.add_embedding_length(64)
+    w.add_head_count(4)
+    w.write_header_to_file()
+    w.write_kv_data_to_file()
+    w.write_tensors_to_file()
+    w.close()
+    rc = main(["plan", "--model", str(path)])
+    err = capsys.readouterr().err
+    assert rc == 2 and f"--model {path}: " in err and "no weights" in err, err
