@@ -19,7 +19,7 @@ import sys
 from typing import Any
 
 from supervisor.errors import KilnError
-from supervisor.plan import kvtypes, memory
+from supervisor.plan import memory
 
 from ..plan import rank, source
 from ..target import load_target, target_names
@@ -125,8 +125,8 @@ def run(args: argparse.Namespace) -> int:
                         f"to plan this source for {src.engine_hint}")
     kv = args.kv_type or DEFAULT_KV[engine]
     try:
-        kvtypes.bytes_per_element(engine, kv)       # before RunPod is asked anything
-    except kvtypes.KVTypeError as e:
+        per_token = memory.kv_bytes_per_token(src.shape, engine, kv)    # before RunPod is asked anything
+    except KilnError as e:                                              # a cache type the engine does not know
         raise KilnError(f"--kv-type {kv}: {e}") from None
     catalog = runpod_api(args).gpu_types(cloud=args.cloud.upper())
     if args.gpu:
@@ -146,7 +146,6 @@ def run(args: argparse.Namespace) -> int:
     if not resident:            # the price cap, when it is what left none; else the memory
         no_fit = _capped(args.max_usd_h, ranked) or rank.no_fit_reason(src.shape, engine, args.ctx, kv, catalog,
                                                                        args.cloud)
-    per_token = memory.kv_bytes_per_token(src.shape, engine, kv)
     if args.json:
         print(json.dumps({
             "model": {"src": args.model, "engine": engine, "kv_type": kv, "ctx": args.ctx, "streams": args.streams,
