@@ -102,6 +102,19 @@ def _line(i: int, p: rank.Plan) -> str:
     return "\n".join(out)
 
 
+def _capped(max_usd_h: float | None, ranked) -> str | None:
+    """Why no plan is resident when the price cap, not the memory, is what left none: the cheapest
+    resident plan without the cap; None when there is none either (then the memory says why)."""
+    if max_usd_h is None:
+        return None
+    uncapped = [p for p in ranked(None) if p.resident]
+    if not uncapped:
+        return None
+    cheapest = min(uncapped, key=lambda p: p.usd_h)
+    return (f"--max-usd-h {max_usd_h:g}: the cheapest pod that holds it VRAM-resident is {cheapest.count}x "
+            f"{cheapest.gpu} at ${cheapest.usd_h:.2f}/h; raise the cap to at least that")
+
+
 def run(args: argparse.Namespace) -> int:
     _check(args)
     src = source.read(args.model)
@@ -111,6 +124,10 @@ def run(args: argparse.Namespace) -> int:
         raise KilnError(f"--engine {engine} --model {args.model}: Kiln plans {engine} for {want}; leave --engine out "
                         f"to plan this source for {src.engine_hint}")
     kv = args.kv_type or DEFAULT_KV[engine]
+    try:
+        per_token = memory.kv_bytes_per_token(src.shape, engine, kv)    # before RunPod is asked anything
+    except KilnError as e:                                              # a cache type the engine does not know
+        raise KilnError(f"--kv-type {kv}: {e}") from None
     catalog = runpod_api(args).gpu_types(cloud=args.cloud.upper())
     if args.gpu:
         unknown = sorted(set(args.gpu) - {g["id"] for g in catalog})
@@ -118,11 +135,17 @@ def run(args: argparse.Namespace) -> int:
             raise KilnError(f"--gpu {', '.join(unknown)}: not in RunPod's catalog (one of: "
                             f"{', '.join(sorted(g['id'] for g in catalog))})")
         catalog = [g for g in catalog if g["id"] in args.gpu]
-    plans = rank.plans(src.shape, src.name, src.model_table, catalog, engine=engine, ctx=args.ctx, streams=args.streams,
-                       kv_type=kv, targets=_targets(args.model), max_usd_h=args.max_usd_h, cloud=args.cloud)
+    def ranked(max_usd_h: float | None) -> list[rank.Plan]:
+        return rank.plans(src.shape, src.name, src.model_table, catalog, engine=engine, ctx=args.ctx,
+                          streams=args.streams, kv_type=kv, targets=_targets(args.model), max_usd_h=max_usd_h,
+                          cloud=args.cloud)
+
+    plans = ranked(args.max_usd_h)
     resident = [p for p in plans if p.resident]
-    no_fit = None if resident else rank.no_fit_reason(src.shape, engine, args.ctx, kv, catalog)
-    per_token = memory.kv_bytes_per_token(src.shape, engine, kv)
+    no_fit = None
+    if not resident:            # the price cap, when it is what left none; else the memory
+        no_fit = _capped(args.max_usd_h, ranked) or rank.no_fit_reason(src.shape, engine, args.ctx, kv, catalog,
+                                                                       args.cloud)
     if args.json:
         print(json.dumps({
             "model": {"src": args.model, "engine": engine, "kv_type": kv, "ctx": args.ctx, "streams": args.streams,
@@ -139,7 +162,8 @@ def run(args: argparse.Namespace) -> int:
         if len(plans) > SHOWN:
             print(f"... {len(plans) - SHOWN} more (--json lists every plan)")
         if no_fit:
-            print(f"no catalog GPU holds it VRAM-resident: {no_fit}")
+            print(f"no resident plan: {no_fit}" if no_fit.startswith("--max-usd-h")
+                  else f"no catalog GPU holds it VRAM-resident: {no_fit}")
         elif resident:
             print(f"\ndeploy config for plan 1 (its ladder matches the plan):\n{plans[0].deploy_config}")
     if no_fit:

@@ -84,9 +84,11 @@ def deploy_config(model: dict[str, Any], engine: str, *, ctx: int, count: int, k
     return "\n".join(lines)
 
 
-def command(target: str | None, gpu: str, count: int) -> str:
+def command(target: str | None, gpu: str, count: int, cloud: str = "secure") -> str:
     t = target or "<a target of this engine for this GPU: none in images/targets/ yet>"
-    return shlex.join(["python", "build.py", "pods", "up", "--target", t, "--gpu", gpu, "--gpu-count", str(count)])
+    cloud_flag = [] if cloud.upper() == "SECURE" else ["--cloud", cloud.upper()]     # SECURE: pods up's default
+    return shlex.join(["python", "build.py", "pods", "up", "--target", t, "--gpu", gpu, "--gpu-count", str(count),
+                       *cloud_flag])
 
 
 def plans(shape: Shape, name: str, model: dict[str, Any], catalog: list[dict[str, Any]], *, engine: str, ctx: int, streams: int,
@@ -120,7 +122,7 @@ def plans(shape: Shape, name: str, model: dict[str, Any], catalog: list[dict[str
             plan = Plan(gpu=g["id"], count=n, usd_h=usd_h, availability=str(g.get("availability", "")),
                         cuda=tuple(v["version"] for v in g.get("cudaVersions", []) if v.get("available")),
                         engine=engine, placement=placed, speed=sp, usd_per_m=speeds.usd_per_million(usd_h, sp.decode_n),
-                        command=command(targets.get((engine, g["id"])), g["id"], n),
+                        command=command(targets.get((engine, g["id"])), g["id"], n, cloud),
                         deploy_config=deploy_config(model, engine, ctx=ctx, count=n, kv_type=kv_type,
                                                     predictions=predictions if placed.resident else None),
                         notes=tuple(shape.notes) + placed.notes)
@@ -144,10 +146,11 @@ def _rank(p: Plan) -> tuple[int, int, float, float]:
             p.usd_per_m if p.usd_per_m is not None else 0.0, p.usd_h)
 
 
-def no_fit_reason(shape: Shape, engine: str, ctx: int, kv_type: str, catalog: list[dict[str, Any]]) -> str:
+def no_fit_reason(shape: Shape, engine: str, ctx: int, kv_type: str, catalog: list[dict[str, Any]],
+                  cloud: str = "secure") -> str:
     """Why no catalog GPU holds the model resident, and what context or KV type would."""
     est = _estimate(shape, engine, ctx, 1, kv_type)
-    biggest = max((int(g["memory"]) * 10**9 * int((g.get("maxCount") or {}).get("secure") or 1) for g in catalog),
+    biggest = max((int(g["memory"]) * 10**9 * int((g.get("maxCount") or {}).get(cloud) or 1) for g in catalog),
                   default=0)
     parts = [(f"weights {est.weights_bytes / 2**30:.1f} GiB + KV {est.kv_bytes / 2**30:.1f} GiB at {ctx} tokens; "
               f"the largest pod in the catalog has {biggest / 2**30:.0f} GiB of VRAM")]

@@ -20,6 +20,7 @@ from dataclasses import dataclass
 from pathlib import Path, PurePosixPath
 from typing import Any
 
+from supervisor import hubclient
 from supervisor.errors import KilnError
 from supervisor.model.gguf_layout import (
     FileHeader,
@@ -53,10 +54,11 @@ def read(src: str) -> Source:
         if path and path.endswith(".gguf"):
             files = [str(p) for p in shards(PurePosixPath(path))]          # type: ignore[arg-type]
             table = {**hf, "entry": path} | ({"allow_patterns": files} if len(files) > 1 else {"allow_patterns": [path]})
-            return Source(_hf_gguf(repo, path, rev), f"{repo}/{path}", "llamacpp", table)
+            return Source(_weighed(src, _hub_errors(src, lambda: _hf_gguf(repo, path, rev))), f"{repo}/{path}",
+                          "llamacpp", table)
         if path:
             raise SourceError(f"--model {src}: an hf:// file must be a .gguf; a safetensors repo is hf://OWNER/REPO")
-        return Source(_hf_safetensors(repo, rev), repo, "vllm", {**hf, "entry": "config.json"})
+        return Source(_hub_errors(src, lambda: _hf_safetensors(repo, rev)), repo, "vllm", {**hf, "entry": "config.json"})
     p = Path(src)
     if not p.is_file():
         raise SourceError(f"--model {src}: no such file (a local GGUF, hf://OWNER/REPO/FILE.gguf or hf://OWNER/REPO)")
@@ -64,7 +66,15 @@ def read(src: str) -> Source:
         headers = [read_header(s) for s in shards(p)]
     except (GGUFError, FileNotFoundError) as e:
         raise SourceError(f"--model {src}: {e}") from e
-    return Source(shape.from_gguf(headers), p.name, "llamacpp", {"source": str(p.resolve())})
+    return Source(_weighed(src, shape.from_gguf(headers)), p.name, "llamacpp", {"source": str(p.resolve())})
+
+
+def _weighed(src: str, s: shape.Shape) -> shape.Shape:
+    """`s`, when it has weights: a GGUF without tensors (llama.cpp's vocab-only files) serves nothing,
+    and a speed bound over zero bytes read per token is no speed."""
+    if s.weights_bytes <= 0:
+        raise SourceError(f"--model {src}: the file holds no weights (a vocab-only GGUF?): give the model's GGUF")
+    return s
 
 
 def _parse_hf(src: str) -> tuple[str, str, str | None]:
@@ -85,12 +95,25 @@ def _fs() -> Any:
 
 
 def _hub_errors(src: str, fn: Callable[[], Any]) -> Any:
+    """fn(), its Hub errors one line naming `src`. huggingface_hub's transport errors (no network, DNS,
+    a refused connection) are no OSError: hubclient.error_kind knows them."""
     try:
         return fn()
+    except SourceError:
+        raise
     except FileNotFoundError as e:
         raise SourceError(f"--model {src}: not on the Hub ({e})") from e
-    except OSError as e:
-        raise SourceError(f"--model {src}: the Hub did not answer ({e})") from e
+    except Exception as e:
+        kind = hubclient.error_kind(e)
+        if kind == hubclient.AUTH:
+            raise SourceError(f"--model {src}: the Hub refused the token ({hubclient.describe(e)}): set HF_TOKEN "
+                              "to a token that can read the repo") from e
+        if kind == hubclient.NOT_FOUND:
+            raise SourceError(f"--model {src}: not on the Hub, or hidden from this token "
+                              f"({hubclient.describe(e)})") from e
+        if kind in hubclient.TRANSIENT or isinstance(e, OSError):
+            raise SourceError(f"--model {src}: the Hub did not answer ({hubclient.describe(e)})") from e
+        raise
 
 
 def header_by_range(read_range: Callable[[int, int], bytes], name: str, size: int) -> FileHeader:

@@ -17,7 +17,7 @@ rollout.py.
     find / resolve     an endpoint by name; `resolve` refuses, naming the endpoints that exist.
     price              the pool's serverless list rate from the catalog (RunPod's, per GPU-hour).
     delete             DELETE /v2/serverless/{id}; the network volume stays unless asked, and is never
-                       deleted while another endpoint or a pod mounts it (volume_users names them).
+                       deleted while another endpoint or a pod mounts it (volumes.users names them).
 """
 
 from __future__ import annotations
@@ -289,7 +289,7 @@ def drop_created(api: RunPodAPI, vol: volumes.Volume | None, say: Say) -> None:
     if vol is None or vol.action != "created":
         return
     try:
-        users = volume_users(api, vol.id, besides="")
+        users = volumes.users(api, vol.id)
         if users:
             say(f"network volume {vol.name} ({vol.id}): kept, {', '.join(users)} mounts it")
             return
@@ -302,26 +302,13 @@ def drop_created(api: RunPodAPI, vol: volumes.Volume | None, say: Say) -> None:
         "which was not written)")
 
 
-def volume_users(api: RunPodAPI, volume_id: str, *, besides: str) -> list[str]:
-    """Who else mounts network volume `volume_id`, named: the endpoints that list it in
-    networkVolumes and the pods that mount it (mounts.network[].volumeId), a stopped pod
-    included (it keeps its mount), except the endpoint `besides`."""
-    users = [f"endpoint {e.get('name')} ({e.get('id')})" for e in api.endpoints()
-             if str(e.get("id")) != besides and volume_id in (e.get("networkVolumes") or [])]
-    for pod in api.pods():
-        mounts = pod.get("mounts") if isinstance(pod.get("mounts"), dict) else {}
-        if any(isinstance(m, dict) and m.get("volumeId") == volume_id for m in mounts.get("network") or []):
-            users.append(f"pod {pod.get('name')} ({pod.get('id')}, {pod.get('status')})")
-    return users
-
-
 def delete(api: RunPodAPI, endpoint: dict[str, Any], say: Say, *, delete_volumes: bool = False) -> list[str]:
     """Delete the endpoint (its workers end with it); its network volumes too when asked, and only
     when nothing else mounts them: otherwise nothing is deleted and the users are named. Returns
     the ids of the volumes kept."""
     eid = str(endpoint["id"])
     if delete_volumes:
-        shared = {str(v): volume_users(api, str(v), besides=eid) for v in endpoint.get("networkVolumes") or []}
+        shared = {str(v): volumes.users(api, str(v), besides=eid) for v in endpoint.get("networkVolumes") or []}
         shared = {v: users for v, users in shared.items() if users}
         if shared:
             named = "; ".join(f"{v} is mounted by {', '.join(users)}" for v, users in shared.items())

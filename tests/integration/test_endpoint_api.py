@@ -333,3 +333,35 @@ def test_an_interrupted_wait_whose_restore_fails_prints_the_command_that_restore
                           timeout=60)
     assert done.returncode == 0 and standin.endpoints[e["id"]]["image"] == "r.example/k:old", done.stderr
     no_canary(r.stdout, r.stderr)
+
+
+def test_pods_volumes_delete_refuses_a_volume_an_endpoint_or_a_pod_still_mounts(standin):
+    # `pods volumes --delete` deleted the weights from under a live endpoint's workers (and a pod's)
+    assert endpoint_cli(standin, *UP).returncode == 0
+    (vol,) = standin.volumes
+    (eid,) = standin.endpoints
+    env = {**os.environ, "RUNPOD_API_KEY": ACCOUNT_KEY, "RUNPOD_API_URL": standin.url}
+
+    def delete_volume() -> subprocess.CompletedProcess:
+        return subprocess.run([sys.executable, str(ROOT / "build.py"), "pods", "volumes", "--delete", vol],
+                              capture_output=True, text=True, cwd=ROOT, env=env, timeout=120, check=False)
+
+    writes = standin.writes()
+    r = delete_volume()
+    assert r.returncode == 2, r.stdout + r.stderr
+    assert f"{vol} is mounted by endpoint kiln-{TARGET} ({eid})" in r.stderr and "Nothing was deleted" in r.stderr
+    assert standin.writes() == writes and vol in standin.volumes
+
+    assert endpoint_cli(standin, "down", "--target", TARGET).returncode == 0
+    api = RunPodAPI(ACCOUNT_KEY, standin.url)
+    pod = api.create_pod({"name": "kiln-pod", "image": "a/b:c", "gpu": {"id": "NVIDIA A40", "count": 1},
+                          "dataCenterIds": ["EU-RO-1"], "mounts": {"network": [{"volumeId": vol, "path": "/workspace"}]}})
+    r = delete_volume()
+    assert r.returncode == 2 and f"{vol} is mounted by pod kiln-pod ({pod['id']}" in r.stderr, r.stderr
+    assert vol in standin.volumes
+
+    api.terminate_pod(pod["id"])
+    r = delete_volume()
+    assert r.returncode == 0 and f"network volume {vol}: deleted" in r.stdout, r.stderr
+    assert standin.volumes == {}
+    no_canary(r.stdout, r.stderr)

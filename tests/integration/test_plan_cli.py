@@ -123,6 +123,7 @@ def test_a_model_no_catalog_gpu_holds_says_why_and_what_would(runpod, tmp_path, 
     (["--gpu", "NVIDIA B999"], ["--gpu NVIDIA B999", "NVIDIA A40"]),
     (["--ctx", "0"], ["--ctx 0", "at least 1"]),
     (["--engine", "vllm"], ["--engine vllm", "safetensors"]),
+    (["--kv-type", "bogus"], ["--kv-type bogus", "q8_0"]),
 ])
 def test_bad_input_is_one_line_naming_the_field(runpod, tmp_path, capsys, argv, words):
     m = make_tiny_gguf(tmp_path / "m.gguf")
@@ -130,3 +131,65 @@ def test_bad_input_is_one_line_naming_the_field(runpod, tmp_path, capsys, argv, 
     rc = main(["plan", *full])
     err = capsys.readouterr().err
     assert rc == 2 and all(w in err for w in words), err
+
+
+def test_a_hub_that_does_not_answer_is_one_line_naming_the_source(runpod, tmp_path, capsys):
+    # No network, a DNS failure, a Hub down: huggingface_hub's transport error is no OSError, and it
+    # reached the user as "unexpected ConnectError ... (a bug in Kiln)".
+    with HubServer(tmp_path / "hub") as hub:
+        hub.seed("kiln-test/tiny", {"m.gguf": make_tiny_gguf(tmp_path / "m.gguf").read_bytes()})
+    with client_env(hub, tmp_path / "home"):                 # the Hub's port is closed now
+        for src in ("hf://kiln-test/tiny/m.gguf", "hf://kiln-test/tiny"):
+            rc = main(["plan", "--model", src])
+            err = capsys.readouterr().err
+            assert rc == 2 and f"--model {src}" in err and "the Hub did not answer (ConnectError" in err, err
+            assert "a bug in Kiln" not in err
+
+
+def test_a_price_cap_that_leaves_no_plan_says_so_not_that_nothing_holds_the_model(runpod, tmp_path, capsys):
+    # One A40 ($0.44/h in the stand-in's catalog) holds it; --max-usd-h 0.1 allows none. It said no
+    # catalog GPU holds the model and offered a context of 15M tokens that "would leave room".
+    m = make_tiny_gguf(tmp_path / "m.gguf")
+    rc, doc, err = _plan(capsys, "--model", str(m), "--max-usd-h", "0.1")
+    assert rc == 1 and doc["plans"] == []
+    assert doc["no_fit"].startswith("--max-usd-h 0.1: ") and "1x NVIDIA A40 at $0.44/h" in doc["no_fit"], doc
+    assert "tokens would leave room" not in doc["no_fit"] and "no resident plan: --max-usd-h 0.1" in err
+
+
+def test_a_community_plan_prints_the_command_that_rents_community(runpod, tmp_path, capsys):
+    # --cloud community priced the community rate, but its "exact" pods up command left --cloud out:
+    # run as printed, it rented SECURE (pods up's default) at the higher rate.
+    m = make_tiny_gguf(tmp_path / "m.gguf")
+    rc, community, _ = _plan(capsys, "--model", str(m), "--cloud", "community")
+    rc_secure, secure, _ = _plan(capsys, "--model", str(m))
+    assert rc == rc_secure == 0 and community["plans"][0]["usd_h"] < secure["plans"][0]["usd_h"]
+    assert community["plans"][0]["command"].endswith(" --cloud COMMUNITY"), community["plans"][0]["command"]
+    assert "--cloud" not in secure["plans"][0]["command"]             # SECURE is pods up's default
+
+
+def test_no_fit_on_the_community_cloud_counts_the_community_maximum(runpod, tmp_path, capsys):
+    # The largest pod is maxCount of the cloud asked for (the stand-in's A40: 8 secure, 4 community).
+    with HubServer(tmp_path / "hub") as hub, client_env(hub, tmp_path / "home"):
+        _safetensors_repo(hub, "kiln-test/huge", seed.QWEN3_CODER_CONFIG, 900 * 2**30)
+        rc, doc, _ = _plan(capsys, "--model", "hf://kiln-test/huge", "--cloud", "community")
+    assert rc == 1 and "the largest pod in the catalog has 179 GiB of VRAM" in doc["no_fit"], doc["no_fit"]
+
+
+def test_a_gguf_without_weights_is_refused_not_planned_at_a_trillion_tokens_per_second(runpod, tmp_path, capsys):
+    # A vocab-only GGUF (llama.cpp ships them under models/) has no tensors: it was planned at
+    # 6.96e+11 tok/s and $0.000/1M, a bandwidth bound divided by zero bytes.
+    import gguf
+
+    path = tmp_path / "vocab-only.gguf"
+    w = gguf.GGUFWriter(str(path), "llama")
+    w.add_block_count(2)
+    w.add_context_length(512)
+    w.add_embedding_length(64)
+    w.add_head_count(4)
+    w.write_header_to_file()
+    w.write_kv_data_to_file()
+    w.write_tensors_to_file()
+    w.close()
+    rc = main(["plan", "--model", str(path)])
+    err = capsys.readouterr().err
+    assert rc == 2 and f"--model {path}: " in err and "no weights" in err, err
