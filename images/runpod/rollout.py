@@ -150,6 +150,7 @@ def wait_healthy(api: RunPodAPI, endpoint: dict[str, Any], say: Say, *, api_key:
     failed: dict[str, list[str]] = {}        # worker id -> its log, read once it failed
     why: dict[str, str] = {}                 # worker id -> what was seen of it, when its log says nothing
     ready_since: dict[str, float] = {}       # worker id -> when it was first read ready (monotonic)
+    left: set[str] = set()                   # ready, then stopped by RunPod with nothing wrong in its log
     last = ""
     version: int | None = None
     waker = Waker(health_url(endpoint), api_key, session) if wake else None
@@ -167,17 +168,26 @@ def wait_healthy(api: RunPodAPI, endpoint: dict[str, Any], say: Say, *, api_key:
                 last = line
             now = time.monotonic()
             listed = {str(w.get("id")): str(w.get("status")) for w in latest}
-            # Failed: UNHEALTHY (its health path said it can never serve), gone from the list (the
-            # process ended: "only active workers" are listed), or ready once and then not, within
-            # the settle window (a crash a moment after it turned ready). Failed stays failed.
-            for wid in sorted((seen | set(listed)) - set(failed)):
+            # Failed: UNHEALTHY (its health path said it can never serve), gone from the list before
+            # it was ever ready (the process ended: "only active workers" are listed), or ready once
+            # and then not, within the settle window (a crash a moment after it turned ready).
+            # Ready and then gone with no cause in its log is a worker RunPod stopped (idle timeout,
+            # fewer max workers): it settles nothing and fails nothing. Failed stays failed.
+            for wid in sorted((seen | set(listed)) - set(failed) - left):
                 status = listed.get(wid, "gone")
                 if status in READY:
                     ready_since.setdefault(wid, now)
                 elif status == "UNHEALTHY" or status == "gone" or wid in ready_since:
+                    lines = _log_lines(api, eid, wid)
+                    if status == "gone" and wid in ready_since and failure_line(lines) is None:
+                        del ready_since[wid]
+                        left.add(wid)
+                        say(f"worker {wid} of release v{version} left the list after it was ready, with no "
+                            "failure in its log (RunPod stops idle workers): not counted either way")
+                        continue
                     if wid in ready_since:
                         why[wid] = f"turned ready, then {status} within the {settle_s:g} s settle window"
-                    failed[wid] = _log_lines(api, eid, wid)
+                    failed[wid] = lines
                     say(f"worker {wid} of release v{version} failed: {why.get(wid, status)}; "
                         f"{failure_line(failed[wid]) or 'its log names no cause (yet)'}")
             seen |= set(listed)
