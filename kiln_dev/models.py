@@ -119,10 +119,11 @@ def add_vocab(w: "gguf.GGUFWriter", n_vocab: int) -> None:  # noqa: F821 - gguf 
 class _Tensor:
     name: str
     shape: tuple[int, ...]  # numpy order: (out, in) for matrices
-    kind: Literal["embd", "norm", "proj", "proj_keep0", "output"]
+    kind: Literal["embd", "norm", "proj", "proj_keep0", "exps_keep0", "output"]
 
 
-def _tensor_plan(n_layers: int, width: int, n_ff: int, n_vocab: int, kv_width: int) -> list[_Tensor]:
+def _tensor_plan(n_layers: int, width: int, n_ff: int, n_vocab: int, kv_width: int,
+                 n_expert: int = 0) -> list[_Tensor]:
     plan = [_Tensor("token_embd.weight", (n_vocab, width), "embd")]
     for i in range(n_layers):
         b = f"blk.{i}."
@@ -133,6 +134,16 @@ def _tensor_plan(n_layers: int, width: int, n_ff: int, n_vocab: int, kv_width: i
             _Tensor(b + "attn_v.weight", (kv_width, width), "proj"),
             _Tensor(b + "attn_output.weight", (width, width), "proj_keep0"),
             _Tensor(b + "ffn_norm.weight", (width,), "norm"),
+        ]
+        if n_expert:    # Mixtral-style routed experts: llama.cpp's llama architecture reads these names
+            plan += [
+                _Tensor(b + "ffn_gate_inp.weight", (n_expert, width), "proj"),
+                _Tensor(b + "ffn_gate_exps.weight", (n_expert, n_ff, width), "proj"),
+                _Tensor(b + "ffn_up_exps.weight", (n_expert, n_ff, width), "proj"),
+                _Tensor(b + "ffn_down_exps.weight", (n_expert, width, n_ff), "exps_keep0"),
+            ]
+            continue
+        plan += [
             _Tensor(b + "ffn_gate.weight", (n_ff, width), "proj"),
             _Tensor(b + "ffn_up.weight", (n_ff, width), "proj"),
             _Tensor(b + "ffn_down.weight", (width, n_ff), "proj_keep0"),
@@ -182,6 +193,8 @@ def _make_tensor(t: _Tensor, rng: np.random.Generator, dtype: type[np.floating])
         out[:, 0] = 1.0
     elif t.kind == "proj_keep0":
         out[0, :] = 0.0
+    elif t.kind == "exps_keep0":
+        out[:, 0, :] = 0.0
     elif t.kind == "output":
         out[:, 0] = 0.0
         out[:FIRST_NORMAL_ID, :] = 0.0
@@ -192,11 +205,13 @@ def _make_tensor(t: _Tensor, rng: np.random.Generator, dtype: type[np.floating])
 def make_tiny_gguf(path: str | os.PathLike[str], *, seed: int = 0, n_layers: int = 2, width: int = 64,
                    n_ff: int | None = None, n_vocab: int = 900, n_heads: int | None = None,
                    n_kv_heads: int | None = None, ctx_len: int = 4096,
-                   dtype: Literal["f16", "f32"] = "f16", name: str = "kiln-tiny") -> Path:
+                   dtype: Literal["f16", "f32"] = "f16", name: str = "kiln-tiny",
+                   n_expert: int = 0, n_expert_used: int = 2) -> Path:
     """Write a random llama-architecture GGUF that a real llama-server loads and runs.
 
     Same params and seed -> same bytes. n_ff defaults to 4*width, n_heads to width//64
-    (head_dim 64), n_kv_heads to n_heads. See the module docstring for sizes.
+    (head_dim 64), n_kv_heads to n_heads. See the module docstring for sizes. n_expert > 0 makes
+    every layer's feed-forward a Mixtral-style MoE of n_expert experts of width n_ff.
     """
     import gguf
     import numpy as np
@@ -219,10 +234,13 @@ def make_tiny_gguf(path: str | os.PathLike[str], *, seed: int = 0, n_layers: int
     w.add_rope_dimension_count(width // n_heads)
     w.add_rope_freq_base(10000.0)
     w.add_layer_norm_rms_eps(1e-5)
+    if n_expert:
+        w.add_expert_count(n_expert)
+        w.add_expert_used_count(n_expert_used)
     add_vocab(w, n_vocab)
 
     # Declare every tensor first, then generate and write them one at a time (streaming).
-    plan = _tensor_plan(n_layers, width, n_ff, n_vocab, width // n_heads * n_kv_heads)
+    plan = _tensor_plan(n_layers, width, n_ff, n_vocab, width // n_heads * n_kv_heads, n_expert)
     for t in plan:
         item = np.dtype(np.float32 if t.kind == "norm" else np_dtype)
         w.add_tensor_info(t.name, t.shape, item, math.prod(t.shape) * item.itemsize)

@@ -38,7 +38,7 @@ def router_python() -> str:
     if other and Path(other).is_file():
         return other
     raise Unavailable("the router (smg) is not installed for this Python: pip install -e '.[dev]' (or '.[router]'), "
-                      "or point KILN_ROUTER_PYTHON at a Python that has smg==1.13.0")
+                      "or point KILN_ROUTER_PYTHON at a Python that has the smg images/targets/router.toml pins")
 
 
 def replica_config(tmp: Path, *, model: Path, binary: Path, snapshot: Path, port: int, status_port: int,

@@ -155,14 +155,19 @@ def _main(argv: list[str] | None) -> int:
         except ConfigError as e:
             from . import runpod_env as serverless
 
-            if exit_on_failure or serverless.active(os.environ):   # CI: say it and go
-                # A Serverless worker says it and goes too: RunPod releases it (no bill), routes nothing
-                # to it, and scales down an endpoint that keeps producing such workers (runpod_env.py).
+            if exit_on_failure:   # CI: say it and go
                 print(e, file=sys.stderr)
+                return EXIT_INVALID
+            from .run import boot_failure
+            if serverless.active(os.environ):
+                # A Serverless worker logs the failure line every phase logs and answers 503 for its grace
+                # ([serverless] exit_grace_s), so RunPod and `endpoint up --wait` see it UNHEALTHY with its
+                # cause, then goes: released (no bill), and an endpoint that keeps producing such workers is
+                # scaled down (runpod_env.py).
+                boot_failure.serve(e, config, os.environ, serverless=True)
                 return EXIT_INVALID
             # A pod's PID 1 stays up in FAILED to say why: an exit would restart the container into the
             # same failure, in a loop that bills (run/boot_failure.py).
-            from .run import boot_failure
             return boot_failure.serve(e, config, os.environ)
         # The model prefetch begins here, before the loop's imports ([startup] prefetch_at = "start", the
         # default; "preflight" leaves it to the loop): model/prefetch.py says what it bought and cost.

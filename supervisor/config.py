@@ -365,6 +365,23 @@ class StartupSpec:
 
 PREFETCH_AT = ("start", "preflight")
 
+
+@dataclass(frozen=True)
+class PlanSpec:
+    """[plan]: what `build.py plan` predicted for the pod this config runs on (issue 39). After the
+    selftest the supervisor sets beside each what it measured (supervisor/plan/check.py) on /status
+    and /metrics. Every field is optional; an empty table predicts nothing."""
+    gpu: str = ""                        # the catalog's GPU type id the plan was for
+    cards: int = 0                       # how many of them
+    card_mib: int = 0                    # memory on the fullest card, MiB (0 = not predicted)
+    kv_tokens: int = 0                   # vLLM: its KV cache, tokens (0 = not predicted)
+    decode_tok_s: float = 0.0            # one stream, tok/s (0 = not predicted)
+    basis: str = ""                      # where decode_tok_s comes from (measured row, upper bound)
+
+    @property
+    def predicts(self) -> bool:
+        return bool(self.card_mib or self.kv_tokens or self.decode_tok_s)
+
 # -- what the config hash leaves out, and what a published config cannot change -----------------------
 # The hash names what would run (the ladder memory's key; a published config with the running hash is
 # "unchanged"). Each field it leaves out is also boot-only (BOOT_ONLY; a test keeps it so): a published
@@ -376,6 +393,7 @@ NOT_HASHED: dict[str, str] = {
     "startup.prefetch": "how the model's files are read, not what runs",
     "startup.prefetch_streams": "how the model's files are read, not what runs",
     "startup.prefetch_at": "how the model's files are read, not what runs",
+    "plan": "what a plan predicted for this pod, compared with what runs, not what runs",
 }
 # Tables and fields added after configs were first hashed: left out while they hold their defaults,
 # so a config that does not set them keeps the hash it always had.
@@ -391,6 +409,7 @@ BOOT_ONLY: dict[str, str] = {
     "startup.prefetch": "the model prefetch is set for the container's life",
     "startup.prefetch_streams": "the model prefetch is set for the container's life",
     "startup.prefetch_at": "the model prefetch is set for the container's life",
+    "plan": "the predictions are the ones the pod was booted from, checked once after its selftest",
 }
 
 
@@ -425,6 +444,7 @@ class DeployConfig:
     serverless: ServerlessSpec = ServerlessSpec()
     startup: StartupSpec = StartupSpec()
     router: RouterSpec = RouterSpec()
+    plan: PlanSpec = PlanSpec()
     state_dir: str = DEFAULT_STATE_DIR
     source: str = "<memory>"        # where it was read from (not hashed)
 
@@ -510,6 +530,21 @@ def boot_fallback(data: Any, env: Mapping[str, str]) -> tuple[StatusSpec, SelfTe
     return status, runpod
 
 
+def serverless_fallback(data: Any, env: Mapping[str, str]) -> ServerlessSpec:
+    """[serverless] for a Serverless worker whose config does not validate (run/boot_failure.py), as
+    boot_fallback reads [status]: each field where it is valid on its own, its default where not;
+    the health path from HEALTH_CHECK_PATH (its default where that is invalid)."""
+    ignored: list[Problem] = []
+    table = (data if isinstance(data, dict) else {}).get("serverless")
+    tables = {"serverless": copy.deepcopy(table)} if isinstance(table, dict) else {}
+    _apply_env(tables, env, ignored)
+    health_path = serverless_contract.apply_env({}, env, ignored) or serverless_contract.DEFAULT_HEALTH_PATH
+    d = ServerlessSpec()
+    r = Reader(tables.get("serverless", {}), "serverless", ignored)
+    return ServerlessSpec(exit_grace_s=r.float("exit_grace_s", d.exit_grace_s, min=0.0, max=DAY_S),
+                          active=True, health_path=health_path)
+
+
 def _apply_env(data: dict[str, Any], env: Mapping[str, str], problems: list[Problem]) -> None:
     for name, (path, kind) in ENV_OVERRIDES.items():
         if name not in env:
@@ -568,11 +603,13 @@ def _build(r: Reader, source: str, runpod_url_env: str | None = None,
     runpod = _runpod(r.table("runpod"), runpod_url_env)
     serverless = _serverless(r.table("serverless"), health_path)
     startup = _startup(r.table("startup"), engine)
+    plan = _plan(r.table("plan"))
     state_dir = r.str("state_dir", DEFAULT_STATE_DIR, pattern=r"/.*", pattern_hint="an absolute path")
     r.finish()
     cfg = DeployConfig(engine=engine, model=model, ladder=ladder, server=server, sampler=sampler,
                         selftest=selftest, hardware=hardware, health=health, restart=restart, status=status,
-                        watch=watch, runpod=runpod, serverless=serverless, startup=startup, router=router, state_dir=state_dir, source=source)
+                        watch=watch, runpod=runpod, serverless=serverless, startup=startup, router=router, plan=plan,
+                        state_dir=state_dir, source=source)
     for prob in cross_problems(cfg):
         r.problems.append(prob)
     return cfg
@@ -950,6 +987,17 @@ def _startup(r: Reader, engine: str) -> StartupSpec:
     values["prefetch_at"] = r.str("prefetch_at", StartupSpec.prefetch_at, choices=PREFETCH_AT)
     r.finish()
     return StartupSpec(**values)
+
+
+def _plan(r: Reader) -> PlanSpec:
+    d = PlanSpec()
+    spec = PlanSpec(gpu=r.str("gpu", d.gpu), cards=r.int("cards", d.cards, min=0, max=64),
+                    card_mib=r.int("card_mib", d.card_mib, min=0, max=1 << 24),
+                    kv_tokens=r.int("kv_tokens", d.kv_tokens, min=0, max=1 << 40),
+                    decode_tok_s=r.float("decode_tok_s", d.decode_tok_s, min=0.0, max=1_000_000.0),
+                    basis=r.str("basis", d.basis))
+    r.finish()
+    return spec
 
 
 def _runpod(r: Reader, url_env: str | None) -> SelfTerminateSpec:

@@ -36,10 +36,15 @@ is `<volume>/kiln` (unless KILN_STATE_DIR says otherwise) and is laid out as:
       cache/vllm, torchinductor, triton   compile caches: written atomically by their tools
                                           (engines/caches.py says why that is safe)
       api-key                             a generated key: one for every worker, created once
-      serverless/failures/                deterministic failures (serverless/failures.py)
-      workers/<worker id>/                this worker's own: never written by another
+      serverless/failures/<key>/<worker>  failure witnesses, one file per worker (serverless/failures.py)
+      workers/<worker id>/                this worker's own: never written by another while it lives
+        .kiln-worker                      Kiln's mark and the worker's heartbeat: a marked directory
+                                          whose heartbeat stopped an hour ago is pruned by a later
+                                          worker, bounded (serverless/workdirs.py); unmarked, never
         ladder-memory.json, reload/, run/ (engine.log, the children journal, the engine's key file),
-        cache/cuda-jit                    the driver's JIT cache (engines/caches.py: not shared)
+        cache/cuda-jit                    the driver's JIT cache (engines/caches.py: not shared while
+                                          its worker lives; handed to a new worker of the same image
+                                          and GPU kind once it is gone)
 
 Without the volume a worker's state stays where the config says (the container disk), laid out
 the same way. The worker id is RUNPOD_POD_ID when RunPod sets it, else the hostname. Whether
@@ -60,7 +65,7 @@ from typing import Any, Mapping
 from .errors import Problem
 
 __all__ = ["worker_id", "worker_dir", "volume_state_dir", "SHARED_DIR_NAME", "active", "apply_env", "health_code", "HEALTHY", "INITIALIZING", "UNHEALTHY", "DEFAULT_PORT",
-           "DEFAULT_HEALTH_PATH", "STATUS_PATHS", "MODE_VARS"]
+           "DEFAULT_HEALTH_PATH", "STATUS_PATHS", "MODE_VARS", "checked_port", "release_line", "RELEASE_LINE"]
 
 MODE_VARS = ("PORT_HEALTH", "RUNPOD_ENDPOINT_ID")   # either one: a Serverless worker
 DEFAULT_PORT = 80                # RunPod's PORT when the endpoint's env does not set it (overview.mdx)
@@ -87,6 +92,31 @@ def health_code(state: Any, ready: Any) -> int:
     if state in _GONE:
         return UNHEALTHY
     return INITIALIZING
+
+
+# -- the one failure line ---------------------------------------------------------------------------
+# A worker that can never serve says so in one line, whatever the phase it failed in (a deploy config
+# that does not parse: run/boot_failure.py; a failure once running: run/serverless.py), and `endpoint
+# up --wait` (images/runpod/rollout.py) reads the class and cause out of the worker's log with this.
+RELEASE_LINE = re.compile(r"serverless worker: it can never serve \((?P<cause>\S+: .*)\); \S+ on port \d+ answers 503")
+
+
+def release_line(cause: str, health_path: str, port: int, grace_s: float) -> str:
+    """The line: `cause` is "<failure class>: <why>", masked already, on one line."""
+    return (f"serverless worker: it can never serve ({' '.join(cause.split())}); {health_path} on port {port} "
+            f"answers 503 and the worker exits in {grace_s:g} s ([serverless] exit_grace_s) so RunPod releases it")
+
+
+def checked_port(env: Mapping[str, str]) -> int:
+    """The port RunPod's load balancer health-checks: PORT_HEALTH, else PORT, else 80 (overview.mdx),
+    each where it is a valid port. A worker whose config failed runs no engine, so it may answer
+    there even where PORT_HEALTH is the engine's PORT (the config's own error)."""
+    ignored: list[Problem] = []
+    for name in ("PORT_HEALTH", "PORT"):
+        port = _port(env, name, ignored)
+        if port is not None:
+            return port
+    return DEFAULT_PORT
 
 
 def _port(env: Mapping[str, str], name: str, problems: list[Problem]) -> int | None:

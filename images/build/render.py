@@ -26,6 +26,7 @@ from supervisor.errors import KilnError
 from ..pins import closure as closure_file
 from ..pins.cuda import declared_problems
 from ..pins.cudafloor import require_cuda
+from ..pins.requirements import router_pin_problem
 from .engine_facts import FACTS_FILE, facts_path
 from ..paths import (COMPILE_SCRIPT, CUDA_FLOOR_SCRIPT, IMAGES_DIR, ROUTER_REQUIREMENTS, SUPERVISOR_DIR,
                      SUPERVISOR_REQUIREMENTS, TEMPLATES_DIR, VLLM_SNAPSHOT_SCRIPT)
@@ -119,6 +120,11 @@ def pinned_ref(tag_ref: str, pin: Pin) -> str:
 
 def make_context(target: Target, pins: dict[str, Pin], *, allow_floating: bool = False,
                  base_image: str | None = None) -> RenderContext:
+    if target.engine == "router" and target.source.package:     # the labels name what the image installs
+        problem = router_pin_problem(str(target.source.version), target.source.package,
+                                     ROUTER_REQUIREMENTS.read_text(encoding="utf-8"))
+        if problem:
+            raise KilnError(f"target {target.name}: {problem}")
     unresolved = missing(target, pins)
     if base_image:
         # An explicit override replaces both bases; their pins no longer apply.

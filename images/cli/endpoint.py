@@ -8,10 +8,12 @@ wait rollout.py.
 `plan` needs no key. The others read RUNPOD_API_KEY from the environment (never an argument:
 argv is visible to every process on the machine); `--api` / $RUNPOD_API_URL points at another
 API (tests: the stand-in in kiln_dev/runpod). Progress goes to stderr, results to stdout. Exit 0;
-1 when no worker turned healthy (`up --wait`, nothing to restore); 3 when a new release failed and
-the previous one's configuration was restored; 2 on a usage, configuration or API error (one
-line; an option a command does not take, an unknown target or endpoint, a body that breaks
-RunPod's schema: nothing is sent after it).
+1 when no worker turned healthy (`up --wait`) and nothing was restored (nothing to restore, or the
+restore failed: the command that does it is printed); 3 when a new release failed and the previous
+one's configuration was restored; 130 or 143 on Ctrl-C or TERM during the wait, after the
+restore; 2 on a usage, configuration or API error (one line; an option a command does not take,
+an unknown target or endpoint, a body that breaks RunPod's schema: nothing is sent after it).
+`up` on an error or a signal before the endpoint is written deletes a network volume it created.
 """
 
 from __future__ import annotations
@@ -104,6 +106,9 @@ def _up_arguments(p: argparse.ArgumentParser) -> None:
                    "start downloads or loads the model and runs the selftest)")
     p.add_argument("--poll", type=float, metavar="S", help="with --wait: seconds between reads of the workers "
                    "(default: 5)")
+    p.add_argument("--settle", type=float, metavar="S", help="with --wait: a worker is healthy once it was read "
+                   "ready for this long, at every read (default: 30: a crash a moment after it turned ready fails "
+                   "the release)")
     _api_option(p)
 
 
@@ -173,9 +178,9 @@ def cmd_up(args: argparse.Namespace) -> int:
     from ..runpod import endpoints, rollout
     from ..runpod.cuda import cuda_floor
 
-    if not args.wait and (args.timeout is not None or args.poll is not None):
-        raise KilnError("--timeout and --poll only go with --wait")
-    for name, value in (("--timeout", args.timeout), ("--poll", args.poll)):
+    if not args.wait and (args.timeout is not None or args.poll is not None or args.settle is not None):
+        raise KilnError("--timeout, --poll and --settle only go with --wait")
+    for name, value in (("--timeout", args.timeout), ("--poll", args.poll), ("--settle", args.settle)):
         if value is not None and not value > 0:           # 0 meant the default before (`or`), a negative ran
             raise KilnError(f"{name} {value:g}: seconds, more than 0 (leave it out for the default)")
     if args.no_network_volume and (args.network_volume or args.network_volume_gb or args.data_center):
@@ -204,7 +209,11 @@ def cmd_up(args: argparse.Namespace) -> int:
                 "until one has")
     vol = _volume(api, args, target)
     plan = _plan(args, target, pins, compute, (vol.id, vol.data_center) if vol else None)
-    change = endpoints.upsert(api, plan)
+    try:
+        change = endpoints.upsert(api, plan)
+    except BaseException:             # an API error, Ctrl-C or TERM: only what this command created goes
+        endpoints.drop_created(api, vol, say)
+        raise
     e = change.endpoint
     say(f"endpoint {plan.name}: {change.action} ({e.get('id')})" +
         (f"; changed: {', '.join(sorted(change.patch))}" if change.patch else ""))
@@ -212,19 +221,26 @@ def cmd_up(args: argparse.Namespace) -> int:
         say("a new release: workers on the previous one are replaced as they finish their requests")
     code = 0
     if args.wait:
-        outcome = rollout.wait_healthy(api, e, say, api_key=key,
-                                       timeout_s=1800.0 if args.timeout is None else args.timeout,
-                                       poll_s=5.0 if args.poll is None else args.poll, latest_only=change.new_release)
+        try:
+            outcome = rollout.wait_healthy(api, e, say, api_key=key,
+                                           timeout_s=1800.0 if args.timeout is None else args.timeout,
+                                           poll_s=5.0 if args.poll is None else args.poll,
+                                           settle_s=rollout.SETTLE_S if args.settle is None else args.settle,
+                                           latest_only=change.new_release)
+        except (KeyboardInterrupt, SystemExit):  # Ctrl-C, or TERM (app.py raises SystemExit for it)
+            _interrupted(api, plan, change, target.name)
+            raise
         if not outcome.healthy:
             code = _not_healthy(api, plan, change, outcome, key, target.name)
         else:
-            say(f"worker {outcome.worker} of release v{outcome.version} is healthy (its selftest passed)")
+            # Read after the wait: an interrupt from here on leaves the release it proved in place.
+            say(f"worker {outcome.worker} of release v{outcome.version} is healthy: ready, and still ready "
+                f"{outcome.settled_s:g} s later at every read; {rollout.checked(api, str(e['id']), str(outcome.worker))}")
     _print_endpoint(api, e, code, target.name)
     return code
 
 
 def _not_healthy(api, plan: ep.EndpointPlan, change, outcome, key: str, target_name: str) -> int:
-    from ..runpod import endpoints
     from ..runpod.rollout import masked
 
     secrets = [key, os.environ.get("HF_TOKEN")]
@@ -233,15 +249,56 @@ def _not_healthy(api, plan: ep.EndpointPlan, change, outcome, key: str, target_n
         print(f"  worker {outcome.worker}" + (", its log ends:" if outcome.log_tail else ""))
         for line in masked(outcome.log_tail, secrets):
             print(f"    {line}")
-    restore = endpoints.restore_body(change, plan.secret_keys, {k: plan.body["env"][k] for k in plan.secret_keys})
-    if change.action == "updated" and change.new_release and restore:
-        api.update_endpoint(str(change.endpoint["id"]), restore)
+    restore = _restore_body(plan, change)
+    if restore:
+        if not _put_back(api, str(change.endpoint["id"]), restore, "the failed release"):
+            return EXIT_NOT_HEALTHY
         print(f"restored the previous release's {', '.join(sorted(restore))} (a new release of the old "
               "configuration); the failed one takes no more traffic once its workers are replaced")
         return EXIT_ROLLED_BACK
     print(f"nothing to restore (the endpoint was {change.action}); `python build.py endpoint down --target "
           f"{target_name}` deletes it")
     return EXIT_NOT_HEALTHY
+
+
+def _restore_body(plan: ep.EndpointPlan, change) -> dict:
+    """The PATCH that puts back what a new release replaced; {} when there is none to undo."""
+    from ..runpod import endpoints
+
+    if not (change.action == "updated" and change.new_release):
+        return {}
+    return endpoints.restore_body(change, plan.secret_keys, {k: plan.body["env"][k] for k in plan.secret_keys})
+
+
+def _interrupted(api, plan: ep.EndpointPlan, change, target_name: str) -> None:
+    """Ctrl-C or TERM before the new release proved healthy: put the previous one back, as `pods up`
+    accounts for its pods, or print the command that does it. A second signal while restoring
+    ends the attempt and prints the command too."""
+    restore = _restore_body(plan, change)
+    if not restore:
+        print(f"interrupted before a worker proved healthy; the endpoint was {change.action}, nothing to restore: "
+              f"`python build.py endpoint down --target {target_name}` deletes it", flush=True)
+        return
+    if _put_back(api, str(change.endpoint["id"]), restore, "the new release, interrupted before it proved healthy,"):
+        print(f"interrupted before the new release proved healthy: restored the previous release's "
+              f"{', '.join(sorted(restore))} (a new release of the old configuration)", flush=True)
+
+
+def _put_back(api, endpoint_id: str, restore: dict, what: str) -> bool:
+    """PATCH the previous release back; when that fails (an API error, or a second Ctrl-C/TERM, which
+    still ends the command) print the command that does it instead. Whether it was put back."""
+    from ..runpod import endpoints
+
+    try:
+        api.update_endpoint(endpoint_id, restore)
+        return True
+    except BaseException as e:
+        print(f"{what} is still live: restoring the previous release failed ({type(e).__name__}: {e}); this "
+              f"restores its {', '.join(sorted(restore))}:\n  {endpoints.restore_command(api, endpoint_id, restore)}",
+              flush=True)
+        if not isinstance(e, Exception):
+            raise
+        return False
 
 
 def _print_endpoint(api, e: dict, code: int, target_name: str) -> None:
@@ -348,6 +405,62 @@ def cmd_down(args: argparse.Namespace) -> int:
     return 0
 
 
+def _failures_arguments(p: argparse.ArgumentParser) -> None:
+    _which(p)
+    p.add_argument("--clear", action="store_true", help="set the endpoint's clear mark (a new release): its "
+                   "workers ignore and delete every failure record written before now")
+    _api_option(p)
+
+
+def cmd_failures(args: argparse.Namespace) -> int:
+    """The failure records of the endpoint's workers (supervisor/serverless/failures.py): what the CLI can
+    see of them, and --clear (images/runpod/failures.py says why this is the way)."""
+    import time
+
+    from ..runpod import failures
+    from ..runpod.rollout import masked
+    from ..runpod.template import secret_ref
+    from ..target import load_target
+
+    api = _api(args)
+    e = api.endpoint(str(_existing(api, args)["id"]))
+    eid, secrets = str(e["id"]), [_key(), os.environ.get("HF_TOKEN")]
+    vols = {str(v.get("id")): v for v in api.network_volumes()}
+    print(f"endpoint {e.get('name')} ({eid}): failure records are files on its network volume, under "
+          f"{failures.RECORDS_PATH}<key>/<worker>.json; RunPod's REST API cannot read a volume's files")
+    mark = failures.mark_of(e)
+    when = time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime(float(mark))) if mark and mark.isdigit() else None
+    print(f"  clear mark: {failures.CLEARED_ENV}={mark} ({when}): its workers ignore records written before it"
+          if when else f"  clear mark: {mark or 'none'}")
+    listed = api.endpoint_workers(eid).get("workers") or []
+    print(f"  what the {len(listed)} listed worker(s) logged about them (RunPod lists running workers only):")
+    for w in listed:
+        lines = failures.worker_lines(api.worker_logs(eid, str(w.get("id")), tail=500, idle_s=1.0))
+        print(f"    {w.get('id')} {w.get('status')}: " + ("nothing" if not lines else ""))
+        for line in masked(lines, secrets):
+            print(f"      {line}")
+    for vid in e.get("networkVolumes") or []:
+        dc = str((vols.get(vid) or {}).get("dataCenter") or "DATACENTER")
+        ls, rm = failures.s3_commands(vid, dc)
+        print(f"  volume {vid} ({dc}), with an S3 API key of RunPod's S3-compatible API (select data centers: "
+              f"runpod/docs storage/s3-api.mdx):\n    list:   {ls}\n    delete: {rm}")
+    if not e.get("networkVolumes"):
+        print("  no network volume: each worker keeps its records on its own disk, and they go with it")
+    if not args.clear:
+        return 0
+    try:
+        target = load_target(args.target)
+    except KilnError as err:
+        raise KilnError(f"--clear needs the target's file for its secret references (the endpoint's env is sent "
+                        f"back whole): {err}; delete the records with the S3 command above instead") from None
+    refs = {key: secret_ref(name) for key, name in target.runpod.secrets}
+    body = failures.clear_body(e, refs)
+    api.update_endpoint(eid, body)
+    print(f"cleared: {failures.CLEARED_ENV}={body['env'][failures.CLEARED_ENV]} is set (a new release): its workers "
+          "ignore every failure record written before it and delete it; the next request starts one")
+    return 0
+
+
 COMMANDS = (
     Command("endpoint", "RunPod Serverless load-balancing endpoints from a target: one URL that scales to zero",
             description="A target as a RunPod Serverless load-balancing endpoint (REST API v2, $RUNPOD_API_KEY): "
@@ -364,5 +477,7 @@ COMMANDS = (
                 Command("logs", "a worker's log lines (container and system)", cmd_logs, _logs_arguments),
                 Command("down", "delete the endpoint and its workers (the network volume is kept unless asked)",
                         cmd_down, _down_arguments),
+                Command("failures", "the failure records its workers keep on the network volume; --clear lifts "
+                        "them (README: One URL for a team)", cmd_failures, _failures_arguments),
             )),
 )

@@ -27,7 +27,7 @@ from supervisor.errors import KilnError
 from ..build import render
 from ..pins.lock import load_lock, missing, pins_for
 from ..router import pod as router_pod
-from ..runpod import pods
+from ..runpod import pods, volumes
 from ..runpod.api import RunPodAPI
 from ..runpod.template import build_template
 from ..target import load_target
@@ -122,7 +122,8 @@ def _down_arguments(dn: argparse.ArgumentParser) -> None:
 
 
 def _volumes_arguments(vo: argparse.ArgumentParser) -> None:
-    vo.add_argument("--delete", metavar="ID", help="delete this network volume and its data")
+    vo.add_argument("--delete", metavar="ID",
+                    help="delete this network volume and its data (refused while an endpoint or a pod mounts it)")
     _common(vo)
 
 
@@ -318,6 +319,11 @@ def cmd_down(args: argparse.Namespace) -> int:
 def cmd_volumes(args: argparse.Namespace) -> int:
     api = _api(args)
     if args.delete:
+        mounted = volumes.users(api, args.delete)
+        if mounted:        # its workers or pod would lose their weights and caches mid-run
+            raise KilnError(f"--delete {args.delete}: {args.delete} is mounted by {', '.join(mounted)}: deleting it "
+                            "would take their weights and caches away. Nothing was deleted; end them first "
+                            "(`endpoint down`, `pods down`), then delete the volume")
         api.delete_network_volume(args.delete)
         print(f"network volume {args.delete}: deleted")
         return 0

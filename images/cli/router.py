@@ -34,7 +34,8 @@ def _arguments(p: argparse.ArgumentParser) -> None:
                    "(default KILN_API_KEY; unset: one is generated into the state directory)")
     p.add_argument("--no-api-key", action="store_true", help="no key at the router, for replicas that take none")
     p.add_argument("--state-dir", help="where its config, key and logs go (default ~/.cache/kiln/router-PORT)")
-    p.add_argument("--router-python", metavar="PATH", help="a Python that has smg==1.13.0 (default: this one)")
+    p.add_argument("--router-python", metavar="PATH", help="a Python that has the router's smg, at images/targets/router.toml's [source] "
+                   "version (default: this one)")
     p.add_argument("--print-config", action="store_true", help="print the deploy config and exit")
 
 

@@ -38,6 +38,20 @@ def router_top_level() -> tuple[str, ...]:
 
     src = load_target("router").source
     return (f"{src.package}=={src.version}",)
+
+
+def router_pin_problem(target_version: str, package: str, text: str) -> str | None:
+    """Why an image of the router must not be made: its target's [source] names one version of the
+    router's package while the requirements it installs (`text`) pin another (or none): its labels would
+    name a version the image does not install. None when they agree."""
+    have = pinned(text).get(normalize(package))
+    if have == target_version:
+        return None
+    return (f"the router target pins {package} {target_version} but supervisor/router-requirements.txt (what the "
+            f"image installs) pins {package}=={have or '(nothing)'}: run `python build.py generate --only "
+            f"router-requirements` (or `python build.py upgrade --target router --to {target_version}`)")
+
+
 PYTHONS = ("3.11", "3.12")
 PLATFORMS = ("manylinux_2_28_x86_64", "manylinux_2_17_x86_64", "manylinux2014_x86_64", "manylinux1_x86_64",
              "manylinux_2_5_x86_64", "manylinux_2_34_x86_64", "manylinux_2_31_x86_64")

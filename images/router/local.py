@@ -18,6 +18,7 @@ from supervisor.errors import ConfigError, KilnError
 from supervisor.validate import Problem
 
 from ..paths import REPO_ROOT
+from ..pins.requirements import router_top_level
 
 
 def _q(value: str) -> str:
@@ -44,7 +45,7 @@ def router_python(args: argparse.Namespace) -> str:
         return args.router_python
     if importlib.util.find_spec("smg") is None:
         raise KilnError(f"the router (smg) is not installed for {sys.executable}: pip install -e '.[router]' "
-                        "(or pip install smg==1.13.0), or name a Python that has it with --router-python")
+                        f"(or pip install {router_top_level()[0]}), or name a Python that has it with --router-python")
     return sys.executable
 
 

@@ -10,18 +10,25 @@ rollout.py.
                        that differ (a second run writes nothing). The previous values of what the
                        PATCH changes are kept, so a failed release can be undone.
     restore_body       the PATCH that puts those values back (never a secret's value: a variable
-                       Kiln sends as a secret reference goes back as the reference).
+                       Kiln sends as a secret reference goes back as the reference);
+                       restore_command the same PATCH as a command a user runs when Kiln could not.
+    drop_created       the network volume this command created, deleted again when the endpoint was not
+                       written (a create that fails must not leave a volume billing on its own).
     find / resolve     an endpoint by name; `resolve` refuses, naming the endpoints that exist.
     price              the pool's serverless list rate from the catalog (RunPod's, per GPU-hour).
-    delete             DELETE /v2/serverless/{id}; the network volume stays unless asked.
+    delete             DELETE /v2/serverless/{id}; the network volume stays unless asked, and is never
+                       deleted while another endpoint or a pod mounts it (volumes.users names them).
 """
 
 from __future__ import annotations
 
+import json
+import shlex
 from dataclasses import dataclass
 from typing import Any, Callable
 
 from supervisor.errors import KilnError
+from supervisor.serverless.failures import CLEARED_ENV
 
 from . import volumes
 from .api import RunPodAPI
@@ -159,6 +166,14 @@ def _env_same(existing: Any, wanted: dict[str, str], secret_keys: frozenset[str]
     return all(k in secret_keys and e[k] or e[k] == v for k, v in wanted.items())
 
 
+def _kept_env(existing: Any) -> dict[str, str]:
+    """What a release keeps of the endpoint's env that no target says: the failure records' clear mark
+    (`endpoint failures --clear`, images/runpod/failures.py), so an `up` neither drops it nor makes a
+    release of its own."""
+    e = existing if isinstance(existing, dict) else {}
+    return {CLEARED_ENV: str(e[CLEARED_ENV])} if e.get(CLEARED_ENV) else {}
+
+
 def differences(existing: dict[str, Any], body: dict[str, Any], secret_keys: frozenset[str]) -> dict[str, Any]:
     """The UpdateEndpointRequest that brings `existing` to `body`: only the fields that differ."""
     patch: dict[str, Any] = {}
@@ -172,6 +187,7 @@ def differences(existing: dict[str, Any], body: dict[str, Any], secret_keys: fro
                 # clears the exclusions: both said explicitly.
                 patch["gpu"] = {**want, "allowedCudaVersions": []}
         elif key == "env":
+            want = {**want, **_kept_env(have)}
             if not _env_same(have, want, secret_keys):
                 patch["env"] = want
         elif key == "workers":
@@ -223,6 +239,14 @@ def restore_body(change: Change, secret_keys: frozenset[str], refs: dict[str, st
     return out
 
 
+def restore_command(api: RunPodAPI, endpoint_id: str, body: dict[str, Any]) -> str:
+    """The shell command that sends the restore PATCH, for when Kiln could not: the key is read
+    from $RUNPOD_API_KEY where it runs, never written out; secrets are references in `body`."""
+    url = f"{api.base_url}/serverless/{endpoint_id}"
+    return (f"curl -fsS -X PATCH {shlex.quote(url)} -H \"Authorization: Bearer $RUNPOD_API_KEY\" "
+            f"-H 'Content-Type: application/json' --data {shlex.quote(json.dumps(body, separators=(',', ':')))}")
+
+
 # -- what it costs, and down ------------------------------------------------------------------------
 # A worker bills from its start until it is stopped, whatever its health: an UNHEALTHY one is a running
 # container the load balancer no longer routes to (serverless/load-balancing/overview.mdx @a900806e),
@@ -257,10 +281,40 @@ def volume_for(api: RunPodAPI, name: str, size_gb: int, data_centers: tuple[str,
     return vol
 
 
+def drop_created(api: RunPodAPI, vol: volumes.Volume | None, say: Say) -> None:
+    """After the endpoint that was to mount it was not written (an API error, an interrupt): delete
+    the network volume when this command created it and nothing mounts it, so it does not bill on
+    alone. A volume that was reused, or that something mounts after all (an interrupted create
+    that RunPod carried out), is kept; a delete that fails names the command that does it."""
+    if vol is None or vol.action != "created":
+        return
+    try:
+        users = volumes.users(api, vol.id)
+        if users:
+            say(f"network volume {vol.name} ({vol.id}): kept, {', '.join(users)} mounts it")
+            return
+        api.delete_network_volume(vol.id)
+    except (KilnError, OSError) as e:
+        say(f"network volume {vol.name} ({vol.id}) was created for this endpoint and could not be deleted ({e}); "
+            f"it bills while it exists: `python build.py pods volumes --delete {vol.id}` deletes it")
+        return
+    say(f"network volume {vol.name} ({vol.id}): deleted again (created by this command for the endpoint, "
+        "which was not written)")
+
+
 def delete(api: RunPodAPI, endpoint: dict[str, Any], say: Say, *, delete_volumes: bool = False) -> list[str]:
-    """Delete the endpoint (its workers end with it); its network volumes too when asked. Returns
+    """Delete the endpoint (its workers end with it); its network volumes too when asked, and only
+    when nothing else mounts them: otherwise nothing is deleted and the users are named. Returns
     the ids of the volumes kept."""
     eid = str(endpoint["id"])
+    if delete_volumes:
+        shared = {str(v): volumes.users(api, str(v), besides=eid) for v in endpoint.get("networkVolumes") or []}
+        shared = {v: users for v, users in shared.items() if users}
+        if shared:
+            named = "; ".join(f"{v} is mounted by {', '.join(users)}" for v, users in shared.items())
+            raise KilnError(f"--delete-volume: {named}: deleting it would take their weights and caches away. "
+                            f"Nothing was deleted; `endpoint down` without --delete-volume deletes endpoint "
+                            f"{endpoint.get('name')} and keeps the volume")
     if api.delete_endpoint(eid):
         say(f"endpoint {endpoint.get('name')} ({eid}): deleted, with its workers")
     else:

@@ -3,15 +3,22 @@ went wrong when none does.
 
     wait_healthy   poll GET /v2/serverless/{id}/workers: a worker that is not stale (isStale, the
                    authoritative flag) and IDLE or RUNNING passed its health path (200: the
-                   supervisor's selftest passed and it serves). While it waits, one request at a
+                   supervisor serves, its selftest passed or is off); it is healthy once it was
+                   read so at every read for the settle window (SETTLE_S), not at its first 200:
+                   one that falls out of ready within it failed. While it waits, one request at a
                    time goes to the endpoint's URL (RunPod's key in Authorization, as its docs
                    show), because a load-balancing endpoint at zero workers starts one only for a
-                   request in flight. A worker of the latest release that turns UNHEALTHY is read
-                   at once (GET .../workers/{workerId}/logs, while it is still listed: whether a
-                   log outlives its worker is not documented): the supervisor's last line before
-                   it gives up names the failure class and cause, and once a worker has said that,
-                   waiting longer cannot help.
+                   request in flight. A worker of the latest release fails when it turns UNHEALTHY
+                   or leaves the list before it turned healthy (its process ended); its log is read
+                   at once (GET .../workers/{workerId}/logs; whether a log outlives its worker is not
+                   documented: it is asked for anyway), where the supervisor's one failure line
+                   names the class and cause whatever the phase. FAILED_WORKERS failed workers and
+                   none healthy end the wait at once: the release is rolled back, no timeout is
+                   waited out (a bad config woke ~95 billed workers in 20 s that way).
     failure_line   that line, out of a worker's log.
+    checked        what a healthy worker's 200 vouched for, out of its log: the selftest's PASSED
+                   line (probe set, time), or that none ran (the selftest off: nothing checked the
+                   model's answers).
 
 The caller (images/cli/endpoint.py) restores the previous release when a new one fails.
 """
@@ -27,16 +34,28 @@ from typing import Any, Callable
 import requests
 
 from supervisor.redact import redact
+from supervisor.runpod_env import RELEASE_LINE
 
 from .api import RunPodAPI, RunPodAPIError
 from .endpoint import HEALTH_CHECK_PATH
 
 Say = Callable[[str], None]
 READY = ("IDLE", "RUNNING")             # WorkerStatus: ready, or processing a request
-# What the supervisor prints when it can never serve (supervisor/run/loop.py): as a serverless
-# worker, one line before it exits ("serverless worker: it can never serve (<class>: <cause>); ...");
-# in any mode "FAILED: <class>: <cause>".
-RELEASE_LINE = re.compile(r"serverless worker: it can never serve \((?P<cause>\S+: .*)\); \S+ on port \d+ answers 503")
+# A release is judged by two different workers: one that fails may owe it to its host (a GPU, a
+# download that stalled), two that fail with none healthy are the release's own (README: Releases
+# that cannot take the endpoint down). Both are read at once; no timeout is waited out.
+FAILED_WORKERS = 2
+# Healthy is ready at every read for this long (`up --settle`): the first 200 alone took a worker
+# whose engine died a second later. 30 s: a crash on the first requests or a first batch shows
+# within seconds, and it adds half a minute to a release whose cold start takes minutes; the wake
+# requests go on meanwhile, so a ready worker is not released idle before it settled.
+SETTLE_S = 30.0
+# The selftest's verdict in a worker's log (supervisor/selftest/report.py table, logged "selftest | ").
+SELFTEST_PASSED = re.compile(r"selftest \| selftest of \S+ \(\S+\), probe set (?P<set>[^,:]+).*: PASSED in "
+                             r"(?P<s>[0-9.]+) s")
+# What the supervisor prints when it can never serve: as a serverless worker, one line in every
+# phase (supervisor/runpod_env.py release_line: a config that does not parse, or a failure once
+# running); in any mode "FAILED: <class>: <cause>".
 FAILED_LINE = re.compile(r"\bFAILED: (?P<cause>\S+: .*)$")
 FAILURE_LINE = re.compile(r"\bfailure (?P<cause>\w+(?: on rung \S+)?: .*)$")
 # RunPod's URL for a load-balancing endpoint when its answer carries no requestUrls.
@@ -71,6 +90,8 @@ class Outcome:
     worker: str | None = None               # the healthy worker, or the failing one
     cause: str | None = None                # why not, in one line
     log_tail: list[str] = field(default_factory=list)
+    failed: int = 0                         # workers of the release that failed
+    settled_s: float = 0.0                  # the healthy worker was read ready this long, at every read
 
 
 class Waker:
@@ -116,15 +137,20 @@ def _describe(workers: list[dict[str, Any]]) -> str:
 
 
 def wait_healthy(api: RunPodAPI, endpoint: dict[str, Any], say: Say, *, api_key: str, timeout_s: float,
-                 poll_s: float = 5.0, wake: bool = True, latest_only: bool = True,
+                 poll_s: float = 5.0, settle_s: float = SETTLE_S, wake: bool = True, latest_only: bool = True,
                  session: requests.Session | None = None) -> Outcome:
-    """Until a worker of the latest release is healthy, one of them gives up, or `timeout_s` passes.
-    Without `latest_only` (a change that replaces no container: workers, scaling) any healthy
-    worker will do: whether RunPod marks the running ones stale then is not documented."""
+    """Until a worker of the latest release has been ready for `settle_s` at every read, FAILED_WORKERS
+    of them failed, or `timeout_s` passes (a worker settling then may finish its window). Without
+    `latest_only` (a change that replaces no container: workers, scaling) any worker will do: whether
+    RunPod marks the running ones stale then is not documented."""
     eid = str(endpoint["id"])
     session = session or requests.Session()
     deadline = time.monotonic() + timeout_s
-    read: dict[str, list[str]] = {}          # worker id -> its log, read once it turned UNHEALTHY
+    seen: set[str] = set()                   # workers of the release listed so far
+    failed: dict[str, list[str]] = {}        # worker id -> its log, read once it failed
+    why: dict[str, str] = {}                 # worker id -> what was seen of it, when its log says nothing
+    ready_since: dict[str, float] = {}       # worker id -> when it was first read ready (monotonic)
+    left: set[str] = set()                   # ready, then stopped by RunPod with nothing wrong in its log
     last = ""
     version: int | None = None
     waker = Waker(health_url(endpoint), api_key, session) if wake else None
@@ -140,26 +166,74 @@ def wait_healthy(api: RunPodAPI, endpoint: dict[str, Any], say: Say, *, api_key:
             if line != last:
                 say(line)
                 last = line
-            ready = next((w for w in latest if w.get("status") in READY), None)
-            if ready is not None:
-                return Outcome(True, version, str(ready.get("id")))
-            for w in latest:
-                wid = str(w.get("id"))
-                if w.get("status") == "UNHEALTHY" and wid not in read:
-                    read[wid] = _log_lines(api, eid, wid)
-                    cause = failure_line(read[wid])
-                    if cause:
-                        return Outcome(False, version, wid, cause, read[wid][-12:])
-            if time.monotonic() >= deadline:
-                wid = next(iter(read), None)
-                cause = failure_line(read[wid]) if wid else None
-                return Outcome(False, version, wid, f"no worker of release v{version} turned healthy within "
-                               f"{timeout_s:.0f} s (last: {_describe(workers)})" + (f"; {cause}" if cause else ""),
-                               read[wid][-12:] if wid else [])
+            now = time.monotonic()
+            listed = {str(w.get("id")): str(w.get("status")) for w in latest}
+            # Failed: UNHEALTHY (its health path said it can never serve), gone from the list before
+            # it was ever ready (the process ended: "only active workers" are listed), or ready once
+            # and then not, within the settle window (a crash a moment after it turned ready).
+            # Ready and then gone with no cause in its log is a worker RunPod stopped (idle timeout,
+            # fewer max workers): it settles nothing and fails nothing. Failed stays failed.
+            for wid in sorted((seen | set(listed)) - set(failed) - left):
+                status = listed.get(wid, "gone")
+                if status in READY:
+                    ready_since.setdefault(wid, now)
+                elif status == "UNHEALTHY" or status == "gone" or wid in ready_since:
+                    lines = _log_lines(api, eid, wid)
+                    if status == "gone" and wid in ready_since and failure_line(lines) is None:
+                        del ready_since[wid]
+                        left.add(wid)
+                        say(f"worker {wid} of release v{version} left the list after it was ready, with no "
+                            "failure in its log (RunPod stops idle workers): not counted either way")
+                        continue
+                    if wid in ready_since:
+                        why[wid] = f"turned ready, then {status} within the {settle_s:g} s settle window"
+                    failed[wid] = lines
+                    say(f"worker {wid} of release v{version} failed: {why.get(wid, status)}; "
+                        f"{failure_line(failed[wid]) or 'its log names no cause (yet)'}")
+            seen |= set(listed)
+            settled = next((wid for wid, t in ready_since.items() if wid not in failed and now - t >= settle_s), None)
+            if settled is not None:
+                return Outcome(True, version, settled, settled_s=settle_s)
+            settling = any(wid not in failed for wid in ready_since)
+            if len(failed) >= FAILED_WORKERS or now >= deadline + (settle_s if settling else 0.0):
+                for wid, lines in failed.items():        # a line logged after the read (the 503 came first)
+                    if failure_line(lines) is None:
+                        failed[wid] = _log_lines(api, eid, wid) or lines
+                if len(failed) >= FAILED_WORKERS:
+                    return _failed(version, failed, why, f"{len(failed)} workers of release v{version} failed and "
+                                   "none turned healthy")
+                return _failed(version, failed, why, f"no worker of release v{version} turned healthy within "
+                               f"{timeout_s:.0f} s (last: {_describe(workers)})")
             time.sleep(poll_s)               # the polling interval of a condition wait with a deadline
     finally:
         if waker:
             waker.__exit__()
+
+
+def checked(api: RunPodAPI, endpoint_id: str, worker_id: str) -> str:
+    """What the healthy worker's 200 vouched for, from its log: the health path answers 200 once the
+    engine serves and the selftest passed, or at once when the selftest is off (then nothing
+    checked the model's answers)."""
+    lines = _log_lines(api, endpoint_id, worker_id)
+    for line in reversed(lines):
+        m = SELFTEST_PASSED.search(line)
+        if m:
+            return f"its selftest passed (probe set {m.group('set').strip()}, {m.group('s')} s, read from its log)"
+    if not lines:
+        return "what its health check covered could not be read (no log): 200 means its selftest passed or is off"
+    return ("no selftest ran on it (none in its log: the selftest is off in its deploy config): 200 means its "
+            "engine loaded and answers its own health check; nothing checked the model's answers")
+
+
+def _failed(version: int | None, failed: dict[str, list[str]], why: dict[str, str], summary: str) -> Outcome:
+    """Not healthy: the first failed worker whose log or whose course says why (else the first
+    failed), its cause first (the supervisor's own line before what was seen of it)."""
+    causes = {wid: failure_line(lines) or why.get(wid) for wid, lines in failed.items()}
+    wid = next((w for w, c in causes.items() if c), next(iter(failed), None))
+    cause = causes.get(wid) if wid else None
+    named = f" ({', '.join(failed)})" if failed else ""
+    return Outcome(False, version, wid, f"{cause}; {summary}{named}" if cause else f"{summary}{named}",
+                   failed[wid][-12:] if wid else [], failed=len(failed))
 
 
 def masked(lines: list[str], secrets: list[str | None]) -> list[str]:

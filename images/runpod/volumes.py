@@ -5,7 +5,8 @@ A network volume lives in one data center and a pod can mount it only there (Net
 "an existing NetworkVolume in the same data center as the pod"). Names are not unique on RunPod
 ("not required to be unique"): Kiln finds its volume by name and refuses to choose between two.
 A volume bills while it exists, pods or not ($0.07/GB/month under 1 TB, standard tier:
-docs.runpod.io/pods/pricing); `python build.py pods volumes --delete ID` removes it.
+docs.runpod.io/pods/pricing); `python build.py pods volumes --delete ID` removes it, and refuses
+while an endpoint or a pod (a stopped one too) still mounts it (`users` names them).
 """
 
 from __future__ import annotations
@@ -51,3 +52,16 @@ def ensure(api: RunPodAPI, name: str, size_gb: int, data_centers: tuple[str, ...
     body: dict[str, Any] = {"name": name, "size": size_gb, "dataCenter": data_centers[0]}
     v = api.create_network_volume(body)
     return Volume(str(v.get("id")), name, int(v.get("size") or size_gb), str(v.get("dataCenter")), "created")
+
+
+def users(api: RunPodAPI, volume_id: str, *, besides: str = "") -> list[str]:
+    """Who else mounts network volume `volume_id`, named: the endpoints that list it in
+    networkVolumes and the pods that mount it (mounts.network[].volumeId), a stopped pod
+    included (it keeps its mount), except the endpoint `besides`."""
+    named = [f"endpoint {e.get('name')} ({e.get('id')})" for e in api.endpoints()
+             if str(e.get("id")) != besides and volume_id in (e.get("networkVolumes") or [])]
+    for pod in api.pods():
+        mounts = pod.get("mounts") if isinstance(pod.get("mounts"), dict) else {}
+        if any(isinstance(m, dict) and m.get("volumeId") == volume_id for m in mounts.get("network") or []):
+            named.append(f"pod {pod.get('name')} ({pod.get('id')}, {pod.get('status')})")
+    return named

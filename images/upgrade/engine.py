@@ -4,15 +4,21 @@ anything is written.
     releases.py    the version (the index's newest by default, or --to) and the one file to pin
     cuda.py        its CUDA floor, from the wheel's and torch's metadata (vLLM)
     pyclosure.py   its closure walked and checked; closure.py: hash-locked (vLLM)
+    kiln_argv.py   the flags Kiln's own argv builders add, which no deploy config shows
     snapshot.py    the flag snapshots of the pinned and the new version, from the engines' own parsers
     flagdiff.py    what the flags did: removed (with the replacement named), renamed, added, defaults
     here           every deploy config of every target on that engine, and the published configs given,
                    linted against both snapshots: a rung the new version would refuse where the pinned
-                   one did not refuses the whole upgrade (file, rung, flag, fix); then the writes
+                   one did not refuses the whole upgrade (file, rung, flag, fix); so does a flag the
+                   supervisor itself puts on every rung's argv that the new version lacks (kiln_argv.py);
+                   then the writes
 
 Nothing is written until everything above is known and clean, and with --dry-run nothing at all: the
 closure file (images/closures/), the target's pins in images/lock.toml, the target's [source] (and
-[cuda] version where the floor moved). The rendered Dockerfiles follow with `python build.py generate`.
+[cuda] version where the floor moved); for the router (smg) also supervisor/router-requirements.txt,
+resolved and hashed by pip before anything is written, and pyproject.toml's extras: one pin, so the
+image never installs one version while its labels name another (images/build/render.py refuses that).
+The rendered Dockerfiles follow with `python build.py generate`.
 """
 
 from __future__ import annotations
@@ -30,16 +36,18 @@ from supervisor.engines import registry
 from supervisor.errors import ConfigError, KilnError
 
 from ..pins import closure as closure_file
-from . import flagdiff, releases, snapshot
+from . import flagdiff, kiln_argv, releases, snapshot
 from ..pins import lock as lockfile
 from ..pins.cuda import engine_cuda
 from ..pins.lock import Pin, load_lock, pins_for, save_lock
 from ..pins.pyclosure import walk
 from ..pins.resolve import closure_source
-from ..paths import REPO_ROOT, TARGETS_DIR
+from ..paths import REPO_ROOT, ROUTER_REQUIREMENTS, SUPERVISOR_REQUIREMENTS, TARGETS_DIR
+from ..pins import requirements
 from ..target import Target, load_target
 
 Log = Callable[[str], None]
+PYPROJECT = REPO_ROOT / "pyproject.toml"      # the router's pin in the `router` and `dev` extras (a checkout's smg)
 
 
 @dataclass(frozen=True)
@@ -70,6 +78,7 @@ class Plan:
     unresolved: list[str] = field(default_factory=list)   # the new closure's gaps: the lock cannot be written
     resolvable: str | None = None   # then: the newest release newer than the pinned one whose closure resolves
     notes: list[str] = field(default_factory=list)
+    files: dict[Path, str] = field(default_factory=dict)   # other files the one pin is written into (the router's)
     index: str = ""
     today: str = ""
 
@@ -86,7 +95,7 @@ class Plan:
         return not self.refusals and not self.unresolved
 
 
-def _rel(path: Path) -> str:
+def rel_path(path: Path) -> str:
     """A path as a reader of the report would write it: repository-relative, else under ~, else whole."""
     for root, prefix in ((REPO_ROOT, ""), (Path.home(), "~/")):
         try:
@@ -138,11 +147,6 @@ def plan(name: str, to: str | None = None, *, index: str = "https://pypi.org/sim
     targets_dir = targets_dir or TARGETS_DIR
     target = load_target(name, targets_dir)
     src = target.source
-    if target.engine == "router":
-        raise KilnError(f"target {name}: upgrade does not move the router yet (no flag snapshot of smg is "
-                        "made here); change [source] version, filename and sha256 in images/targets/router.toml, "
-                        "then `python build.py generate --only router-requirements` (the one pin the image, its "
-                        "labels and supervisor/router-requirements.txt read)")
     if src.kind not in ("pypi-wheel", "sdist") or not src.package:
         raise KilnError(f"target {name}: upgrade moves an engine pinned on PyPI (source kind pypi-wheel or "
                         f"sdist); {src.kind} sources follow their branch with `python build.py lock`")
@@ -163,6 +167,9 @@ def plan(name: str, to: str | None = None, *, index: str = "https://pypi.org/sim
             pins["engine.closure"] = Pin("engine.closure", closure_file.digest(closure_text),
                                          closure_source(closure_text, index, closure_name), today)
         old_closure = _closure(src.package, str(src.version), index, log)
+    files: dict[Path, str] = {}
+    if target.engine == "router":
+        files = _router_files(src.package, str(src.version), release.version, unresolved, log)
     current = pins_for(target, load_lock())
     engine = registry.get(target.engine)
     snaps: dict[str, Any] = {}
@@ -170,23 +177,44 @@ def plan(name: str, to: str | None = None, *, index: str = "https://pypi.org/sim
     for version, tgt, tpins, text in ((str(src.version), target, current, old_closure),
                                       (release.version, moved, {**current, **pins}, closure_text)):
         if version in given:
-            path, how[version] = given[version], f"given: {_rel(given[version])}"
+            path, how[version] = given[version], f"given: {rel_path(given[version])}"
         else:
             path, made = snapshot.snapshot(tgt, tpins, closure_text=text, python=python, cpu_torch=cpu_torch,
                                            log=log)
-            how[version] = f"{made}: {_rel(path)}"
+            how[version] = f"{made}: {rel_path(path)}"
         snaps[version] = engine.load_snapshot(path)
     known = getattr(engine, "REMOVED", None) or {k: f"use {v}"
                                                  for k, v in getattr(engine, "KNOWN_RENAMES", {}).items()}
     diff = flagdiff.diff(snaps[str(src.version)], snaps[release.version], old_version=str(src.version),
                          new_version=release.version, known=known)
     p = Plan(target, moved, pins, closure_name, closure_text, old_closure, diff, how, index=index, today=today,
-             unresolved=unresolved)
-    if unresolved:
+             unresolved=unresolved, files=files)
+    if unresolved and closure_name:          # a closure walked on the index (vLLM); the router's is pip's
         p.resolvable = newest_resolvable(target, release.version, index=index, log=log)
     configs = _configs(target.engine, targets_dir) + [path.resolve() for path in published or []]
     _lint_all(p, engine, snaps[str(src.version)], snaps[release.version], configs)
     return p
+
+
+def _router_files(package: str, old: str, new: str, unresolved: list[str], log: Log) -> dict[Path, str]:
+    """The router's one pin, as the other files that hold it will read: supervisor/router-requirements.txt
+    (what the image installs, every wheel hashed: resolved by pip now, so the lock, the target's [source]
+    and the image's labels never name a version the image does not install) and pyproject.toml's extras."""
+    current = ROUTER_REQUIREMENTS.read_text(encoding="utf-8") if ROUTER_REQUIREMENTS.is_file() else None
+    log(f"upgrade: resolving {package}=={new} and its dependencies with pip (hashed, as `generate` does)")
+    try:
+        text = requirements.lock(current, top_level=(f"{package}=={new}",),
+                                 base=SUPERVISOR_REQUIREMENTS.read_text(encoding="utf-8"),
+                                 what=f"the router's {package} and its deps")
+    except requirements.PipFailed as e:
+        unresolved.append(f"{package}=={new} and its dependencies: {e}")
+        return {}
+    out = {ROUTER_REQUIREMENTS: text}
+    pyproject = PYPROJECT.read_text(encoding="utf-8")
+    moved = re.sub(rf'"{re.escape(package)}=={re.escape(old)}"', f'"{package}=={new}"', pyproject)
+    if moved != pyproject:
+        out[PYPROJECT] = moved
+    return out
 
 
 def newest_resolvable(target: Target, above: str, *, index: str, log: Log, tries: int = 4) -> str | None:
@@ -215,8 +243,9 @@ def _configs(engine: str, targets_dir: Path) -> list[Path]:
 
 
 def _lint_all(p: Plan, engine: Any, old: Any, new: Any, paths: list[Path]) -> None:
+    own: dict[str, list[str]] = {}        # a flag Kiln adds -> "file: rung" of each rung it is added to
     for path in paths:
-        rel = _rel(path)
+        rel = rel_path(path)
         try:
             cfg = load_config(path, env={})
         except ConfigError as e:
@@ -239,11 +268,39 @@ def _lint_all(p: Plan, engine: Any, old: Any, new: Any, paths: list[Path]) -> No
                 fix = p.diff.replacement(flag) if flag else None
                 p.refusals.append(Refusal(rel, rung.name, _short_where(issue.where), flag, fix or issue.message))
             p.refusals += _lost_values(p, rel, rung.name, i, args, new)
+            for flag in kiln_argv.kiln_flags(engine, cfg, rung):
+                own.setdefault(flag, []).append(f"{rel}: {rung.name}")
             deprecated = {n for ch in p.diff.deprecated for n in ch.flag.split(", ")}
             for k, tok in enumerate(args):
                 if tok.split("=", 1)[0] in deprecated:
                     p.notes.append(f"{rel}: rung {rung.name} (ladder.rungs[{i}].args[{k}]) {tok.split('=', 1)[0]}: "
                                    f"deprecated in {p.new_version}, still accepted")
+
+
+    p.refusals += _lost_own(p, engine, old, new, own)
+
+
+def _lost_own(p: Plan, engine: Any, old: Any, new: Any, own: dict[str, list[str]]) -> list[Refusal]:
+    """A flag the supervisor itself puts on the command line (kiln_argv.py) that the new parser lacks:
+    one refusal per flag, naming the builder to change and the rungs it breaks."""
+    out = []
+    for flag, rungs in own.items():
+        now = new.get(flag)
+        if now is not None and not now.removed:
+            continue
+        was = old.get(flag)
+        if was is None or was.removed:
+            p.notes.append(f"Kiln's own argv passes {flag}, which {p.old_version} lacks already")
+            continue
+        said = f"removed it ({now.removed})" if now is not None else "does not accept it"
+        fix = p.diff.replacement(flag)
+        total = sum(n for _, n in p.linted)
+        scope = f"all {total} linted" if len(rungs) == total else f"{len(rungs)} of {total} linted"
+        out.append(Refusal(kiln_argv.builder(engine), f"* ({scope}, e.g. {rungs[0]})", "Kiln's own argv, in no config",
+                           flag, f"the supervisor adds {flag} to every command line it builds for these rungs and "
+                           f"{p.new_version} {said}" + (f"; its flag diff: {fix}" if fix else "") + f". Change "
+                           f"{kiln_argv.builder(engine)} before moving the pin: no deploy config can fix this"))
+    return out
 
 
 def _short_where(where: str) -> str:
@@ -286,7 +343,7 @@ def apply(p: Plan) -> list[str]:
     if p.closure_name:
         path = closure_file.path_for(src.package, p.new_version)
         if closure_file.write(path, p.closure_text):
-            done.append(f"wrote {_rel(path)}")
+            done.append(f"wrote {rel_path(path)}")
     lock = load_lock()
     pins = dict(lock.get(p.target.name, {}))
     for key, pin in p.pins.items():
@@ -295,12 +352,16 @@ def apply(p: Plan) -> list[str]:
             pins[key] = pin
     lock[p.target.name] = pins
     if save_lock(lock):
-        done.append(f"wrote {_rel(lockfile.LOCK_PATH)}")
+        done.append(f"wrote {rel_path(lockfile.LOCK_PATH)}")
+    for path, content in p.files.items():
+        if path.read_text(encoding="utf-8") != content:
+            path.write_text(content, encoding="utf-8")
+            done.append(f"wrote {rel_path(path)}")
     text = p.target.path.read_text(encoding="utf-8")
     new_text = edit_target(text, p.target, p.moved)
     if new_text != text:
         p.target.path.write_text(new_text, encoding="utf-8")
-        done.append(f"wrote {_rel(p.target.path)}")
+        done.append(f"wrote {rel_path(p.target.path)}")
     return done
 
 
@@ -327,5 +388,5 @@ def edit_target(text: str, old: Target, new: Target) -> str:
 def stale_mentions(p: Plan) -> list[str]:
     """Lines of the target file (comments) that still name the old version, for a person to re-read."""
     pattern = re.compile(rf"(?<![\w.]){re.escape(p.old_version)}(?![\w.])")
-    return [f"{_rel(p.target.path)}:{n}: {line.strip()}"
+    return [f"{rel_path(p.target.path)}:{n}: {line.strip()}"
             for n, line in enumerate(p.target.path.read_text(encoding="utf-8").splitlines(), 1) if pattern.search(line)]

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from ..pins import closure as closure_file
 from . import flagdiff
-from .engine import Plan
+from .engine import Plan, rel_path
 
 
 def _closure_changes(old: str, new: str) -> list[str]:
@@ -47,6 +47,11 @@ def markdown(p: Plan, command: str) -> str:
                    f"{len(closure_file.pinned(p.closure_text))} packages, `images/closures/{p.closure_name}` "
                    f"sha256 `{p.pins['engine.closure'].value}` |")
     out.append("")
+    if p.files:
+        out += ["The one pin is also written, with the lock and the target, into: "
+                + ", ".join(f"`{rel_path(path)}`" for path in p.files)
+                + " (the router's requirements resolved and hashed by pip now: the image installs, and its labels "
+                  "name, the same version).", ""]
     if "engine.cuda" in p.pins:
         cuda = p.pins["engine.cuda"]
         if cuda.value != t.cuda_version:

@@ -13,6 +13,10 @@ the full install's `--help=all` byte for byte. What the parser still imports is 
 closure, one missing module at a time. A CPU torch: --cpu-torch SPEC, else a `torch-*+cpu` wheel in
 pip's find-links, else download.pytorch.org's CPU index.
 
+The router (smg): the version's wheel and its dependencies installed from the index into a scratch
+directory (`pip install --target`, binary wheels only: smg is a Rust binary in an abi3 wheel, no GPU
+needed), its `smg launch --help` printed by that copy (the console script's `smg.cli:main`).
+
 llama.cpp: the sdist compiled with the target's own recipe (`build.py compile`'s cache, keyed by the
 source's sha256), its `llama-server --help`. Compiling takes minutes (8 on two cores for a CPU
 build); parsing common/arg.cpp by hand would be quicker and wrong wherever the code builds its help
@@ -40,8 +44,8 @@ from ..binaries import obtain
 from ..paths import VLLM_SNAPSHOT_SCRIPT
 from ..target import Target
 
-HELP_MARK = {"vllm": "--max-model-len", "llamacpp": "--ctx-size"}
-SNAPSHOT_FILE = {"vllm": "serve-help-all.txt", "llamacpp": "llama-server-help.txt"}
+HELP_MARK = {"vllm": "--max-model-len", "llamacpp": "--ctx-size", "router": "--policy"}
+SNAPSHOT_FILE = {"vllm": "serve-help-all.txt", "llamacpp": "llama-server-help.txt", "router": "smg-launch-help.txt"}
 # What the parser never imports and the image pays gigabytes for: left out of the light venv.
 HEAVY = re.compile(r"^(nvidia-|cuda-|torch$|torchvision$|torchaudio$|triton$|tokenspeed-|flashinfer|humming-|nccl|"
                    r"xformers|cupy|deep-?gemm|opencv|quack-kernels|tilelang|pynvvideocodec)")
@@ -96,6 +100,8 @@ def snapshot(target: Target, pins: Mapping[str, Pin], *, closure_text: str | Non
             raise SnapshotFailed(f"{src.package} {src.version}: no closure to build a scratch venv from")
         text = _vllm_help(out.parent / "venv", src.package, src.version, closure_text,
                           python or sys.executable, cpu_torch, log)
+    elif target.engine == "router":
+        text = _router_help(out.parent / "site", src.package, src.version, log)
     else:
         text = _llama_help(target, pins, log)
     if HELP_MARK[target.engine] not in text:
@@ -105,6 +111,24 @@ def snapshot(target: Target, pins: Mapping[str, Pin], *, closure_text: str | Non
     tmp.write_text(text, encoding="utf-8")
     tmp.replace(out)
     return out, "made"
+
+
+# -- the router (smg) ----------------------------------------------------------------------------------
+_SMG_HELP = "import sys; sys.argv = ['smg', 'launch', '--help']; from smg.cli import main; main()"
+
+
+def _router_help(site: Path, package: str, version: str, log: Log) -> str:
+    """`smg launch --help` of `package==version`, installed (with its dependencies) under `site`."""
+    if not (site / package).is_dir():
+        _run([sys.executable, "-m", "pip", "install", "-q", "--disable-pip-version-check", "--only-binary=:all:",
+              "--target", str(site), f"{package}=={version}"], log,
+             what=f"installing {package} {version} for its parser")
+    env = {**os.environ, "PYTHONPATH": str(site), "NO_COLOR": "1"}
+    r = subprocess.run([sys.executable, "-s", "-c", _SMG_HELP], capture_output=True, text=True,
+                       env=env, check=False)
+    if r.returncode != 0:
+        raise SnapshotFailed(f"{package} {version}: `smg launch --help` exited {r.returncode}: {_tail(r.stderr)}")
+    return r.stdout
 
 
 # -- vLLM ---------------------------------------------------------------------------------------------

@@ -84,6 +84,8 @@ class RunPodStandIn:
         self.requests: list[dict[str, Any]] = []           # method, path, query, body, auth: never headers
         self.faults: list[str] = []                        # responses that broke the document's schema
         self.fail_next: tuple[int, str] | None = None      # (status, detail) for the next call
+        # (method, path) -> (status, detail): the next such call only is answered with that problem
+        self.fail_on: dict[tuple[str, str], tuple[int, str]] = {}
         self._ids = (f"{n:010x}" for n in itertools.count(0x5a17c0))
         self.lock = threading.RLock()
         self.closing = threading.Event()
@@ -458,9 +460,11 @@ class RunPodStandIn:
                         except ValueError:
                             return self._problem(Problem(400, "the body is not JSON"))
                         entry["body"] = body
-                    if standin.fail_next:
-                        status, text = standin.fail_next
-                        standin.fail_next = None
+                    injected = standin.fail_on.pop((self.command, path), None)
+                    if injected is None and standin.fail_next:
+                        injected, standin.fail_next = standin.fail_next, None
+                    if injected:
+                        status, text = injected
                         return self._problem(Problem(status, text.replace("$AUTH", self.headers["Authorization"])))
                     try:
                         source = standin.log_source(path) if self.command == "GET" else None

@@ -6,6 +6,12 @@ environment variable is unset the supervisor generates a key and stores it in
 the volume (mode 0600) so it survives restarts; the log says where it is,
 never what it is. The engine receives it through a 0600 file
 (`--api-key-file`), because argv is readable by every user in /proc.
+
+A full disk: the engine's key file is rewritten only when the key changed (a reload onto a full
+disk keeps the one there), atomically (a failed write leaves the old key, never a truncated file);
+a key that cannot be generated into the volume, or written where the engine reads it, is a
+problem naming the file, the error and the fix (FAILED on /status, not an exit: PID 1 stays up),
+with no temp or empty file left behind.
 """
 
 from __future__ import annotations
@@ -16,6 +22,7 @@ from pathlib import Path
 from typing import Mapping
 
 from ..errors import ConfigError
+from ..process.statefile import write_atomic
 from ..validate import Problem
 
 
@@ -28,37 +35,42 @@ class ApiKey:
         return f"ApiKey(origin={self.origin!r}, set={self.value is not None})"
 
 
-def _write_private(path: Path, text: str) -> None:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
-    with os.fdopen(fd, "w", encoding="utf-8") as f:
-        f.write(text)
-    os.chmod(path, 0o600)
-
-
 def _create_once(path: Path, value: str) -> str:
     """Store `value` at `path` unless another process got there first; the stored key either way.
     Serverless workers sharing a volume start together, and one endpoint must serve one key: the
-    key is written whole beside the path, then linked into place, which fails if it exists."""
+    key is written whole beside the path, then linked into place, which fails if it exists.
+    Raises OSError when it cannot be stored (a full disk), leaving no file behind."""
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-    _write_private(tmp, value + "\n")
     try:
-        os.link(tmp, path)
-    except FileExistsError:
-        pass
-    except OSError:                      # a filesystem without hard links: the file itself, exclusively
+        _write_new(tmp, value, os.O_TRUNC)
         try:
-            fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+            os.link(tmp, path)
         except FileExistsError:
             pass
-        else:
-            with os.fdopen(fd, "w", encoding="utf-8") as f:
-                f.write(value + "\n")
+        except OSError:                  # a filesystem without hard links: the file itself, exclusively
+            try:
+                _write_new(path, value, os.O_EXCL)
+            except FileExistsError:
+                pass
     finally:
         tmp.unlink(missing_ok=True)
     stored = path.read_text(encoding="utf-8").strip()
     return stored or value
+
+
+def _write_new(path: Path, value: str, flag: int) -> None:
+    """`value` in a new 0600 file; a write that fails removes the file it created (an empty key
+    file would be read as the key)."""
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | flag, 0o600)
+    try:
+        with os.fdopen(fd, "w", encoding="utf-8") as f:
+            f.write(value + "\n")
+            f.flush()
+            os.fsync(f.fileno())
+    except BaseException:
+        path.unlink(missing_ok=True)
+        raise
 
 
 def resolve(spec: str, state_dir: Path, env: Mapping[str, str]) -> ApiKey:
@@ -70,11 +82,17 @@ def resolve(spec: str, state_dir: Path, env: Mapping[str, str]) -> ApiKey:
         if value:
             return ApiKey(value, f"env:{ref}")
         stored = state_dir / "api-key"
-        if stored.is_file():
-            return ApiKey(stored.read_text(encoding="utf-8").strip(), f"stored: {stored} ({ref} unset)")
+        if stored.is_file() and (value := stored.read_text(encoding="utf-8").strip()):
+            return ApiKey(value, f"stored: {stored} ({ref} unset)")
         import secrets   # only a first boot without a key pays for this import
 
-        value = _create_once(stored, secrets.token_urlsafe(32))
+        try:
+            value = _create_once(stored, secrets.token_urlsafe(32))
+        except OSError as e:
+            raise ConfigError("api key", [Problem(
+                "server.api_key", f"{ref} is not set, and the key generated instead cannot be stored at {stored} "
+                f"({e.strerror or e}): set {ref} in the environment, or free space under state_dir ({state_dir}) "
+                "and restart", spec)]) from None
         return ApiKey(value, f"generated: {stored} ({ref} unset)")
     if kind == "file":
         try:
@@ -94,5 +112,15 @@ def engine_key_file(key: ApiKey, run_dir: Path) -> Path | None:
     if key.value is None:
         return None
     path = run_dir / "engine-api-key"
-    _write_private(path, key.value + "\n")
+    try:
+        if path.read_text(encoding="utf-8") == key.value + "\n":
+            return path                    # already there: nothing to write (a full disk costs nothing)
+    except OSError:
+        pass
+    try:
+        write_atomic(path, (key.value + "\n").encode("utf-8"), 0o600)
+    except OSError as e:
+        raise ConfigError("api key", [Problem(
+            "server.api_key", f"the key cannot be written where the engine reads it, {path} ({e.strerror or e}): "
+            f"free space under state_dir ({run_dir.parent}) and restart")]) from None
     return path

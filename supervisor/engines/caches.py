@@ -21,7 +21,9 @@ between them only where its writers never leave a half-written entry for a reade
   filesystem have failed on exactly that (deepseek-ai/DeepEP#683: a rename race that NFS makes
   visible). So a Serverless worker keeps its own, in its worker directory: a PTX-only build pays
   its JIT once per worker (~40 s for the A40 build on an H200: docs/benchmarks.md), unless the
-  worker comes back with its id (a restarted container).
+  worker comes back with its id (a restarted container), or a worker of the same image and GPU kind
+  is gone: a cache with no writer left is safe to hand on, and the next worker takes it over before
+  its engine starts (serverless/workdirs.py, which also prunes what dead workers leave).
 """
 
 from __future__ import annotations

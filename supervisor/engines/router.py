@@ -27,6 +27,9 @@ from .flags import FlagSnapshot, load_argparse_snapshot
 from .llamacpp import LintIssue
 
 LAUNCHER = "supervisor.router.launch"
+# What the launcher itself adds to smg's command line when build_argv gives it --key-file (launch.py
+# KEY_FLAG): a flag of smg's that no deploy config shows (images/upgrade/kiln_argv.py lints it).
+LAUNCHER_FLAGS = ("--api-key",)
 # smg's own view of a replica's health between two feeder polls: a dead replica leaves its routing
 # within ~2 s even when the feeder's next poll is later (measured: docs/research/router-choice-2026-12-01.md).
 HEALTH_ARGS = ("--health-check-interval-secs", "2", "--health-failure-threshold", "1",

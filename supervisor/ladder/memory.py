@@ -3,7 +3,8 @@
 The winning rung is remembered in the volume (<state_dir>/ladder-memory.json), keyed by what makes
 it the right answer — GPU model x count, driver, image and config — so the next boot on the same
 kind of machine starts there instead of re-learning the OOMs. `ladder.start` in the config wins
-over the memory; `ladder.remember = false` turns it off.
+over the memory; `ladder.remember = false` turns it off. A memory that cannot be written (a full
+disk) is a warning on /status (process/statefile.py): the next boot walks from the first rung.
 """
 
 from __future__ import annotations
@@ -11,12 +12,12 @@ from __future__ import annotations
 import hashlib
 import json
 import math
-import os
 import time
 from pathlib import Path
 
 from ..config import DeployConfig
 from ..host.hardware import Hardware
+from ..process.statefile import Writes, write_atomic
 
 BUILD_INFO = Path("/opt/kiln/build-info.json")
 
@@ -42,9 +43,10 @@ class LadderMemory:
 
     KEEP = 32
 
-    def __init__(self, path: Path, keep: int = KEEP):
+    def __init__(self, path: Path, keep: int = KEEP, writes: Writes | None = None):
         self.path = path
         self.keep = keep
+        self.writes = writes or Writes()
 
     def _load(self) -> dict[str, dict[str, object]]:
         try:
@@ -75,10 +77,9 @@ class LadderMemory:
         if len(data) > self.keep:                 # the newest win (by its time; this one last on a tie)
             order = sorted(data, key=lambda k: (k == key, self._at(data[k])))
             data = {k: data[k] for k in order[-self.keep:]}
-        self.path.parent.mkdir(parents=True, exist_ok=True)
-        tmp = self.path.with_name(self.path.name + f".{os.getpid()}.tmp")
-        tmp.write_text(json.dumps(data, indent=2, sort_keys=True), encoding="utf-8")
-        tmp.replace(self.path)
+        body = json.dumps(data, indent=2, sort_keys=True).encode("utf-8")
+        self.writes.attempt(f"the ladder memory ({self.path})", "the next boot on this machine walks the ladder "
+                            "from its first rung", lambda: write_atomic(self.path, body))
 
     @staticmethod
     def _at(entry: object) -> float:

@@ -211,36 +211,43 @@ def _read_header(path: Path, size: int) -> FileHeader:
     if size < 24:
         raise GGUFError(f"{path} is not a GGUF file" if size < 4 else "truncated header")
     with open(path, "rb") as f, mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ) as mm:
-        c = _Cursor(memoryview(mm))
-        try:
-            if bytes(c.buf[0:4]) != b"GGUF":
-                raise GGUFError(f"{path} is not a GGUF file")
-            c.off = 4
-            version = c.u32()
-            if version not in (2, 3):
-                raise GGUFError(f"{path}: GGUF version {version} is not supported")
-            n_tensors, n_kv = c.u64(), c.u64()
-            metadata: dict[str, Any] = {}
-            arrays: dict[str, ArrayInfo] = {}
-            for _ in range(n_kv):
-                key, vtype = c.string(), c.u32()
-                value = _value(c, vtype)
-                if isinstance(value, ArrayInfo):
-                    arrays.setdefault(key, value)
-                else:
-                    metadata.setdefault(key, value)
-            tensors: list[TensorInfo] = []
-            for _ in range(n_tensors):
-                name = c.string()
-                n_dims = c.u32()
-                if n_dims > 8:
-                    raise GGUFError(f"{path}: tensor {name!r} claims {n_dims} dimensions")
-                dims = tuple(c.u64() for _ in range(n_dims))
-                tensors.append(TensorInfo(name, dims, c.u32(), c.u64()))
-            align = int(metadata.get("general.alignment", 32))
-            data_start = (c.off + align - 1) // align * align
-        finally:
-            c.buf.release()
+        return parse_header(mm, path, size)
+
+
+def parse_header(buf: Any, path: Path, size: int) -> FileHeader:
+    """A header from a buffer holding at least the file's first bytes (the whole file mmap'd, or a
+    prefix fetched by range: a prefix that ends inside the header raises GGUFError "truncated header",
+    and the caller may fetch more). `size` is the whole file's."""
+    c = _Cursor(memoryview(buf))
+    try:
+        if bytes(c.buf[0:4]) != b"GGUF":
+            raise GGUFError(f"{path} is not a GGUF file")
+        c.off = 4
+        version = c.u32()
+        if version not in (2, 3):
+            raise GGUFError(f"{path}: GGUF version {version} is not supported")
+        n_tensors, n_kv = c.u64(), c.u64()
+        metadata: dict[str, Any] = {}
+        arrays: dict[str, ArrayInfo] = {}
+        for _ in range(n_kv):
+            key, vtype = c.string(), c.u32()
+            value = _value(c, vtype)
+            if isinstance(value, ArrayInfo):
+                arrays.setdefault(key, value)
+            else:
+                metadata.setdefault(key, value)
+        tensors: list[TensorInfo] = []
+        for _ in range(n_tensors):
+            name = c.string()
+            n_dims = c.u32()
+            if n_dims > 8:
+                raise GGUFError(f"{path}: tensor {name!r} claims {n_dims} dimensions")
+            dims = tuple(c.u64() for _ in range(n_dims))
+            tensors.append(TensorInfo(name, dims, c.u32(), c.u64()))
+        align = int(metadata.get("general.alignment", 32))
+        data_start = (c.off + align - 1) // align * align
+    finally:
+        c.buf.release()
     return FileHeader(path, version, metadata, arrays, tensors, data_start, size)
 
 

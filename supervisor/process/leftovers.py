@@ -10,19 +10,25 @@ engine; a fetch child went on downloading unsupervised. Two guards:
   * this journal, `<state_dir>/run/children.json`: pid, start time and command line of each child.
     At boot, a recorded process still alive is ended only when its start time and command line
     are the ones recorded (a reused pid is someone else's, never touched); nothing is found by name.
+
+A journal that cannot be written (a full disk) never keeps a child from starting or from being
+tracked: the registry tracks it in memory as ever, the journal keeps every entry and writes them
+all at its next change, and /status warns meanwhile (statefile.py) that only the parent-death
+signal would end such a child after a SIGKILL.
 """
 
 from __future__ import annotations
 
 import json
 import logging
-import os
 import signal
 import threading
 from pathlib import Path
 from typing import Any
 
 import psutil
+
+from .statefile import Writes, write_atomic
 
 JOURNAL = "children.json"
 _TIME_SLACK_S = 0.05          # psutil's create_time is rounded to the clock tick
@@ -31,8 +37,9 @@ _TIME_SLACK_S = 0.05          # psutil's create_time is rounded to the clock tic
 class ChildrenJournal:
     """The children this supervisor runs, written atomically on every change."""
 
-    def __init__(self, run_dir: Path):
+    def __init__(self, run_dir: Path, writes: Writes | None = None):
         self.path = run_dir / JOURNAL
+        self.writes = writes or Writes()
         self._lock = threading.Lock()
         self._entries: dict[int, dict[str, Any]] = {}
 
@@ -52,10 +59,10 @@ class ChildrenJournal:
                 self._write()
 
     def _write(self) -> None:
-        self.path.parent.mkdir(parents=True, exist_ok=True)
-        tmp = self.path.with_name(f".{self.path.name}.{os.getpid()}.tmp")
-        tmp.write_text(json.dumps(list(self._entries.values()), indent=1), encoding="utf-8")
-        os.replace(tmp, self.path)
+        data = json.dumps(list(self._entries.values()), indent=1).encode("utf-8")
+        self.writes.attempt(f"the children journal ({self.path})",
+                            "a supervisor killed now would leave its children to the parent-death signal alone",
+                            lambda: write_atomic(self.path, data))
 
 
 def _same(p: psutil.Process, entry: dict[str, Any]) -> bool:

@@ -30,6 +30,7 @@ from pathlib import Path
 import psutil
 
 from .leftovers import ChildrenJournal
+from .statefile import Writes
 from .logfile import RotatingFile
 from ..redact import ordered
 from ..redact import redact as redact_text
@@ -573,9 +574,10 @@ class ProcessRegistry:
         self._journal: ChildrenJournal | None = None
         self._roles: dict[int, str] = {}
 
-    def journal_to(self, run_dir: Path) -> None:
-        """Record every child started from now on in run_dir (supervisor/process/leftovers.py)."""
-        self._journal = ChildrenJournal(run_dir)
+    def journal_to(self, run_dir: Path, writes: Writes | None = None) -> None:
+        """Record every child started from now on in run_dir (supervisor/process/leftovers.py); `writes`
+        hears when the journal cannot be written (statefile.py)."""
+        self._journal = ChildrenJournal(run_dir, writes)
 
     def track(self, p: ManagedProcess, role: str = "child", argv: Sequence[str] = ()) -> None:
         with self._lock:

@@ -12,10 +12,15 @@ Writes are atomic (temp file + rename). Only the lifecycle loop writes (through
 supervisor/run/reload.py); /status reads the in-memory copy it keeps in its record. A container
 restart boots from last-good when the image's own config is the one it replaced (a new image with
 a new baked config starts from that instead).
+
+A book that cannot be written (a full disk) never stops a decision: history lines and seen markers
+that could not be written are kept in memory (shown on /status, and written first once there is
+room), and /status warns of each file that is behind, with what it costs (process/statefile.py).
 """
 
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
 import os
@@ -26,6 +31,7 @@ from typing import TYPE_CHECKING, Any, Mapping
 from ..config import DeployConfig, parse_config
 from ..errors import ConfigError
 from ..lifecycle.state import Origin
+from ..process.statefile import Writes, write_atomic
 from .boot_only import keep_boot_only
 from ..lifecycle.reload import TAIL_KEPT
 
@@ -38,20 +44,15 @@ HISTORY_KEEP = 500
 SHOWN = 10          # history entries /status carries
 
 
-def _atomic_write(path: Path, data: bytes, mode: int = 0o644) -> None:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-    with open(tmp, "wb") as f:
-        f.write(data)
-        f.flush()
-        os.fsync(f.fileno())
-    os.chmod(tmp, mode)
-    os.replace(tmp, path)
-
-
 class ReloadBook:
-    def __init__(self, root: Path):
+    def __init__(self, root: Path, writes: Writes | None = None):
         self.root = root
+        self.writes = writes or Writes()
+        self._unwritten: list[dict[str, Any]] = []              # history lines the disk had no room for
+        self._unwritten_seen: dict[str, dict[str, str]] = {}     # seen markers likewise
+
+    def _what(self, name: str) -> str:
+        return f"the reload book's {name} ({self.root / name})"
 
     # -- last good -----------------------------------------------------------------------
     def last_good(self) -> tuple[str, dict[str, Any]] | None:
@@ -63,9 +64,13 @@ class ReloadBook:
         return (text, meta) if isinstance(meta, dict) else None
 
     def save_good(self, text: str, meta: dict[str, Any]) -> None:
-        # The text first: a crash between the two leaves the old meta, whose hash no longer matches.
-        _atomic_write(self.root / "last-good.toml", text.encode("utf-8"))
-        _atomic_write(self.root / "last-good.json", json.dumps({**meta, "at": time.time()}, indent=1).encode())
+        def write() -> None:
+            # The text first: a crash between the two leaves the old meta, whose hash no longer matches.
+            write_atomic(self.root / "last-good.toml", text.encode("utf-8"))
+            write_atomic(self.root / "last-good.json", json.dumps({**meta, "at": time.time()}, indent=1).encode())
+
+        self.writes.attempt(self._what("last-good.toml"), "a restart boots the config that served before this one",
+                            write)
 
     def forget_good(self) -> None:
         for name in ("last-good.json", "last-good.toml"):
@@ -73,17 +78,34 @@ class ReloadBook:
 
     # -- history -------------------------------------------------------------------------
     def append(self, entry: dict[str, Any]) -> None:
+        self._unwritten = (self._unwritten + [entry])[-HISTORY_KEEP:]
+        if self.writes.attempt(self._what("history.jsonl"), "reload decisions are kept in memory (on /status) and "
+                               "written once there is room", lambda: self._append(self._unwritten)):
+            self._unwritten = []
+
+    def _append(self, entries: list[dict[str, Any]]) -> None:
         path = self.root / "history.jsonl"
         path.parent.mkdir(parents=True, exist_ok=True)
-        with open(path, "a+b") as f:
+        fd = os.open(path, os.O_RDWR | os.O_APPEND | os.O_CREAT, 0o644)
+        try:
+            size = os.fstat(fd).st_size
             # a line torn by a power cut ends without a newline: end it, or this entry joins it and is lost too
-            torn = f.tell() > 0 and (f.seek(-1, os.SEEK_END), f.read(1))[1] != b"\n"
-            f.write((("\n" if torn else "") + json.dumps(entry, sort_keys=True) + "\n").encode("utf-8"))
-            f.flush()
-            os.fsync(f.fileno())
-        if path.stat().st_size > HISTORY_KEEP * 2 * 1024:      # now and then, not on every append
+            torn = size > 0 and os.pread(fd, 1, size - 1) != b"\n"
+            data = memoryview((("\n" if torn else "") + "".join(json.dumps(e, sort_keys=True) + "\n"
+                                                                for e in entries)).encode("utf-8"))
+            try:
+                while data:
+                    data = data[os.write(fd, data):]
+                os.fsync(fd)
+            except OSError:
+                os.ftruncate(fd, size)      # no part of a line left behind: they are all written again later
+                raise
+        finally:
+            os.close(fd)
+        if os.stat(path).st_size > HISTORY_KEEP * 2 * 1024:      # now and then, not on every append
             lines = path.read_text(encoding="utf-8", errors="replace").splitlines()[-HISTORY_KEEP:]
-            _atomic_write(path, ("\n".join(lines) + "\n").encode("utf-8"))
+            with contextlib.suppress(OSError):     # untrimmed costs nothing now: the next append trims
+                write_atomic(path, ("\n".join(lines) + "\n").encode("utf-8"))
 
     def history(self, n: int = SHOWN) -> list[dict[str, Any]]:
         try:
@@ -91,7 +113,7 @@ class ReloadBook:
             # parses), never the whole history
             lines = (self.root / "history.jsonl").read_text(encoding="utf-8", errors="replace").splitlines()
         except OSError:
-            return []
+            lines = []
         out = []
         for line in lines:                  # at most HISTORY_KEEP lines: the trim in append()
             try:
@@ -100,20 +122,22 @@ class ReloadBook:
                 continue        # a torn last line after a power cut: skip it, keep the rest
             if isinstance(entry, dict):
                 out.append(entry)
-        return out[-n:]
+        return (out + self._unwritten)[-n:]
 
     # -- seen ------------------------------------------------------------------------------
     def seen(self) -> dict[str, dict[str, str]]:
         try:
             data = json.loads((self.root / "seen.json").read_text(encoding="utf-8"))
-            return data if isinstance(data, dict) else {}
         except (OSError, ValueError):
-            return {}
+            data = {}
+        return {**(data if isinstance(data, dict) else {}), **self._unwritten_seen}
 
     def mark_seen(self, source: str, origin: str, key: str) -> None:
-        data = self.seen()
-        data[source] = {"origin": origin, "key": key}
-        _atomic_write(self.root / "seen.json", json.dumps(data, indent=1).encode())
+        self._unwritten_seen[source] = {"origin": origin, "key": key}
+        data = json.dumps(self.seen(), indent=1).encode()
+        if self.writes.attempt(self._what("seen.json"), "a restart may decide the same published config again",
+                               lambda: write_atomic(self.root / "seen.json", data)):
+            self._unwritten_seen = {}
 
     def keep_rejected(self, cand: "Candidate") -> None:
         """The bytes of a rejected candidate, to read at leisure: only what the watcher itself read
@@ -122,7 +146,10 @@ class ReloadBook:
 
         if cand.error or not cand.data or len(cand.data) > MAX_BYTES:
             return
-        _atomic_write(self.root / "last-rejected.toml", cand.data, 0o600)
+        data = cand.data
+        self.writes.attempt(self._what("last-rejected.toml"), "the rejected config's bytes are not kept (its "
+                            "problems are in the history)", lambda: write_atomic(self.root / "last-rejected.toml",
+                                                                                 data, 0o600))
 
 
 def history_entry(cand: "Candidate", outcome: str, cfg_hash: str | None, causes: list[str], *, took_s: float,

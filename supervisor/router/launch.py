@@ -8,10 +8,26 @@ the router's Python (server.binary), which has smg; imports nothing of the super
 
 from __future__ import annotations
 
+import re
 import sys
 from pathlib import Path
 
-PINNED = "1.13.0"      # supervisor/router-requirements.txt; the worker API Kiln calls was measured on it
+KEY_FLAG = "--api-key"     # what --key-file becomes on smg's command line (engines/router.py LAUNCHER_FLAGS)
+
+
+def pinned() -> str | None:
+    """The smg version Kiln pins: read from the hashed requirements the image installs (one pin: the router
+    target's [source], written there by `generate`/`upgrade`), in a checkout supervisor/router-requirements.txt,
+    in the image /opt/kiln/router-requirements.txt beside /opt/kiln/app/supervisor (images/templates/_supervisor.j2)."""
+    here = Path(__file__).resolve()
+    for path in (here.parents[1] / "router-requirements.txt", here.parents[3] / "router-requirements.txt"):
+        try:
+            found = re.search(r"^smg==(\S+)", path.read_text(encoding="utf-8"), re.MULTILINE)
+        except OSError:
+            continue
+        if found:
+            return found.group(1)
+    return None
 
 
 def split(argv: list[str]) -> tuple[str | None, list[str]]:
@@ -32,15 +48,17 @@ def main(argv: list[str] | None = None) -> int:
         from smg.launch_router import launch_router, parse_router_args
         installed = version("smg")
     except ImportError as e:
+        pin = pinned()
         print(f"kiln router: the router's package is not importable by {sys.executable} ({e}): install it "
-              f"with `{sys.executable} -m pip install smg=={PINNED}` (in a checkout: pip install -e '.[router]'), "
-              "or point server.binary at a Python that has it", file=sys.stderr)
+              f"with `{sys.executable} -m pip install {'smg==' + pin if pin else 'smg'}` (in a checkout: pip install "
+              "-e '.[router]'), or point server.binary at a Python that has it", file=sys.stderr)
         return 127
-    if installed != PINNED:
-        print(f"kiln router: smg {installed} is installed, Kiln pins {PINNED}: its worker API may differ",
+    pin = pinned()
+    if pin is not None and installed != pin:
+        print(f"kiln router: smg {installed} is installed, Kiln pins {pin}: its worker API may differ",
               file=sys.stderr)
     if key_file:
-        args += ["--api-key", Path(key_file).read_text(encoding="utf-8").strip()]
+        args += [KEY_FLAG, Path(key_file).read_text(encoding="utf-8").strip()]
     launch_router(parse_router_args(args))
     return 0
 

@@ -16,6 +16,14 @@ and RUNPOD_POD_ID + RUNPOD_API_KEY set, the pod is terminated after the grace
 (fleet/self_terminate.py; the key goes to RunPod's API or $KILN_RUNPOD_API_URL only). TERM or INT
 stops it: exit 3 (nothing served). No engine, no watcher, no task: nothing reads state_dir, since
 the config that names it is the thing that failed. `run --exit-on-failure` exits 2 instead (CI).
+
+A Serverless worker (runpod_env.active) is released rather than restarted, so it does not stay:
+it logs the one failure line a worker logs in every phase (runpod_env.release_line: class
+config_rejected and the first problem, which `endpoint up --wait` reads), answers 503 on the
+health path on the port RunPod checks (runpod_env.checked_port: no engine runs to hold it) for
+`[serverless] exit_grace_s` (config.serverless_fallback: the env's or the file's where valid), so
+RunPod shows it UNHEALTHY, then exits 2. It used to exit at once, before any line the CLI knew:
+never UNHEALTHY, replaced at once, a cold start billed per replacement.
 """
 
 from __future__ import annotations
@@ -23,12 +31,14 @@ from __future__ import annotations
 import logging
 import re
 import signal
+import time
 import tomllib
 from pathlib import Path
 from typing import Any, Mapping
 
 from .. import __version__
-from ..config import BOM, boot_fallback
+from .. import runpod_env
+from ..config import BOM, boot_fallback, serverless_fallback
 from ..errors import NO_VALUE, ConfigError, Problem
 from ..failure import FailureClass
 from ..process.pid1 import SignalRelay, become_subreaper, reap_orphans
@@ -98,12 +108,15 @@ def _file_data(path: str) -> Any:
         return None
 
 
-def serve(err: ConfigError, path: str, env: Mapping[str, str]) -> int:
-    """Stay up in FAILED, explaining `err` on /status, until TERM or INT; the exit status (3)."""
+def serve(err: ConfigError, path: str, env: Mapping[str, str], *, serverless: bool = False) -> int:
+    """Stay up in FAILED, explaining `err` on /status, until TERM or INT; the exit status (3). A
+    Serverless worker (`serverless`) logs the one failure line every phase logs (runpod_env.
+    release_line), answers 503 on the health path RunPod checks and exits after its grace instead."""
     from ..status.listen import CannotListen
     from ..status.server import StatusServer
 
-    status, runpod = boot_fallback(_file_data(path), env)
+    data = _file_data(path)
+    status, runpod = boot_fallback(data, env)
     failure = failure_record(err, path)
     secrets = Secrets(env.get(k) for k in SECRET_ENV)
     for line in str(err).splitlines():
@@ -116,24 +129,35 @@ def serve(err: ConfigError, path: str, env: Mapping[str, str]) -> int:
     relay = SignalRelay()
     relay.install()
     become_subreaper()
-    server = StatusServer(status.host, status.port, rec.snapshot, secrets=lambda: list(secrets))
+    worker = serverless_fallback(data, env) if serverless else None
+    port = runpod_env.checked_port(env) if worker else status.port
+    grace_s = worker.exit_grace_s if worker else None
+    if worker is not None:              # said before the 503: whoever sees UNHEALTHY finds the line in the log
+        cause = secrets.redact(f"{FailureClass.CONFIG_REJECTED.value}: {failure['reason']}: {failure['evidence']}")
+        log.error("%s", runpod_env.release_line(cause, worker.health_path, port, grace_s or 0.0))
+    server = StatusServer(status.host, port, rec.snapshot, secrets=lambda: list(secrets),
+                          health_path=worker.health_path if worker else None)
     try:
-        server.start()
-        log.error("FAILED: the deploy config does not validate; staying up to say so on http://%s:%d/status "
-                  "(TERM stops)", status.host, server.port)
+        if grace_s != 0:
+            server.start()
+            if worker is None:
+                log.error("FAILED: the deploy config does not validate; staying up to say so on http://%s:%d/status "
+                          "(TERM stops)", status.host, server.port)
     except CannotListen as e:           # still up: the log above is all there is, and the pod may terminate
         log.error("FAILED: the deploy config does not validate, and /status cannot be served: %s", e)
+        grace_s = 0.0 if worker else None           # a worker with no health path to answer on has nothing to wait for
     terminator = None
-    if runpod.terminate_on_terminal_failure:
+    if runpod.terminate_on_terminal_failure and worker is None:
         from ..fleet import self_terminate
 
         terminator = self_terminate.arm(runpod, env, failure=f"config_rejected: {failure['evidence'][:300]}",
                                         on_event=rec.event)
+    deadline = None if grace_s is None else time.monotonic() + grace_s
     try:
-        while True:
+        while deadline is None or time.monotonic() < deadline:
             if terminator is not None:
                 rec.update(runpod_terminate=terminator.to_dict())
-            relay.wakeup.wait(_WAKE_S)
+            relay.wakeup.wait(_WAKE_S if deadline is None else max(0.0, min(_WAKE_S, deadline - time.monotonic())))
             relay.wakeup.clear()          # before reading, so no signal is lost
             stop = [s for s in relay.pending() if s in (signal.SIGTERM, signal.SIGINT)]
             if stop:

@@ -208,7 +208,8 @@ def start(rt: Runtime, cfg: DeployConfig, index: int, model: Path | None,
     rt.launched_env[rung.name] = {k: env.get(k) for k in registry.relaunch_values(rt.engine)}
     log_path = rt.run_dir / ENGINE_LOG
     try:
-        proc = ManagedProcess.start(argv, env=env, on_line=on_line, on_lines=on_lines, redact=list(rt.secrets), log_file=str(log_path),
+        proc = ManagedProcess.start(argv, env=env, on_line=on_line, on_lines=on_lines, redact=list(rt.secrets),
+                                    log_file=_log_file(rt, log_path),
                                     log_max_bytes=ENGINE_LOG_MAX_BYTES, log_keep=ENGINE_LOG_KEEP, role="engine",
                                     on_unkillable=lambda info: unkillable(rt, rung, info))
     except OSError as e:                         # no such binary, not executable, a bad interpreter line
@@ -219,6 +220,20 @@ def start(rt: Runtime, cfg: DeployConfig, index: int, model: Path | None,
     rt.rec.update(engine={"pid": proc.pid, "port": cfg.server.port, "argv": [rt.secrets.redact(a) for a in argv],
                           "log": {"path": str(log_path), "max_bytes": ENGINE_LOG_MAX_BYTES, "keep": ENGINE_LOG_KEEP}})
     return proc
+
+
+def _log_file(rt: Runtime, path: Path) -> str | None:
+    """The engine's log file, or None when the disk will not give it one: the engine starts anyway (its
+    output still reaches the supervisor's log and /status's tail), and /status says so."""
+    what = f"the engine's log ({path})"
+    try:
+        with open(path, "ab"):
+            pass
+    except OSError as e:
+        rt.unwritten(what, f"cannot open {what}: {e.strerror or e}; its output reaches the supervisor's log only")
+        return None
+    rt.unwritten(what, None)
+    return str(path)
 
 
 def launch_rung(rt: Runtime, live: Live, index: int, *, last_exit_at: float | None) -> ManagedProcess | Failure:

@@ -96,21 +96,20 @@ class Supervisor:
         self.inbox: queue.Queue[Any] = queue.Queue()
         self.relay = SignalRelay(notify=lambda: self.inbox.put(_Wake()))
         self.tasks = Tasks(self.inbox.put)
-        self.memory = LadderMemory(self.state_dir / "ladder-memory.json")
+        self.memory = LadderMemory(self.state_dir / "ladder-memory.json", writes=self.rt.writes)
         self.engines: dict[int, _Engine] = {}
         self.last_engine: _Engine | None = None
         self.last_exit_at: float | None = None      # when the last failed engine exited (rung switch time)
         self.machine: Machine | None = None
         self.exit_code: int | None = None
-        self.reloads = ReloadTracker(ReloadBook(self.state_dir / "reload"), self.rec, self.rt.secrets)
+        self.reloads = ReloadTracker(ReloadBook(self.state_dir / "reload", self.rt.writes), self.rec, self.rt.secrets)
         self.peripherals: Any = None                # run/peripherals.py, started once the engine is on its way
         self.terminator = Terminator(self.rt.env, self.rec)    # run/terminate.py: a pod that can never serve
         self.model_records: dict[str, dict[str, Any]] = {}   # model path -> its /status record, shown once it serves
         self.worker: Any = None                     # run/serverless.py ServerlessWorker, on a Serverless worker
         # the model prefetch of this walk (run/prefetch.py); the read in force is rt.prefetch
         self.prefetch = WalkPrefetch(self.rt, self.rec, process_start=self.opts.process_start, early=self.opts.prefetch)
-        self.cluster = ClusterNode.of(       # a cluster's rank (run/cluster.py); inert on a single pod
-            env, cfg, self.rt, running=lambda: bool(self.engines), post=self.inbox.put)
+        self.cluster = ClusterNode.of(env, cfg, self.rt, running=lambda: bool(self.engines), post=self.inbox.put)
         if cfg.serverless.active:
             from .serverless import ServerlessWorker
 
@@ -368,7 +367,8 @@ class Supervisor:
         why = f"{failure.failure_class.value}: {self.rt.secrets.redact(failure.reason)}" if failure else "unknown"
         log.error("FAILED: %s", why)
         if self.worker is not None and self.machine is not None:    # say why, record it; released after the grace
-            self.worker.failed(why, self.machine.last_failure, self.machine.live.cfg)
+            self.worker.failed(why, self.machine.last_failure, self.machine.live.cfg,
+                               served=self.machine.served_since is not None)
         self.terminator.failed((self.machine.live.cfg if self.machine else self.boot_cfg).runpod, why)
 
     def _do_Shutdown(self, fx: E.Shutdown) -> None:

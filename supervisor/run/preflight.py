@@ -39,9 +39,13 @@ def begin(rt: Runtime, boot: DeployConfig, *, status: bool) -> None:
     from ..process.pid1 import become_subreaper
 
     become_subreaper()
-    rt.run_dir.mkdir(parents=True, exist_ok=True)
+    try:
+        rt.run_dir.mkdir(parents=True, exist_ok=True)
+    except OSError as e:                # a full disk: the engine's log says so when it is opened (launch.py)
+        rt.unwritten(f"the run directory ({rt.run_dir})", f"cannot create the run directory {rt.run_dir}: "
+                     f"{e.strerror or e}; the engine's log and the children journal are not kept")
     leftovers.end_leftovers(rt.run_dir, log)
-    REGISTRY.journal_to(rt.run_dir)
+    REGISTRY.journal_to(rt.run_dir, rt.writes)      # a journal the full disk refuses is a warning
     rt.hub_token = hubclient.token(rt.env)
     rt.secrets.add(rt.hub_token, rt.env.get("HF_TOKEN"), rt.env.get("RUNPOD_API_KEY"))
     if status:
@@ -68,10 +72,10 @@ def prepare(rt: Runtime, cfg: DeployConfig, memory: LadderMemory) -> tuple[Failu
         return Failure(FailureClass.ENGINE_MISSING, engines.missing_binary_message(cfg.server.binary, cfg.engine)), 0
     try:
         key = apikey.resolve(cfg.server.api_key, rt.shared, rt.env)
+        rt.secrets.add(key.value)
+        rt.key_file = apikey.engine_key_file(key, rt.run_dir)     # a full disk: a problem, never an exit
     except ConfigError as e:
         return Failure(FailureClass.CONFIG_REJECTED, str(e)), 0
-    rt.secrets.add(key.value)
-    rt.key_file = apikey.engine_key_file(key, rt.run_dir)
     rt.api_key = key.value
     log.info("API key: %s", key.origin)
     if key.value is None:

@@ -32,6 +32,7 @@ class Record:
             "launches": 0, "failures": {}, "last_failure": None, "selftest": None,
             "hardware": None, "timings": {}, "warnings": [],
         }
+        self._standing: dict[str, str] = {}     # key -> the warning now shown for a condition that may end
         self.history: collections.deque[dict[str, Any]] = collections.deque(maxlen=50)
         self.ready = False
         self.boot = Timelines(process_start=process_start)   # /status `boot`: timeline.py
@@ -75,6 +76,23 @@ class Record:
         with self.lock:
             if message not in self.data["warnings"]:
                 self.data["warnings"].append(message)
+
+    def stand(self, key: str, message: str | None) -> bool:
+        """A warning for a condition that may end (a file the full disk keeps from being written): it
+        replaces the key's earlier one, and None takes it back. Whether /status changed."""
+        with self.lock:
+            old = self._standing.get(key)
+            if old == message:
+                return False
+            if old is not None:
+                del self._standing[key]
+                if old in self.data["warnings"]:
+                    self.data["warnings"].remove(old)
+            if message is not None:
+                self._standing[key] = message
+                if message not in self.data["warnings"]:
+                    self.data["warnings"].append(message)
+            return True
 
     def probe(self) -> dict[str, Any]:
         """What /ready says, without copying the record: a probe every second costs little (P2b)."""

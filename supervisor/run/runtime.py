@@ -16,6 +16,7 @@ from ..config import DeployConfig
 from ..engines.flags import FlagSnapshot
 from ..failure import Failure
 from ..host.hardware import Hardware
+from ..process.statefile import Writes
 from ..redact import Secrets
 from .record import Record
 
@@ -52,6 +53,11 @@ class Runtime:
     # a cluster's rank (run/cluster.py): vLLM's node flags, and the interface variables as defaults
     node_argv: list[str] = field(default_factory=list)
     node_env: dict[str, str] = field(default_factory=dict)
+    # the state files' writes (reload book, ladder memory, children journal): a full disk is a warning
+    writes: Writes = field(init=False)
+
+    def __post_init__(self) -> None:
+        self.writes = Writes(self.unwritten)
 
     @property
     def shared(self) -> Path:
@@ -88,6 +94,14 @@ class Runtime:
     def warn(self, message: str) -> None:
         self.rec.warn(message)
         log.warning("%s", message)
+
+    def unwritten(self, what: str, warning: str | None) -> None:
+        """A state file that cannot be written (the full disk's warning on /status), or can again."""
+        if self.rec.stand(f"unwritten:{what}", warning):
+            if warning is not None:
+                log.warning("%s", warning)
+            else:
+                log.info("%s is written again", what)
 
     def timing(self, **kv: float) -> None:
         self.rec.merge("timings", **{k: round(v, 4) for k, v in kv.items()})

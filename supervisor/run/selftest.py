@@ -71,6 +71,8 @@ def run_stage(rt: Runtime, cfg: DeployConfig, rung: Rung, proc: ManagedProcess, 
         record = report.to_dict()
         record["rung"] = rung.name
         rt.rec.update(selftest=record)
+        if cfg.plan.predicts:
+            plan_check(rt, cfg, proc, record.get("decode_tok_s"))
         for line in report.table().splitlines():
             log.info("selftest | %s", rt.secrets.redact(line))
         if report.passed:
@@ -81,6 +83,18 @@ def run_stage(rt: Runtime, cfg: DeployConfig, rung: Rung, proc: ManagedProcess, 
         rt.rec.update(selftest={"passed": False, "decode_tok_s": None, "summary": reason, "rung": rung.name})
     return Failure(FailureClass.SELFTEST_FAILED, rt.secrets.redact(reason), elapsed_s=elapsed,
                    tail=tuple(proc.tail()), rung=rung.name)
+
+
+def plan_check(rt: Runtime, cfg: DeployConfig, proc: ManagedProcess, decode_tok_s: float | None) -> None:
+    """/status's `plan`: the deploy config's [plan] predictions beside what this boot measured."""
+    from ..host.hardware import gpu_memory_used_mib
+    from ..plan.check import check
+
+    result = check(cfg.plan, engine=cfg.engine, gpu_used_mib=gpu_memory_used_mib() if cfg.plan.card_mib else None,
+                   engine_lines=proc.tail(), decode_tok_s=decode_tok_s)
+    rt.rec.update(plan=result)
+    for name, row in result["checks"].items():
+        log.info("plan: %s predicted %s, measured %s (%s)", name, row["predicted"], row["measured"], row["source"])
 
 
 def gate_mode(cfg: DeployConfig) -> bool:

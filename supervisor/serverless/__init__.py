@@ -10,9 +10,15 @@
         ─▶ run/serverless.py  one log line (class and cause, masked); 503 from the state; exit after
                          [serverless] exit_grace_s so the worker stops billing (the machine's
                          release deadline: lifecycle/machine.py)
-        ─▶ failures.py   the failure recorded on the shared volume, keyed by image, config and
-                         GPU kind; a later worker with the same key fails at once, fetching nothing
-                         (run/serverless.py recalls it at PREFLIGHT)
+        ─▶ failures.py   the failure recorded on the shared volume (only a class that image, config
+                         and GPU kind decide), keyed by them; once two different workers failed the
+                         same way, a later worker with the same key fails at once, fetching nothing
+                         (run/serverless.py recalls it at PREFLIGHT); the endpoint's clear mark
+                         (KILN_SERVERLESS_FAILURES_CLEARED_AT) lifts what was written before it
+    PREFLIGHT, once
+        ─▶ workdirs.py   this worker's directory marked as Kiln's with a heartbeat; dead workers'
+                         directories pruned (only marked ones, bounded), a dead worker's driver JIT
+                         cache of the same image and GPU kind taken over (run/serverless.py tidy)
 
 Pods (neither PORT_HEALTH nor RUNPOD_ENDPOINT_ID set) never enter any of this: FAILED stays up.
 Kept free of imports.

@@ -191,6 +191,12 @@ def render_metrics(snap: Snapshot) -> str:
     m.one("selftest_passed", "gauge", "1 when the last selftest passed.", selftest.get("passed"))
     m.one("selftest_decode_tokens_per_second", "gauge", "Decode speed measured by the selftest.",
           selftest.get("decode_tok_s"))  # fmt: skip
+    checks = _section(_section(snap, "plan"), "checks")
+    rows = [(name, row) for name, row in checks.items() if isinstance(row, Mapping)]
+    m.family("plan_predicted", "gauge", "What the deploy config's [plan] predicted, per quantity.",
+             [({"quantity": name}, row.get("predicted")) for name, row in rows])
+    m.family("plan_measured", "gauge", "What this boot measured of each quantity the plan predicted.",
+             [({"quantity": name}, row.get("measured")) for name, row in rows])
     return "\n".join(m.lines) + "\n"
 
 

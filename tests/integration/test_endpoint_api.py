@@ -7,6 +7,7 @@ status, logs and down name what exists when asked for what does not."""
 from __future__ import annotations
 
 import json
+import signal
 import os
 import subprocess
 import sys
@@ -233,3 +234,134 @@ def test_status_logs_and_down_take_an_endpoint_whose_target_is_gone(standin):
     assert logs.returncode == 2 and "has 0 workers: nothing to read" in logs.stderr      # the endpoint was found
     down = endpoint_cli(standin, "down", *gone)
     assert down.returncode == 0 and standin.endpoints == {}, down.stderr
+
+
+def test_down_delete_volume_refuses_a_volume_another_endpoint_or_a_pod_still_mounts(standin):
+    # issue 37 item 5: it deleted the volume from under the other endpoint's workers (and a pod's)
+    assert endpoint_cli(standin, *UP).returncode == 0
+    (vol,) = standin.volumes
+    other = endpoint_cli(standin, *UP, "--name", "kiln-other", "--network-volume", f"kiln-{TARGET}")
+    assert other.returncode == 0 and "reused" in other.stderr, other.stderr
+    by_name = {e["name"]: e for e in standin.endpoints.values()}
+    assert by_name["kiln-other"]["networkVolumes"] == [vol]
+    writes = standin.writes()
+    r = endpoint_cli(standin, "down", "--target", TARGET, "--delete-volume")
+    assert r.returncode == 2, r.stdout + r.stderr
+    assert f"{vol} is mounted by endpoint kiln-other ({by_name['kiln-other']['id']})" in r.stderr
+    assert "Nothing was deleted" in r.stderr and standin.writes() == writes and vol in standin.volumes
+
+    # A pod that mounts it (and no other endpoint) is named the same way.
+    assert endpoint_cli(standin, "down", "--name", "kiln-other", "--target", TARGET).returncode == 0
+    pod = RunPodAPI(ACCOUNT_KEY, standin.url).create_pod(
+        {"name": "kiln-pod", "image": "a/b:c", "gpu": {"id": "NVIDIA A40", "count": 1}, "dataCenterIds": ["EU-RO-1"],
+         "mounts": {"network": [{"volumeId": vol, "path": "/workspace"}]}})
+    r = endpoint_cli(standin, "down", "--target", TARGET, "--delete-volume")
+    assert r.returncode == 2 and f"{vol} is mounted by pod kiln-pod ({pod['id']}" in r.stderr, r.stderr
+    assert f"kiln-{TARGET}" in {e["name"] for e in standin.endpoints.values()} and vol in standin.volumes
+
+    RunPodAPI(ACCOUNT_KEY, standin.url).terminate_pod(pod["id"])
+    down = endpoint_cli(standin, "down", "--target", TARGET, "--delete-volume")
+    assert down.returncode == 0 and standin.volumes == {} and standin.endpoints == {}, down.stderr
+
+
+@pytest.mark.parametrize("fails", [(400, "no capacity for this endpoint"), (429, "too many requests")])
+def test_a_create_that_fails_deletes_the_volume_this_command_created_and_only_that(standin, fails):
+    # issue 37 item 7: the volume was created first and left billing when the endpoint's create failed
+    standin.fail_on[("POST", "/v2/serverless")] = fails
+    r = endpoint_cli(standin, *UP)
+    assert r.returncode == 2 and f"HTTP {fails[0]}" in r.stderr, r.stderr
+    assert standin.endpoints == {} and standin.volumes == {}, "the new volume outlived the failed create"
+    writes = standin.writes()
+    assert writes[:2] == [("POST", "/v2/network-volumes"), ("POST", "/v2/serverless")] and len(writes) == 3
+    assert writes[2][0] == "DELETE" and writes[2][1].startswith("/v2/network-volumes/"), writes
+    assert "deleted again (created by this command" in r.stderr
+
+    # A volume that existed before (reused by name) is never this command's to delete.
+    api = RunPodAPI(ACCOUNT_KEY, standin.url)
+    vol = api.create_network_volume({"name": f"kiln-{TARGET}", "size": 20, "dataCenter": "EU-RO-1"})
+    standin.fail_on[("POST", "/v2/serverless")] = fails
+    again = endpoint_cli(standin, *UP)
+    assert again.returncode == 2 and list(standin.volumes) == [vol["id"]] and "reused" in again.stderr
+
+
+def interrupted_up(standin, sig: int, before=lambda e: None) -> tuple[dict, subprocess.CompletedProcess]:
+    """`up --wait` of a new image over an endpoint on r.example/k:old, sent `sig` while it waits
+    (`before(endpoint)` runs just before). No worker can start on this stand-in (no WorkerRunner),
+    so the wait is still going when the signal comes."""
+    first = endpoint_cli(standin, "up", "--target", TARGET, "--no-network-volume", "--image-ref", "r.example/k:old")
+    assert first.returncode == 0, first.stderr
+    (e,) = standin.endpoints.values()
+    cli = subprocess.Popen([sys.executable, str(ROOT / "build.py"), "endpoint", "up", "--target", TARGET,
+                            "--no-network-volume", "--image-ref", "r.example/k:new", "--wait", "--poll", "0.2"],
+                           cwd=ROOT, env=cli_env(standin), text=True, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    try:
+        wait_for(lambda: any(q["method"] == "GET" and q["path"].endswith("/workers") for q in standin.requests),
+                 60, "the CLI waiting on the new release's workers")
+        assert standin.endpoints[e["id"]]["image"] == "r.example/k:new"
+        before(e)
+        cli.send_signal(sig)
+        out, err = cli.communicate(timeout=60)
+    finally:
+        if cli.poll() is None:
+            cli.kill()
+    return e, subprocess.CompletedProcess(cli.args, cli.returncode, out, err)
+
+
+def cli_env(standin) -> dict[str, str]:
+    return {**os.environ, "RUNPOD_API_KEY": ACCOUNT_KEY, "RUNPOD_API_URL": standin.url, "HF_TOKEN": HF_CANARY}
+
+
+@pytest.mark.parametrize("sig,code", [(signal.SIGINT, 130), (signal.SIGTERM, 128 + signal.SIGTERM)])
+def test_ctrl_c_or_term_during_up_wait_restores_the_previous_release(standin, sig, code):
+    # issue 37 item 1: it printed `interrupted` and left the new, unproven release live.
+    e, r = interrupted_up(standin, sig)
+    assert r.returncode == code, r.stdout + r.stderr
+    assert standin.endpoints[e["id"]]["image"] == "r.example/k:old", "the unproven release was left live"
+    assert "restored the previous release's image" in r.stdout, r.stdout + r.stderr
+    patches = [q["body"] for q in standin.requests if q["method"] == "PATCH"]
+    assert patches == [{"image": "r.example/k:new"}, {"image": "r.example/k:old"}]
+    no_canary(r.stdout, r.stderr)
+
+
+def test_an_interrupted_wait_whose_restore_fails_prints_the_command_that_restores(standin):
+    e, r = interrupted_up(standin, signal.SIGINT, before=lambda e: standin.fail_on.update(
+        {("PATCH", f"/v2/serverless/{e['id']}"): (503, "service unavailable")}))
+    assert r.returncode == 130 and standin.endpoints[e["id"]]["image"] == "r.example/k:new", r.stdout + r.stderr
+    (line,) = [ln for ln in r.stdout.splitlines() if ln.lstrip().startswith("curl ")]
+    # The printed command, run as printed (RUNPOD_API_KEY from the environment), restores it.
+    done = subprocess.run(["bash", "-c", line.strip()], env=cli_env(standin), capture_output=True, text=True,
+                          timeout=60)
+    assert done.returncode == 0 and standin.endpoints[e["id"]]["image"] == "r.example/k:old", done.stderr
+    no_canary(r.stdout, r.stderr)
+
+
+def test_pods_volumes_delete_refuses_a_volume_an_endpoint_or_a_pod_still_mounts(standin):
+    # `pods volumes --delete` deleted the weights from under a live endpoint's workers (and a pod's)
+    assert endpoint_cli(standin, *UP).returncode == 0
+    (vol,) = standin.volumes
+    (eid,) = standin.endpoints
+    env = {**os.environ, "RUNPOD_API_KEY": ACCOUNT_KEY, "RUNPOD_API_URL": standin.url}
+
+    def delete_volume() -> subprocess.CompletedProcess:
+        return subprocess.run([sys.executable, str(ROOT / "build.py"), "pods", "volumes", "--delete", vol],
+                              capture_output=True, text=True, cwd=ROOT, env=env, timeout=120, check=False)
+
+    writes = standin.writes()
+    r = delete_volume()
+    assert r.returncode == 2, r.stdout + r.stderr
+    assert f"{vol} is mounted by endpoint kiln-{TARGET} ({eid})" in r.stderr and "Nothing was deleted" in r.stderr
+    assert standin.writes() == writes and vol in standin.volumes
+
+    assert endpoint_cli(standin, "down", "--target", TARGET).returncode == 0
+    api = RunPodAPI(ACCOUNT_KEY, standin.url)
+    pod = api.create_pod({"name": "kiln-pod", "image": "a/b:c", "gpu": {"id": "NVIDIA A40", "count": 1},
+                          "dataCenterIds": ["EU-RO-1"], "mounts": {"network": [{"volumeId": vol, "path": "/workspace"}]}})
+    r = delete_volume()
+    assert r.returncode == 2 and f"{vol} is mounted by pod kiln-pod ({pod['id']}" in r.stderr, r.stderr
+    assert vol in standin.volumes
+
+    api.terminate_pod(pod["id"])
+    r = delete_volume()
+    assert r.returncode == 0 and f"network volume {vol}: deleted" in r.stdout, r.stderr
+    assert standin.volumes == {}
+    no_canary(r.stdout, r.stderr)

@@ -137,7 +137,8 @@ def test_a_cold_request_waits_streams_then_sixteen_streams_spread_over_three_wor
 
     # Three warm workers (min 3: a PATCH of `workers`, no new release), then 16 streams at once.
     warm = endpoint_cli(standin, "up", "--target", TARGET, "--image-ref", GOOD, "--no-network-volume",
-                        "--idle-timeout", "2", "--request-count", "5", "--min-workers", "3", "--wait", "--poll", "0.5")
+                        "--idle-timeout", "2", "--request-count", "5", "--min-workers", "3", "--wait", "--poll", "0.5",
+                        "--settle", "2")
     assert warm.returncode == 0, warm.stdout + warm.stderr
     assert "changed: workers" in warm.stderr and standin.releases[e["id"]][0]["diff"][0]["field"] == "workers"
     wait_for(lambda: sum(w.status == "IDLE" for w in live(standin, e["id"])) == 3, 400, "three healthy workers")
@@ -175,9 +176,10 @@ def test_a_cold_request_waits_streams_then_sixteen_streams_spread_over_three_wor
 
 def test_a_damaged_release_never_takes_a_request_and_is_rolled_back(standin):
     good = endpoint_cli(standin, "up", "--target", TARGET, "--image-ref", GOOD, "--no-network-volume",
-                        "--idle-timeout", "120", "--wait", "--poll", "0.5")
+                        "--idle-timeout", "120", "--wait", "--poll", "0.5", "--settle", "3")
     assert good.returncode == 0, good.stdout + good.stderr
-    assert "is healthy (its selftest passed)" in good.stderr
+    assert "is healthy: ready, and still ready 3 s later at every read; its selftest passed (probe set smollm2" \
+        in good.stderr, good.stderr
     (e,) = standin.endpoints.values()
     first = [w.id for w in standin.started_workers]
 
@@ -232,7 +234,8 @@ def test_two_workers_cold_starting_on_one_volume_download_the_model_once(tmp_pat
         with ServerlessStandIn(ACCOUNT_KEY, workers=runner, worker_stop_grace_s=10,
                                secrets={"hf_token": hub.token, "kiln_api_key": SERVER_KEY}) as standin:
             up = endpoint_cli(standin, "up", "--target", TARGET, "--image-ref", GOOD, "--min-workers", "2",
-                              "--data-center", "EU-RO-1", "--network-volume", "kiln-models", "--wait", "--poll", "0.5")
+                              "--data-center", "EU-RO-1", "--network-volume", "kiln-models", "--wait", "--poll", "0.5",
+                              "--settle", "2")
             assert up.returncode == 0, up.stdout + up.stderr
             (e,) = standin.endpoints.values()
             wait_for(lambda: sum(w.status == "IDLE" for w in live(standin, e["id"])) == 2, 300, "two healthy workers")

@@ -33,6 +33,7 @@ from supervisor.model.fetch import child as fetch_child
 from kiln_dev.hub import HubServer, client_env
 from kiln_dev.supervised import wait_for
 from kiln_dev.throttle import Throttle
+from kiln_dev.tmpfs import small_tmpfs
 
 REPO = "kiln-test/model"
 MIB = 1 << 20
@@ -316,16 +317,8 @@ def test_sigkill_at_three_points_then_a_restart_downloads_at_most_the_segments_i
 @pytest.fixture
 def small_disk(tmp_path):
     """A real 1 MiB tmpfs for the cache (the machines here and CI run as root)."""
-    mnt = tmp_path / "small-disk"
-    mnt.mkdir()
-    r = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=1m", "kiln-small-disk", str(mnt)],
-                       capture_output=True, text=True)
-    if r.returncode != 0:
-        pytest.skip(f"cannot mount a tmpfs here ({r.stderr.strip()}); test_disk_preflight_in_process covers it")
-    try:
+    with small_tmpfs(tmp_path / "small-disk", "1m", why_skip="test_disk_preflight_in_process covers it") as mnt:
         yield mnt
-    finally:
-        subprocess.run(["umount", "-l", str(mnt)], check=False)
 
 
 def test_a_disk_that_is_too_small_is_refused_before_any_byte_is_downloaded(hub, quants, small_disk):

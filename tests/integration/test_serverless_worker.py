@@ -3,7 +3,7 @@ supervisor run` with PORT / PORT_HEALTH set as RunPod sets them, the CPU llama-s
 tiny random GGUF that fails its selftest), and the Hub stand-in (kiln_dev/hub/) for a model fetched
 into the volume. The health path answers 204 until the selftest passed, 200 while serving, 204
 again through a restart, 503 when the worker can never serve; such a worker exits after its grace
-and records why, and the next worker with the same failure exits without fetching anything. Workers sharing one
+and records why, and once two workers failed the same way the next exits without fetching anything. Workers sharing one
 volume download a model once (the others wait for it) and keep their own state apart."""
 
 from __future__ import annotations
@@ -20,6 +20,7 @@ from pathlib import Path
 
 import pytest
 
+from images.runpod import failures
 from kiln_dev.hub import HubServer, client_env
 from kiln_dev.models import smollm2_gguf
 from kiln_dev.supervised import REPO_ROOT, SELFTEST_OFF, Supervised, config, free_port, http, wait_for
@@ -118,7 +119,7 @@ def test_the_health_path_says_initializing_until_the_selftest_passed_then_health
         assert CANARY not in sup.log()
 
 
-def test_a_worker_that_can_never_serve_is_unhealthy_exits_after_its_grace_and_the_next_one_fetches_nothing(
+def test_a_worker_that_can_never_serve_is_unhealthy_exits_after_its_grace_and_once_two_did_the_next_fetches_nothing(
         tmp_path, prefix, tiny, hub):
     hub.seed(MODEL_REPO, {"tiny.gguf": tiny.read_bytes()})
     volume = tmp_path / "vol"
@@ -137,26 +138,59 @@ def test_a_worker_that_can_never_serve_is_unhealthy_exits_after_its_grace_and_th
         said = log.index("serverless worker: it can never serve (selftest_failed: selftest: ")
         assert said < log.index("state STOPPING: released") and "/ping on port" in log[said:]
         assert "exits in 3 s" in log[said:]
-    records = list((volume / "serverless/failures").glob("*.json"))
-    assert len(records) == 1
+    records = list((volume / "serverless/failures").glob("*/*.json"))
+    assert [r.name for r in records] == ["w1.json"]               # one witness per worker
     record = json.loads(records[0].read_text())
     assert record["class"] == "selftest_failed" and record["worker"] == "w1"
     assert hub.env["HF_TOKEN"] not in records[0].read_text() + first.log()
     assert record["key_of"]["config_hash"] == st["config"]["hash"]
 
-    hub.reset_counts()
+    # Issue 37 item 2: one worker's failure may be its host's; the second worker still tries, and fails
+    # the same way: now the failure is the image's, config's and GPU kind's.
     second = worker(tmp_path, prefix, f"hf://{MODEL_REPO}", state=volume, selftest=SELFTEST_FAILS, name="w2",
                     env=hub.env, grace_s=grace)
     with second:
-        st = second.wait_state("FAILED", timeout=60)
-        assert ping(second)[0] == 503
-        assert st["last_failure"]["class"] == "selftest_failed"
-        assert "by worker w1" in st["last_failure"]["reason"]
+        st = second.wait_state("FAILED", timeout=120)
+        assert "recorded on the shared volume" not in st["last_failure"]["reason"]
         assert second.proc.wait(grace + 60) == 3
-        log = second.log()
+        assert "state LAUNCHING" in second.log()                           # it loaded the model itself
+    assert sorted(r.name for r in (volume / "serverless/failures").glob("*/*.json")) == ["w1.json", "w2.json"]
+
+    hub.reset_counts()
+    third = worker(tmp_path, prefix, f"hf://{MODEL_REPO}", state=volume, selftest=SELFTEST_FAILS, name="w3",
+                   env=hub.env, grace_s=grace)
+    with third:
+        st = third.wait_state("FAILED", timeout=60)
+        assert ping(third)[0] == 503
+        assert st["last_failure"]["class"] == "selftest_failed"
+        assert "by workers w1 and w2" in st["last_failure"]["reason"]
+        assert third.proc.wait(grace + 60) == 3
+        log = third.log()
         assert "state FETCH" not in log and "state LAUNCHING" not in log     # neither downloaded nor loaded
     assert sum(hub.counts.values()) == 0, dict(hub.counts)                 # not one request to the Hub
-    assert CANARY not in first.log() + second.log()
+    assert not list((volume / "serverless/failures").glob("*/w3.json"))   # a refusal is no witness
+    # what `endpoint failures` reads of a worker's log (images/runpod/failures.py): the witness, the refusal
+    assert any("failure recorded at" in x for x in records_said(first))
+    assert any("recorded on the shared volume by workers w1 and w2" in x for x in records_said(third))
+
+    # `endpoint failures --clear` sets the mark on the endpoint's env: a worker of that release ignores the
+    # records written before it, deletes them, and loads again (its own failure is a new witness).
+    mark = str(int(time.time()) + 1)
+    wait_for(lambda: time.time() > int(mark), 5, "the mark to pass")
+    fourth = worker(tmp_path, prefix, f"hf://{MODEL_REPO}", state=volume, selftest=SELFTEST_FAILS, name="w4",
+                    env={**hub.env, failures.CLEARED_ENV: mark}, grace_s=grace)
+    with fourth:
+        st = fourth.wait_state("FAILED", timeout=120)
+        assert "recorded on the shared volume" not in st["last_failure"]["reason"]
+        assert fourth.proc.wait(grace + 60) == 3
+        assert "state LAUNCHING" in fourth.log()
+        assert any("deleted 2 failure record(s) written before" in x for x in records_said(fourth))
+    assert [r.name for r in (volume / "serverless/failures").glob("*/*.json")] == ["w4.json"]
+    assert CANARY not in first.log() + second.log() + third.log() + fourth.log()
+
+
+def records_said(sup: Supervised) -> list[str]:
+    return failures.worker_lines({"line": line} for line in sup.log().splitlines())
 
 
 BODY_ROUTES = ("resolve_get", "cdn_get", "xorb_get")       # what a download costs the Hub (test_fetch.py)
@@ -222,11 +256,14 @@ def test_port_health_on_the_engines_port_is_refused_at_boot_naming_both_and_the_
     (tmp_path / "deploy.toml").write_text(text)
     env = {k: v for k, v in os.environ.items() if not k.startswith("KILN_")}
     r = subprocess.run([sys.executable, "-m", "supervisor", "run", "--config", str(tmp_path / "deploy.toml")],
-                       env={**env, "PYTHONPATH": str(REPO_ROOT), "PORT": "8000", "PORT_HEALTH": "8000"},
+                       env={**env, "PYTHONPATH": str(REPO_ROOT), "PORT": "8000", "PORT_HEALTH": "8000",
+                            "KILN_SERVERLESS_EXIT_GRACE_S": "0"},     # no 503 to answer for: it goes at once
                        capture_output=True, text=True, timeout=60, cwd=REPO_ROOT)
     assert r.returncode == 2, r.stderr
     assert "PORT_HEALTH (env): PORT_HEALTH = 8000, which is the engine's port (PORT = 8000)" in r.stderr
     assert "PORT_HEALTH=8081" in r.stderr and "Traceback" not in r.stderr
+    # The one failure line every phase logs, last, with the class `endpoint up --wait` reads.
+    assert "serverless worker: it can never serve (config_rejected: " in r.stderr.strip().splitlines()[-1]
 
 
 def test_a_worker_killed_mid_download_lets_the_waiting_one_go_on_from_where_it_stopped(tmp_path, prefix, hub):

@@ -167,3 +167,46 @@ def test_a_release_whose_closure_does_not_resolve_still_shows_its_flags_and_lint
     assert "### Added (6)" in out and "`--cache-aware-admission-window`" in out     # its own parser's flags
     assert "## Deploy configs linted against 0.34.0" in out and "qwen3-coder-a40.toml`: 3 rung(s)" in out
     assert "No release between the pinned 0.33.0 and 0.34.0 resolves: stay on 0.33.0" in err
+
+
+LLAMA = "a40-llamacpp-upstream"
+LLAMA_HELP = LOGS / "llama-server-help-cpu-11434.txt"
+
+
+def _without(text: str, flag: str) -> str:
+    """A help text with one flag's entry (its usage line and the lines continuing its description) taken out."""
+    out, skipping = [], False
+    for line in text.splitlines(keepends=True):
+        if line.startswith(flag + " ") or line.startswith(flag + ","):
+            skipping = True
+            continue
+        if skipping and line.startswith(" "):
+            continue
+        skipping = False
+        out.append(line)
+    return "".join(out)
+
+
+def test_a_release_that_removed_a_flag_kiln_itself_passes_refuses_the_upgrade_though_no_config_names_it(
+        tmp_path, monkeypatch, cache, capsys):
+    # Issue 37 item 12: the lint read only the configs' own flags, so a llama-server without
+    # --api-key-file (the supervisor puts it on every launch: supervisor/engines/llamacpp.py build_argv)
+    # was "Clean" and the lock was written. The new version's parser stands in: the real 11434 help
+    # with that one entry taken out (a release that removed it); the old one is the real help.
+    targets = tmp_path / "targets"
+    shutil.copytree(ROOT / "images" / "targets", targets)
+    isolate(tmp_path, monkeypatch, cache, targets)
+    new_help = tmp_path / "llama-server-help-without-api-key-file.txt"
+    new_help.write_text(_without(LLAMA_HELP.read_text(), "--api-key-file"))
+    assert "--api-key-file" not in new_help.read_text() and "--api-key " in new_help.read_text()
+    before = state(tmp_path)
+    rc = app.main(["upgrade", "--target", LLAMA, "--to", "11401.0.0", "--snapshot", f"11434.0.0={LLAMA_HELP}",
+                   "--snapshot", f"11401.0.0={new_help}"])
+    out, err = capsys.readouterr()
+    assert rc == 2, out + err
+    assert state(tmp_path) == before                            # not a dry run: still nothing written
+    assert "Clean" not in out
+    lines = [line.strip() for line in err.splitlines() if "--api-key-file" in line]
+    assert len(lines) == 1, err                                 # one line for the flag, not one per rung
+    assert lines[0].startswith("supervisor/engines/llamacpp.py build_argv: rung * (all ") and "linted" in lines[0]
+    assert "no deploy config can fix this" in lines[0]

@@ -49,6 +49,8 @@ TAKES = {
                  "--allow-floating"},
     "pods": set(),          # a group: up, status, logs, down, volumes (their options: images/cli/pods.py)
     "endpoint": set(),      # a group: plan, up, status, logs, down (their options: images/cli/endpoint.py)
+    "plan": {"--model", "--ctx", "--streams", "--engine", "--kv-type", "--gpu", "--max-usd-h", "--cloud", "--json",
+             "--api"},
     "publish-config": {"--repo", "--branch", "--path", "--flags", "--message", "--token-file", "--create",
                        "--canary", "--wait", "--timeout"},
     "fleet-status": {"--repo", "--branch", "--path", "--json", "--token-file"},
@@ -186,7 +188,10 @@ def test_bad_input_to_every_command_is_one_line_and_exit_2(tmp_path):
         (["endpoint", "up", "--target", "cpu-llamacpp", "--wait", "--timeout", "0"], "--timeout 0: seconds, more than 0"),
         (["endpoint", "up", "--target", "cpu-llamacpp", "--wait", "--timeout", "-5"], "--timeout -5: seconds, more than 0"),
         (["endpoint", "up", "--target", "cpu-llamacpp", "--wait", "--poll", "0"], "--poll 0: seconds, more than 0"),
-        (["upgrade", "--target", "router", "--dry-run"], "upgrade does not move the router yet"),   # item 13: KeyError
+        (["endpoint", "up", "--target", "cpu-llamacpp", "--wait", "--settle", "0"], "--settle 0: seconds, more than 0"),
+        (["endpoint", "up", "--target", "cpu-llamacpp", "--settle", "5"], "--settle only go with --wait"),
+        # item 13: was KeyError: 'router'; the router's upgrade itself: tests/integration/test_upgrade_router.py
+        (["upgrade", "--target", "router", "--snapshot", "1.14.0"], "--snapshot '1.14.0': expected VERSION=FILE"),
         (["endpoint", "plan", "--target", "cpu-llamacpp", "--cpu-flavor", "cpu3c", "--vcpu", "3"],
          "--vcpu 3: RunPod's CPU workers come in powers of two vCPUs"),
     ]

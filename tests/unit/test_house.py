@@ -29,6 +29,13 @@ CONTRACTS = {
     "supervisor.hubclient": "the Hub token and what a Hub error means (publish, rollout, fleet-status)",
     "supervisor.reload.candidate": "what a published config must pass before it may replace a running one",
     "supervisor.engines.registry": "the engines' flag lint (publish-config lints before uploading)",
+    "supervisor.runpod_env": "the Serverless worker's one failure line, which `endpoint up --wait` reads",
+    "supervisor.serverless.failures": "the failure records' clear mark, which `endpoint failures --clear` sets "
+                                      "on the endpoint and its workers read",
+    "supervisor.plan.shape": "what a model's memory depends on, the same for `plan` and a booted pod's self-check",
+    "supervisor.plan.memory": "the memory arithmetic `plan` predicts with and a booted pod checks",
+    "supervisor.plan.fit": "per-card placement: resident or offloaded, the same rule before renting and after boot",
+    "supervisor.model.gguf_layout": "the GGUF header reader, for `plan` from a prefix fetched by range",
 }
 LOOSE_MAX = 12
 
@@ -198,8 +205,8 @@ SUPERVISOR_LAYERS = {
     "base": {"supervisor", "config", "validate", "errors", "failure", "redact", "hubclient", "runpod_env",
              "cluster_env", "levers", "process"},
     "decisions": {"lifecycle"},
-    "libraries": {"host", "model", "engines", "ladder", "selftest", "fleet", "reload", "serverless", "cluster",
-                  "status", "router"},
+    "libraries": {"host", "model", "plan", "engines", "ladder", "selftest", "fleet", "reload", "serverless",
+                  "cluster", "status", "router"},
     "shell": {"run"},
     "entry": {"__main__"},
 }

@@ -106,7 +106,7 @@ def test_an_option_a_command_does_not_take_is_refused(command, option):
 
 def test_contradicting_up_options_are_refused_before_any_key_or_request():
     for args, says in ((["--no-network-volume", "--data-center", "EU-RO-1"], "--no-network-volume cannot be"),
-                       (["--timeout", "10"], "--timeout and --poll only go with --wait")):
+                       (["--timeout", "10"], "--timeout, --poll and --settle only go with --wait")):
         r = run_build("endpoint", "up", "--target", "a40-llamacpp", *args)
         assert r.returncode == 2 and says in r.stderr, r.stderr
 

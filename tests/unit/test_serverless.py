@@ -153,49 +153,89 @@ def test_the_config_counts_without_the_ports_each_worker_gets():
     (Failure(FailureClass.MODEL_INCOMPATIBLE, "unknown architecture"), True),
     (Failure(FailureClass.CONFIG_REJECTED, "lint"), True),
     (Failure(FailureClass.ENGINE_MISSING, "no binary"), True),
-    (Failure(FailureClass.CRASHED, "crash loop: 6 failures", rung="r"), True),
     (Failure(FailureClass.OOM, "cudaMalloc", rung="r"), True),
     (Failure(FailureClass.LOAD_ERROR, "bad magic", rung="r"), True),
+    # host-bound (issue 37 item 2): one host's slow disk, flaky GPU or OOM killer says nothing of the next
+    (Failure(FailureClass.STALLED, "no loading progress within the stall deadline", rung="r"), False),
+    (Failure(FailureClass.CRASHED, "crash loop: 6 failures", rung="r"), False),
+    (Failure(FailureClass.CRASHED, "killed by SIGKILL", exit_code=-9, rung="r"), False),
     (Failure(FailureClass.LOAD_ERROR, "could not fetch: the Hub is unreachable"), False),   # before any rung
     (Failure(FailureClass.DRIVER_INCOMPATIBLE, "driver too old"), False),
     (Failure(FailureClass.PORT_IN_USE, "8000 taken", rung="r"), False),
     (None, False),
 ])
-def test_only_failures_another_worker_would_meet_again_are_recorded(failure, recorded):
+def test_only_failures_of_the_image_config_and_gpu_kind_are_recorded(failure, recorded):
     assert failures.recordable(failure) is recorded
 
 
-def test_a_record_is_recalled_until_its_ttl_and_then_ignored(tmp_path):
-    f = Failure(FailureClass.SELFTEST_FAILED, "x" * 2000, rung="only")
-    path = failures.record(tmp_path, "k1", f, reason="selftest: fatal probe(s) failed: code-add", worker="w1",
-                           now=1000.0, about={"image": "dev"})
-    assert path == tmp_path / "serverless/failures/k1.json"
-    data = json.loads(path.read_text())
-    assert data["class"] == "selftest_failed" and data["worker"] == "w1" and data["key_of"] == {"image": "dev"}
-    rec = failures.recall(tmp_path, "k1", ttl_s=600, now=1500.0)
-    assert rec is not None and rec.failure_class == FailureClass.SELFTEST_FAILED and rec.age_s(1500.0) == 500
-    assert failures.recall(tmp_path, "k1", ttl_s=600, now=1600.0) is None           # expired
-    assert failures.recall(tmp_path, "k2", ttl_s=600, now=1500.0) is None           # another key
-    told = failures.as_failure(rec, ttl_s=600, now=1500.0)
+def test_a_failure_after_the_worker_served_is_never_recorded():
+    # it served with this image, config and GPU kind: what ended it came from the host or the load
+    oom = Failure(FailureClass.OOM, "cudaMalloc", rung="r")
+    assert failures.recordable(oom, served=False) and not failures.recordable(oom, served=True)
+
+
+def witness(shared: Path, worker: str, at: float, cls: FailureClass = FailureClass.SELFTEST_FAILED,
+            key: str = "k1") -> Path:
+    return failures.record(shared, key, Failure(cls, "x", rung="only"), reason=f"{cls.value} seen by {worker}",
+                           worker=worker, now=at, about={"image": "dev"})
+
+
+def test_one_workers_failure_blocks_nobody_until_another_worker_fails_the_same_way(tmp_path):
+    witness(tmp_path, "w1", 1000.0)
+    assert failures.recall(tmp_path, "k1", ttl_s=600, now=1001.0) is None           # one worker: its host?
+    witness(tmp_path, "w1", 1002.0)                                                  # the same worker again
+    assert failures.recall(tmp_path, "k1", ttl_s=600, now=1003.0) is None
+    witness(tmp_path, "w2", 1004.0, FailureClass.OOM)                                # another, another way
+    assert failures.recall(tmp_path, "k1", ttl_s=600, now=1005.0) is None
+    witness(tmp_path, "w3", 1100.0)                                                  # another, the same way
+    rec = failures.recall(tmp_path, "k1", ttl_s=600, now=1200.0)
+    assert rec is not None and rec.failure_class == FailureClass.SELFTEST_FAILED and rec.workers == ("w1", "w3")
+    told = failures.as_failure(rec, ttl_s=600, now=1200.0)
     assert told.failure_class == FailureClass.SELFTEST_FAILED
-    assert "by worker w1" in told.reason and "fatal probe(s) failed: code-add" in told.reason
-    assert "expires in 100 s" in told.reason and str(path) in told.reason
+    assert "workers w1 and w3" in told.reason and "selftest_failed seen by w3" in told.reason
+    # the block lifts when the older witness expires (then one is left): 1002 + 600
+    assert "expires in 402 s" in told.reason and str(rec.path) in told.reason
+    assert failures.recall(tmp_path, "k1", ttl_s=600, now=1601.9) is not None
+    assert failures.recall(tmp_path, "k1", ttl_s=600, now=1602.0) is None
 
 
-def test_a_record_from_a_clock_ahead_still_expires_and_a_damaged_one_is_no_refusal(tmp_path):
-    f = Failure(FailureClass.OOM, "oom", rung="only")
-    failures.record(tmp_path, "k", f, reason="oom", worker="w", now=10_000.0, about={})
-    assert failures.recall(tmp_path, "k", ttl_s=60, now=100.0) is not None       # counted from now...
-    assert failures.recall(tmp_path, "k", ttl_s=60, now=100.0).age_s(100.0) == 0
-    (tmp_path / "serverless/failures/k.json").write_text("{not json")
-    assert failures.recall(tmp_path, "k", ttl_s=60, now=100.0) is None
-    (tmp_path / "serverless/failures/k.json").write_text(json.dumps({"class": "nonsense", "at": 99}))
-    assert failures.recall(tmp_path, "k", ttl_s=60, now=100.0) is None
+def test_concurrent_witnesses_never_overwrite_each_other(tmp_path):
+    paths = {witness(tmp_path, w, 1000.0) for w in ("w1", "w2")}
+    assert len(paths) == 2 and all(p.parent == tmp_path / "serverless/failures/k1" for p in paths)
+
+
+def test_a_clear_mark_lifts_every_witness_written_before_it(tmp_path):
+    witness(tmp_path, "w1", 1000.0)
+    witness(tmp_path, "w2", 1001.0)
+    assert failures.recall(tmp_path, "k1", ttl_s=600, now=1010.0) is not None
+    assert failures.recall(tmp_path, "k1", ttl_s=600, now=1010.0, cleared_at=1001.5) is None
+    witness(tmp_path, "w3", 1020.0)
+    assert failures.recall(tmp_path, "k1", ttl_s=600, now=1030.0, cleared_at=1001.5) is None   # one since
+    witness(tmp_path, "w4", 1021.0)
+    assert failures.recall(tmp_path, "k1", ttl_s=600, now=1030.0, cleared_at=1001.5).workers == ("w3", "w4")
+
+
+def test_the_clear_mark_is_read_from_the_releases_env_and_a_bad_one_is_named():
+    assert failures.cleared_at({}) == (None, None)
+    assert failures.cleared_at({failures.CLEARED_ENV: "1764900000"}) == (1764900000.0, None)
+    at, problem = failures.cleared_at({failures.CLEARED_ENV: "yesterday"})
+    assert at is None and failures.CLEARED_ENV in problem and "'yesterday'" in problem and "Unix" in problem
+
+
+def test_a_damaged_or_foreign_witness_is_no_refusal_and_a_clock_ahead_still_expires(tmp_path):
+    witness(tmp_path, "w1", 10_000.0)
+    witness(tmp_path, "w2", 10_000.0)
+    assert failures.recall(tmp_path, "k1", ttl_s=60, now=100.0).age_s(100.0) == 0   # counted from now...
+    (tmp_path / "serverless/failures/k1/w1.json").write_text("{not json")
+    assert failures.recall(tmp_path, "k1", ttl_s=60, now=100.0) is None
+    (tmp_path / "serverless/failures/k1/w1.json").write_text(json.dumps({"class": "nonsense", "at": 99}))
+    assert failures.recall(tmp_path, "k1", ttl_s=60, now=100.0) is None
 
 
 def test_the_reason_kept_is_bounded(tmp_path):
-    failures.record(tmp_path, "k", Failure(FailureClass.OOM, "o"), reason="r" * 5000, worker="w", now=1.0, about={})
-    assert len(json.loads((tmp_path / "serverless/failures/k.json").read_text())["reason"]) == failures.REASON_MAX
+    path = failures.record(tmp_path, "k", Failure(FailureClass.OOM, "o"), reason="r" * 5000, worker="w", now=1.0,
+                           about={})
+    assert len(json.loads(path.read_text())["reason"]) == failures.REASON_MAX
 
 
 # -- the release, in the machine ---------------------------------------------------------------------
@@ -311,3 +351,28 @@ def test_a_worker_that_finds_the_download_taken_waits_saying_for_whom_then_takes
     waiter.release()
     assert other.try_acquire()                    # a holder that lets go (or dies) frees it
     other.release()
+
+
+def test_the_one_failure_line_is_what_the_cli_reads_whatever_the_phase():
+    # issue 37 item 3: a config that did not parse ended the worker before any line `up --wait` knew
+    from images.runpod.rollout import failure_line
+    from supervisor.config import serverless_fallback
+
+    line = contract.release_line("config_rejected: the deploy config does not validate:\n 1 problem(s)", "/ping",
+                                 8081, 2)
+    assert "\n" not in line and "answers 503 and the worker exits in 2 s" in line
+    assert failure_line(["noise", f"2026-12-05 10:00:00 kiln ERROR {line}", "after"]) == \
+        "config_rejected: the deploy config does not validate: 1 problem(s)"
+    # The port RunPod health-checks, for a worker whose config failed (no engine holds PORT then).
+    assert contract.checked_port({"PORT": "8000", "PORT_HEALTH": "8081"}) == 8081
+    assert contract.checked_port({"PORT": "8000", "PORT_HEALTH": "8000"}) == 8000
+    assert contract.checked_port({"PORT": "9000", "PORT_HEALTH": "http"}) == 9000
+    assert contract.checked_port({"RUNPOD_ENDPOINT_ID": "ep"}) == 80
+    # [serverless] as far as it is valid on its own: the env's override, the file's, else the default.
+    env = {"PORT": "8000", "PORT_HEALTH": "8081", "HEALTH_CHECK_PATH": "/healthz"}
+    assert serverless_fallback({"serverless": {"exit_grace_s": 5}}, env).exit_grace_s == 5
+    assert serverless_fallback({"serverless": {"exit_grace_s": 5}},
+                               {**env, "KILN_SERVERLESS_EXIT_GRACE_S": "2"}).exit_grace_s == 2
+    assert serverless_fallback({"serverless": {"exit_grace_s": "soon"}}, env).exit_grace_s == 60
+    assert serverless_fallback(None, env).health_path == "/healthz"
+    assert serverless_fallback(None, {**env, "HEALTH_CHECK_PATH": "/status"}).health_path == "/ping"

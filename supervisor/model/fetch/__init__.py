@@ -26,8 +26,10 @@ old one (llama.cpp deletes a cached 50 GB model when the ETag changes, llama.cpp
 blocks a cached model there, #21677), and a complete cached copy serves when the Hub is away.
 
 The download runs in a child process (`python -m supervisor.model.fetch`); `fetch()` (parent.py) takes
-the volume's lock for the model (volume_lock.py), runs the child and enforces the stall deadline (no
-byte on any connection for model.fetch_stall_s, counted from the lock) and stop requests.
+the volume's lock for the model (volume_lock.py; a holder that moves nothing on the volume for the
+stall window is taken over), runs the child and enforces the stall deadline (no byte on any
+connection for model.fetch_stall_s, counted from the lock in time the process could run: stall.py)
+and stop requests.
 
 Public surface: parent.fetch(cfg, env, *, token, should_stop, sleep, report, secrets, python) ->
 FetchResult, raising FetchError or Cancelled (supervisor/errors.py); layout.cache_dir(cfg). The

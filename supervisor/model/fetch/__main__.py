@@ -35,11 +35,13 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--allow", action="append", default=[])
     ap.add_argument("--connections", type=int, default=32)
     ap.add_argument("--segment-mib", type=int, default=0)
+    ap.add_argument("--take-over", action="store_true", help="another worker's download stalled: write beside "
+                    "it without waiting for its per-file locks")
     a = ap.parse_args(argv)
     emit = emitter(sys.stdout)
     try:
         return Child(a.repo, a.revision, Path(a.cache), a.allow, a.entry, hubclient.token(), emit,
-                     connections=a.connections, segment_mib=a.segment_mib).run()
+                     connections=a.connections, segment_mib=a.segment_mib, take_over=a.take_over).run()
     except Exception as e:  # noqa: BLE001 - the parent needs one line, not a traceback
         emit("error", kind="other", message=hubclient.describe(e))
         return EXIT_ERROR

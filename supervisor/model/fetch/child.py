@@ -41,10 +41,11 @@ class Child:
 
     def __init__(self, repo: str, revision: str, cache: Path, allow: Sequence[str], entry: str,
                  token: str | None, emit: Callable[..., None], *, connections: int = 32, segment_mib: int = 0,
-                 free: Callable[[Path], int] = layout.free_bytes):
+                 free: Callable[[Path], int] = layout.free_bytes, take_over: bool = False):
         self.repo, self.revision, self.cache, self.allow, self.entry = repo, revision, cache, list(allow), entry
         self.token, self.emit, self.free = token, emit, free
         self.connections, self.segment_mib = connections, segment_mib
+        self.take_over = take_over          # a stalled holder's per-file locks are not waited for
         self.meters = Meters()
         self.downloads: list[FileDownload] = []
         self.scheduler: Scheduler | None = None
@@ -80,6 +81,7 @@ class Child:
         seg = plan.segment_size(need, self.connections, self.segment_mib)
         for d in self.downloads:
             d.seg = seg                 # for files with no journal yet; a journal keeps its own
+            d.take_over = self.take_over
         self.cache.mkdir(parents=True, exist_ok=True)
         free = self.free(self.cache)
         self.emit("plan", commit=commit, files=len(self.downloads), total=total, need=need, free=free,

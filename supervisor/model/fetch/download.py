@@ -74,6 +74,7 @@ class FileDownload:
         self.verifier: Verifier | None = None
         self.fd: int | None = None
         self._lock_file: Any = None
+        self.take_over = False          # parent.py took over from a stalled holder: its file locks are not waited for
 
     def have(self) -> int:
         """Bytes of this file already on disk and known good or recorded: all (a blob) or the journal's."""
@@ -91,7 +92,10 @@ class FileDownload:
         lock = layout.lock_path(self.cache, self.repo, self.item.blob)
         lock.parent.mkdir(parents=True, exist_ok=True)
         self._lock_file = open(lock, "a")
-        fcntl.flock(self._lock_file, fcntl.LOCK_EX)     # another downloader of this cache waits
+        try:                            # another downloader of this cache waits ...
+            fcntl.flock(self._lock_file, fcntl.LOCK_EX | (fcntl.LOCK_NB if self.take_over else 0))
+        except BlockingIOError:
+            pass                        # ... unless its holder stalled: write beside it, the same bytes in place
         if self._blob_complete():                        # ... and it may have finished the blob meanwhile
             self._finish_link()
             return []
@@ -146,7 +150,13 @@ class FileDownload:
             os.fchmod(self.fd, 0o644)
             os.close(self.fd)
             self.fd = None
-            os.replace(self.part, self.blob)
+            try:
+                os.replace(self.part, self.blob)
+            except FileNotFoundError:
+                # Another downloader of this partial (one that took over from us while we were stopped,
+                # or the stalled holder we took over from, thawed) verified it and moved it first.
+                if not self._blob_complete():
+                    raise
             self.journal.remove()
             self._finish_link()
             return

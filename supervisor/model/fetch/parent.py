@@ -4,7 +4,10 @@ The download runs in a child process (`python -m supervisor.model.fetch`, child.
 event per line; `fetch()` (called by the lifecycle, which may run it on a thread beside its event
 loop) watches those events: a download that moves no byte on any connection for
 `model.fetch_stall_s` is killed (a stall-based deadline, not a total one: a slow link that keeps
-moving is fine), and a stop request kills it at once. A transient failure (no network, 429, 5xx)
+moving is fine; counted in time this process could run, stall.py: a frozen container thawed does
+not fail its own healthy download), and a stop request kills it at once. Another worker holding
+the volume's lock is waited for while it moves anything on the volume, and taken over once it
+moved nothing for the stall window (volume_lock.py). A transient failure (no network, 429, 5xx)
 that ends an attempt, with no complete cached copy to serve, is retried with backoff, resuming,
 for as long as the stall deadline allows.
 
@@ -29,6 +32,7 @@ from ...errors import Cancelled, FetchError
 from ...redact import redact
 from ...runpod_env import worker_id
 from .layout import cache_dir
+from .stall import HolderWatch, StallClock
 from .volume_lock import VolumeLock, lock_file
 
 # What the child may inherit: locale, home, paths, proxies and CA bundles (a proxy with its own
@@ -88,36 +92,50 @@ def fetch(cfg: DeployConfig, env: Mapping[str, str], *, token: str | None, shoul
     for pattern in spec.allow_patterns:
         argv += ["--allow", pattern]
     env_for_child = child_env(env, token)
-    # One download per model on a shared volume: wait for another worker's, then reuse its files.
+    # One download per model on a shared volume: wait for another worker's, then reuse its files;
+    # or take over from one that moves nothing (its blob locks are then not waited for either).
     lock = VolumeLock(lock_file(cache_dir(cfg), spec.hf_repo), worker_id(env))
-    wait_turn(lock, should_stop=should_stop, sleep=sleep, report=report)
+    holder = HolderWatch(cache_dir(cfg), spec.hf_repo, spec.fetch_stall_s, WAIT_POLL_S, lock.held_by)
+    wait_turn(lock, should_stop=should_stop, sleep=sleep, report=report, holder=holder)
+    if not lock.held:
+        argv.append("--take-over")
     try:
         return _attempts(cfg, spec, revision, argv, env_for_child, should_stop=should_stop, sleep=sleep,
-                         report=report, secrets=secrets)
+                         report=report, secrets=secrets, lock=lock)
     finally:
         lock.release()
 
 
 WAIT_REPORT_S = 1.0           # a waiting worker says so on /status this often
 WAIT_POLL_S = 0.25
+LOOK_S = 0.1                  # the fetch's watch loop looks at the child's events this often
 
 
 def wait_turn(lock: VolumeLock, *, should_stop: Callable[[], bool], sleep: Callable[[float], None],
-              report: Callable[[dict[str, Any]], None]) -> float:
+              report: Callable[[dict[str, Any]], None], holder: HolderWatch | None = None) -> float:
     """Take the volume's lock for this model, waiting (and saying whom for) while another worker
-    holds it; the seconds waited. A stop request ends the wait (Cancelled)."""
+    holds it; the seconds waited. A stop request ends the wait (Cancelled). With `holder`, a holder
+    that moves nothing on the volume for its stall window is taken over: the wait ends without the
+    lock (`lock.held` is False), said in a `take_over` event."""
     t0 = time.monotonic()
     said = -WAIT_REPORT_S
     while not lock.try_acquire():
         if should_stop():
             raise Cancelled("stop requested while waiting for another worker's download")
         now = time.monotonic()
+        held = lock.held_by() or {}
+        whom = f"worker {held.get('worker', '?')} (host {held.get('host', '?')})"
+        if holder is not None and holder.stalled():
+            report({"event": "take_over", "from": whom, "since": held.get("since"), "waited_s": round(now - t0, 1),
+                    "why": f"it moved nothing on the volume for {holder.stall_s:g} s (model.fetch_stall_s): "
+                           "downloading beside it"})
+            return now - t0
         if now - said >= WAIT_REPORT_S:
             said = now
-            held = lock.held_by() or {}
-            report({"event": "waiting", "for": f"worker {held.get('worker', '?')} (host {held.get('host', '?')})",
+            report({"event": "waiting", "for": whom,
                     "why": "another worker is downloading this model into the shared volume; its files are "
-                           "reused once it is done", "since": held.get("since"), "waited_s": round(now - t0, 1)})
+                           "reused once it is done", "since": held.get("since"), "waited_s": round(now - t0, 1),
+                    **({"holder_idle_s": round(holder.clock.idle, 1)} if holder is not None else {})})
         sleep(WAIT_POLL_S)
     waited = time.monotonic() - t0
     if waited >= WAIT_POLL_S:
@@ -127,19 +145,22 @@ def wait_turn(lock: VolumeLock, *, should_stop: Callable[[], bool], sleep: Calla
 
 def _attempts(cfg: DeployConfig, spec: Any, revision: str, argv: list[str], env_for_child: dict[str, str], *,
               should_stop: Callable[[], bool], sleep: Callable[[float], None],
-              report: Callable[[dict[str, Any]], None], secrets: Sequence[str]) -> FetchResult:
+              report: Callable[[dict[str, Any]], None], secrets: Sequence[str],
+              lock: VolumeLock | None = None) -> FetchResult:
     """The fetch child, run and retried until it is done, the stall deadline ends it, or a stop."""
     from ..resolve import pick_entry
     from ...process.managed import ManagedProcess
 
     stall_s = spec.fetch_stall_s
-    last_move = time.monotonic()
+    stall = StallClock(LOOK_S)             # from the lock; only time this process could run counts
+    moved_before = 0                       # bytes of earlier attempts (their children counted from 0)
     backoff = 1.0
     attempts = 0
     last_error: str | None = None      # the latest transient failure, if any
     while True:
         attempts += 1
         best = 0                       # `moved` only grows within one child
+        progressed = False
         events: queue.Queue[str] = queue.Queue()
         proc = ManagedProcess.start(argv, env=env_for_child, on_line=events.put, redact=list(secrets),
                                     tail_lines=50)
@@ -162,7 +183,9 @@ def _attempts(cfg: DeployConfig, spec: Any, revision: str, argv: list[str], env_
                     elif ev.get("event") in ("plan", "progress"):
                         moved = int(ev.get("moved") or 0)
                         if moved > best:
-                            best, last_move = moved, time.monotonic()
+                            best, progressed = moved, True
+                            if lock is not None:
+                                lock.progressed(moved_before + best)    # what waiters judge
                         report(ev)
                     elif ev.get("event") == "retry":
                         last_error = redact(str(ev.get("why")), secrets)
@@ -178,15 +201,17 @@ def _attempts(cfg: DeployConfig, spec: Any, revision: str, argv: list[str], env_
                     continue
                 if should_stop():
                     raise Cancelled("stop requested during the model fetch")
-                if time.monotonic() - last_move > stall_s:
+                idle, progressed = stall.look(progressed), False
+                if idle > stall_s:
                     if last_error:
                         raise FetchError(f"could not fetch {spec.source}@{revision} and no complete copy is cached: "
                                          f"{last_error} (no progress for {stall_s:g} s, model.fetch_stall_s)")
                     raise FetchError(f"the download of {spec.source}@{revision} moved no byte for {stall_s:g} s "
                                      "(model.fetch_stall_s); what arrived is kept and resumes next time")
-                sleep(0.1)
+                sleep(LOOK_S)
         finally:
             proc.stop(2.0)
+        moved_before += best
         if final["event"] == "done":
             report(final)
             snap = Path(final["snapshot"])
@@ -197,7 +222,7 @@ def _attempts(cfg: DeployConfig, spec: Any, revision: str, argv: list[str], env_
             raise FetchError(f"could not fetch {spec.source}@{revision}: {message}")
         # No complete copy in the cache, and the Hub is away: retry (resuming) until the stall deadline.
         last_error = message
-        left = stall_s - (time.monotonic() - last_move)
+        left = stall_s - stall.look()
         if left <= 0:
             raise FetchError(f"could not fetch {spec.source}@{revision} and no complete copy is cached: {message} "
                              f"(no progress for {stall_s:g} s, model.fetch_stall_s)")
@@ -206,5 +231,6 @@ def _attempts(cfg: DeployConfig, spec: Any, revision: str, argv: list[str], env_
         while time.monotonic() < deadline:
             if should_stop():
                 raise Cancelled("stop requested during the model fetch")
-            sleep(min(0.2, max(0.0, deadline - time.monotonic())))
+            sleep(min(LOOK_S, max(0.0, deadline - time.monotonic())))
+            stall.look()                 # the backoff is time this process could run: it counts
         backoff = min(backoff * 2, 30.0)

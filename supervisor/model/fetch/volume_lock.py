@@ -7,10 +7,16 @@ blob, but the one that waits there moves no byte, shows nothing and is ended by 
 So `fetch()` (parent.py) takes this lock, an flock on a file beside the cache, one per repo, for
 the whole fetch. A worker that finds it taken waits, saying on /status whom it waits for and
 since when, and fetches once it has the lock: the blobs are complete by then, so it costs a
-listing and no bytes. A holder that dies lets go (the kernel drops an flock with its process);
-one that stalls is ended by its own stall deadline, and then the next waiter tries.
+listing and no bytes. A holder that dies lets go (the kernel drops an flock with its process); one
+whose download stalls is ended by its own stall deadline. One that cannot end itself — a frozen
+container (SIGSTOP), a hung host — keeps its flock, so a waiter judges it by what it moves on the
+volume (stall.py HolderWatch: its partials and journals, and the progress it notes here) and takes
+over, downloading beside it, once it moved nothing for the waiter's `model.fetch_stall_s` of time
+the waiter could run. A holder thawed later goes on: both write the same bytes at the same offsets,
+and whichever verifies a file second finds the blob already there (download.py).
 
-    <state_dir>/hf/.locks/kiln-fetch/models--<owner>--<name>.lock     holder: worker, host, pid, since
+    <state_dir>/hf/.locks/kiln-fetch/models--<owner>--<name>.lock     holder: worker, host, pid, since,
+                                                                      moved (bytes, while it progresses)
 
 Across hosts: Linux gives flock on NFS whole-file fcntl semantics (since 2.6.12), which the server
 arbitrates; which filesystem RunPod's network volumes are, and whether they honour such locks, is
@@ -31,6 +37,7 @@ from typing import Any
 from .layout import storage
 
 __all__ = ["VolumeLock", "lock_file"]
+_BODY = 512              # the holder's note, padded: rewritten in place, never truncated under a reader
 
 
 def lock_file(cache: Path, repo: str) -> Path:
@@ -44,6 +51,7 @@ class VolumeLock:
         self.path = path
         self.holder = holder
         self._fd: int | None = None
+        self._note: dict[str, Any] = {}
 
     def try_acquire(self) -> bool:
         self.path.parent.mkdir(parents=True, exist_ok=True)
@@ -57,11 +65,28 @@ class VolumeLock:
             os.close(fd)
             raise
         self._fd = fd
-        body = json.dumps({"worker": self.holder, "host": socket.gethostname(), "pid": os.getpid(),
-                           "since": round(time.time(), 3)}).encode()
+        self._note = {"worker": self.holder, "host": socket.gethostname(), "pid": os.getpid(),
+                      "since": round(time.time(), 3)}
         os.ftruncate(fd, 0)
-        os.pwrite(fd, body, 0)
+        self._write_note()
         return True
+
+    @property
+    def held(self) -> bool:
+        return self._fd is not None
+
+    def progressed(self, moved: int) -> None:
+        """The holder moved `moved` bytes so far: said in the lock file, where waiters judge it."""
+        if self._fd is not None:
+            self._note["moved"] = moved
+            self._write_note()
+
+    def _write_note(self) -> None:
+        assert self._fd is not None
+        try:
+            os.pwrite(self._fd, json.dumps(self._note).encode().ljust(_BODY), 0)
+        except OSError:
+            pass              # a full disk or a volume gone read-only: waiters judge the blobs alone
 
     def held_by(self) -> dict[str, Any] | None:
         """Who holds it, as the holder wrote it (None when unreadable: it may be writing just now)."""

@@ -1,0 +1,163 @@
+"""Every catalog GPU kind x count -> a plan, ranked: resident plans by $/1M output tokens at the asked
+streams (a plan with no speed after those with one, by $/h), then offloaded plans (host-bound).
+
+For each GPU kind of RunPod's catalog (`GET /v2/catalog/gpus`: memory in GB, price per GPU per hour,
+maxCount, availability, cudaVersions) and each count from 1 to its maxCount: the memory per card
+(supervisor/plan/fit.py), whether everything is VRAM-resident and what is not, the speed with its
+basis (speed.py), the price, the `pods up` command and a deploy config whose ladder rungs match.
+Only the smallest resident count of each kind is kept (a larger one holds the same model for more
+per hour unless it is measured faster, in which case it is kept too), and the largest offloaded one.
+"""
+
+from __future__ import annotations
+
+import json
+import shlex
+from dataclasses import dataclass, field
+from typing import Any
+
+from supervisor.plan import fit, memory
+from supervisor.plan.shape import Shape
+
+from . import speed as speeds
+
+VLLM_UTILIZATION = 0.90         # seed findings § "Session 5": 0.93 OOMed at the last step, 0.90 fits
+
+
+@dataclass(frozen=True)
+class Plan:
+    gpu: str
+    count: int
+    usd_h: float
+    availability: str           # the catalog's, for one GPU of the kind (asked with count=1)
+    cuda: tuple[str, ...]
+    engine: str
+    placement: fit.Placement
+    speed: speeds.Speed
+    usd_per_m: float | None
+    command: str
+    deploy_config: str
+    notes: tuple[str, ...] = field(default=())
+
+    @property
+    def resident(self) -> bool:
+        return self.placement.resident
+
+
+def _estimate(shape: Shape, engine: str, ctx: int, streams: int, kv_type: str) -> memory.Estimate:
+    return memory.llamacpp(shape, ctx, streams=streams, kv_type=kv_type) if engine == "llamacpp" else \
+        memory.vllm(shape, ctx, streams=streams, kv_type=kv_type)
+
+
+def _toml(value: Any) -> str:
+    return "[" + ", ".join(_toml(v) for v in value) + "]" if isinstance(value, (list, tuple)) else json.dumps(value)
+
+
+def deploy_config(model: dict[str, Any], engine: str, *, ctx: int, count: int, kv_type: str,
+                  predictions: dict[str, Any] | None = None) -> str:
+    """A deploy config whose ladder is the plan: autofit with no placement flag (a pinned -ngl,
+    --tensor-split or -ot turns autofit off: seed findings § "Deployment mechanics"), then half the
+    context; vLLM at the plan's utilization and tensor parallelism, then half the context."""
+    half = max(4096, ctx // 2)
+    lines = [f"# written by `python build.py plan` for {count} GPU(s); review before publishing",
+             f'engine = "{engine}"', 'state_dir = "/workspace/kiln"', "", "[model]",
+             *(f"{k} = {_toml(v)}" for k, v in model.items()),
+             "", "[server]", "port = 8080", 'api_key = "env:KILN_API_KEY"', "",
+             "[ladder]", 'fall_through = ["oom", "config_rejected"]', ""]
+    for name, c in ((f"plan-{ctx}", ctx), (f"plan-{half}", half)):
+        if engine == "llamacpp":
+            args = ["--ctx-size", str(c)] + (["--cache-type-k", kv_type, "--cache-type-v", kv_type]
+                                              if kv_type != "f16" else [])
+            lines += ["[[ladder.rungs]]", f'name = "{name}"', 'placement = "autofit"',
+                      "args = [" + ", ".join(f'"{a}"' for a in args) + "]", ""]
+        else:
+            args = ["--max-model-len", str(c), "--gpu-memory-utilization", f"{VLLM_UTILIZATION:g}"]
+            if kv_type != "auto":
+                args += ["--kv-cache-dtype", kv_type]
+            if count > 1:
+                args += ["--tensor-parallel-size", str(count)]
+            lines += ["[[ladder.rungs]]", f'name = "{name}"', "args = [" + ", ".join(f'"{a}"' for a in args) + "]", ""]
+        if c == half:
+            break
+    if predictions:     # [plan]: what the pod checks itself against after its selftest
+        lines += ["[plan]", *(f"{k} = {_toml(v)}" for k, v in predictions.items() if v not in (None, 0, "")), ""]
+    return "\n".join(lines)
+
+
+def command(target: str | None, gpu: str, count: int, cloud: str = "secure") -> str:
+    t = target or "<a target of this engine for this GPU: none in images/targets/ yet>"
+    cloud_flag = [] if cloud.upper() == "SECURE" else ["--cloud", cloud.upper()]     # SECURE: pods up's default
+    return shlex.join(["python", "build.py", "pods", "up", "--target", t, "--gpu", gpu, "--gpu-count", str(count),
+                       *cloud_flag])
+
+
+def plans(shape: Shape, name: str, model: dict[str, Any], catalog: list[dict[str, Any]], *, engine: str, ctx: int, streams: int,
+          kv_type: str, targets: dict[tuple[str, str], str], max_usd_h: float | None = None,
+          cloud: str = "secure") -> list[Plan]:
+    est = _estimate(shape, engine, ctx, streams, kv_type)
+    out: list[Plan] = []
+    for g in catalog:
+        price = (g.get("price") or {}).get(cloud)
+        top = (g.get("maxCount") or {}).get(cloud) or 0
+        if price is None or not g.get(cloud, True):
+            continue
+        card = int(g["memory"]) * 10**9                       # the catalog's "VRAM in GB"
+        kept: list[Plan] = []
+        for n in range(1, int(top) + 1):
+            usd_h = float(price) * n
+            if max_usd_h is not None and usd_h > max_usd_h:
+                break
+            if engine == "llamacpp":
+                placed = fit.llamacpp(shape, est, count=n, card_bytes=card)
+            else:
+                placed = fit.vllm(shape, est, count=n, card_bytes=card, utilization=VLLM_UTILIZATION)
+            sp = speeds.estimate(shape, name, engine=engine, gpu=g["id"], count=n, resident=placed.resident,
+                                 streams=streams)
+            # vLLM takes gpu_memory_utilization of every card whatever the model needs (the rest is KV cache).
+            card_mib = int(VLLM_UTILIZATION * card) if engine == "vllm" else max(placed.per_card_bytes)
+            predictions = {"gpu": g["id"], "cards": n, "card_mib": card_mib // 2**20,
+                           "kv_tokens": memory.vllm_kv_tokens(shape, card_bytes=card, utilization=VLLM_UTILIZATION,
+                                                              kv_type=kv_type, tp=n) if engine == "vllm" else 0,
+                           "decode_tok_s": round(sp.decode_1, 2) if sp.decode_1 else 0, "basis": sp.basis}
+            plan = Plan(gpu=g["id"], count=n, usd_h=usd_h, availability=str(g.get("availability", "")),
+                        cuda=tuple(v["version"] for v in g.get("cudaVersions", []) if v.get("available")),
+                        engine=engine, placement=placed, speed=sp, usd_per_m=speeds.usd_per_million(usd_h, sp.decode_n),
+                        command=command(targets.get((engine, g["id"])), g["id"], n, cloud),
+                        deploy_config=deploy_config(model, engine, ctx=ctx, count=n, kv_type=kv_type,
+                                                    predictions=predictions if placed.resident else None),
+                        notes=tuple(shape.notes) + placed.notes)
+            kept.append(plan)
+        out += _keep(kept)
+    return sorted(out, key=_rank)
+
+
+def _keep(per_count: list[Plan]) -> list[Plan]:
+    resident = [p for p in per_count if p.resident]
+    off = [p for p in per_count if not p.resident]
+    keep = resident[:1] + [p for p in resident[1:] if p.speed.measured]
+    if off and (not off[-1].speed.measured):
+        keep.append(off[-1])
+    keep += [p for p in off if p.speed.measured]
+    return list(dict.fromkeys(keep))
+
+
+def _rank(p: Plan) -> tuple[int, int, float, float]:
+    return (0 if p.resident else 1, 0 if p.usd_per_m is not None else 1,
+            p.usd_per_m if p.usd_per_m is not None else 0.0, p.usd_h)
+
+
+def no_fit_reason(shape: Shape, engine: str, ctx: int, kv_type: str, catalog: list[dict[str, Any]],
+                  cloud: str = "secure") -> str:
+    """Why no catalog GPU holds the model resident, and what context or KV type would."""
+    est = _estimate(shape, engine, ctx, 1, kv_type)
+    biggest = max((int(g["memory"]) * 10**9 * int((g.get("maxCount") or {}).get(cloud) or 1) for g in catalog),
+                  default=0)
+    parts = [(f"weights {est.weights_bytes / 2**30:.1f} GiB + KV {est.kv_bytes / 2**30:.1f} GiB at {ctx} tokens; "
+              f"the largest pod in the catalog has {biggest / 2**30:.0f} GiB of VRAM")]
+    room = biggest * 0.9 - est.weights_bytes
+    if room > 0 and est.kv_bytes_per_token:
+        parts.append(f"a context of about {int(room / float(est.kv_bytes_per_token)):,} tokens would leave room for "
+                     "the weights")
+    else:
+        parts.append("the weights alone do not fit: a smaller quantization is needed")
+    return "; ".join(parts)

@@ -1,0 +1,168 @@
+"""SRC -> a Shape: what `plan --model SRC` reads, never the weights.
+
+    a local path          a GGUF (a split set by its first shard, `-00001-of-0000N.gguf`)
+    hf://OWNER/REPO/FILE.gguf[@REV]   a GGUF on the Hub: only each shard's header, read by byte range
+                          through huggingface_hub (an HfFileSystem file opened without fsspec's read-ahead
+                          cache, so a read of n bytes is one Range request of n), growing the range until
+                          the header ends inside it
+    hf://OWNER/REPO[@REV]             a safetensors repo: config.json and model.safetensors.index.json
+                          (metadata.total_size); a single-file repo's safetensors header by range
+
+The Hub endpoint is huggingface_hub's own (HF_ENDPOINT; tests: kiln_dev/hub).
+"""
+
+from __future__ import annotations
+
+import json
+import struct
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path, PurePosixPath
+from typing import Any
+
+from supervisor import hubclient
+from supervisor.errors import KilnError
+from supervisor.model.gguf_layout import (
+    FileHeader,
+    GGUFError,
+    parse_header,
+    read_header,
+    shards,
+)
+from supervisor.plan import shape
+
+FIRST_RANGE = 1 << 20           # 1 MiB: a small model's whole header; a 160k-token vocabulary needs ~4
+MAX_HEADER = 256 << 20          # a header larger than this is not a header
+
+
+class SourceError(KilnError):
+    """--model names nothing the planner can read."""
+
+
+@dataclass(frozen=True)
+class Source:
+    shape: shape.Shape
+    name: str                   # what the speed rows are matched against (repo id and file)
+    engine_hint: str            # llamacpp for a GGUF, vllm for safetensors
+    model_table: dict[str, Any]  # the deploy config's [model] that serves this SRC
+
+
+def read(src: str) -> Source:
+    if src.startswith("hf://"):
+        repo, path, rev = _parse_hf(src)
+        hf = {"source": f"hf://{repo}", "revision": rev or "main"}
+        if path and path.endswith(".gguf"):
+            files = [str(p) for p in shards(PurePosixPath(path))]          # type: ignore[arg-type]
+            table = {**hf, "entry": path} | ({"allow_patterns": files} if len(files) > 1 else {"allow_patterns": [path]})
+            return Source(_weighed(src, _hub_errors(src, lambda: _hf_gguf(repo, path, rev))), f"{repo}/{path}",
+                          "llamacpp", table)
+        if path:
+            raise SourceError(f"--model {src}: an hf:// file must be a .gguf; a safetensors repo is hf://OWNER/REPO")
+        return Source(_hub_errors(src, lambda: _hf_safetensors(repo, rev)), repo, "vllm", {**hf, "entry": "config.json"})
+    p = Path(src)
+    if not p.is_file():
+        raise SourceError(f"--model {src}: no such file (a local GGUF, hf://OWNER/REPO/FILE.gguf or hf://OWNER/REPO)")
+    try:
+        headers = [read_header(s) for s in shards(p)]
+    except (GGUFError, FileNotFoundError) as e:
+        raise SourceError(f"--model {src}: {e}") from e
+    return Source(_weighed(src, shape.from_gguf(headers)), p.name, "llamacpp", {"source": str(p.resolve())})
+
+
+def _weighed(src: str, s: shape.Shape) -> shape.Shape:
+    """`s`, when it has weights: a GGUF without tensors (llama.cpp's vocab-only files) serves nothing,
+    and a speed bound over zero bytes read per token is no speed."""
+    if s.weights_bytes <= 0:
+        raise SourceError(f"--model {src}: the file holds no weights (a vocab-only GGUF?): give the model's GGUF")
+    return s
+
+
+def _parse_hf(src: str) -> tuple[str, str, str | None]:
+    body = src[len("hf://"):]
+    rev = None
+    if "@" in body:
+        body, rev = body.rsplit("@", 1)
+    parts = body.strip("/").split("/")
+    if len(parts) < 2 or not all(parts[:2]):
+        raise SourceError(f"--model {src}: want hf://OWNER/REPO[/FILE.gguf][@REVISION]")
+    return "/".join(parts[:2]), "/".join(parts[2:]), rev
+
+
+def _fs() -> Any:
+    from huggingface_hub import HfFileSystem, constants
+
+    return HfFileSystem(endpoint=constants.ENDPOINT)
+
+
+def _hub_errors(src: str, fn: Callable[[], Any]) -> Any:
+    """fn(), its Hub errors one line naming `src`. huggingface_hub's transport errors (no network, DNS,
+    a refused connection) are no OSError: hubclient.error_kind knows them."""
+    try:
+        return fn()
+    except SourceError:
+        raise
+    except FileNotFoundError as e:
+        raise SourceError(f"--model {src}: not on the Hub ({e})") from e
+    except Exception as e:
+        kind = hubclient.error_kind(e)
+        if kind == hubclient.AUTH:
+            raise SourceError(f"--model {src}: the Hub refused the token ({hubclient.describe(e)}): set HF_TOKEN "
+                              "to a token that can read the repo") from e
+        if kind == hubclient.NOT_FOUND:
+            raise SourceError(f"--model {src}: not on the Hub, or hidden from this token "
+                              f"({hubclient.describe(e)})") from e
+        if kind in hubclient.TRANSIENT or isinstance(e, OSError):
+            raise SourceError(f"--model {src}: the Hub did not answer ({hubclient.describe(e)})") from e
+        raise
+
+
+def header_by_range(read_range: Callable[[int, int], bytes], name: str, size: int) -> FileHeader:
+    """A GGUF header from a file of `size` bytes, reading [0, n) and doubling n until the header ends."""
+    n = min(size, FIRST_RANGE)
+    while True:
+        buf = read_range(0, n)
+        try:
+            return parse_header(buf, Path(name), size)
+        except GGUFError as e:
+            if "truncated" not in str(e) or n >= size or n >= MAX_HEADER:
+                raise SourceError(f"{name}: {e}") from e
+            n = min(size, n * 4)
+
+
+def _ranged(fs: Any, path: str) -> Callable[[int, int], bytes]:
+    def read_range(start: int, end: int) -> bytes:
+        with fs.open(path, "rb", cache_type="none") as f:     # no read-ahead: the range asked, no more
+            f.seek(start)
+            return f.read(end - start)
+    return read_range
+
+
+def _hf_gguf(repo: str, path: str, rev: str | None) -> shape.Shape:
+    fs = _fs()
+    at = f"@{rev}" if rev else ""
+    headers = []
+    for shard in shards(PurePosixPath(path)):        # type: ignore[arg-type] - shards only uses .name / with_name
+        full = f"{repo}{at}/{shard}"
+        size = int(_hub_errors(f"hf://{full}", lambda f=full: fs.info(f))["size"])
+        headers.append(header_by_range(_ranged(fs, full), f"hf://{full}", size))
+    return shape.from_gguf(headers)
+
+
+def _hf_safetensors(repo: str, rev: str | None) -> shape.Shape:
+    fs = _fs()
+    at = f"{repo}@{rev}" if rev else repo
+    cfg = json.loads(_hub_errors(f"hf://{at}/config.json", lambda: fs.cat_file(f"{at}/config.json")))
+    if fs.exists(f"{at}/model.safetensors.index.json"):
+        index = json.loads(fs.cat_file(f"{at}/model.safetensors.index.json"))
+        total = (index.get("metadata") or {}).get("total_size")
+        if not isinstance(total, int):
+            raise SourceError(f"hf://{at}: model.safetensors.index.json has no metadata.total_size")
+        return shape.from_config(cfg, weights_bytes=total, source=f"hf://{at} config.json + index")
+    single = f"{at}/model.safetensors"
+    read_range = _ranged(fs, single)
+    (n,) = struct.unpack("<Q", _hub_errors(f"hf://{single}", lambda: read_range(0, 8)))
+    if n > MAX_HEADER:
+        raise SourceError(f"hf://{single}: a safetensors header of {n} bytes is not a header")
+    head = json.loads(read_range(8, 8 + n))
+    total = sum(v["data_offsets"][1] - v["data_offsets"][0] for k, v in head.items() if k != "__metadata__")
+    return shape.from_config(cfg, weights_bytes=total, source=f"hf://{at} config.json + safetensors header")

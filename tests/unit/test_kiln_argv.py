@@ -1,0 +1,35 @@
+"""The flags Kiln itself puts on an engine's command line, read from the supervisor's real argv builders
+(images/upgrade/kiln_argv.py; issue 37 item 12): what `upgrade` checks against a new parser besides the
+configs' own flags."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from images.upgrade.kiln_argv import builder, kiln_flags
+from supervisor.config import load_config, parse_config
+from supervisor.engines import registry
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def flags_of(path: str, engine: str) -> list[str]:
+    cfg = load_config(ROOT / "images" / "deploy" / path, env={})
+    return kiln_flags(registry.get(engine), cfg, cfg.ladder.rungs[0])
+
+
+def test_each_engines_own_flags_are_read_from_its_builder():
+    assert {"--api-key-file", "--metrics", "--host", "--port"} <= set(flags_of("cpu-small.toml", "llamacpp"))
+    assert "--served-model-name" in flags_of("qwen3-coder-a40.toml", "vllm")
+    router = flags_of("router.toml", "router")
+    assert "--api-key" in router and "--health-check-interval-secs" in router      # the launcher's, smg's
+    assert builder(registry.get("vllm")) == "supervisor/engines/vllm.py build_argv"
+
+
+def test_a_flag_the_config_gives_itself_is_the_configs_not_kilns():
+    text = (ROOT / "images/deploy/qwen3-coder-a40.toml").read_text()
+    cfg = load_config(ROOT / "images/deploy/qwen3-coder-a40.toml", env={})
+    mine = cfg.ladder.rungs[0]
+    given = parse_config(text.replace('args = [', 'args = ["--served-model-name", "mine", ', 1), env={})
+    assert "--served-model-name" in kiln_flags(registry.get("vllm"), cfg, mine)
+    assert "--served-model-name" not in kiln_flags(registry.get("vllm"), given, given.ladder.rungs[0])
