@@ -244,6 +244,8 @@ class Group:
 
     def _maybe_probe(self, state: str) -> None:
         """While SERVING, every probe_s, one real request in a thread of its own (it may take its timeout)."""
+        if self._probe is not None and state != "SERVING" and not self._probing:
+            self._probe_at = self._clock()        # the first probe comes PROBE_S into serving, not at once
         if self._probe is None or state != "SERVING" or self._probing \
                 or self._clock() - self._probe_at < self.node.probe_s:
             return

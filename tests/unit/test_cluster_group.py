@@ -200,9 +200,14 @@ def test_a_failed_probe_is_a_loss_once_the_beats_had_their_say():
     answers: list[str | None] = ["the group's probe: no answer within 30 s (a hung rank)"]
     g, clock, local, lost = primary(nodes=2)
     g._probe = lambda: answers[0]
-    local.update(running=True, state="SERVING")
+    local.update(running=True, state="LOADING")
     g.launched()
-    clock.t += g.node.probe_s
+    g._check()                                        # not serving: no probe, and its clock starts over
+    clock.t += g.node.probe_s - 1
+    local.update(state="SERVING")
+    g._check()
+    assert not g._probing                             # serving for less than PROBE_S: not yet
+    clock.t += 1
     beat(g, 1, "SERVING", True, 1)                    # rank 1 beats on, as a live supervisor does
     g._check()                                        # starts the probe in its own thread
     deadline = _time.monotonic() + 10
