@@ -11,6 +11,8 @@ by supervisor/ or images/ (the image ships without it), and it never imports tes
     supervised          the real supervisor as a child, watched through its status port;
                         wait_for, free_port, http, and the deploy-config builder
     children            children that never outlive their parent (parent-death signal, TERM cleanup)
+    loopback_cluster    N real supervisors as the N nodes of one RunPod Instant Cluster on one host
+                        (RunPod's variables, `lo`, CUDA_VISIBLE_DEVICES per node)
     hub/                a stand-in for huggingface.co: store, API routes, HTTP server, client pointing
     throttle            a slow link (a TCP relay capping bytes per second)
     registry            a real OCI registry (CNCF distribution) on loopback

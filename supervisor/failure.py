@@ -33,6 +33,7 @@ class FailureClass(str, enum.Enum):
     MODEL_INCOMPATIBLE = "model_incompatible"  # the model file is not one this engine build can load
     ENGINE_MISSING = "engine_missing"          # the engine binary is not in this image
     FORK_UNSAFE = "fork_unsafe"                # vLLM's EngineCore forked after CUDA was initialised: relaunched with spawn
+    NODE_MISSING = "node_missing"              # a cluster's rank never arrived or never came back (supervisor/cluster/)
 
     def __str__(self) -> str:
         return self.value

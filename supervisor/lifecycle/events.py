@@ -53,6 +53,7 @@ class LaunchChecked(NamedTuple):
 
 class BarrierDone(NamedTuple):
     token: int
+    failure: Failure | None = None   # the launch must not happen (a cluster's rank that never came back)
 
 
 class Launched(NamedTuple):

@@ -245,6 +245,9 @@ class Machine:
     def _on_BarrierDone(self, ev: BarrierDone, now: float, fx: Effects) -> None:
         if self._is("barrier", ev.token):
             self.waiting = None
+            if ev.failure is not None:             # like a launch check that failed: nothing started
+                self._rung_failed(fx, ev.failure, now, started=False)
+                return
             self._launch(fx)
 
     def _launch(self, fx: Effects) -> None:

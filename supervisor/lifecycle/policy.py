@@ -23,11 +23,12 @@ __all__ = ["TERMINAL", "is_terminal", "next_rung", "calibrates", "Restart", "Cra
 EXIT_NOTHING_SERVED = 3   # FAILED before any server ran (config, hardware, driver, model, fetch)
 
 # Never retried by a restart: the same launch would fail the same way (a selftest runs at
-# temperature 0, a driver does not grow newer, a model file does not change under a restart).
+# temperature 0, a driver does not grow newer, a model file does not change under a restart; a
+# cluster's rank that did not arrive within its deadline was waited for that long already).
 TERMINAL = frozenset({
     FailureClass.CONFIG_REJECTED, FailureClass.LOAD_ERROR, FailureClass.PORT_IN_USE,
     FailureClass.SELFTEST_FAILED, FailureClass.DRIVER_INCOMPATIBLE, FailureClass.MODEL_INCOMPATIBLE,
-    FailureClass.ENGINE_MISSING,
+    FailureClass.ENGINE_MISSING, FailureClass.NODE_MISSING,
 })
 
 

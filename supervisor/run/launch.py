@@ -202,8 +202,8 @@ def start(rt: Runtime, cfg: DeployConfig, index: int, model: Path | None,
     argv = rt.engine.build_argv(cfg, rung, model_path=str(model) if model is not None else None,
                                 api_key_file=str(rt.key_file) if rt.key_file else None,
                                 vcpus=rt.hw.vcpus if rt.hw else None)
-    argv += _boot_args(rt, cfg, rung, model)
-    env = engine_environment(rt.engine, cfg, rung, rt.env, rt.api_key, own_dir=rt.state_dir)
+    argv += _boot_args(rt, cfg, rung, model) + rt.node_argv           # a cluster's rank: its node flags
+    env = {**rt.node_env, **engine_environment(rt.engine, cfg, rung, rt.env, rt.api_key, own_dir=rt.state_dir)}
     env.update(rt.relaunch_env.get(rung.name, {}))   # what an earlier failure of this rung asked for
     rt.launched_env[rung.name] = {k: env.get(k) for k in registry.relaunch_values(rt.engine)}
     log_path = rt.run_dir / ENGINE_LOG

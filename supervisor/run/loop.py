@@ -38,6 +38,7 @@ from ..redact import Secrets
 from ..reload.book import ReloadBook
 from ..runpod_env import worker_dir
 from . import launch, preflight, serving
+from .cluster import ClusterNode, GroupLost
 from .fetch import fetch_model
 from .prefetch import WalkPrefetch
 from .record import Record
@@ -108,6 +109,7 @@ class Supervisor:
         self.worker: Any = None                     # run/serverless.py ServerlessWorker, on a Serverless worker
         # the model prefetch of this walk (run/prefetch.py); the read in force is rt.prefetch
         self.prefetch = WalkPrefetch(self.rt, self.rec, process_start=self.opts.process_start, early=self.opts.prefetch)
+        self.cluster = ClusterNode.of(env, cfg, self.rt, running=lambda: bool(self.engines), post=self.inbox.put)
         if cfg.serverless.active:
             from .serverless import ServerlessWorker
 
@@ -123,6 +125,7 @@ class Supervisor:
         sls = self.boot_cfg.serverless
         self.machine = Machine(live, exit_on_failure=self.opts.exit_on_failure,
                                release_after_s=sls.exit_grace_s if sls.active else None)
+        self.cluster.start()                        # its watcher beats and looks from now on
         try:
             self._apply(self.machine.start())
             while self.exit_code is None:
@@ -147,8 +150,10 @@ class Supervisor:
                     ev = _Exited(ev.token)
                 if isinstance(ev, _Exited):
                     ev = self._exited(ev.token)
-                    if ev is None:
-                        continue
+                elif isinstance(ev, GroupLost):   # a rank of the group is gone: this rank's engine goes too
+                    ev = self.cluster.lost(ev, self.machine.engine, self.engines, self.boot_cfg.health.stop_grace_s)
+                if ev is None:
+                    continue
                 self._step(ev)
                 if self.peripherals is None and self.inbox.empty():
                     self._start_peripherals()       # the engine is on its way: now the status page and the rest
@@ -159,6 +164,7 @@ class Supervisor:
             if self.rt.prefetch is not None:
                 self.rt.prefetch.stop()
             self.tasks.cancel_all()
+            self.cluster.stop()
             for eng in list(self.engines.values()):
                 eng.proc.stop(self.boot_cfg.health.stop_grace_s)
             REGISTRY.stop_all(1.0)
@@ -180,7 +186,8 @@ class Supervisor:
             snapshot=self.rec.snapshot, wake=lambda: self.inbox.put(E.Tick()), engine_port=engine_port,
             secrets=lambda: list(self.rt.secrets), seen=self.reloads.book.seen, warn=self.rt.warn,
             env=self.rt.env, hub_token=self.rt.hub_token, status=self.opts.status, probe=self.rec.probe,
-            live=lambda: self.machine.live.cfg if self.machine else boot, api_key=lambda: self.rt.api_key))
+            live=lambda: self.machine.live.cfg if self.machine else boot, api_key=lambda: self.rt.api_key,
+            group=self.cluster.group))
         self.peripherals.start()
 
     def _timeout(self) -> float:
@@ -257,6 +264,7 @@ class Supervisor:
                 return
         self.prefetch.ensure(fx.live)                 # a local model: read from now on, beside preflight
         failure, first = preflight.prepare(self.rt, fx.live.cfg, self.memory)
+        failure = failure or (self.cluster.refused(fx.live.cfg) if fx.probe else None)
         self.inbox.put(E.Prepared(fx.token, failure, first))
 
     def _do_Fetch(self, fx: E.Fetch) -> None:
@@ -268,13 +276,17 @@ class Supervisor:
     def _do_CheckLaunch(self, fx: E.CheckLaunch) -> None:
         self.rec.phase("launch", rung=fx.live.cfg.ladder.rungs[fx.index].name)
         self.prefetch.ensure(fx.live)
-        self.inbox.put(E.LaunchChecked(fx.token, launch.check(self.rt, fx.live, fx.index)))
+        failure = launch.check(self.rt, fx.live, fx.index)
+        if failure is not None or self.cluster.group is None:   # else the group's launch order, in a task
+            return self.inbox.put(E.LaunchChecked(fx.token, failure))
+        self.tasks.start(fx.token, "group", *self.cluster.gate(lambda f: E.LaunchChecked(fx.token, f)))
 
     def _do_Barrier(self, fx: E.Barrier) -> None:
         self.rec.phase("reclaim")
         spec = (self.machine.live.cfg if self.machine else self.boot_cfg).ladder
-        self.tasks.start(fx.token, "reclaim", launch.barrier_work(self.rt, spec, lambda: E.BarrierDone(fx.token)),
-                         on_error=lambda e: E.BarrierDone(fx.token))
+        work = self.cluster.after(launch.barrier_work(self.rt, spec, lambda: E.BarrierDone(fx.token)),
+                                  lambda f: E.BarrierDone(fx.token, f))   # then the group's launch order
+        self.tasks.start(fx.token, "reclaim", work, on_error=lambda e: E.BarrierDone(fx.token))
 
     def _do_Launch(self, fx: E.Launch) -> None:
         proc = launch.launch_rung(self.rt, fx.live, fx.index, last_exit_at=self.last_exit_at)
@@ -283,7 +295,7 @@ class Supervisor:
             return
         self.last_exit_at = None
         self.engines[fx.token] = self.last_engine = _Engine(proc, fx.live, fx.index)
-
+        self.cluster.launched()                     # the group's epoch moves on with it
         threading.Thread(target=lambda: (proc.exited().wait(), self.inbox.put(_Exited(fx.token))),
                          name=f"kiln-exit-{proc.pid}", daemon=True).start()   # its exit is an event
         self.inbox.put(E.Launched(fx.token, proc.pid))
@@ -291,12 +303,16 @@ class Supervisor:
     def _do_WaitHealthy(self, fx: E.WaitHealthy) -> None:
         eng = self.engines[fx.token]
         work, on_error = launch.health_work(self.rt, eng.proc, eng.live.cfg, fx.token)
+        if self.cluster.headless:        # no HTTP of its own: the primary's engine, within health.max_s
+            work = self.cluster.health_work(eng.proc, eng.live.cfg.health.max_s, fx.token)
         self.tasks.start(fx.token, "health", work, on_error=on_error)
 
     def _do_RunSelftest(self, fx: E.RunSelftest) -> None:
         from .selftest import stage_work
 
         eng = self.engines[fx.token]
+        if self.cluster.headless:                                 # the primary's selftest speaks for the group
+            return self.inbox.put(self.cluster.no_selftest(fx.token))
         work, on_error = stage_work(self.rt, eng.live.cfg, eng.live.cfg.ladder.rungs[fx.index], eng.proc, fx.token)
         self.tasks.start(fx.token, "selftest", work, on_error=on_error)
 

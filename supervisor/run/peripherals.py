@@ -40,6 +40,7 @@ class Wiring:
     probe: Callable[[], dict[str, Any]] | None = None   # /ready's few fields, cheaper than a snapshot
     live: Callable[[], DeployConfig] | None = None  # the config that runs now (the router's replicas)
     api_key: Callable[[], str | None] = lambda: None   # the server's key (the router's and its replicas')
+    group: Any = None                               # a cluster's rank: supervisor/cluster/group.py Group
 
 
 class Peripherals:
@@ -61,11 +62,13 @@ class Peripherals:
         if cfg.watch.enabled:       # first: once /status answers, a config published is seen
             self._start_watch()
         if w.status:
+            from ..cluster.protocol import PATH
             from ..status.server import StatusServer
 
             health = cfg.serverless.health_path if cfg.serverless.active else None   # RunPod's health check
+            beats = {PATH: w.group.answer} if w.group is not None else {}    # the group's beats
             self.status = StatusServer(cfg.status.host, cfg.status.port, self.snapshot, secrets=w.secrets,
-                                       health_path=health, probe=self.probe if w.probe else None)
+                                       health_path=health, probe=self.probe if w.probe else None, exchanges=beats)
             self.status.start()
         if cfg.server.tcp_port:
             self._start_tcp_relay(cfg.server.tcp_port)
@@ -146,12 +149,18 @@ class Peripherals:
             snap["tcp_relay"] = self.tcp.status()
         if self.feeder is not None:       # a router serves only while a replica is routed
             snap["router"] = self.feeder.status()
-        return self._router_gate(snap)
+        if self.wiring.group is not None:
+            snap["cluster"] = self.wiring.group.view()
+        return self._group_gate(self._router_gate(snap))
 
     def probe(self) -> dict[str, Any]:
         """/ready's few fields (the record's probe), with the router's own condition on top."""
         assert self.wiring.probe is not None
-        return self._router_gate(self.wiring.probe())
+        return self._group_gate(self._router_gate(self.wiring.probe()))
+
+    def _group_gate(self, snap: dict[str, Any]) -> dict[str, Any]:
+        """A cluster's primary is ready only with the whole group (cluster/group.py ready_gate)."""
+        return snap if self.wiring.group is None else self.wiring.group.ready_gate(snap)
 
     def _router_gate(self, snap: dict[str, Any]) -> dict[str, Any]:
         if self.feeder is not None and snap.get("ready") is True and not self.feeder.routable():

@@ -50,6 +50,9 @@ class Runtime:
     launched_env: dict[str, dict[str, str | None]] = field(default_factory=dict)
     hub_token: str | None = None
     shared_dir: Path | None = None            # what every worker on the volume shares (None: state_dir)
+    # a cluster's rank (run/cluster.py): vLLM's node flags, and the interface variables as defaults
+    node_argv: list[str] = field(default_factory=list)
+    node_env: dict[str, str] = field(default_factory=dict)
     # the state files' writes (reload book, ladder memory, children journal): a full disk is a warning
     writes: Writes = field(init=False)
 

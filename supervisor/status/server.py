@@ -1,5 +1,6 @@
 """The supervisor's own status endpoint: /live, /ready, /status, /metrics and a small HTML page;
-on a RunPod Serverless worker also the load balancer's health path (supervisor/runpod_env.py).
+on a RunPod Serverless worker also the load balancer's health path (supervisor/runpod_env.py); on a
+cluster's node, GET /cluster?beat=... (the group's one message: supervisor/cluster/protocol.py).
 
 It serves on its own port, never the engine's, so it answers while the engine is loading,
 restarting or dead. It only reads a snapshot (a plain dict from the lifecycle) per request and
@@ -17,7 +18,7 @@ import math
 import traceback
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any, Iterable
-from urllib.parse import urlsplit
+from urllib.parse import parse_qs, urlsplit
 
 from .httpd import HttpServer, Request, Response
 from .listen import STATUS_PORT_FIX as _FIX
@@ -416,12 +417,16 @@ class StatusServer:
         secrets: Callable[[], Sequence[str]] = lambda: (),
         health_path: str | None = None,
         probe: Callable[[], Mapping[str, Any]] | None = None,
+        exchanges: Mapping[str, Callable[[bytes], tuple[int, bytes]]] | None = None,
     ) -> None:
         self._address = (host, port)
         self._snapshot = snapshot
         self._secrets = secrets
         self._health_path = health_path        # RunPod's health check: 204 / 200 / 503, no body
         self._probe = probe          # /ready's fields alone (state, ready, failure class): no snapshot
+        # path -> handler of the `beat` query parameter (a cluster's ranks, supervisor/cluster/): JSON back.
+        # A query, not a body: this server reads request heads only (httpd.py).
+        self._exchanges = dict(exchanges or {})
         self._server: HttpServer | None = None
 
     def start(self) -> None:
@@ -471,6 +476,10 @@ class StatusServer:
 
     def _respond(self, request: Request) -> Response:
         path = urlsplit(request.target).path
+        if request.method == "GET" and path in self._exchanges:
+            beat = parse_qs(urlsplit(request.target).query).get("beat", [""])[0]
+            status, body = self._exchanges[path](beat.encode("utf-8"))
+            return Response(status, "application/json", body)
         if request.method not in METHODS:
             return _text(405, "method not allowed\n", allow=", ".join(METHODS))
         if path == "/live":  # never touches the snapshot: up means the process answers

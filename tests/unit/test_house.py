@@ -203,10 +203,10 @@ def test_no_two_test_files_share_a_basename():
 # TYPE_CHECKING excluded) go to its own layer or below; among the libraries, no folder cycle.
 SUPERVISOR_LAYERS = {
     "base": {"supervisor", "config", "validate", "errors", "failure", "redact", "hubclient", "runpod_env",
-             "levers", "process"},
+             "cluster_env", "levers", "process"},
     "decisions": {"lifecycle"},
-    "libraries": {"host", "model", "plan", "engines", "ladder", "selftest", "fleet", "reload", "serverless", "status",
-                  "router"},
+    "libraries": {"host", "model", "plan", "engines", "ladder", "selftest", "fleet", "reload", "serverless",
+                  "cluster", "status", "router"},
     "shell": {"run"},
     "entry": {"__main__"},
 }

@@ -125,8 +125,9 @@ def expected(draw, world: World) -> E.Event | None:
             E.ModelReady(token, failure=Failure(FailureClass.LOAD_ERROR, "gone"))
     if what == "check":
         return E.LaunchChecked(token) if good else E.LaunchChecked(token, failure=failure)
-    if what == "barrier":
-        return E.BarrierDone(token)
+    if what == "barrier":    # a cluster's group gate may refuse the launch (supervisor/cluster/group.py)
+        return E.BarrierDone(token) if good else \
+            E.BarrierDone(token, failure=Failure(FailureClass.NODE_MISSING, "rank 1 never came back"))
     if what == "launch":
         return E.Launched(token, pid=100 + token) if good else E.EngineDown(token, failure, started=False)
     if what == "health":
