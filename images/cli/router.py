@@ -31,7 +31,7 @@ def _arguments(p: argparse.ArgumentParser) -> None:
                    "(default 1)")
     p.add_argument("--api-key-env", default="KILN_API_KEY", metavar="NAME",
                    help="the environment variable holding the key clients send and the replicas use "
-                   "(default KILN_API_KEY; unset: one is generated into the state directory)")
+                   "(default KILN_API_KEY; required: the replicas' own key, since they accept no other)")
     p.add_argument("--no-api-key", action="store_true", help="no key at the router, for replicas that take none")
     p.add_argument("--state-dir", help="where its config, key and logs go (default ~/.cache/kiln/router-PORT)")
     p.add_argument("--router-python", metavar="PATH", help="a Python that has smg==1.13.0 (default: this one)")

@@ -48,7 +48,20 @@ def router_python(args: argparse.Namespace) -> str:
     return sys.executable
 
 
+def require_key(args: argparse.Namespace, env: dict[str, str]) -> None:
+    """The router sends its key to the replicas, which accept only the one they were started with: a
+    key made up here would route nothing (issue 37 item 10), so the replicas' key is required."""
+    if args.no_api_key or env.get(args.api_key_env, "").strip():
+        return
+    raise KilnError(f"{args.api_key_env} is not set: the router checks the key clients send and sends it on to the "
+                    "replicas, which accept only the key they were started with. Export the replicas' key as "
+                    f"{args.api_key_env} (a Kiln replica's server.api_key; for pods, the value of your RunPod secret "
+                    "kiln_api_key), name another variable with --api-key-env, or pass --no-api-key for replicas "
+                    "that take no key")
+
+
 def run(args: argparse.Namespace) -> int:
+    require_key(args, dict(os.environ))
     if args.status_urls and len(args.status_urls) != len(args.replicas):
         raise ConfigError("router", [Problem("--status-urls", f"gives {len(args.status_urls)} URL(s) for "
                                              f"{len(args.replicas)} replica(s): one per replica, in the same order",

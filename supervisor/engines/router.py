@@ -4,7 +4,8 @@ restarted with backoff when it dies, stopped with PID 1.
 
 Why smg and not vllm-router: docs/research/router-choice-2026-12-01.md. What it is started with:
 
-    <python> -m supervisor.router.launch [--key-file F] -- smg launch flags
+    <python> -m supervisor.router.launch [--key-file F] [--replica URL]... -- smg launch flags
+      (the replicas are shown the key first: none accepting it is config_rejected, FAILED)
       --host/--port                   [server]: where clients send requests
       --api-key (from the 0600 file)  [server] api_key: the key clients send and the replicas use;
                                       smg enforces it (401) and sends it to the replicas
@@ -38,6 +39,10 @@ SIGNATURES: tuple[Signature, ...] = (
     # supervisor/router/launch.py, when the pinned package is not importable by server.binary
     sig(F.ENGINE_MISSING, r"kiln router: the router's package", "smg (the router) is not installed for "
         "server.binary"),
+    # supervisor/router/launch.py, when no replica accepts the router's key (terminal: the key does not
+    # change under a restart)
+    sig(F.CONFIG_REJECTED, r"kiln router: no replica accepts the router's key", "no replica accepts the router's "
+        "key (server.api_key): it must be the key the replicas were started with"),
     sig(F.PORT_IN_USE, r"Address already in use|AddrInUse|address in use", "a port of the router is in use "
         "(server.port, or [router] metrics_port)"),
     sig(F.CONFIG_REJECTED, r"unrecognized arguments|error: argument|invalid choice|ambiguous option",
@@ -87,6 +92,9 @@ def build_argv(cfg: DeployConfig, rung: Rung, *, model_path: str | None = None, 
     argv = [cfg.server.binary, "-m", LAUNCHER]
     if api_key_file:
         argv += ["--key-file", api_key_file]
+    argv += ["--probe-timeout", f"{r.probe_timeout_s:g}"]
+    for rep in r.replicas:              # shown the key before smg starts (router/keycheck.py)
+        argv += ["--replica", rep.url]
     return argv + ["--", "--host", cfg.server.host, "--port", str(port or cfg.server.port), "--policy", r.policy,
                    "--prometheus-host", "127.0.0.1", "--prometheus-port", str(r.metrics_port),
                    *HEALTH_ARGS, *STARTUP_ARGS, "--log-level", "info", *r.extra_args]

@@ -1,6 +1,7 @@
 """The router beside its replicas: smg fed with exactly the replicas that say they are ready.
 
-    launch.py   python -m supervisor.router.launch: smg, its key from a 0600 file (never argv)
+    launch.py   python -m supervisor.router.launch: smg, its key from a 0600 file (never argv), once
+                the replicas were shown the key (keycheck.py: none accepting it is FAILED)
     smg.py      smg's worker API, as Kiln uses it: list, add (with the replicas' key), remove
     feeder.py   the Feeder: each replica's readiness every poll_s, reconciled with smg's workers;
                 what /status shows under `router` and whether /ready may say 200

@@ -140,3 +140,18 @@ def test_lint_checks_extra_args_against_a_snapshot_when_there_is_one():
     assert [str(i) for i in issues] == [
         "router.extra_args[0]: --log-jsn is not a flag of this smg (did you mean --log-json?)"]
     assert engine.lint_rung(c, 0, c.ladder.rungs[0], None) == []
+
+
+def test_the_router_refuses_to_start_only_when_no_replica_accepts_its_key():
+    from supervisor.router.keycheck import ACCEPTED, NO_VERDICT, REFUSED, refusal
+
+    refused, silent = (REFUSED, "401"), (NO_VERDICT, "no answer (ConnectionRefusedError)")
+    assert refusal({}, has_key=True) is None                                      # nothing to ask
+    assert refusal({"http://a:1": silent}, has_key=True) is None                  # still starting: no verdict
+    assert refusal({"http://a:1": refused, "http://b:1": (ACCEPTED, "200")}, has_key=True) is None
+    why = refusal({"http://a:1": refused, "http://b:1": silent}, has_key=True)
+    assert "http://a:1 answered 401" in why and "kiln_api_key" in why
+    assert "has none" in refusal({"http://a:1": refused}, has_key=False)
+    c = parse_config(ROUTER + '\n', env={})
+    argv = engine.build_argv(c, c.ladder.rungs[0], api_key_file="/run/key")
+    assert argv[argv.index("--replica") + 1] == "http://127.0.0.1:8080" and argv.count("--replica") == 2
