@@ -50,7 +50,9 @@ def replica_config(tmp: Path, *, model: Path, binary: Path, snapshot: Path, port
 
 
 def router_config(tmp: Path, *, port: int, status_port: int, metrics_port: int, replicas: list[tuple[str, str]],
-                  policy: str = "cache_aware", poll_s: float = 0.5, binary: str | None = None, extra: str = "") -> str:
+                  policy: str = "cache_aware", poll_s: float = 0.5, binary: str | None = None, extra: str = "",
+                  engine_port: int | None = None) -> str:
+    """[health] leaves stop_grace_s at the router's default (smg holds its listener 5 s on TERM)."""
     reps = "".join(f'[[router.replicas]]\nurl = "{u}"\nstatus_url = "{s}"\n' for u, s in replicas)
     return f"""engine = "router"
 state_dir = "{tmp / 'state'}"
@@ -60,7 +62,6 @@ port = {port}
 binary = "{binary or router_python()}"
 [health]
 stall_s = 30
-stop_grace_s = 5
 [restart]
 backoff_initial_s = 0.5
 [status]
@@ -70,6 +71,7 @@ port = {status_port}
 policy = "{policy}"
 poll_s = {poll_s}
 metrics_port = {metrics_port}
+engine_port = {engine_port or free_port()}
 {extra}
 {reps}"""
 

@@ -6,12 +6,15 @@ Why smg and not vllm-router: docs/research/router-choice-2026-12-01.md. What it 
 
     <python> -m supervisor.router.launch [--key-file F] [--replica URL]... -- smg launch flags
       (the replicas are shown the key first: none accepting it is config_rejected, FAILED)
-      --host/--port                   [server]: where clients send requests
+      --host/--port                   127.0.0.1:[router] engine_port: clients reach smg through the
+                                      supervisor's gate on [server] port (supervisor/router/front.py),
+                                      which answers 503 while no replica is routed
       --api-key (from the 0600 file)  [server] api_key: the key clients send and the replicas use;
                                       smg enforces it (401) and sends it to the replicas
       --policy                        [router] policy (cache_aware: a session stays where its prefix is warm)
       --prometheus-host/-port         smg's exporter, on loopback ([router] metrics_port)
       health checks every 2 s         smg's own view of a replica between two feeder polls
+      --shutdown-grace-period-secs    what [health] stop_grace_s leaves after smg's 5 s listener hold
       [router] extra_args             anything else `smg launch --help` offers
 
 It starts with no workers: the feeder (supervisor/router/feeder.py) adds each replica whose
@@ -22,7 +25,7 @@ readiness says 200 and removes it when it stops saying so. Its /health answers 2
 from __future__ import annotations
 
 from pathlib import Path
-from ..config import DeployConfig, Rung
+from ..config import SMG_TERM_HOLD_S, DeployConfig, Rung
 from ..failure import FailureClass as F, Signature, sig
 from .flags import FlagSnapshot, load_argparse_snapshot
 from .llamacpp import LintIssue
@@ -95,9 +98,17 @@ def build_argv(cfg: DeployConfig, rung: Rung, *, model_path: str | None = None, 
     argv += ["--probe-timeout", f"{r.probe_timeout_s:g}"]
     for rep in r.replicas:              # shown the key before smg starts (router/keycheck.py)
         argv += ["--replica", rep.url]
-    return argv + ["--", "--host", cfg.server.host, "--port", str(port or cfg.server.port), "--policy", r.policy,
+    return argv + ["--", "--host", "127.0.0.1", "--port", str(port or r.engine_port), "--policy", r.policy,
                    "--prometheus-host", "127.0.0.1", "--prometheus-port", str(r.metrics_port),
-                   *HEALTH_ARGS, *STARTUP_ARGS, "--log-level", "info", *r.extra_args]
+                   *HEALTH_ARGS, *STARTUP_ARGS, "--shutdown-grace-period-secs", str(shutdown_grace_s(cfg)),
+                   "--log-level", "info", *r.extra_args]
+
+
+def shutdown_grace_s(cfg: DeployConfig) -> int:
+    """How long smg waits for in-flight requests after TERM: what the stop grace leaves once smg has
+    held its listener (SMG_TERM_HOLD_S) and with a margin for its own cleanup, so smg exits by itself
+    before the supervisor's SIGKILL."""
+    return max(1, int(cfg.health.stop_grace_s - SMG_TERM_HOLD_S - 5.0))
 
 
 def engine_env(cfg: DeployConfig, rung: Rung, api_key: str | None) -> dict[str, str]:

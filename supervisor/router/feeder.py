@@ -22,6 +22,7 @@ from concurrent.futures import ThreadPoolExecutor
 from typing import Any, Callable
 
 from ..config import DeployConfig, ReplicaSpec
+from .front import Front
 from .plan import Worker, reconcile, routed
 from .smg import RouterUnavailable, Smg
 
@@ -56,22 +57,42 @@ class Feeder:
         self._status: dict[str, Any] = {"router_up": False, "routed": 0, "replicas": [], "checked_at": None}
         self._checked_mono: float | None = None
         self._was: dict[str, bool] = {}          # replica -> routed at the last round (for the log)
+        self.front: Front | None = None
+        self.front_error: str | None = None
+        self._serving = False                    # the supervisor's word: the router process is SERVING
 
     def start(self) -> None:
+        self._open_front()
         self._thread = threading.Thread(target=self._run, name="kiln-router-feeder", daemon=True)
         self._thread.start()
 
+    def _open_front(self) -> None:
+        """Clients' port: the gate in front of smg (front.py), open while a replica is routed."""
+        cfg = self.live()
+        front = Front(cfg.server.host, cfg.server.port, lambda: self.live().router.engine_port, self.routable)
+        try:
+            front.start()
+        except OSError as e:
+            self.front_error = f"the router's port {cfg.server.port} cannot be opened: {e.strerror or e}"
+            log.error("router: %s; clients cannot reach it", self.front_error)
+            return
+        self.front = front
+
     def stop(self) -> None:
+        """After the engine stopped (the loop stops it first): what smg did not finish is closed now."""
         self._stop.set()
         self._wake.set()
         if self._thread is not None:
             self._thread.join(5.0)
         self._pool.shutdown(wait=False, cancel_futures=True)
+        if self.front is not None:
+            self.front.stop()
 
     def router_state(self, serving: bool) -> None:
         """The router process changed state (the loop's news): out of SERVING, what the feeder saw of
         the old process no longer holds (a new smg starts with no workers); into SERVING, a round now,
         so the replicas are back in the new process within one round instead of one poll."""
+        self._serving = serving
         if not serving:
             with self._lock:
                 self._status = {**self._status, "routed": 0,
@@ -81,10 +102,19 @@ class Feeder:
     # -- what the loop's pages read -------------------------------------------------------------------
     def status(self) -> dict[str, Any]:
         with self._lock:
-            return {**self._status, "replicas": [dict(r) for r in self._status["replicas"]]}
+            out = {**self._status, "replicas": [dict(r) for r in self._status["replicas"]]}
+        if self.front_error:
+            out["error"] = self.front_error
+        if self.front is not None:
+            st = self.front.status()
+            out["front"] = {k: st[k] for k in ("port", "open", "connections", "answered_503_total")}
+        return out
 
     def routable(self) -> bool:
-        """At least one replica routed, seen recently (a feeder that stopped looking knows nothing)."""
+        """The router SERVING (not starting, reloading or stopping), at least one replica routed, seen
+        recently (a feeder that stopped looking knows nothing), and the clients' port open."""
+        if self.front_error or not self._serving:
+            return False
         cfg = self.live().router
         with self._lock:
             fresh = self._checked_mono is not None and \
@@ -108,7 +138,7 @@ class Feeder:
         spec, key = cfg.router, self.key()
         answers = list(self._pool.map(lambda r: probe(r.status_url, spec.probe_timeout_s), spec.replicas))
         ready = {r.url: ok for r, (ok, _) in zip(spec.replicas, answers)}
-        smg = Smg(cfg.server.host, cfg.server.port, key, timeout_s=spec.probe_timeout_s)
+        smg = Smg("127.0.0.1", spec.engine_port, key, timeout_s=spec.probe_timeout_s)
         error = None
         try:
             workers = smg.workers()

@@ -37,6 +37,7 @@ port = 8081
 [router]
 poll_s = 0.5
 metrics_port = {free_port()}
+engine_port = {free_port()}
 """
 
 

@@ -93,7 +93,11 @@ def test_argv_names_the_key_file_never_the_key():
     argv = engine.build_argv(c, c.ladder.rungs[0], api_key_file="/run/key")
     assert argv[:5] == ["/opt/kiln/venv/bin/python3", "-m", "supervisor.router.launch", "--key-file", "/run/key"]
     smg = argv[argv.index("--") + 1:]
-    assert smg[:6] == ["--host", "0.0.0.0", "--port", "9000", "--policy", "round_robin"]
+    # smg on loopback behind the gate on server.port (router/front.py), never on the clients' port itself
+    assert smg[:6] == ["--host", "127.0.0.1", "--port", "29080", "--policy", "round_robin"]
+    assert c.engine_address == ("127.0.0.1", 29080) and c.server.port == 9000
+    # smg's 5 s listener hold and its drain fit in the stop grace: smg exits before the SIGKILL
+    assert c.health.stop_grace_s >= 30 and smg[smg.index("--shutdown-grace-period-secs") + 1] == "30"
     assert "--api-key" not in argv and "--worker-urls" not in argv
     assert smg[smg.index("--prometheus-host") + 1] == "127.0.0.1"
     assert split(argv[3:]) == ("/run/key", smg)
