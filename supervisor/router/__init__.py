@@ -6,6 +6,9 @@
     feeder.py   the Feeder: each replica's readiness every poll_s, reconciled with smg's workers;
                 what /status shows under `router` and whether /ready may say 200
     plan.py     the reconciliation as a pure function: what to add, what to remove
+    front.py    the clients' port: a gate before smg (503 while no replica is routed), which hands
+                PUT /kiln/router/replicas to control.py
+    control.py  the replicas changed in place on the router's own URL, with its key
 
 The supervised process is the router (engines/router.py: its argv, its failure words); the feeder is
 a peripheral (run/peripherals.py), wired with callbacks and never holding the loop. The choice
