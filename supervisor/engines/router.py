@@ -12,6 +12,7 @@ Why smg and not vllm-router: docs/research/router-choice-2026-12-01.md. What it 
       --api-key (from the 0600 file)  [server] api_key: the key clients send and the replicas use;
                                       smg enforces it (401) and sends it to the replicas
       --policy                        [router] policy (cache_aware: a session stays where its prefix is warm)
+      --balance-abs/rel-threshold     cache_aware's spill gate: 2 and 1.5 (CACHE_AWARE_ARGS)
       --prometheus-host/-port         smg's exporter, on loopback ([router] metrics_port)
       health checks every 2 s         smg's own view of a replica between two feeder polls
       --shutdown-grace-period-secs    what [health] stop_grace_s leaves after smg's 5 s listener hold
@@ -37,6 +38,13 @@ HEALTH_ARGS = ("--health-check-interval-secs", "2", "--health-failure-threshold"
                "--health-success-threshold", "1", "--health-check-timeout-secs", "2")
 # A worker the feeder adds is already ready; a wrong one gives up in 30 s instead of smg's 30 minutes.
 STARTUP_ARGS = ("--worker-startup-timeout-secs", "30", "--worker-startup-check-interval", "1")
+# cache_aware's spill gate (`smg launch --help`, 1.13.0): a session's replica is passed over for the
+# least-loaded one when its in-flight requests exceed the pool's mean by --balance-abs-threshold AND
+# --balance-rel-threshold times it. smg's 64 (capped at 4 for a small pool) lets 4 turns queue on one
+# replica of one slot; 2 hands the next one on sooner. On P14's honest workload (3 replicas, 5 and 7
+# overlapping sessions) it never had to: the same placement as smg's defaults, no replica above 1.35x
+# its fair share (docs/benchmarks.md, P14). [router] extra_args come after and override it.
+CACHE_AWARE_ARGS = ("--balance-abs-threshold", "2", "--balance-rel-threshold", "1.5")
 
 SIGNATURES: tuple[Signature, ...] = (
     # supervisor/router/launch.py, when the pinned package is not importable by server.binary
@@ -101,7 +109,7 @@ def build_argv(cfg: DeployConfig, rung: Rung, *, model_path: str | None = None, 
     return argv + ["--", "--host", "127.0.0.1", "--port", str(port or r.engine_port), "--policy", r.policy,
                    "--prometheus-host", "127.0.0.1", "--prometheus-port", str(r.metrics_port),
                    *HEALTH_ARGS, *STARTUP_ARGS, "--shutdown-grace-period-secs", str(shutdown_grace_s(cfg)),
-                   "--log-level", "info", *r.extra_args]
+                   *(CACHE_AWARE_ARGS if r.policy == "cache_aware" else ()), "--log-level", "info", *r.extra_args]
 
 
 def shutdown_grace_s(cfg: DeployConfig) -> int:

@@ -98,6 +98,12 @@ def test_argv_names_the_key_file_never_the_key():
     assert c.engine_address == ("127.0.0.1", 29080) and c.server.port == 9000
     # smg's 5 s listener hold and its drain fit in the stop grace: smg exits before the SIGKILL
     assert c.health.stop_grace_s >= 30 and smg[smg.index("--shutdown-grace-period-secs") + 1] == "30"
+    assert "--balance-abs-threshold" not in smg                 # round_robin has no spill gate to tune
+    ca = parse_config(ROUTER.replace('policy = "round_robin"', 'extra_args = ["--balance-abs-threshold", "3"]'),
+                      env={})
+    ca_argv = engine.build_argv(ca, ca.ladder.rungs[0])
+    gate = [ca_argv[i + 1] for i, a in enumerate(ca_argv) if a == "--balance-abs-threshold"]
+    assert gate == ["2", "3"] and ca_argv[ca_argv.index("--balance-rel-threshold") + 1] == "1.5"   # extra_args win
     assert "--api-key" not in argv and "--worker-urls" not in argv
     assert smg[smg.index("--prometheus-host") + 1] == "127.0.0.1"
     assert split(argv[3:]) == ("/run/key", smg)
