@@ -9,6 +9,7 @@
     front.py    the clients' port: a gate before smg (503 while no replica is routed), which hands
                 PUT /kiln/router/replicas to control.py
     control.py  the replicas changed in place on the router's own URL, with its key
+    pushed.py   that list, kept in the state directory while the config names the list it replaced
 
 The supervised process is the router (engines/router.py: its argv, its failure words); the feeder is
 a peripheral (run/peripherals.py), wired with callbacks and never holding the loop. The choice

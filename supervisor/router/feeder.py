@@ -8,10 +8,8 @@ router that does not answer (starting, restarting) is asked again next round: it
 empty and gets every ready replica at once.
 
 The replicas are the live config's, unless a new list was pushed on the router's own port
-(control.py, `pods up --router` again with other replicas): that list replaces the config's, in
-memory and in `<state_dir>/router-replicas.json`, for as long as the config's own list is the one it
-replaced (a published config that names replicas of its own wins; a restarted supervisor with the same
-config keeps the pushed list).
+(control.py, `pods up --router` again with other replicas): then that one, for as long as the
+config's own list is the one it replaced (pushed.py, which keeps it in the state directory).
 
 A peripheral (run/peripherals.py): given callables for the live config and the key, never the
 loop; the loop's /status and /ready read `status()` and `routable()`.
@@ -20,19 +18,15 @@ loop; the loop's /status and /ready read `status()` and `routable()`.
 from __future__ import annotations
 
 import http.client
-import json
 import logging
-import os
 import threading
 import time
 import urllib.parse
 from concurrent.futures import ThreadPoolExecutor
-from pathlib import Path
 from typing import Any, Callable
 
-from ..config import DeployConfig, ReplicaSpec, parse_config
-from ..errors import ConfigError
-from . import control
+from ..config import DeployConfig, ReplicaSpec
+from . import control, pushed
 from .front import Front
 from .plan import Worker, reconcile, routed
 from .smg import RouterUnavailable, Smg
@@ -71,11 +65,10 @@ class Feeder:
         self.front: Front | None = None
         self.front_error: str | None = None
         self._serving = False                    # the supervisor's word: the router process is SERVING
-        # (the config's list it replaced, the pushed list, when), or None: control.py
-        self._pushed: tuple[tuple[ReplicaSpec, ...], tuple[ReplicaSpec, ...], float] | None = None
+        self._pushed = pushed.Pushed(lambda: self.live().state_dir)
 
     def start(self) -> None:
-        self._pushed = self._load_pushed()
+        self._pushed.load()
         self._open_front()
         self._thread = threading.Thread(target=self._run, name="kiln-router-feeder", daemon=True)
         self._thread.start()
@@ -114,62 +107,18 @@ class Feeder:
                                 "replicas": [{**r, "routed": False} for r in self._status["replicas"]]}
         self._wake.set()
 
-    # -- the replicas: the config's, or a list pushed in place ---------------------------------------
+    # -- the replicas: the config's, or a list pushed in place (pushed.py) ---------------------------
     def replicas(self) -> tuple[ReplicaSpec, ...]:
-        own = self.live().router.replicas
-        pushed = self._pushed
-        return pushed[1] if pushed is not None and pushed[0] == own else own
+        return self._pushed.replicas(self.live().router.replicas)
 
     def push(self, value: str) -> list[dict[str, str]]:
-        """A new replica list (KILN_ROUTER_REPLICAS' form) in place of the config's: validated as the
-        config's own would be; ValueError names what is wrong. Kept in the state directory."""
-        try:
-            new = parse_config('engine = "router"\n', source="the pushed replica list",
-                               env={"KILN_ROUTER_REPLICAS": value}).router.replicas
-        except ConfigError as e:
-            raise ValueError("; ".join(str(p) for p in e.problems) or str(e)) from None
-        if not new:
-            raise ValueError("no replica: the list needs at least one URL|STATUS_URL entry")
-        own = self.live().router.replicas
-        self._pushed = (own, new, time.time())
-        self._save_pushed(own, new)
+        """A new replica list (KILN_ROUTER_REPLICAS' form) in place of the config's, from control.py:
+        ValueError names what is wrong with it."""
+        new = pushed.parse(value)
+        self._pushed.push(new, self.live().router.replicas)
         log.info("router: replicas changed in place: %s", " ".join(r.url for r in new))
         self._wake.set()
         return [{"url": r.url, "status_url": r.status_url} for r in new]
-
-    def _pushed_path(self) -> Path:
-        return Path(self.live().state_dir) / "router-replicas.json"
-
-    def _save_pushed(self, own: tuple[ReplicaSpec, ...], new: tuple[ReplicaSpec, ...]) -> None:
-        """Atomically; a state directory that cannot take it (full, read-only) keeps the list in memory."""
-        path = self._pushed_path()
-        data = json.dumps({"replaces": [[r.url, r.status_url] for r in own],
-                           "replicas": [[r.url, r.status_url] for r in new]})
-        tmp = path.with_name(path.name + ".tmp")
-        try:
-            path.parent.mkdir(parents=True, exist_ok=True)
-            tmp.write_text(data, encoding="utf-8")
-            os.replace(tmp, path)
-        except OSError as e:
-            log.warning("router: the new replica list is in use but not kept (%s: %s): a restart goes back to "
-                        "the config's", path, e.strerror or e)
-            try:
-                tmp.unlink(missing_ok=True)
-            except OSError:
-                pass
-
-    def _load_pushed(self) -> tuple[tuple[ReplicaSpec, ...], tuple[ReplicaSpec, ...], float] | None:
-        path = self._pushed_path()
-        try:
-            data = json.loads(path.read_text(encoding="utf-8"))
-            own = tuple(ReplicaSpec(u, s) for u, s in data["replaces"])
-            new = tuple(ReplicaSpec(u, s) for u, s in data["replicas"])
-            return own, new, path.stat().st_mtime
-        except FileNotFoundError:
-            return None
-        except (OSError, ValueError, KeyError, TypeError) as e:
-            log.warning("router: %s is unreadable (%s): the config's replicas are used", path, e)
-            return None
 
     # -- what the loop's pages read -------------------------------------------------------------------
     def status(self) -> dict[str, Any]:
@@ -180,10 +129,9 @@ class Feeder:
         if self.front is not None:
             st = self.front.status()
             out["front"] = {k: st[k] for k in ("port", "open", "connections", "answered_503_total")}
-        pushed = self._pushed
-        in_use = pushed is not None and pushed[0] == self.live().router.replicas
-        out["replicas_from"] = f"pushed at {time.strftime('%Y-%m-%dT%H:%M:%SZ', time.gmtime(pushed[2]))}" \
-            if in_use and pushed is not None else "config"
+        since = self._pushed.since(self.live().router.replicas)
+        out["replicas_from"] = "config" if since is None else \
+            f"pushed at {time.strftime('%Y-%m-%dT%H:%M:%SZ', time.gmtime(since))}"
         return out
 
     def routable(self) -> bool:
