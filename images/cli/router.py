@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import argparse
 
-from supervisor.config import ROUTER_METRICS_PORT, ROUTER_POLICIES
+from supervisor.config import ROUTER_ENGINE_PORT, ROUTER_METRICS_PORT, ROUTER_POLICIES
 
 from .command import Command
 
@@ -27,6 +27,9 @@ def _arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--status-port", type=int, default=8081, help="its supervisor's /ready /status (default 8081)")
     p.add_argument("--metrics-port", type=int, default=ROUTER_METRICS_PORT,
                    help=f"the router's own Prometheus port, on loopback (default {ROUTER_METRICS_PORT})")
+    p.add_argument("--engine-port", type=int, default=ROUTER_ENGINE_PORT,
+                   help=f"smg's own port, on loopback, behind the router's port, which answers 503 until a "
+                   f"replica is routed (default {ROUTER_ENGINE_PORT})")
     p.add_argument("--poll-s", type=float, default=1.0, help="how often each replica's readiness is asked "
                    "(default 1)")
     p.add_argument("--api-key-env", default="KILN_API_KEY", metavar="NAME",

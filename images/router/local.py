@@ -31,7 +31,8 @@ def deploy_config(args: argparse.Namespace, *, python: str, state_dir: Path) -> 
     lines = ['engine = "router"', f"state_dir = {_q(str(state_dir))}", "", "[server]",
              f"host = {_q(args.host)}", f"port = {args.port}", f"api_key = {_q(key)}", f"binary = {_q(python)}", "",
              "[status]", f"host = {_q(args.host)}", f"port = {args.status_port}", "", "[router]",
-             f"policy = {_q(args.policy)}", f"poll_s = {args.poll_s}", f"metrics_port = {args.metrics_port}"]
+             f"policy = {_q(args.policy)}", f"poll_s = {args.poll_s}", f"metrics_port = {args.metrics_port}",
+             f"engine_port = {args.engine_port}"]
     for url, status in zip(args.replicas, status_urls):
         lines += ["", "[[router.replicas]]", f"url = {_q(url)}"]
         if status:
