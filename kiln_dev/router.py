@@ -98,7 +98,8 @@ class Replica:
         (their sum is what it was sent); -1 when it did not answer."""
         code, body = http(self.url + "/metrics", headers={"Authorization": f"Bearer {KEY}"}, timeout=5)
         out = {}
-        for key, name in (("computed", rb"llamacpp:prompt_tokens_total"), ("cached", rb"llamacpp:prompt_tokens_cached_total")):
+        for key, name in (("computed", rb"llamacpp:prompt_tokens_total"),
+                          ("cached", rb"llamacpp:prompt_tokens_cached_total")):
             m = re.search(rb"^" + name + rb" (\S+)$", body, re.M) if code == 200 else None
             out[key] = float(m.group(1)) if m else -1.0
         return out

@@ -171,7 +171,8 @@ def up(api: RunPodAPI, req: UpRequest, *, replica_target: Target, replicas: list
             if key is None:
                 raise KilnError(f"router {name} ({pod_id}) is live in front of other replicas: it takes the new list "
                                 f"in place, on its own URL, with its key: {where} and run this again (the replicas "
-                                f"are up). Or `python build.py pods down --pod {pod_id}` first: a new router, a new URL")
+                                f"are up). Or `python build.py pods down --pod {pod_id}` first: a new router, "
+                                "a new URL")
             push(proxy_url(pod_id, cfg.server.port, req.proxy), want, key, session)
             _wait_list(status_url, entries(want), req, session)
             say(f"router {name} ({pod_id}): its replicas changed in place ({len(replicas)} now); its URL stays "

@@ -52,8 +52,8 @@ TAKES = {
     "publish-config": {"--repo", "--branch", "--path", "--flags", "--message", "--token-file", "--create",
                        "--canary", "--wait", "--timeout"},
     "fleet-status": {"--repo", "--branch", "--path", "--json", "--token-file"},
-    "router": {"--replicas", "--status-urls", "--policy", "--host", "--port", "--status-port", "--metrics-port", "--engine-port",
-               "--poll-s", "--api-key-env", "--no-api-key", "--state-dir", "--router-python", "--print-config"},
+    "router": {"--replicas", "--status-urls", "--policy", "--host", "--port", "--status-port", "--metrics-port",
+               "--engine-port", "--poll-s", "--api-key-env", "--no-api-key", "--state-dir", "--router-python", "--print-config"},
     "generate": {"--check", "--only"},
 }
 
