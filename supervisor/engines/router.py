@@ -42,7 +42,7 @@ STARTUP_ARGS = ("--worker-startup-timeout-secs", "30", "--worker-startup-check-i
 # least-loaded one when its in-flight requests exceed the pool's mean by --balance-abs-threshold AND
 # --balance-rel-threshold times it. smg's 64 (capped at 4 for a small pool) lets 4 turns queue on one
 # replica of one slot; 2 hands the next one on sooner. On P14's honest workload (3 replicas, 5 and 7
-# overlapping sessions) it never had to: the same placement as smg's defaults, no replica above 1.35x
+# overlapping sessions) it never had to: the same placement as smg's defaults, no replica above 1.39x
 # its fair share (docs/benchmarks.md, P14). [router] extra_args come after and override it.
 CACHE_AWARE_ARGS = ("--balance-abs-threshold", "2", "--balance-rel-threshold", "1.5")
 
