@@ -1,36 +1,49 @@
 #!/usr/bin/env python3
 """P14: a cache-aware router against round robin in front of the same replicas, and what the router
 adds to a request. Three replicas under Kiln's supervisor (SmolLM2-135M Q4_1, `-t 1 -c 4096 -np 1`,
-their selftest passed) and two routers under supervisors of their own (smg 1.13.0, fed by the
-replicas' /ready), one with `--policy cache_aware`, one with `round_robin`, on loopback.
+their selftest passed) and two routers under supervisors of their own (smg, fed by the replicas'
+/ready, with Kiln's default smg arguments: supervisor/engines/router.py), one `cache_aware`, one
+`round_robin`, on loopback.
 
-The workload, an agent's: --sessions sessions, each with its own long system prompt (a tool list and
-a reference list, ~--system-words words) and a history that grows by one user turn and the reply
-each turn; --turns turns, interleaved across sessions (s0t0, s1t0, ..., s0t1, ...), one request at a
-time (two shared cores). Each policy gets sessions of its own (different system prompts), so
-neither finds the other's prefixes in a cache. Time to first token: the first streamed content
-chunk. Prefix hits: the engine's own counters, per request `timings.cache_n` (prompt tokens taken
-from its KV or prompt cache) in the final chunk, and per replica the growth of its own
-`llamacpp:prompt_tokens_total` (prompt tokens it computed) against the prompt tokens it was sent.
+The workload, an agent team's (issue 37 item 11: the old one, one request at a time in a fixed
+order, made round robin session-sticky by arithmetic whenever the session count was a multiple of
+the replica count): --sessions sessions (default 5: not a multiple of 3), each with its own long
+system prompt (a tool list and a reference list, ~--system-words words) and a history that grows by
+one user turn and the reply each turn. Sessions arrive at seeded random times (exponential gaps,
+mean --arrival-s) and each waits a seeded random think time (mean --think-s) after a reply before its
+next turn, so sessions overlap and several requests are in flight at once; the order in which turns
+reach the router is whatever the replies' speed makes it. Both policies get the same schedule (the
+same seed) and sessions of their own (different system prompts), one policy after the other in the
+same run, so neither finds the other's prefixes in a cache.
+
+Figures: time to first token (the first streamed content chunk; queueing at a busy replica
+included), mean and p95; prefix hits by the engine's own counters (`timings.cache_n` per request);
+each replica's share of the load, the prompt tokens it was sent (its `llamacpp:prompt_tokens_total`
+plus `llamacpp:prompt_tokens_cached_total`), against a fair share of 1/3.
 
 Router's added latency: a short request (max_tokens 1), the same one through the cache-aware router
-and straight to the replica that served it, alternated, --pairs times; the median of the pairs'
-differences.
+and straight to the replica that served it, alternated, --pairs times; the median of the differences.
 
-    python bench/router.py [--sessions 6] [--turns 4] [--system-words 300] [--pairs 30]
+    python bench/router.py [--sessions 5] [--turns 4] [--seed 1] [--arrival-s 2] [--think-s 1] [--pairs 30]
 
-Ends with `P14 ttft_cache_aware_over_round_robin=X router_added_ms_p50=Y` (goals: X <= 0.5, Y <= 5).
+Ends with `P14 ttft_cache_aware_over_round_robin=X p95_ratio=P max_share_over_fair=S router_added_ms_p50=Y`
+(goals: X <= 0.5, P <= 1, S <= 1.5, Y <= 5).
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import math
+import os
+import random
 import statistics
 import sys
 import tempfile
+import threading
 import time
 import urllib.request
+from dataclasses import dataclass
 from pathlib import Path
 
 from common import REPO, llama_prefix, stop_on_term  # noqa: F401 - REPO puts the checkout on sys.path
@@ -43,8 +56,69 @@ TOOLS = ["read_file(path)", "write_file(path, text)", "run_tests(pattern)", "sea
          "git_diff()", "apply_patch(diff)", "ask_user(question)"]
 TOPICS = ["rivers", "violins", "glaciers", "compilers", "bees", "lighthouses", "orchards", "comets", "tides",
           "looms", "kilns", "ferns"]
+REPLICAS = 3
+DEFAULTS = {"sessions": [5], "turns": 4, "seed": 1, "arrival_s": 2.0, "think_s": 1.0}
 
 
+# -- the schedule: pure, seeded ------------------------------------------------------------------
+@dataclass(frozen=True)
+class SessionPlan:
+    arrival_s: float                 # when its first turn is sent, from the phase's start
+    think_s: tuple[float, ...]       # the wait after each reply before the next turn
+
+
+def schedule(sessions: int, turns: int, *, seed: int, arrival_s: float, think_s: float) -> list[SessionPlan]:
+    """Seeded random arrivals (exponential gaps, mean `arrival_s`; the first at 0) and think times
+    (exponential, mean `think_s`)."""
+    rng = random.Random(seed)
+    at, plans = 0.0, []
+    for s in range(sessions):
+        if s:
+            at += rng.expovariate(1.0 / arrival_s)
+        plans.append(SessionPlan(round(at, 3), tuple(round(rng.expovariate(1.0 / think_s), 3)
+                                                     for _ in range(turns - 1))))
+    return plans
+
+
+def send_order(plans: list[SessionPlan], reply_s: float) -> list[tuple[float, int, int]]:
+    """(sent at, session, turn) in the order the router would see them if every reply took `reply_s`:
+    what round robin's choices follow. Measured replies vary; this is for checking the workload."""
+    sent = []
+    for s, p in enumerate(plans):
+        t = p.arrival_s
+        for turn in range(len(p.think_s) + 1):
+            sent.append((t, s, turn))
+            if turn < len(p.think_s):
+                t += reply_s + p.think_s[turn]
+    return sorted(sent)
+
+
+def most_in_flight(order: list[tuple[float, int, int]], reply_s: float) -> int:
+    """The most requests in flight at once for this send order."""
+    return max(sum(1 for t2, _, _ in order if t2 <= t < t2 + reply_s) for t, _, _ in order)
+
+
+def round_robin_replicas(order: list[tuple[float, int, int]], replicas: int) -> dict[int, set[int]]:
+    """Which replicas each session's turns would reach under round robin in this order."""
+    out: dict[int, set[int]] = {}
+    for i, (_, s, _) in enumerate(order):
+        out.setdefault(s, set()).add(i % replicas)
+    return out
+
+
+def p95(values: list[float]) -> float:
+    """The nearest-rank 95th percentile."""
+    ordered = sorted(values)
+    return ordered[max(0, math.ceil(0.95 * len(ordered)) - 1)]
+
+
+def shares(sent: list[float]) -> list[float]:
+    """Each replica's share of the prompt tokens sent to all of them."""
+    total = sum(sent)
+    return [x / total if total else 0.0 for x in sent]
+
+
+# -- running it ------------------------------------------------------------------------------------
 def system_prompt(policy: str, s: int, words: int) -> str:
     topic = TOPICS[s % len(TOPICS)]
     ref = " ".join(f"{topic}-{policy[:2]}-{s}-{i}" for i in range(words))
@@ -75,28 +149,75 @@ def stream(url: str, model: str, messages: list[dict[str, str]], max_tokens: int
             "cache_n": timings.get("cache_n"), "prompt_n": timings.get("prompt_n")}
 
 
-def workload(fleet: Fleet, url: str, policy: str, args: argparse.Namespace) -> dict:
-    history = {s: [{"role": "system", "content": system_prompt(policy, s, args.system_words)}]
-               for s in range(args.sessions)}
-    computed0 = [r.prompt_tokens() for r in fleet.replicas]
-    rows = []
-    for turn in range(args.turns):
-        for s in range(args.sessions):
-            history[s].append({"role": "user", "content": f"Step {turn}: what do you do next? One sentence."})
-            before = [r.prompt_tokens() for r in fleet.replicas]
-            out = stream(url, fleet.model, history[s], args.max_tokens)
-            after = [r.prompt_tokens() for r in fleet.replicas]
-            out.update(session=s, turn=turn, replica=[i for i, (a, b) in enumerate(zip(before, after)) if b > a])
-            rows.append(out)
-            history[s].append({"role": "assistant", "content": out["text"]})
-    computed = sum(r.prompt_tokens() for r in fleet.replicas) - sum(computed0)
-    sent = sum((r["cache_n"] or 0) + (r["prompt_n"] or 0) for r in rows)
-    per_session = {s: sorted({i for r in rows if r["session"] == s for i in r["replica"]})
-                   for s in range(args.sessions)}
-    return {"rows": rows, "ttft_mean": statistics.fmean(r["ttft"] for r in rows),
-            "ttft_later_mean": statistics.fmean(r["ttft"] for r in rows if r["turn"] > 0),
-            "cache_n": sum(r["cache_n"] or 0 for r in rows), "prompt_tokens": sent, "computed": computed,
-            "per_session": per_session}
+def sent_tokens(fleet: Fleet) -> list[float]:
+    return [c["computed"] + c["cached"] for c in (r.counters() for r in fleet.replicas)]
+
+
+class LoadSampler:
+    """The machine's 1-minute load average every 5 s while a workload runs (it is shared)."""
+
+    def __init__(self) -> None:
+        self.samples: list[float] = []
+        self.stop_ = threading.Event()
+        self.thread = threading.Thread(target=self.run, daemon=True)
+
+    def run(self) -> None:
+        while True:
+            self.samples.append(os.getloadavg()[0])
+            if self.stop_.wait(5.0):
+                return
+
+    def __enter__(self) -> "LoadSampler":
+        self.thread.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop_.set()
+        self.thread.join()
+
+    def text(self) -> str:
+        s = self.samples
+        return f"load {statistics.fmean(s):.1f} ({min(s):.1f}-{max(s):.1f})" if s else "load ?"
+
+
+def workload(fleet: Fleet, url: str, policy: str, plans: list[SessionPlan], args: argparse.Namespace) -> dict:
+    with LoadSampler() as load:
+        out = _workload(fleet, url, policy, plans, args)
+    out["load"] = load.text()
+    return out
+
+
+def _workload(fleet: Fleet, url: str, policy: str, plans: list[SessionPlan], args: argparse.Namespace) -> dict:
+    rows: list[dict] = []
+    lock = threading.Lock()
+    start = time.monotonic()
+    sent0 = sent_tokens(fleet)
+
+    def session(s: int, plan: SessionPlan) -> None:
+        history = [{"role": "system", "content": system_prompt(policy, s, args.system_words)}]
+        time.sleep(max(0.0, start + plan.arrival_s - time.monotonic()))   # the schedule's arrival, not a wait
+        for turn in range(len(plan.think_s) + 1):
+            history.append({"role": "user", "content": f"Step {turn}: what do you do next? One sentence."})
+            out = stream(url, fleet.model, history, args.max_tokens)
+            out.update(session=s, turn=turn, at=round(time.monotonic() - start, 2))
+            with lock:
+                rows.append(out)
+            history.append({"role": "assistant", "content": out["text"]})
+            if turn < len(plan.think_s):
+                time.sleep(plan.think_s[turn])                               # the schedule's think time
+
+    threads = [threading.Thread(target=session, args=(s, p), daemon=True) for s, p in enumerate(plans)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    wall = time.monotonic() - start
+    sent = [b - a for a, b in zip(sent0, sent_tokens(fleet))]
+    ttfts = [r["ttft"] for r in rows]
+    prompt = sum((r["cache_n"] or 0) + (r["prompt_n"] or 0) for r in rows)
+    return {"rows": rows, "ttft_mean": statistics.fmean(ttfts), "ttft_p95": p95(ttfts), "wall_s": wall,
+            "cache_n": sum(r["cache_n"] or 0 for r in rows), "prompt_tokens": prompt, "shares": shares(sent),
+            "sent": sent}
 
 
 def added_latency(fleet: Fleet, pairs: int) -> tuple[float, float, float, int]:
@@ -121,50 +242,88 @@ def added_latency(fleet: Fleet, pairs: int) -> tuple[float, float, float, int]:
     return statistics.median(diffs) * 1000, statistics.median(via) * 1000, statistics.median(direct) * 1000, served[0]
 
 
+def router_extra(args_text: str) -> str:
+    return f"extra_args = {json.dumps(args_text.split())}\n" if args_text.strip() else ""
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--sessions", type=int, default=6)
-    ap.add_argument("--turns", type=int, default=4)
+    ap.add_argument("--sessions", type=int, nargs="+", default=DEFAULTS["sessions"],
+                    help="session counts, each a workload of its own in the same run (default 5)")
+    ap.add_argument("--turns", type=int, default=DEFAULTS["turns"])
+    ap.add_argument("--seed", type=int, default=DEFAULTS["seed"])
+    ap.add_argument("--arrival-s", type=float, default=DEFAULTS["arrival_s"],
+                    help="mean gap between two sessions' arrivals")
+    ap.add_argument("--think-s", type=float, default=DEFAULTS["think_s"],
+                    help="mean wait after a reply before the next turn")
     ap.add_argument("--system-words", type=int, default=300)
     ap.add_argument("--max-tokens", type=int, default=12)
     ap.add_argument("--pairs", type=int, default=30)
+    ap.add_argument("--router-args", default="", help="more smg flags for both routers ([router] extra_args), "
+                    "on top of Kiln's defaults: for tuning")
     args = ap.parse_args()
     router_python()
     prefix, model = llama_prefix(), smollm2_gguf()
+    extra = router_extra(args.router_args)
+    load0, started = os.getloadavg(), time.time()
+    results: dict[int, dict[str, dict]] = {}
     with tempfile.TemporaryDirectory(prefix="kiln-bench-router-") as t:
         tmp = Path(t)
-        with Fleet(tmp, model=model, prefix=prefix, n=3, policy="cache_aware", poll_s=1.0) as fleet:
+        with Fleet(tmp, model=model, prefix=prefix, n=REPLICAS, policy="cache_aware", poll_s=1.0,
+                   router_extra=extra) as fleet:
             rr_dir = tmp / "router-rr"
             rr_dir.mkdir()
             rr_port = free_port()
             rr = Supervised(rr_dir, router_config(rr_dir, port=rr_port, status_port=free_port(),
                                                   metrics_port=free_port(), policy="round_robin", poll_s=1.0,
-                                                  replicas=[(r.url, r.status_url) for r in fleet.replicas]),
+                                                  replicas=[(r.url, r.status_url) for r in fleet.replicas],
+                                                  extra=extra),
                             env={"KILN_API_KEY": KEY})
             try:
-                fleet.wait_routed(3, timeout=600)
-                wait_for(lambda: (rr.status() or {}).get("router", {}).get("routed") == 3, 60, "the round-robin router")
+                fleet.wait_routed(REPLICAS, timeout=600)
+                wait_for(lambda: (rr.status() or {}).get("router", {}).get("routed") == REPLICAS, 60,
+                         "the round-robin router")
                 fleet.model_id()
-                results = {}
-                for policy, url in (("cache_aware", fleet.url), ("round_robin", f"http://127.0.0.1:{rr_port}")):
-                    results[policy] = workload(fleet, url, policy, args)
+                ca_argv = (fleet.router.status() or {}).get("engine", {}).get("argv", [])
+                for n in args.sessions:
+                    plans = schedule(n, args.turns, seed=args.seed, arrival_s=args.arrival_s, think_s=args.think_s)
+                    results[n] = {}
+                    for policy, url in (("cache_aware", fleet.url), ("round_robin", f"http://127.0.0.1:{rr_port}")):
+                        # sessions of their own per count and policy: nobody finds another's prefix warm
+                        results[n][policy] = workload(fleet, url, f"{policy}{n}", plans, args)
                 added, via, direct, replica = added_latency(fleet, args.pairs)
             finally:
                 rr.__exit__(None, None, None)
-    ca, rr_ = results["cache_aware"], results["round_robin"]
-    print(f"3 replicas (SmolLM2-135M Q4_1, -t 1 -c 4096 -np 1), {args.sessions} sessions x {args.turns} turns, "
-          f"system prompt ~{args.system_words} words, {args.max_tokens} tokens a reply, one request at a time")
-    for name, r in (("cache_aware", ca), ("round_robin", rr_)):
-        hit = r["cache_n"] / r["prompt_tokens"] if r["prompt_tokens"] else 0.0
-        print(f"  {name:12s} TTFT mean {r['ttft_mean'] * 1000:7.1f} ms "
-              f"(turns after the first {r['ttft_later_mean'] * 1000:7.1f} ms); "
-              f"prompt tokens {r['prompt_tokens']}, from cache (timings.cache_n) {r['cache_n']} = {hit:.1%}; "
-              f"computed by the engines (prompt_tokens_total) {r['computed']:.0f}; "
-              f"replicas per session {r['per_session']}")
+    load1 = os.getloadavg()
+    smg_args = ca_argv[ca_argv.index("--") + 1:] if "--" in ca_argv else ca_argv
+    print(f"{time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime(started))} to {time.strftime('%H:%M', time.gmtime())}, "
+          f"{os.uname().nodename}, {os.cpu_count()} cores; load average {load0[0]:.2f} at the start, {load1[0]:.2f} "
+          "at the end (1 min); during each workload: mean (min-max) of 5 s samples")
+    print(f"{REPLICAS} replicas (SmolLM2-135M Q4_1, -t 1 -c 4096 -np 1); {args.turns} turns a session, "
+          f"seed {args.seed}, arrivals every {args.arrival_s:g} s and think times of {args.think_s:g} s on average, "
+          f"system prompt ~{args.system_words} words, {args.max_tokens} tokens a reply")
+    print(f"  cache-aware smg arguments: {' '.join(a for a in smg_args if not a.startswith('/'))}")
+    lines = []
+    for n, by_policy in results.items():
+        ca, rr_ = by_policy["cache_aware"], by_policy["round_robin"]
+        flight = most_in_flight(send_order(schedule(n, args.turns, seed=args.seed, arrival_s=args.arrival_s,
+                                                    think_s=args.think_s), 1.0), 1.0)
+        print(f"  {n} sessions (at most {flight} in flight by the schedule, with 1 s replies):")
+        for name, r in (("cache_aware", ca), ("round_robin", rr_)):
+            hit = r["cache_n"] / r["prompt_tokens"] if r["prompt_tokens"] else 0.0
+            print(f"    {name:12s} TTFT mean {r['ttft_mean'] * 1000:7.1f} ms, p95 {r['ttft_p95'] * 1000:7.1f} ms; "
+                  f"from cache (timings.cache_n) {r['cache_n']} of {r['prompt_tokens']} prompt tokens = {hit:.1%}; "
+                  f"each replica's share of the prompt tokens sent "
+                  f"{' / '.join(f'{s:.0%}' for s in r['shares'])}; {r['wall_s']:.0f} s, {r['load']}")
+        ratio = ca["ttft_mean"] / rr_["ttft_mean"]
+        p95_ratio = ca["ttft_p95"] / rr_["ttft_p95"]
+        over_fair = max(ca["shares"]) * REPLICAS
+        lines.append(f"P14 sessions={n} ttft_cache_aware_over_round_robin={ratio:.3f} p95_ratio={p95_ratio:.3f} "
+                     f"max_share_over_fair={over_fair:.2f}")
     print(f"  router added: median of {args.pairs} pairs {added:.2f} ms (via the router {via:.1f} ms, straight to "
           f"replica {replica} {direct:.1f} ms; max_tokens 1, its prefix cached)")
-    print(f"P14 ttft_cache_aware_over_round_robin={ca['ttft_mean'] / rr_['ttft_mean']:.3f} "
-          f"router_added_ms_p50={added:.2f}")
+    for line in lines:
+        print(f"{line} router_added_ms_p50={added:.2f}")
     return 0
 
 

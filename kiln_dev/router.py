@@ -50,7 +50,9 @@ def replica_config(tmp: Path, *, model: Path, binary: Path, snapshot: Path, port
 
 
 def router_config(tmp: Path, *, port: int, status_port: int, metrics_port: int, replicas: list[tuple[str, str]],
-                  policy: str = "cache_aware", poll_s: float = 0.5, binary: str | None = None, extra: str = "") -> str:
+                  policy: str = "cache_aware", poll_s: float = 0.5, binary: str | None = None, extra: str = "",
+                  engine_port: int | None = None) -> str:
+    """[health] leaves stop_grace_s at the router's default (smg holds its listener 5 s on TERM)."""
     reps = "".join(f'[[router.replicas]]\nurl = "{u}"\nstatus_url = "{s}"\n' for u, s in replicas)
     return f"""engine = "router"
 state_dir = "{tmp / 'state'}"
@@ -60,7 +62,6 @@ port = {port}
 binary = "{binary or router_python()}"
 [health]
 stall_s = 30
-stop_grace_s = 5
 [restart]
 backoff_initial_s = 0.5
 [status]
@@ -70,6 +71,7 @@ port = {status_port}
 policy = "{policy}"
 poll_s = {poll_s}
 metrics_port = {metrics_port}
+engine_port = {engine_port or free_port()}
 {extra}
 {reps}"""
 
@@ -89,9 +91,18 @@ class Replica:
 
     def prompt_tokens(self) -> float:
         """The engine's own count of prompt tokens it computed (not taken from its cache)."""
+        return self.counters()["computed"]
+
+    def counters(self) -> dict[str, float]:
+        """The engine's own prompt counters: tokens it computed, and tokens it took from its cache
+        (their sum is what it was sent); -1 when it did not answer."""
         code, body = http(self.url + "/metrics", headers={"Authorization": f"Bearer {KEY}"}, timeout=5)
-        m = re.search(rb"^llamacpp:prompt_tokens_total (\S+)$", body, re.M) if code == 200 else None
-        return float(m.group(1)) if m else -1.0
+        out = {}
+        for key, name in (("computed", rb"llamacpp:prompt_tokens_total"),
+                          ("cached", rb"llamacpp:prompt_tokens_cached_total")):
+            m = re.search(rb"^" + name + rb" (\S+)$", body, re.M) if code == 200 else None
+            out[key] = float(m.group(1)) if m else -1.0
+        return out
 
 
 class Fleet:
@@ -99,7 +110,7 @@ class Fleet:
 
     def __init__(self, tmp: Path, *, model: Path, prefix: Path, n: int = 2, policy: str = "cache_aware",
                  replica_extra: dict[int, str] | None = None, replica_model: dict[int, Path] | None = None,
-                 poll_s: float = 0.5):
+                 poll_s: float = 0.5, router_extra: str = ""):
         self.tmp = tmp
         self.replicas: list[Replica] = []
         for i in range(n):
@@ -114,7 +125,8 @@ class Fleet:
         d.mkdir(parents=True, exist_ok=True)
         self.port = free_port()
         text = router_config(d, port=self.port, status_port=free_port(), metrics_port=free_port(),
-                             replicas=[(r.url, r.status_url) for r in self.replicas], policy=policy, poll_s=poll_s)
+                             replicas=[(r.url, r.status_url) for r in self.replicas], policy=policy, poll_s=poll_s,
+                             extra=router_extra)
         self.router = Supervised(d, text, env={"KILN_API_KEY": KEY})
         self.model = ""
 

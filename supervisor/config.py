@@ -294,6 +294,14 @@ ROUTER_POLICIES = ("cache_aware", "round_robin", "random", "power_of_two", "leas
 ROUTER_OWNED_FLAGS = {"--host", "--port", "--api-key", "--worker-urls", "--policy", "--prometheus-host",
                       "--prometheus-port", "--service-discovery", "--discovery-provider", "--discovery-file"}
 ROUTER_METRICS_PORT = 29000          # smg's own default for its Prometheus exporter
+# smg itself listens here, on 127.0.0.1 only: clients reach it through the supervisor's gate on
+# server.port, which answers 503 while no replica is routed (supervisor/router/front.py).
+ROUTER_ENGINE_PORT = 29080
+# On TERM smg keeps its listener 5 s for load balancers to notice, then waits for in-flight requests
+# (measured on 1.13.0: 5.3 s with none in flight): a grace of 5 or 10 s ended every stop in SIGKILL
+# with streams cut (issue 37 item 16). The router's default leaves a stream 30 s to finish.
+ROUTER_STOP_GRACE_S = 40.0
+SMG_TERM_HOLD_S = 5.0
 
 
 @dataclass(frozen=True)
@@ -313,6 +321,7 @@ class RouterSpec:
     poll_s: float = 1.0                 # each replica's readiness is asked this often
     probe_timeout_s: float = 2.0        # a replica that does not answer within this is not ready
     metrics_port: int = ROUTER_METRICS_PORT   # smg's Prometheus exporter, on 127.0.0.1
+    engine_port: int = ROUTER_ENGINE_PORT     # smg's own port, on 127.0.0.1, behind the gate on server.port
     extra_args: tuple[str, ...] = ()    # more `smg launch` flags
 
 
@@ -447,6 +456,14 @@ class DeployConfig:
     plan: PlanSpec = PlanSpec()
     state_dir: str = DEFAULT_STATE_DIR
     source: str = "<memory>"        # where it was read from (not hashed)
+
+    @property
+    def engine_address(self) -> tuple[str, int]:
+        """Where the engine itself listens (the port check, the health wait): server.host and port,
+        except the router's smg, on 127.0.0.1:[router] engine_port behind the gate on server.port."""
+        if self.engine == "router":
+            return "127.0.0.1", self.router.engine_port
+        return self.server.host, self.server.port
 
     def to_dict(self) -> dict[str, Any]:
         d = dataclasses.asdict(self)
@@ -596,7 +613,7 @@ def _build(r: Reader, source: str, runpod_url_env: str | None = None,
         r.problem("server.extra_args", "is for an engine's flags: the router's smg flags go in [router] extra_args",
                   list(server.extra_args))
     hardware = _hardware(r.table("hardware"))
-    health = _health(r.table("health"))
+    health = _health(r.table("health"), ROUTER_STOP_GRACE_S if routing else HealthSpec.stop_grace_s)
     restart = _restart(r.table("restart"))
     status = _status(r.table("status"))
     watch = _watch(r.table("watch"))
@@ -627,6 +644,10 @@ def cross_problems(cfg: DeployConfig) -> list[Problem]:
     if cfg.engine == "router" and cfg.router.metrics_port in (cfg.server.port, cfg.status.port, cfg.server.tcp_port):
         out.append(Problem("router.metrics_port", "must differ from server.port, status.port and server.tcp_port",
                            cfg.router.metrics_port))
+    if cfg.engine == "router" and cfg.router.engine_port in (cfg.server.port, cfg.status.port, cfg.server.tcp_port,
+                                                             cfg.router.metrics_port):
+        out.append(Problem("router.engine_port", "must differ from server.port, status.port, server.tcp_port and "
+                           "router.metrics_port", cfg.router.engine_port))
     return out
 
 
@@ -736,10 +757,11 @@ def _router(r: Reader) -> RouterSpec:
     poll_s = r.float("poll_s", d.poll_s, min=0.1, max=60.0)
     probe_timeout_s = r.float("probe_timeout_s", d.probe_timeout_s, min=0.1, max=60.0)
     metrics_port = r.int("metrics_port", d.metrics_port, min=1, max=65535)
+    engine_port = r.int("engine_port", d.engine_port, min=1, max=65535)
     extra = r.str_list("extra_args", item=_router_arg_problem)
     r.finish()
     return RouterSpec(replicas=tuple(replicas), policy=policy, poll_s=poll_s, probe_timeout_s=probe_timeout_s,
-                      metrics_port=metrics_port, extra_args=extra)
+                      metrics_port=metrics_port, engine_port=engine_port, extra_args=extra)
 
 
 def _router_arg_problem(arg: str) -> str | None:
@@ -895,12 +917,12 @@ def _hardware(r: Reader) -> HardwareSpec:
     return h
 
 
-def _health(r: Reader) -> HealthSpec:
+def _health(r: Reader, stop_grace_s: float) -> HealthSpec:
     h = HealthSpec(
         stall_s=r.float("stall_s", HealthSpec.stall_s, min=0.5, max=DAY_S),
         max_s=r.float("max_s", HealthSpec.max_s, min=0.0, max=WEEK_S),
         poll_s=r.float("poll_s", HealthSpec.poll_s, min=0.01, max=10.0),
-        stop_grace_s=r.float("stop_grace_s", HealthSpec.stop_grace_s, min=0.0, max=600.0),
+        stop_grace_s=r.float("stop_grace_s", stop_grace_s, min=0.0, max=600.0),
     )
     r.finish()
     return h

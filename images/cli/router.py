@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import argparse
 
-from supervisor.config import ROUTER_METRICS_PORT, ROUTER_POLICIES
+from supervisor.config import ROUTER_ENGINE_PORT, ROUTER_METRICS_PORT, ROUTER_POLICIES
 
 from .command import Command
 
@@ -27,11 +27,14 @@ def _arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--status-port", type=int, default=8081, help="its supervisor's /ready /status (default 8081)")
     p.add_argument("--metrics-port", type=int, default=ROUTER_METRICS_PORT,
                    help=f"the router's own Prometheus port, on loopback (default {ROUTER_METRICS_PORT})")
+    p.add_argument("--engine-port", type=int, default=ROUTER_ENGINE_PORT,
+                   help=f"smg's own port, on loopback, behind the router's port, which answers 503 until a "
+                   f"replica is routed (default {ROUTER_ENGINE_PORT})")
     p.add_argument("--poll-s", type=float, default=1.0, help="how often each replica's readiness is asked "
                    "(default 1)")
     p.add_argument("--api-key-env", default="KILN_API_KEY", metavar="NAME",
                    help="the environment variable holding the key clients send and the replicas use "
-                   "(default KILN_API_KEY; unset: one is generated into the state directory)")
+                   "(default KILN_API_KEY; required: the replicas' own key, since they accept no other)")
     p.add_argument("--no-api-key", action="store_true", help="no key at the router, for replicas that take none")
     p.add_argument("--state-dir", help="where its config, key and logs go (default ~/.cache/kiln/router-PORT)")
     p.add_argument("--router-python", metavar="PATH", help="a Python that has the router's smg, at images/targets/router.toml's [source] "

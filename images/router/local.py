@@ -32,7 +32,8 @@ def deploy_config(args: argparse.Namespace, *, python: str, state_dir: Path) -> 
     lines = ['engine = "router"', f"state_dir = {_q(str(state_dir))}", "", "[server]",
              f"host = {_q(args.host)}", f"port = {args.port}", f"api_key = {_q(key)}", f"binary = {_q(python)}", "",
              "[status]", f"host = {_q(args.host)}", f"port = {args.status_port}", "", "[router]",
-             f"policy = {_q(args.policy)}", f"poll_s = {args.poll_s}", f"metrics_port = {args.metrics_port}"]
+             f"policy = {_q(args.policy)}", f"poll_s = {args.poll_s}", f"metrics_port = {args.metrics_port}",
+             f"engine_port = {args.engine_port}"]
     for url, status in zip(args.replicas, status_urls):
         lines += ["", "[[router.replicas]]", f"url = {_q(url)}"]
         if status:
@@ -49,7 +50,20 @@ def router_python(args: argparse.Namespace) -> str:
     return sys.executable
 
 
+def require_key(args: argparse.Namespace, env: dict[str, str]) -> None:
+    """The router sends its key to the replicas, which accept only the one they were started with: a
+    key made up here would route nothing (issue 37 item 10), so the replicas' key is required."""
+    if args.no_api_key or env.get(args.api_key_env, "").strip():
+        return
+    raise KilnError(f"{args.api_key_env} is not set: the router checks the key clients send and sends it on to the "
+                    "replicas, which accept only the key they were started with. Export the replicas' key as "
+                    f"{args.api_key_env} (a Kiln replica's server.api_key; for pods, the value of your RunPod secret "
+                    "kiln_api_key), name another variable with --api-key-env, or pass --no-api-key for replicas "
+                    "that take no key")
+
+
 def run(args: argparse.Namespace) -> int:
+    require_key(args, dict(os.environ))
     if args.status_urls and len(args.status_urls) != len(args.replicas):
         raise ConfigError("router", [Problem("--status-urls", f"gives {len(args.status_urls)} URL(s) for "
                                              f"{len(args.replicas)} replica(s): one per replica, in the same order",

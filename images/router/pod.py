@@ -17,18 +17,26 @@ refuses then, naming the pod.
 
 The replicas' addresses are known only once they run, so the router is created after they are
 ready, with them in its environment (KILN_ROUTER_REPLICAS). A second `up --router` keeps a live
-router whose list is still right and replaces one whose list is not (a replica added, replaced or
-moved to another port).
+router: when its replicas changed (one added, replaced, moved to another port) it hands the router
+the new list in place (PUT /kiln/router/replicas on the router's own URL, with its key:
+supervisor/router/control.py), since a pod's environment cannot change after it is created (the v2
+API has no pod update). The URL stays; the old replicas drain, their requests in flight finish. The
+key is the one clients send ($KILN_API_KEY here, the value of the RunPod secret kiln_api_key): without
+it `up` stops, the replicas up, and says so. Only a router of another image is replaced: a new pod
+first, the old one terminated once the new one is ready, and one line says the URL moved (old, new).
 """
 
 from __future__ import annotations
 
-from typing import Any, Callable
+import os
+import time
+from typing import Any, Callable, Mapping
 
 import requests
 
 from supervisor.errors import KilnError
 
+from ..fleet import probe
 from ..runpod.api import RunPodAPI
 from ..runpod.pods import (LIVE, TARGET_ENV, PodReport, UpRequest, endpoints, kiln_pods, pod_prefix, proxy_url,
                            wait_ready)
@@ -94,24 +102,55 @@ def routes(snap: dict[str, Any] | None, replicas: list[dict[str, Any]]) -> str:
     return text
 
 
+def entries(value: str) -> set[tuple[str, str]]:
+    """KILN_ROUTER_REPLICAS as (API URL, status URL) pairs."""
+    return {(url.rstrip("/"), status) for url, _, status in (e.partition("|") for e in value.split())}
+
+
+def routed_list(snap: dict[str, Any] | None) -> set[tuple[str, str]] | None:
+    """The replicas a router's /status says it works with (whether routed or not), or None."""
+    rows = ((snap or {}).get("router") or {}).get("replicas")
+    return {(str(r.get("url")).rstrip("/"), str(r.get("status_url"))) for r in rows} if isinstance(rows, list) else None
+
+
+def router_key(target: Target, env: Mapping[str, str]) -> tuple[str | None, str]:
+    """(the router's key from this machine's environment, where to find it)."""
+    ref = target.deploy_config().server.api_key.partition(":")[2]
+    secret = dict(target.runpod.secrets).get(ref)
+    where = f"export {ref} (the value of your RunPod secret {secret!r}, the key clients send)" if secret \
+        else f"export {ref} (the router's key, the one clients send)"
+    return (env.get(ref) or None), where
+
+
+def push(url: str, value: str, key: str, session: requests.Session) -> None:
+    """The router's new replica list, in place (supervisor/router/control.py); KilnError with its answer."""
+    try:
+        r = session.put(url + "/kiln/router/replicas", json={"replicas": value}, timeout=60,
+                        headers={"Authorization": f"Bearer {key}", "Connection": "close"})
+    except requests.RequestException as e:
+        raise KilnError(f"the router at {url} did not take its new replicas: {type(e).__name__}") from None
+    if r.status_code != 200:
+        try:
+            said = r.json()["error"]["message"]
+        except (ValueError, KeyError, TypeError):
+            said = r.text[:200]
+        raise KilnError(f"the router at {url} refused its new replicas ({r.status_code}): {said}")
+
+
 def up(api: RunPodAPI, req: UpRequest, *, replica_target: Target, replicas: list[dict[str, Any]], cpu_flavor: str,
-       vcpu: int, say: Callable[[str], None], session: requests.Session | None = None) -> PodReport:
-    """The router pod in front of `replicas` (running, ready): kept when live with this list and this
-    image, else (re)created; then waited on like a replica (its /ready: a replica routed)."""
+       vcpu: int, say: Callable[[str], None], session: requests.Session | None = None,
+       env: Mapping[str, str] | None = None) -> PodReport:
+    """The router pod in front of `replicas` (running, ready): a live one of this image is kept, and
+    given the new list in place when its replicas changed; else one is created (and one of another
+    image terminated once it is ready). Then waited on like a replica (its /ready: a replica routed)."""
+    session = session or requests.Session()
     want = replicas_value(replica_target, replicas, req.proxy)
     tpl = upsert(api, req.template.body)
     say(f"template {tpl.name}: {tpl.action} ({tpl.template_id})")
     name = router_name(replica_target.name)
-    keep = None
-    for p in kiln_pods(api.pods(), replica_target.name):
-        if p.get("name") != name or p.get("status") not in LIVE:
-            continue
-        same = (p.get("env") or {}).get(REPLICAS_ENV) == want and p.get("image") == req.template.body["image"]
-        if keep is None and same:
-            keep = p
-            continue
-        api.terminate_pod(str(p["id"]))
-        say(f"router {name} ({p['id']}): its replicas or image are not the current ones: terminated, a new one follows")
+    live = [p for p in kiln_pods(api.pods(), replica_target.name) if p.get("name") == name and p.get("status") in LIVE]
+    keep = next((p for p in live if p.get("image") == req.template.body["image"]), None)
+    cfg = req.target.deploy_config()
     if keep is None:
         p = req.placement
         pod = api.create_pod(router_body(name, tpl.template_id, want, cpu_flavor=cpu_flavor, vcpu=vcpu,
@@ -121,9 +160,44 @@ def up(api: RunPodAPI, req: UpRequest, *, replica_target: Target, replicas: list
         say(f"router {name}: created ({pod_id}, {pod.get('status')}) in front of {len(replicas)} replica(s)")
     else:
         pod_id = str(keep["id"])
-        say(f"router {name} ({pod_id}): already live in front of these replicas")
-    (report,) = wait_ready(api, [pod_id], req, say, session or requests.Session())
+        status_url = proxy_url(pod_id, cfg.status.port, req.proxy)
+        now = routed_list(probe.read_status(status_url, session, timeout=10))
+        if now is None:                  # no answer yet: the list it was created with
+            now = entries((keep.get("env") or {}).get(REPLICAS_ENV, ""))
+        if now == entries(want):
+            say(f"router {name} ({pod_id}): already live in front of these replicas")
+        else:
+            key, where = router_key(req.target, os.environ if env is None else env)
+            if key is None:
+                raise KilnError(f"router {name} ({pod_id}) is live in front of other replicas: it takes the new list "
+                                f"in place, on its own URL, with its key: {where} and run this again (the replicas "
+                                f"are up). Or `python build.py pods down --pod {pod_id}` first: a new router, "
+                                "a new URL")
+            push(proxy_url(pod_id, cfg.server.port, req.proxy), want, key, session)
+            _wait_list(status_url, entries(want), req, session)
+            say(f"router {name} ({pod_id}): its replicas changed in place ({len(replicas)} now); its URL stays "
+                f"{proxy_url(pod_id, cfg.server.port, req.proxy)}/v1")
+    (report,) = wait_ready(api, [pod_id], req, say, session)
+    for old in (p for p in live if p is not keep):
+        old_url, new_url = proxy_url(str(old["id"]), cfg.server.port, req.proxy), proxy_url(pod_id, cfg.server.port,
+                                                                                           req.proxy)
+        if not report.ready:
+            say(f"router {name} ({old['id']}): kept ({old_url}/v1) while its successor {pod_id} is not ready")
+            continue
+        api.terminate_pod(str(old["id"]))
+        say(f"router {name}: another image needs another pod: its URL moves from {old_url}/v1 to {new_url}/v1 "
+            f"({old['id']} terminated)")
     return report
+
+
+def _wait_list(status_url: str, want: set[tuple[str, str]], req: UpRequest, session: requests.Session) -> None:
+    """Until the router's /status works with the new list (its feeder's next round)."""
+    deadline = time.monotonic() + req.timeout_s
+    while routed_list(probe.read_status(status_url, session, timeout=10)) != want:
+        if time.monotonic() > deadline:
+            raise KilnError(f"the router took its new replicas but its /status ({status_url}/status) did not show "
+                            f"them within {req.timeout_s:g} s")
+        time.sleep(req.poll_s)           # a poll interval between two reads of /status
 
 
 def is_router(pod: dict[str, Any]) -> bool:

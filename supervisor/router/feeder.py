@@ -7,6 +7,10 @@ turned ready is added, one that is not is removed; in-flight requests on a remov
 router that does not answer (starting, restarting) is asked again next round: its new process starts
 empty and gets every ready replica at once.
 
+The replicas are the live config's, unless a new list was pushed on the router's own port
+(control.py, `pods up --router` again with other replicas): then that one, for as long as the
+config's own list is the one it replaced (pushed.py, which keeps it in the state directory).
+
 A peripheral (run/peripherals.py): given callables for the live config and the key, never the
 loop; the loop's /status and /ready read `status()` and `routable()`.
 """
@@ -22,6 +26,8 @@ from concurrent.futures import ThreadPoolExecutor
 from typing import Any, Callable
 
 from ..config import DeployConfig, ReplicaSpec
+from . import control, pushed
+from .front import Front
 from .plan import Worker, reconcile, routed
 from .smg import RouterUnavailable, Smg
 
@@ -56,35 +62,83 @@ class Feeder:
         self._status: dict[str, Any] = {"router_up": False, "routed": 0, "replicas": [], "checked_at": None}
         self._checked_mono: float | None = None
         self._was: dict[str, bool] = {}          # replica -> routed at the last round (for the log)
+        self.front: Front | None = None
+        self.front_error: str | None = None
+        self._serving = False                    # the supervisor's word: the router process is SERVING
+        self._pushed = pushed.Pushed(lambda: self.live().state_dir)
 
     def start(self) -> None:
+        self._pushed.load()
+        self._open_front()
         self._thread = threading.Thread(target=self._run, name="kiln-router-feeder", daemon=True)
         self._thread.start()
 
+    def _open_front(self) -> None:
+        """Clients' port: the gate in front of smg (front.py), open while a replica is routed."""
+        cfg = self.live()
+        front = Front(cfg.server.host, cfg.server.port, lambda: self.live().router.engine_port, self.routable,
+                      control=lambda client: control.serve(client, self.key(), self.push))
+        try:
+            front.start()
+        except OSError as e:
+            self.front_error = f"the router's port {cfg.server.port} cannot be opened: {e.strerror or e}"
+            log.error("router: %s; clients cannot reach it", self.front_error)
+            return
+        self.front = front
+
     def stop(self) -> None:
+        """After the engine stopped (the loop stops it first): what smg did not finish is closed now."""
         self._stop.set()
         self._wake.set()
         if self._thread is not None:
             self._thread.join(5.0)
         self._pool.shutdown(wait=False, cancel_futures=True)
+        if self.front is not None:
+            self.front.stop()
 
     def router_state(self, serving: bool) -> None:
         """The router process changed state (the loop's news): out of SERVING, what the feeder saw of
         the old process no longer holds (a new smg starts with no workers); into SERVING, a round now,
         so the replicas are back in the new process within one round instead of one poll."""
+        self._serving = serving
         if not serving:
             with self._lock:
                 self._status = {**self._status, "routed": 0,
                                 "replicas": [{**r, "routed": False} for r in self._status["replicas"]]}
         self._wake.set()
 
+    # -- the replicas: the config's, or a list pushed in place (pushed.py) ---------------------------
+    def replicas(self) -> tuple[ReplicaSpec, ...]:
+        return self._pushed.replicas(self.live().router.replicas)
+
+    def push(self, value: str) -> list[dict[str, str]]:
+        """A new replica list (KILN_ROUTER_REPLICAS' form) in place of the config's, from control.py:
+        ValueError names what is wrong with it."""
+        new = pushed.parse(value)
+        self._pushed.push(new, self.live().router.replicas)
+        log.info("router: replicas changed in place: %s", " ".join(r.url for r in new))
+        self._wake.set()
+        return [{"url": r.url, "status_url": r.status_url} for r in new]
+
     # -- what the loop's pages read -------------------------------------------------------------------
     def status(self) -> dict[str, Any]:
         with self._lock:
-            return {**self._status, "replicas": [dict(r) for r in self._status["replicas"]]}
+            out = {**self._status, "replicas": [dict(r) for r in self._status["replicas"]]}
+        if self.front_error:
+            out["error"] = self.front_error
+        if self.front is not None:
+            st = self.front.status()
+            out["front"] = {k: st[k] for k in ("port", "open", "connections", "answered_503_total")}
+        since = self._pushed.since(self.live().router.replicas)
+        out["replicas_from"] = "config" if since is None else \
+            f"pushed at {time.strftime('%Y-%m-%dT%H:%M:%SZ', time.gmtime(since))}"
+        return out
 
     def routable(self) -> bool:
-        """At least one replica routed, seen recently (a feeder that stopped looking knows nothing)."""
+        """The router SERVING (not starting, reloading or stopping), at least one replica routed, seen
+        recently (a feeder that stopped looking knows nothing), and the clients' port open."""
+        if self.front_error or not self._serving:
+            return False
         cfg = self.live().router
         with self._lock:
             fresh = self._checked_mono is not None and \
@@ -105,10 +159,10 @@ class Feeder:
 
     def round(self) -> None:
         cfg = self.live()
-        spec, key = cfg.router, self.key()
-        answers = list(self._pool.map(lambda r: probe(r.status_url, spec.probe_timeout_s), spec.replicas))
-        ready = {r.url: ok for r, (ok, _) in zip(spec.replicas, answers)}
-        smg = Smg(cfg.server.host, cfg.server.port, key, timeout_s=spec.probe_timeout_s)
+        spec, key, replicas = cfg.router, self.key(), self.replicas()
+        answers = list(self._pool.map(lambda r: probe(r.status_url, spec.probe_timeout_s), replicas))
+        ready = {r.url: ok for r, (ok, _) in zip(replicas, answers)}
+        smg = Smg("127.0.0.1", spec.engine_port, key, timeout_s=spec.probe_timeout_s)
         error = None
         try:
             workers = smg.workers()
@@ -118,9 +172,9 @@ class Feeder:
                 workers = self._settled(smg, plan.add)
         except RouterUnavailable as e:
             workers, error = None, str(e)
-        if not spec.replicas and error is None:
+        if not replicas and error is None:
             error = "no replicas configured: [[router.replicas]] in the deploy config, or KILN_ROUTER_REPLICAS"
-        self._record(spec.replicas, answers, ready, workers, error)
+        self._record(replicas, answers, ready, workers, error)
 
     def _settled(self, smg: Smg, added: tuple[str, ...]) -> list[Worker]:
         """smg's list once this round's adds are ready (~50 ms, measured), so a replica is routed in the

@@ -1,9 +1,18 @@
-"""`python -m supervisor.router.launch [--key-file F] -- SMG_LAUNCH_ARGS...`: smg's router, with the
-API key read from a 0600 file and handed to smg's own parser in-process.
+"""`python -m supervisor.router.launch [--key-file F] [--probe-timeout S] [--replica URL]... --
+SMG_LAUNCH_ARGS...`: smg's router, with the API key read from a 0600 file and handed to smg's own
+parser in-process.
 
 smg takes its key only as `--api-key K` (no environment fallback in its router_args.py), and argv
-is readable by every user in /proc: so the supervisor's argv names the file, never the key. Runs in
-the router's Python (server.binary), which has smg; imports nothing of the supervisor but this file.
+is readable by every user in /proc: so the supervisor's argv names the file, never the key.
+
+Before smg starts, the key is shown to the replicas (GET /v1/models with it, each at most
+--probe-timeout): when none accepts it and at least one refuses it (401/403), the router could
+route nothing, ever, so it does not start: one line the supervisor classifies as config_rejected
+(engines/router.py), which is terminal: FAILED with that cause, never SERVING with nothing routed
+(issue 37 item 10). Replicas that do not answer yet are no verdict (they may still be starting).
+
+Runs in the router's Python (server.binary), which has smg; imports nothing of the supervisor but
+this file and keycheck.py (stdlib only).
 """
 
 from __future__ import annotations
@@ -11,6 +20,8 @@ from __future__ import annotations
 import re
 import sys
 from pathlib import Path
+
+from . import keycheck
 
 KEY_FLAG = "--api-key"     # what --key-file becomes on smg's command line (engines/router.py LAUNCHER_FLAGS)
 
@@ -32,16 +43,28 @@ def pinned() -> str | None:
 
 def split(argv: list[str]) -> tuple[str | None, list[str]]:
     """(key file, smg's arguments) from this launcher's arguments."""
-    key_file = None
-    if argv[:1] == ["--key-file"] and len(argv) > 1:
-        key_file, argv = argv[1], argv[2:]
+    key_file, _, _, smg = parse(argv)
+    return key_file, smg
+
+
+def parse(argv: list[str]) -> tuple[str | None, list[str], float, list[str]]:
+    """(key file, replica URLs to show the key to, their timeout, smg's arguments)."""
+    key_file, replicas, timeout = None, [], 5.0
+    while argv[:1] in (["--key-file"], ["--replica"], ["--probe-timeout"]) and len(argv) > 1:
+        if argv[0] == "--key-file":
+            key_file = argv[1]
+        elif argv[0] == "--replica":
+            replicas.append(argv[1])
+        else:
+            timeout = float(argv[1])
+        argv = argv[2:]
     if argv[:1] == ["--"]:
         argv = argv[1:]
-    return key_file, argv
+    return key_file, replicas, timeout, argv
 
 
 def main(argv: list[str] | None = None) -> int:
-    key_file, args = split(list(sys.argv[1:] if argv is None else argv))
+    key_file, replicas, timeout, args = parse(list(sys.argv[1:] if argv is None else argv))
     try:
         from importlib.metadata import version
 
@@ -57,8 +80,13 @@ def main(argv: list[str] | None = None) -> int:
     if pin is not None and installed != pin:
         print(f"kiln router: smg {installed} is installed, Kiln pins {pin}: its worker API may differ",
               file=sys.stderr)
-    if key_file:
-        args += [KEY_FLAG, Path(key_file).read_text(encoding="utf-8").strip()]
+    key = Path(key_file).read_text(encoding="utf-8").strip() if key_file else None
+    refused = keycheck.refusal(keycheck.show_key(replicas, key, timeout), has_key=bool(key))
+    if refused:
+        print(f"kiln router: no replica accepts the router's key: {refused}", file=sys.stderr)
+        return 2
+    if key:
+        args += [KEY_FLAG, key]
     launch_router(parse_router_args(args))
     return 0
 

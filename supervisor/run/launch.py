@@ -188,9 +188,10 @@ def start(rt: Runtime, cfg: DeployConfig, index: int, model: Path | None,
     """The rung's engine, started; or why it could not be (nothing runs then). `model` is None only for
     the router, which serves no model of its own."""
     rung = cfg.ladder.rungs[index]
-    holder = port_holder(cfg.server.host, cfg.server.port)
+    host, port = cfg.engine_address
+    holder = port_holder(host, port)
     if holder is not None:
-        return Failure(FailureClass.PORT_IN_USE, f"port {cfg.server.port} is already in use by {holder}: it is "
+        return Failure(FailureClass.PORT_IN_USE, f"port {port} is already in use by {holder}: it is "
                        "not our engine; free the port or move the engine (server.port / KILN_SERVER_PORT)",
                        rung=rung.name)
     if rung.placement == "balanced" and model is not None:
@@ -217,7 +218,7 @@ def start(rt: Runtime, cfg: DeployConfig, index: int, model: Path | None,
                        "use an image built for this engine, or point server.binary at its executable",
                        rung=rung.name)
     rt.rec.bump("launches")
-    rt.rec.update(engine={"pid": proc.pid, "port": cfg.server.port, "argv": [rt.secrets.redact(a) for a in argv],
+    rt.rec.update(engine={"pid": proc.pid, "port": cfg.engine_address[1], "argv": [rt.secrets.redact(a) for a in argv],
                           "log": {"path": str(log_path), "max_bytes": ENGINE_LOG_MAX_BYTES, "keep": ENGINE_LOG_KEEP}})
     return proc
 
@@ -281,7 +282,7 @@ def health_work(rt: Runtime, proc: ManagedProcess, cfg: DeployConfig, token: int
     from ..engines.health import wait_healthy
 
     def work(task: Task) -> E.HealthDone | None:
-        out = wait_healthy(proc, cfg.server.host, cfg.server.port, stall_s=cfg.health.stall_s,
+        out = wait_healthy(proc, *cfg.engine_address, stall_s=cfg.health.stall_s,
                            max_s=cfg.health.max_s, poll_s=cfg.health.poll_s,
                            should_stop=task.cancelled.is_set, sleep=task.cancelled.wait,
                            stall_lines=rt.engine.STALL_LINES if rt.engine else None)

@@ -76,6 +76,7 @@ class Peripherals:
             from ..router.feeder import Feeder
 
             self.feeder = Feeder(w.live or (lambda: cfg), w.api_key)
+            self.feeder.router_state(w.snapshot().get("state") == State.SERVING.value)   # later: state_changed
             self.feeder.start()
 
     def _start_watch(self) -> None:

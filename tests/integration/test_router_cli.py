@@ -27,7 +27,8 @@ def test_the_cli_runs_the_supervised_router_in_front_of_plain_servers(tmp_path):
     with LlamaServer(prefix, model, api_key=KEY) as a, LlamaServer(prefix, model, api_key=KEY) as b:
         port, sport = free_port(), free_port()
         argv = [sys.executable, "build.py", "router", "--replicas", a.url, b.url, "--port", str(port),
-                "--status-port", str(sport), "--metrics-port", str(free_port()), "--poll-s", "0.5",
+                "--status-port", str(sport), "--metrics-port", str(free_port()),
+                "--engine-port", str(free_port()), "--poll-s", "0.5",
                 "--state-dir", str(tmp_path / "state"), "--router-python", python]
         log = open(tmp_path / "router.log", "w")
         proc = children.spawn(argv, death_signal=signal.SIGTERM, start_new_session=False, stdout=log,

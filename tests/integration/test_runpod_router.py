@@ -37,6 +37,7 @@ port = 8081
 [router]
 poll_s = 0.5
 metrics_port = {free_port()}
+engine_port = {free_port()}
 """
 
 
@@ -106,3 +107,37 @@ def test_the_router_target_is_not_deployed_alone(standin):
     r = pods_cli(standin, "up", "--target", "router")
     assert r.returncode == 2 and "runs in front of another target's replicas" in r.stderr
     assert standin.writes() == []
+
+
+def test_a_router_given_other_replicas_keeps_its_pod_and_its_url(standin, monkeypatch):
+    """Issue 37 item 9: `up --router` again with another replica list terminated the router pod and made
+    a new one (a new URL, the old one 404, requests in flight cut). Now the live router takes the new
+    list in place, with its key; without the key `up` stops and says how, the router untouched."""
+    monkeypatch.delenv("KILN_API_KEY", raising=False)
+    first = pods_cli(standin, "up", "--target", TARGET, "--replicas", "1", "--router", "--poll", "0.2",
+                     "--timeout", "180")
+    assert first.returncode == 0, first.stdout + first.stderr
+    router = next(p for p in standin.pods.values() if p["name"] == f"kiln-{TARGET}-router")
+    url = re.search(r"one URL for all replicas, over RunPod's HTTP proxy.*?: (\S+)", first.stdout).group(1)
+    model = json.loads(http(url + "/models")[1])["data"][0]["id"]
+    ask = json.dumps({"model": model, "messages": [{"role": "user", "content": "hi"}], "max_tokens": 4}).encode()
+    headers = {"Content-Type": "application/json", "Authorization": f"Bearer {SERVER_KEY}"}
+
+    refused = pods_cli(standin, "up", "--target", TARGET, "--replicas", "2", "--router", "--poll", "0.2",
+                       "--timeout", "180")
+    assert refused.returncode == 2, refused.stdout + refused.stderr
+    assert "export KILN_API_KEY" in refused.stderr and "kiln_api_key" in refused.stderr, refused.stderr
+    assert router["id"] in standin.pods and standin.pods[router["id"]]["status"] == "RUNNING"
+
+    monkeypatch.setenv("KILN_API_KEY", SERVER_KEY)
+    again = pods_cli(standin, "up", "--target", TARGET, "--replicas", "2", "--router", "--poll", "0.2",
+                     "--timeout", "180")
+    assert again.returncode == 0, again.stdout + again.stderr
+    assert "its replicas changed in place (2 now); its URL stays" in again.stderr, again.stderr
+    routers = [p for p in standin.pods.values() if p["name"] == f"kiln-{TARGET}-router"]
+    assert [p["id"] for p in routers] == [router["id"]]                     # the same pod: the same URL
+    assert "router ready, routes to 2 of 2 replica(s)" in again.stdout, again.stdout
+    assert http(url + "/chat/completions", data=ask, headers=headers, timeout=60)[0] == 200
+    status = pods_cli(standin, "status", "--target", TARGET)
+    assert f"router: routes to 2 of 2 replica(s): kiln-{TARGET}-1, kiln-{TARGET}-2" in status.stdout, status.stdout
+    no_canary(first.stdout, first.stderr, refused.stdout, refused.stderr, again.stdout, again.stderr, status.stdout)

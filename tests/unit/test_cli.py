@@ -55,7 +55,7 @@ TAKES = {
                        "--canary", "--wait", "--timeout"},
     "fleet-status": {"--repo", "--branch", "--path", "--json", "--token-file"},
     "router": {"--replicas", "--status-urls", "--policy", "--host", "--port", "--status-port", "--metrics-port",
-               "--poll-s", "--api-key-env", "--no-api-key", "--state-dir", "--router-python", "--print-config"},
+               "--engine-port", "--poll-s", "--api-key-env", "--no-api-key", "--state-dir", "--router-python", "--print-config"},
     "generate": {"--check", "--only"},
 }
 

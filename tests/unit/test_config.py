@@ -252,7 +252,7 @@ COMMITTED_HASHES = {
     "kimi-linear-a40.toml": "28cda01e064862d5a9d0188130e0b389f548b00684aaddd14721815cd2536606",
     "qwen3-coder-a40-code-editing.toml": "3dfe52746c727884eeb3a394ea17e7ddbd875241521ef9bcfcff854ac3f1de25",
     "qwen3-coder-a40.toml": "d1de324206d8533a005a93fbe79952094be9db1969f91e92d0b112b18035adaa",
-    "router.toml": "6dd79feea08a2c2fc10e20de3deebbb75600bff03525191c890abdb0dfd08e83",
+    "router.toml": "c08a9334565a0f8296c8d05d62b25eae8883004360c7ec2ef7f557068c9acec8",   # issue 37 item 16: smg behind the gate, a longer stop grace
 }
 
 

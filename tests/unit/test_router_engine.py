@@ -93,7 +93,17 @@ def test_argv_names_the_key_file_never_the_key():
     argv = engine.build_argv(c, c.ladder.rungs[0], api_key_file="/run/key")
     assert argv[:5] == ["/opt/kiln/venv/bin/python3", "-m", "supervisor.router.launch", "--key-file", "/run/key"]
     smg = argv[argv.index("--") + 1:]
-    assert smg[:6] == ["--host", "0.0.0.0", "--port", "9000", "--policy", "round_robin"]
+    # smg on loopback behind the gate on server.port (router/front.py), never on the clients' port itself
+    assert smg[:6] == ["--host", "127.0.0.1", "--port", "29080", "--policy", "round_robin"]
+    assert c.engine_address == ("127.0.0.1", 29080) and c.server.port == 9000
+    # smg's 5 s listener hold and its drain fit in the stop grace: smg exits before the SIGKILL
+    assert c.health.stop_grace_s >= 30 and smg[smg.index("--shutdown-grace-period-secs") + 1] == "30"
+    assert "--balance-abs-threshold" not in smg                 # round_robin has no spill gate to tune
+    ca = parse_config(ROUTER.replace('policy = "round_robin"', 'extra_args = ["--balance-abs-threshold", "3"]'),
+                      env={})
+    ca_argv = engine.build_argv(ca, ca.ladder.rungs[0])
+    gate = [ca_argv[i + 1] for i, a in enumerate(ca_argv) if a == "--balance-abs-threshold"]
+    assert gate == ["2", "3"] and ca_argv[ca_argv.index("--balance-rel-threshold") + 1] == "1.5"   # extra_args win
     assert "--api-key" not in argv and "--worker-urls" not in argv
     assert smg[smg.index("--prometheus-host") + 1] == "127.0.0.1"
     assert split(argv[3:]) == ("/run/key", smg)
@@ -140,3 +150,18 @@ def test_lint_checks_extra_args_against_a_snapshot_when_there_is_one():
     assert [str(i) for i in issues] == [
         "router.extra_args[0]: --log-jsn is not a flag of this smg (did you mean --log-json?)"]
     assert engine.lint_rung(c, 0, c.ladder.rungs[0], None) == []
+
+
+def test_the_router_refuses_to_start_only_when_no_replica_accepts_its_key():
+    from supervisor.router.keycheck import ACCEPTED, NO_VERDICT, REFUSED, refusal
+
+    refused, silent = (REFUSED, "401"), (NO_VERDICT, "no answer (ConnectionRefusedError)")
+    assert refusal({}, has_key=True) is None                                      # nothing to ask
+    assert refusal({"http://a:1": silent}, has_key=True) is None                  # still starting: no verdict
+    assert refusal({"http://a:1": refused, "http://b:1": (ACCEPTED, "200")}, has_key=True) is None
+    why = refusal({"http://a:1": refused, "http://b:1": silent}, has_key=True)
+    assert "http://a:1 answered 401" in why and "kiln_api_key" in why
+    assert "has none" in refusal({"http://a:1": refused}, has_key=False)
+    c = parse_config(ROUTER + '\n', env={})
+    argv = engine.build_argv(c, c.ladder.rungs[0], api_key_file="/run/key")
+    assert argv[argv.index("--replica") + 1] == "http://127.0.0.1:8080" and argv.count("--replica") == 2
