@@ -13,7 +13,7 @@ A step is WHO-VOLUME[:LEVER]:
                  args, or `llama-server -m MODEL --host --port` + the same; its caches where it puts
                  them ($HOME), and $HOME fresh each boot (a scale-to-zero worker's container disk is
                  new; only the volume lasts) unless the lever is `kept-home`
-          kiln   `python -m supervisor run` with Kiln's defaults (the selftest on, the compile and JIT
+          kiln   `python -m supervisor run`, started as the image starts it (kiln_dev/image_start.py), with Kiln's defaults (the selftest on, the compile and JIT
                  caches on the state volume: supervisor/engines/caches.py) plus the lever
   VOLUME  cold   the page cache dropped first (`echo 3 > /proc/sys/vm/drop_caches`, where permitted:
                  each record says whether it was); kiln: the state volume emptied; bare: a fresh $HOME
@@ -21,7 +21,10 @@ A step is WHO-VOLUME[:LEVER]:
                  before left it (a lever that changes vLLM's compile key needs its own cold step first)
   LEVER   a switch of the deploy config's [startup] table (supervisor/engines/startup.py) or of the
           boot, off in Kiln's defaults until measured here: LEVERS below
-  read-cold (llama.cpp)  the page cache dropped, the model file read once: P9's denominator
+  read-cold (llama.cpp)  the model file read each way of --read-variants (cat, seq: one reused 32 MiB
+                         buffer, parN: N ranges by N threads, once: the old denominator), the page
+                         cache dropped before each; P9's floor is the fastest by median (issue 38)
+  read-warm (llama.cpp)  the same, the page cache as the step before left it (P9 warm's floor)
 
 Ready is measured from the spawn: bare to /health 200, kiln to /ready 200 (after its selftest), both
 polled every 20 ms. Results accumulate in ROOT/coldstart.json (a device call is at most 10 minutes:
@@ -29,11 +32,14 @@ the steps of one run are split over calls) and are copied to OUT; each boot's /s
 timeline land in OUT. The figures (printed by every call, from all steps so far):
 
   P15 kiln_over_engine_defaults_ready=   vLLM, kiln-warm / bare-warm (goal <= 0.6); cold printed too
-  P9 boot_over_read=                     llama.cpp, kiln-cold / read-cold (goal <= 1.05); per lever too
+  P9 boot_over_read=                     llama.cpp, kiln-cold over the floor, named (goal <= 1.05); per lever,
+                                         bare, warm, over each other read variant, and paired by round too
   selftest_share=                        the selftest phase over the boot, for each Kiln boot with one
 
-A step named N times (`--steps read-cold,kiln-cold,read-cold,kiln-cold,...`) runs N times; each figure
-is then the ratio of the medians, with the number of runs and their spread printed beside it.
+A step named N times (`--steps read-cold,kiln-cold,read-cold,kiln-cold,...`, or `--rotate N`: the steps
+N times, each round starting one step later) runs N times; each figure is then the ratio of the
+medians, with the number of runs and their spread beside it, and every run of every variant printed.
+--deadline (or $KILN_DEADLINE) starts no step that would not end by it: a device call is 10 minutes.
 
 On a machine without a GPU the same flow runs against the CPU llama-server and the vLLM stand-in
 (tests/integration/test_bench_coldstart.py); such figures mean nothing.
