@@ -13,7 +13,7 @@ A step is WHO-VOLUME[:LEVER]:
                  args, or `llama-server -m MODEL --host --port` + the same; its caches where it puts
                  them ($HOME), and $HOME fresh each boot (a scale-to-zero worker's container disk is
                  new; only the volume lasts) unless the lever is `kept-home`
-          kiln   `python -m supervisor run` with Kiln's defaults (the selftest on, the compile and JIT
+          kiln   `python -m supervisor run`, started as the image starts it (kiln_dev/image_start.py), with Kiln's defaults (the selftest on, the compile and JIT
                  caches on the state volume: supervisor/engines/caches.py) plus the lever
   VOLUME  cold   the page cache dropped first (`echo 3 > /proc/sys/vm/drop_caches`, where permitted:
                  each record says whether it was); kiln: the state volume emptied; bare: a fresh $HOME
@@ -21,7 +21,10 @@ A step is WHO-VOLUME[:LEVER]:
                  before left it (a lever that changes vLLM's compile key needs its own cold step first)
   LEVER   a switch of the deploy config's [startup] table (supervisor/engines/startup.py) or of the
           boot, off in Kiln's defaults until measured here: LEVERS below
-  read-cold (llama.cpp)  the page cache dropped, the model file read once: P9's denominator
+  read-cold (llama.cpp)  the model file read each way of --read-variants (cat, seq: one reused 32 MiB
+                         buffer, parN: N ranges by N threads, once: the old denominator), the page
+                         cache dropped before each; P9's floor is the fastest by median (issue 38)
+  read-warm (llama.cpp)  the same, the page cache as the step before left it (P9 warm's floor)
 
 Ready is measured from the spawn: bare to /health 200, kiln to /ready 200 (after its selftest), both
 polled every 20 ms. Results accumulate in ROOT/coldstart.json (a device call is at most 10 minutes:
@@ -29,11 +32,14 @@ the steps of one run are split over calls) and are copied to OUT; each boot's /s
 timeline land in OUT. The figures (printed by every call, from all steps so far):
 
   P15 kiln_over_engine_defaults_ready=   vLLM, kiln-warm / bare-warm (goal <= 0.6); cold printed too
-  P9 boot_over_read=                     llama.cpp, kiln-cold / read-cold (goal <= 1.05); per lever too
+  P9 boot_over_read=                     llama.cpp, kiln-cold over the floor, named (goal <= 1.05); per lever,
+                                         bare, warm, over each other read variant, and paired by round too
   selftest_share=                        the selftest phase over the boot, for each Kiln boot with one
 
-A step named N times (`--steps read-cold,kiln-cold,read-cold,kiln-cold,...`) runs N times; each figure
-is then the ratio of the medians, with the number of runs and their spread printed beside it.
+A step named N times (`--steps read-cold,kiln-cold,read-cold,kiln-cold,...`, or `--rotate N`: the steps
+N times, each round starting one step later) runs N times; each figure is then the ratio of the
+medians, with the number of runs and their spread beside it, and every run of every variant printed.
+--deadline (or $KILN_DEADLINE) starts no step that would not end by it: a device call is 10 minutes.
 
 On a machine without a GPU the same flow runs against the CPU llama-server and the vLLM stand-in
 (tests/integration/test_bench_coldstart.py); such figures mean nothing.
@@ -46,6 +52,7 @@ import json
 import os
 import shutil
 import signal
+import statistics
 import subprocess
 import sys
 import tempfile
@@ -58,10 +65,13 @@ HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE.parent))
 sys.path.insert(0, str(HERE))
 
-from common import (REPO, SUPERVISOR_PYTHON, add_device_root, env_without_kiln, spawn, status_code,  # noqa: E402
-                    stop, stop_on_term, wait_until)
-from gpu import drop_caches, read_into, read_once  # noqa: E402
+from common import (REPO, add_device_root, env_without_kiln, spawn, status_code, stop, stop_on_term,  # noqa: E402
+                    wait_until)
+from gpu import check_read_variant, drop_caches, read_variant  # noqa: E402
 from gpu_vllm import final_status, get, gpu_apps  # noqa: E402
+
+from kiln_dev import Unavailable  # noqa: E402
+from kiln_dev.image_start import ImageStart, image_start  # noqa: E402
 
 KEY = "kiln-coldstart-key"
 POLL_S = 0.02
@@ -100,6 +110,7 @@ LEVERS: dict[str, dict[str, Any]] = {
     # 4 before): off, or more reads in flight
     "no-prefetch": {"engine": None, "startup": {"prefetch": False}},
     "prefetch-1": {"engine": None, "startup": {"prefetch_streams": 1}},
+    "prefetch-2": {"engine": None, "startup": {"prefetch_streams": 2}},
     "prefetch-4": {"engine": None, "startup": {"prefetch_streams": 4}},
     "prefetch-8": {"engine": None, "startup": {"prefetch_streams": 8}},
     "prefetch-16": {"engine": None, "startup": {"prefetch_streams": 16}},
@@ -130,10 +141,11 @@ def log(msg: str) -> None:
 def parse_step(text: str, engine: str) -> tuple[str, str, str | None]:
     head, _, lever = text.partition(":")
     who, _, volume = head.partition("-")
-    if head == "read-cold" and engine == "llamacpp" and not lever:
-        return "read", "cold", None
+    if head in ("read-cold", "read-warm") and engine == "llamacpp" and not lever:
+        return "read", volume, None
     if who not in ("bare", "kiln") or volume not in ("cold", "warm"):
-        raise SystemExit(f"step {text!r}: WHO-VOLUME[:LEVER], WHO bare|kiln, VOLUME cold|warm (or read-cold)")
+        raise SystemExit(f"step {text!r}: WHO-VOLUME[:LEVER], WHO bare|kiln, VOLUME cold|warm (or read-cold, "
+                         f"read-warm for llamacpp)")
     if lever:
         for part in lever.split("+"):
             spec = LEVERS.get(part)
@@ -313,17 +325,20 @@ def kiln(a: argparse.Namespace, eng: Engine, volume: str, lever: str | None, tag
     tmp = Path(tempfile.mkdtemp(prefix="kiln-coldstart-", dir=a.root))
     cfg = a.out / f"deploy-{tag}.toml"
     cfg.write_text(eng.config(state, port, sport, lever, tmp))
-    env = {**env_without_kiln(), "KILN_API_KEY": KEY}
-    code = REPO
+    # started as the image starts it (kiln_dev/image_start.py): its venv's python3, the compiled copy
+    # of supervisor/ on PYTHONPATH, from outside the checkout
+    start: ImageStart = a.start
+    env = start.env({**env_without_kiln(), "KILN_API_KEY": KEY})
+    rec["started_as"] = start.described
     if lever_spec(lever).get("code"):
         code = Path(a.other_code).resolve()
-        env["PYTHONPATH"] = str(code)
+        env["PYTHONPATH"] = str(code)       # the other checkout's sources (not compiled): the same venv
         head = subprocess.run(["git", "-C", str(code), "rev-parse", "HEAD"], capture_output=True, text=True)
         rec["code"] = str(code) + (f" at {head.stdout.strip()}" if head.returncode == 0 else "")
     logf = open(a.out / f"supervisor-{tag}.log", "w")
     t0 = time.monotonic()
-    proc = spawn([SUPERVISOR_PYTHON, "-m", "supervisor", "run", "--config", str(cfg), "--exit-on-failure"],
-                 death_signal=signal.SIGTERM, cwd=code, env=env, stdout=logf, stderr=subprocess.STDOUT)
+    proc = spawn([*start.argv, "run", "--config", str(cfg), "--exit-on-failure"],
+                 death_signal=signal.SIGTERM, cwd=start.cwd, env=env, stdout=logf, stderr=subprocess.STDOUT)
     try:
         wait_until(lambda: proc.poll() is not None or status_code(f"http://127.0.0.1:{sport}/ready") == 200,
                    a.boot_deadline_s, POLL_S)
@@ -346,22 +361,26 @@ def kiln(a: argparse.Namespace, eng: Engine, volume: str, lever: str | None, tag
                          "share": round(selftest / boot["seconds"], 4) if selftest and boot.get("seconds") else None},
                prefetch=status.get("prefetch"), last_failure=status.get("last_failure"), gpu_apps_serving=gpu_apps())
     t1 = time.monotonic()
-    code = stop(proc, 60)
-    rec["stop"] = {"exit": code, "exit_s": round(time.monotonic() - t1, 2), "gpu_apps_left": gpu_apps()}
+    rc = stop(proc, 60)
+    rec["stop"] = {"exit": rc, "exit_s": round(time.monotonic() - t1, 2), "gpu_apps_left": gpu_apps()}
     logf.close()
     shutil.rmtree(tmp, ignore_errors=True)
     return rec
 
 
-def read_step(a: argparse.Namespace) -> dict[str, Any]:
-    rec: dict[str, Any] = {"who": "read", "volume": "cold", "lever": None, **prepare_volume(a, "cold", None)}
-    size = Path(a.gguf).stat().st_size
-    seconds = read_once(Path(a.gguf))
-    rec.update(read_s=round(seconds, 6), bytes=size, gib_s=round(size / 2**30 / seconds, 3) if seconds else None)
-    again = prepare_volume(a, "cold", None)           # the cache dropped again: the stricter read
-    if again.get("page_cache_dropped"):
-        into = read_into(Path(a.gguf))
-        rec.update(read_into_s=round(into, 6), read_into_gib_s=round(size / 2**30 / into, 3) if into else None)
+def read_step(a: argparse.Namespace, volume: str) -> dict[str, Any]:
+    """The model file read each way of --read-variants (the floor is the fastest: issue 38), cold:
+    the page cache dropped before each; warm: as the step before left it."""
+    rec: dict[str, Any] = {"who": "read", "volume": volume, "lever": None, "reads": {}, "drops": {}}
+    path = Path(a.gguf)
+    rec["bytes"] = path.stat().st_size
+    for name in a.read_variants:
+        drop = prepare_volume(a, volume, None)
+        rec["drops"][name] = drop.get("page_cache_dropped")
+        rec.update({k: v for k, v in drop.items() if k == "page_cache_note"})
+        rec["reads"][name] = round(read_variant(path, name), 6)
+    if volume == "cold":
+        rec["page_cache_dropped"] = all(rec["drops"].values())
     return rec
 
 
@@ -389,6 +408,118 @@ def runs_note(*recs: dict | None) -> str:
         f"{r['n']} runs {r['spread'][0]:.2f}-{r['spread'][1]:.2f} s" for r in many) + "]"
 
 
+def read_times(rec: dict[str, Any]) -> dict[str, float]:
+    """A read record's seconds by variant. Records from before issue 38 hold the old read (`once`,
+    read_s) and a read into one reused 16 MiB buffer (`seq16`, read_into_s)."""
+    if "reads" in rec:
+        return {k: float(v) for k, v in rec["reads"].items() if isinstance(v, (int, float))}
+    old = {"once": rec.get("read_s"), "seq16": rec.get("read_into_s")}
+    return {k: float(v) for k, v in old.items() if isinstance(v, (int, float))}
+
+
+def summary(times: list[float]) -> dict[str, Any]:
+    xs = sorted(times)
+    return {"n": len(xs), "median": statistics.median(xs), "spread": (xs[0], xs[-1]), "runs": times}
+
+
+def floor(runs: list[dict[str, Any]], engine: str, volume: str) -> tuple[str, dict[str, dict[str, Any]]] | None:
+    """(the fastest read variant by median, every variant's summary) over every read of this volume:
+    the honest floor is the fastest way this host read the file (issue 38), never one chosen ahead."""
+    per: dict[str, list[float]] = {}
+    for r in runs:
+        if r.get("engine") == engine and r.get("who") == "read" and r.get("volume") == volume:
+            for k, v in read_times(r).items():
+                per.setdefault(k, []).append(v)
+    if not per:
+        return None
+    sums = {k: summary(v) for k, v in per.items()}
+    return min(sums, key=lambda k: sums[k]["median"]), sums
+
+
+def kind(r: dict[str, Any]) -> str:
+    return f"{r.get('who')}-{r.get('volume')}" + (f":{r['lever']}" if r.get("lever") else "")
+
+
+def every_run(runs: list[dict[str, Any]], engine: str) -> list[str]:
+    """Every run of every variant, in the order run, with the median and spread: reads, then boots."""
+    out: list[str] = []
+    for volume in ("cold", "warm"):
+        fl = floor(runs, engine, volume)
+        if not fl:
+            continue
+        name, sums = fl
+        out.append(f"  reads ({volume}{', the page cache dropped before each' if volume == 'cold' else ''}), every run (s):")
+        for k, sm in sums.items():
+            out.append(f"    {k:6} median {sm['median']:.3f} ({sm['spread'][0]:.3f}-{sm['spread'][1]:.3f}, {sm['n']} runs): "
+                       + " ".join(f"{x:.3f}" for x in sm["runs"]))
+        out.append(f"    floor ({volume}): {name}, median {sums[name]['median']:.3f} s")
+    boots: dict[str, list[float]] = {}
+    for r in runs:
+        if r.get("engine") == engine and r.get("who") in ("bare", "kiln"):
+            boots.setdefault(kind(r), []).append(r.get("ready_s"))
+    if boots:
+        out.append("  boots, every run (s to ready; - a boot that failed):")
+    for k, xs in boots.items():
+        ok = [x for x in xs if isinstance(x, (int, float))]
+        sm = summary(ok) if ok else None
+        head = f"median {sm['median']:.3f} ({sm['spread'][0]:.3f}-{sm['spread'][1]:.3f}, {sm['n']} runs)" if sm else "no run"
+        out.append(f"    {k:26} {head}: " + " ".join("-" if x is None else f"{x:.3f}" for x in xs))
+    return out
+
+
+def paired(runs: list[dict[str, Any]], engine: str, a: str, b: str) -> str | None:
+    """a's boot minus b's in the same round (the same disk minutes): mean, median, how many faster, t."""
+    by: dict[Any, dict[str, float]] = {}
+    for r in runs:
+        if r.get("engine") == engine and r.get("round") is not None and isinstance(r.get("ready_s"), (int, float)):
+            by.setdefault(r["round"], {})[kind(r)] = float(r["ready_s"])
+    d = [x[a] - x[b] for x in by.values() if a in x and b in x]
+    if len(d) < 2:
+        return None
+    sd = statistics.stdev(d)
+    t = statistics.mean(d) / (sd / len(d) ** 0.5) if sd else float("inf")
+    return (f"paired[{a} - {b}]: mean {statistics.mean(d):+.3f} s, median {statistics.median(d):+.3f} s, "
+            f"{sum(x < 0 for x in d)} of {len(d)} rounds faster, t {t:.2f}")
+
+
+def p9_lines(runs: list[dict[str, Any]]) -> list[str]:
+    """P9 over the honest floor, cold and warm, with every run shown; the other read variants beside it."""
+    fc = floor(runs, "llamacpp", "cold")
+    if not fc:
+        return []
+    lines = every_run(runs, "llamacpp")
+    name, sums = fc
+    fl = {"read_s": sums[name]["median"], "n": sums[name]["n"], "spread": sums[name]["spread"]}
+    kl, b = latest(runs, "llamacpp", "kiln", "cold"), latest(runs, "llamacpp", "bare", "cold")
+    lines.append(f"P9 boot_over_read={ratio(kl, fl, ky='read_s')}   (llama.cpp, Kiln's defaults, cold, over the floor: "
+                 f"`{name}`, the fastest of {', '.join(sums)}; goal <= {GOALS['P9']}){runs_note(kl, fl)}")
+    levers = sorted({r["lever"] for r in runs if r.get("engine") == "llamacpp" and r.get("who") == "kiln"
+                     and r.get("volume") == "cold" and r.get("lever")})
+    for lever in levers:
+        k = latest(runs, "llamacpp", "kiln", "cold", lever)
+        if k:
+            lines.append(f"P9 boot_over_read[{lever}]={ratio(k, fl, ky='read_s')}{runs_note(k, fl)}")
+    if b:
+        lines.append(f"P9 bare_boot_over_read={ratio(b, fl, ky='read_s')}   (the engine alone, its defaults){runs_note(b, fl)}")
+    for other, sm in sums.items():       # the same boots over each other way of reading: where the floor sits
+        if other != name:
+            ref = {"read_s": sm["median"]}
+            lines.append(f"P9 boot_over_read_vs[{other}]={ratio(kl, ref, ky='read_s')}   (bare "
+                         f"{ratio(b, ref, ky='read_s')}; {other} median {sm['median']:.3f} s, {sm['n']} runs)")
+    fw = floor(runs, "llamacpp", "warm")
+    kw, bw = latest(runs, "llamacpp", "kiln", "warm"), latest(runs, "llamacpp", "bare", "warm")
+    if fw and (kw or bw):
+        wname, wsums = fw
+        wfl = {"read_s": wsums[wname]["median"], "n": wsums[wname]["n"], "spread": wsums[wname]["spread"]}
+        lines.append(f"P9 boot_over_read_warm={ratio(kw, wfl, ky='read_s')}   (the page cache warm, over the warm floor: "
+                     f"`{wname}`){runs_note(kw, wfl)}")
+        if bw:
+            lines.append(f"P9 bare_boot_over_read_warm={ratio(bw, wfl, ky='read_s')}{runs_note(bw, wfl)}")
+    pairs = [("kiln-cold", "bare-cold"), ("kiln-warm", "bare-warm")] + [(f"kiln-cold:{lv}", "kiln-cold") for lv in levers]
+    lines += [f"P9 {p}" for p in (paired(runs, "llamacpp", x, y) for x, y in pairs) if p]
+    return lines
+
+
 def ratio(x: dict | None, y: dict | None, kx: str = "ready_s", ky: str = "ready_s") -> float | None:
     if not x or not y or not x.get(kx) or not y.get(ky):
         return None
@@ -399,10 +530,9 @@ def report(runs: list[dict[str, Any]]) -> list[str]:
     lines = []
     for r in runs:
         if r.get("who") == "read":
-            lines.append(f"  {r['engine']:8} read-cold: {r['read_s']} s for {r['bytes'] / 2**30:.2f} GiB "
-                         f"({r['gib_s']} GiB/s), page cache dropped: {r.get('page_cache_dropped')}"
-                         + (f"; into one 16 MiB buffer {r['read_into_s']} s ({r['read_into_gib_s']} GiB/s)"
-                            if r.get("read_into_s") else ""))
+            shown = ", ".join(f"{k} {v:.3f} s ({r['bytes'] / 2**30 / v:.2f} GiB/s)" for k, v in read_times(r).items() if v)
+            lines.append(f"  {r['engine']:8} read-{r.get('volume')}: {shown} for {r['bytes'] / 2**30:.2f} GiB"
+                         + (f", page cache dropped before each: {r.get('page_cache_dropped')}" if r.get("volume") == "cold" else ""))
             continue
         name = f"{r.get('who')}-{r.get('volume')}" + (f":{r['lever']}" if r.get("lever") else "")
         phases = (r.get("boot") or {}).get("phases") or []
@@ -434,30 +564,7 @@ def report(runs: list[dict[str, Any]]) -> list[str]:
                     lines.append(f"P15 kiln_over_engine_defaults_ready_{vol}[{lever}]={ratio(k, base)}{runs_note(k, base)}")
         if kw and kw.get("selftest", {}).get("share") is not None:
             lines.append(f"P15 selftest_share={kw['selftest']['share']}   (vLLM kiln-warm: the selftest phase / the boot)")
-    rd, kl = latest(runs, "llamacpp", "read", "cold"), latest(runs, "llamacpp", "kiln", "cold")
-    if rd:
-        lines.append(f"P9 boot_over_read={ratio(kl, rd, ky='read_s')}   (llama.cpp, Kiln's defaults; goal <= {GOALS['P9']})"
-                     f"{runs_note(kl, rd)}")
-        levers = {lever: latest(runs, "llamacpp", "kiln", "cold", lever) for lever in sorted(
-            {r["lever"] for r in runs if r.get("engine") == "llamacpp" and r.get("who") == "kiln"
-             and r.get("volume") == "cold" and r.get("lever")})}
-        for lever, k in levers.items():
-            if k:
-                lines.append(f"P9 boot_over_read[{lever}]={ratio(k, rd, ky='read_s')}{runs_note(k, rd)}")
-        b = latest(runs, "llamacpp", "bare", "cold")
-        if b:
-            lines.append(f"P9 bare_boot_over_read={ratio(b, rd, ky='read_s')}   (the engine alone, its defaults)"
-                         f"{runs_note(b, rd)}")
-        ri = latest(runs, "llamacpp", "read", "cold", key="read_into_s")
-        if ri:   # the stricter denominator: the file read as the prefetch reads it
-            lines.append(f"P9 boot_over_read_into={ratio(kl, ri, ky='read_into_s')}   (the same boot over a read into "
-                         f"one reused 16 MiB buffer: {ri['read_into_s']:.3f} s against read_once's {rd['read_s']:.3f})"
-                         f"{runs_note(kl, ri)}")
-            for lever, k in levers.items():
-                if k:
-                    lines.append(f"P9 boot_over_read_into[{lever}]={ratio(k, ri, ky='read_into_s')}{runs_note(k, ri)}")
-            if b:
-                lines.append(f"P9 bare_boot_over_read_into={ratio(b, ri, ky='read_into_s')}{runs_note(b, ri)}")
+    lines += p9_lines(runs)
     st = latest(runs, "llamacpp", "kiln", "warm", "smollm2")
     if st and st.get("selftest", {}).get("share") is not None:
         lines.append(f"P9 selftest_share={st['selftest']['share']}   (llama.cpp kiln-warm:smollm2, the selftest / the boot)")
@@ -497,6 +604,15 @@ def main() -> int:
     ap.add_argument("--selftest-prefill", type=int, help="[selftest] prefill_tokens (default: Kiln's)")
     ap.add_argument("--cpu", dest="gpu", action="store_false", help="llama.cpp: the CPU build (a dry run)")
     ap.add_argument("--no-drop", action="store_true", help="never drop the page cache (a dry run on a shared machine)")
+    ap.add_argument("--read-variants", default="cat,seq,par4,par8",
+                    help="how a read step reads the model (the P9 floor is the fastest by median): cat, seq (one "
+                         "32 MiB buffer), parN (N ranges, N threads), once (the old denominator); default %(default)s")
+    ap.add_argument("--rotate", type=int, default=0, metavar="N",
+                    help="run the steps N times, each round starting one step later, each run marked with its round "
+                         "(paired figures are by round)")
+    ap.add_argument("--deadline", type=float, default=float(os.environ.get("KILN_DEADLINE", "0") or 0),
+                    help="unix time after which no step starts that would not end by it (its kind's longest run so "
+                         "far): a device call is cut at 10 minutes (default $KILN_DEADLINE, none)")
     ap.add_argument("--port", type=int, default=18180)
     ap.add_argument("--stall-s", type=float, default=120.0)
     ap.add_argument("--boot-deadline-s", type=float, default=420.0)
@@ -510,28 +626,55 @@ def main() -> int:
         return 0
     if a.engine is None:
         ap.error("--engine vllm|llamacpp (or --report)")
-    steps = [parse_step(s, a.engine) for s in (a.steps or DEFAULT_STEPS[a.engine]).split(",")]
+    texts = (a.steps or DEFAULT_STEPS[a.engine]).split(",")
+    steps = [parse_step(s, a.engine) for s in texts]
     if any(lever_spec(lever).get("code") for _, _, lever in steps) and \
             not (a.other_code and (Path(a.other_code) / "supervisor" / "__main__.py").is_file()):
         ap.error(f"the lever other-code needs --other-code DIR, a checkout of Kiln (DIR/supervisor/__main__.py); "
                  f"got {a.other_code!r}: git worktree add /tmp/before COMMIT")
+    a.read_variants = a.read_variants.split(",")
+    try:
+        for v in a.read_variants:
+            check_read_variant(v)
+    except ValueError as e:
+        ap.error(f"--read-variants: {e}")
     setup(a)
+    if any(who == "kiln" for who, _, _ in steps):
+        try:
+            a.start = image_start(a.root / "image")
+        except (Unavailable, OSError, subprocess.CalledProcessError) as e:
+            sys.exit(f"coldstart: Kiln cannot be started as the image starts it: {e}")
+        log(f"Kiln is started {a.start.described}")
     eng = Engine(a)
-    for (who, volume, lever), text in zip(steps, (a.steps or DEFAULT_STEPS[a.engine]).split(",")):
+    plan = [(None, st, t) for st, t in zip(steps, texts)]
+    if a.rotate:
+        first = 1 + max((r["round"] for r in results["runs"] if isinstance(r.get("round"), int)), default=0)
+        plan = [(first + i, steps[(i + j) % len(steps)], texts[(i + j) % len(steps)])
+                for i in range(a.rotate) for j in range(len(steps))]
+    took: dict[str, float] = {}
+    for done, (rnd, (who, volume, lever), text) in enumerate(plan):
+        need = took.get(text, 15.0)         # a kind not run yet in this call: a cold boot's length
+        if a.deadline and time.time() + need > a.deadline:
+            log(f"stopping before {text}: {len(plan) - done} steps left, {a.deadline - time.time():.0f} s to the "
+                f"deadline and its last run took {need:.0f} s")
+            break
         # file names in letters, digits, '.', '_' and '-' only (what comes back from the device)
         tag = f"{a.engine}-{text.replace(':', '-').replace('+', '_')}-{len(results['runs'])}"
-        log(f"step {text}")
+        log(f"step {text}" + (f" (round {rnd})" if rnd is not None else ""))
+        t0 = time.monotonic()
         if who == "read":
-            rec = read_step(a)
+            rec = read_step(a, volume)
         elif who == "bare":
             rec = bare(a, eng, volume, lever, tag)
         else:
             rec = kiln(a, eng, volume, lever, tag)
-        rec.update(engine=a.engine, step=text, tag=tag, date=time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()))
+        took[text] = max(took.get(text, 0.0), time.monotonic() - t0)
+        rec.update(engine=a.engine, step=text, tag=tag, round=rnd, date=time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()))
         results["runs"].append(rec)
         results_path.write_text(json.dumps(results, indent=1, default=str))
         shutil.copy(results_path, a.out / "coldstart.json")
-        said = f"read {rec['read_s']} s" if who == "read" else f"ready {rec.get('ready_s')} s"
+        said = ("read " + ", ".join(f"{k} {v} s" for k, v in rec["reads"].items())) if who == "read" \
+            else f"ready {rec.get('ready_s')} s"
         log(f"{text}: {said}" + (f" ERROR {rec['error']}" if rec.get("error") else ""))
     print("\n".join(report(results["runs"])))
     return 0
