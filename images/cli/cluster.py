@@ -26,7 +26,8 @@ from .pods import EXIT_NOT_READY, _api, _common, _template, _template_options, s
 
 def _shape_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--target", required=True)
-    p.add_argument("--nodes", type=int, default=2, help="nodes (pods) in the cluster, 2..250 (default 2)")
+    p.add_argument("--nodes", type=int, help="nodes (pods) in the cluster, 2..250 (default: a cluster "
+                   "target's [runpod] nodes; required for a one-node target)")
     p.add_argument("--gpu", metavar="ID", help="RunPod GPU type id (default: the target's [runpod] gpu_type)")
     p.add_argument("--gpus-per-node", type=int, help="GPUs per node (default: the target's [runpod] gpu_count)")
     p.add_argument("--data-center", action="append", default=[], metavar="DC", help="preferred data center "
@@ -73,7 +74,11 @@ def _body(args: argparse.Namespace):  # type: ignore[no-untyped-def]
         raise KilnError("--registry-auth: RunPod's CreateClusterRequest has no registry field (private "
                         "registries are not supported for clusters): push the image to a public repository")
     tpl = _template(args, target, pins_for(target, load_lock()))
-    shape = clusters.Shape.of(target, nodes=args.nodes, gpu_id=args.gpu, gpus_per_node=args.gpus_per_node,
+    nodes = args.nodes if args.nodes is not None else target.runpod.nodes
+    if nodes == 1 and args.nodes is None:
+        raise KilnError(f"--target {target.name} is a one-node target ([runpod] nodes = 1): give --nodes N "
+                        "(2..250), or use a cluster target")
+    shape = clusters.Shape.of(target, nodes=nodes, gpu_id=args.gpu, gpus_per_node=args.gpus_per_node,
                               data_centers=tuple(args.data_center))
     return target, shape, clusters.cluster_body(target, tpl, shape)
 

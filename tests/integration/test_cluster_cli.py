@@ -59,6 +59,7 @@ def standin(tmp_path):
 
 def test_plan_prints_a_body_valid_against_runpods_schema_with_secret_references_only(standin):
     r = cli(standin, "plan", "--target", TARGET, "--nodes", "2", "--allow-floating")
+    assert "give --nodes N" in cli(standin, "plan", "--target", TARGET, "--allow-floating").stderr
     assert r.returncode == 0, r.stderr
     body = json.loads(r.stdout)
     root = {"$ref": "#/components/schemas/CreateClusterRequest", "components": SCHEMA["components"]}
@@ -74,7 +75,7 @@ def test_plan_prints_a_body_valid_against_runpods_schema_with_secret_references_
 
 def test_up_status_logs_down_through_a_real_two_node_group(standin, tmp_path):
     standin.catalog[0]["maxCount"]["secure"] = 0             # no cluster capacity: nothing is created
-    refused = cli(standin, "up", "--target", TARGET, "--allow-floating", "--timeout", "5", "--poll", "0.5")
+    refused = cli(standin, "up", "--target", TARGET, "--nodes", "2", "--allow-floating", "--timeout", "5", "--poll", "0.5")
     assert refused.returncode == 2 and "no cluster capacity for 1x NVIDIA A40" in refused.stderr
     assert standin.writes() == []
     assert ("GET", "/v2/catalog/gpus") in [(q["method"], q["path"]) for q in standin.requests]
@@ -82,7 +83,7 @@ def test_up_status_logs_down_through_a_real_two_node_group(standin, tmp_path):
     assert "product=CLUSTER" in catalog and "include=AVAILABILITY" in catalog
     standin.catalog[0]["maxCount"]["secure"] = 8
 
-    up = cli(standin, "up", "--target", TARGET, "--allow-floating", "--timeout", str(BOOT_S), "--poll", "1",
+    up = cli(standin, "up", "--target", TARGET, "--nodes", "2", "--allow-floating", "--timeout", str(BOOT_S), "--poll", "1",
              timeout=BOOT_S + 120)
     assert up.returncode == 0, up.stdout + up.stderr + standin.log_text()[-3000:]
     assert standin.writes() == [("POST", "/v2/clusters")]
