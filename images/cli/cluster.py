@@ -10,14 +10,14 @@ stdout; exit 0, 1 when the group did not turn ready, 2 on a usage, configuration
 from __future__ import annotations
 
 import argparse
-import sys
 
 import requests
 
 from supervisor.errors import KilnError
 
 from ..pins.lock import load_lock, pins_for
-from ..runpod import clusters, pods as runpod_pods
+from ..runpod import clusters
+from ..runpod import pods as runpod_pods
 from ..runpod.template import dumps
 from ..target import load_target
 from .command import Command

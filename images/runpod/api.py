@@ -127,8 +127,12 @@ class RunPodAPI:
 
     def terminate_pod(self, pod_id: str) -> bool:
         """DELETE /pods/{id}: terminate, never stop. False when the pod was already gone (404)."""
+        return self._delete(f"/pods/{pod_id}")
+
+    def _delete(self, path: str) -> bool:
+        """DELETE `path`; False when it was already gone (404)."""
         try:
-            self._json("DELETE", f"/pods/{pod_id}", f"DELETE /pods/{pod_id}", ok=(200, 204))
+            self._json("DELETE", path, f"DELETE {path}", ok=(200, 204))
         except RunPodAPIError as e:
             if e.status == 404:
                 return False
@@ -193,13 +197,7 @@ class RunPodAPI:
 
     def delete_endpoint(self, endpoint_id: str) -> bool:
         """DELETE /serverless/{id}: the endpoint and its workers. False when it was already gone (404)."""
-        try:
-            self._json("DELETE", f"/serverless/{endpoint_id}", f"DELETE /serverless/{endpoint_id}", ok=(200, 204))
-        except RunPodAPIError as e:
-            if e.status == 404:
-                return False
-            raise
-        return True
+        return self._delete(f"/serverless/{endpoint_id}")
 
     def endpoint_workers(self, endpoint_id: str) -> dict[str, Any]:
         """{workers: [Worker], summary, endpointVersion}: the active workers only."""
@@ -230,13 +228,7 @@ class RunPodAPI:
 
     def delete_cluster(self, cluster_id: str) -> bool:
         """DELETE /clusters/{id}: the cluster and every member pod. False when it was already gone (404)."""
-        try:
-            self._json("DELETE", f"/clusters/{cluster_id}", f"DELETE /clusters/{cluster_id}", ok=(200, 204))
-        except RunPodAPIError as e:
-            if e.status == 404:
-                return False
-            raise
-        return True
+        return self._delete(f"/clusters/{cluster_id}")
 
     def cluster_pods(self, cluster_id: str) -> list[dict[str, Any]]:
         """The member pods, each a whole Pod with `cluster` {id, rank, ip}."""

@@ -52,9 +52,9 @@ class ClusterStandIn(RunPodStandIn):
         if parts[:2] == ["v2", "pods"] and len(parts) == 2 and method == "GET":
             listed = [self._public(p) for p in self.pods.values() if "cluster" not in p]
             return 200, self._answer({"pods": listed}, "ListPodsResponse")
-        if parts[:2] == ["v2", "pods"] and len(parts) >= 3 and "cluster" in self.pods.get(parts[2], {}):
-            if method != "GET":
-                raise Problem(400, "a cluster's member pod is managed through /v2/clusters/{id}")
+        if parts[:2] == ["v2", "pods"] and len(parts) >= 3 and "cluster" in self.pods.get(parts[2], {}) \
+                and method != "GET":
+            raise Problem(400, "a cluster's member pod is managed through /v2/clusters/{id}")
         return super().handle(method, path, query, body, auth)
 
     def _clusters(self, method: str, rest: list[str], body: Any) -> tuple[int, Any]:

@@ -38,7 +38,7 @@ def cli(standin: ClusterStandIn, *args: str, timeout: float = 120) -> subprocess
     env = {k: v for k, v in os.environ.items() if not k.startswith(("RUNPOD_", "KILN_", "HF_"))}
     env.update(RUNPOD_API_KEY=API_KEY, RUNPOD_API_URL=standin.url, RUNPOD_PROXY_URL=standin.proxy_url)
     return subprocess.run([sys.executable, str(ROOT / "build.py"), "cluster", *args], capture_output=True,
-                          text=True, cwd=ROOT, env=env, timeout=timeout)
+                          text=True, cwd=ROOT, env=env, timeout=timeout, check=False)
 
 
 def no_secret(*texts: str) -> None:

@@ -45,13 +45,14 @@ def test_a_cluster_whose_rungs_do_not_span_every_gpu_is_refused_with_the_fix(tmp
     assert "-tp 8 -pp 3" in text
 
 
-def test_pods_up_refuses_a_cluster_target_and_names_the_command_that_deploys_it():
+@pytest.mark.parametrize("command", [("pods", "up"), ("endpoint", "plan"), ("endpoint", "up")])
+def test_one_machine_commands_refuse_a_cluster_target_and_name_the_command_that_deploys_it(command):
     import os
     import subprocess
     import sys
 
     env = {k: v for k, v in os.environ.items() if not k.startswith("RUNPOD_")}
-    r = subprocess.run([sys.executable, str(ROOT / "build.py"), "pods", "up", "--target", K3], capture_output=True,
-                       text=True, cwd=ROOT, env=env, timeout=120)
-    assert r.returncode == 2 and "a cluster target ([runpod] nodes = 2)" in r.stderr
+    r = subprocess.run([sys.executable, str(ROOT / "build.py"), *command, "--target", K3], capture_output=True,
+                       text=True, cwd=ROOT, env=env, timeout=120, check=False)
+    assert r.returncode == 2 and "a cluster target ([runpod] nodes = 2)" in r.stderr, r.stderr
     assert f"cluster up --target {K3}" in r.stderr
