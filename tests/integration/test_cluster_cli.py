@@ -22,6 +22,7 @@ from pathlib import Path
 
 import jsonschema
 import pytest
+import requests
 
 from kiln_dev import vllm_cpu
 from kiln_dev.runpod import ClusterStandIn, SupervisorRunner
@@ -91,6 +92,10 @@ def test_up_status_logs_down_through_a_real_two_node_group(standin, tmp_path):
     head, other = (standin.pods[p] for p in cluster["_pods"])
     assert standin.proxy_url.format(pod_id=head["id"], port=8080) + "/v1" in up.stdout
     assert "ready" in up.stdout and other["id"] not in up.stdout      # the one URL is rank 0's
+
+    # RunPod leaves member pods out of GET /v2/pods (includeClusterPods=true adds them): `pods` never sees them
+    listed = requests.get(standin.url + "/pods", headers={"Authorization": f"Bearer {API_KEY}"}, timeout=30)
+    assert listed.status_code == 200 and listed.json() == {"pods": []}
 
     st = cli(standin, "status", "--target", TARGET)
     assert st.returncode == 0, st.stderr
