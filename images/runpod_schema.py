@@ -34,7 +34,7 @@ from .paths import RUNPOD_SCHEMA
 PORT_RE = re.compile(r"[0-9]{1,5}/(http|tcp)")
 # The request bodies Kiln sends (components.schemas names).
 REQUESTS = ("CreateTemplateRequest", "UpdateTemplateRequest", "CreatePodRequest", "CreateNetworkVolumeRequest",
-            "CreateEndpointRequest", "UpdateEndpointRequest")
+            "CreateEndpointRequest", "UpdateEndpointRequest", "CreateClusterRequest")
 
 
 class RunPodSchemaError(ConfigError):

@@ -69,6 +69,13 @@ class RunPodSpec:
     # whatever [runpod.secrets] adds or renames.
     secrets: tuple[tuple[str, str], ...] = ()
     env: tuple[tuple[str, str], ...] = ()         # [runpod.env]: plain supervisor overrides
+    # 1: one pod (`pods up`); 2..250: one RunPod Instant Cluster of that many nodes of gpu_count
+    # GPUs each (`cluster up`), the model served by vLLM across them (README: One model, several nodes).
+    nodes: int = 1
+
+    @property
+    def is_cluster(self) -> bool:
+        return self.nodes > 1
 
     def port_numbers(self, proto: str) -> tuple[int, ...]:
         return tuple(int(p.split("/")[0]) for p in self.ports if p.endswith(f"/{proto}"))
@@ -258,9 +265,38 @@ def _read_runpod(rp: Reader, target_name: str) -> RunPodSpec:
                              pattern_hint="lowercase letters, digits, . _ -, at most 63"),
         secrets=tuple(sorted(rp.str_map("secrets").items())),
         env=tuple(sorted(rp.str_map("env").items())),
+        nodes=rp.int("nodes", 1, min=1, max=250),
     )
     rp.finish()
     return spec
+
+
+def _parallel(args: list[str], names: tuple[str, ...]) -> int:
+    """The value of a vLLM size flag (`-tp 8`, `--tensor-parallel-size=8`) in `args`; 1 when absent."""
+    for i, a in enumerate(args):
+        flag, eq, value = a.partition("=")
+        if flag in names:
+            value = value if eq else (args[i + 1] if i + 1 < len(args) else "")
+            return int(value) if value.isdigit() else 0
+    return 1
+
+
+def _check_cluster(target: Target, cfg: DeployConfig, r: Reader) -> None:
+    """A cluster target: vLLM (the one engine with a multi-node executor), and every rung spanning
+    exactly nodes x gpu_count GPUs, tensor parallel within a node (README: One model, several nodes)."""
+    rp = target.runpod
+    if target.engine != "vllm":
+        r.problem("nodes", f"a cluster ({rp.nodes} nodes) is served by vLLM's multi-node executor; engine "
+                  f"{target.engine!r} spans one node only", rp.nodes, "nodes = 1, or a vLLM target")
+        return
+    for rung in cfg.ladder.rungs:
+        args = list(cfg.server.extra_args) + list(rung.args)
+        tp = _parallel(args, ("-tp", "--tensor-parallel-size"))
+        pp = _parallel(args, ("-pp", "--pipeline-parallel-size"))
+        if tp * pp != rp.nodes * rp.gpu_count:
+            r.problem("nodes", f"rung {rung.name!r} spans tensor x pipeline parallel = {tp} x {pp} GPUs, the "
+                      f"cluster has {rp.nodes} nodes x {rp.gpu_count} GPUs", rung.name,
+                      f"-tp {rp.gpu_count} -pp {rp.nodes} (tensor parallel within a node, pipeline across nodes)")
 
 
 def _check_runpod(target: Target, cfg: DeployConfig, problems: list[Problem]) -> RunPodSpec:
@@ -307,6 +343,9 @@ def _check_runpod(target: Target, cfg: DeployConfig, problems: list[Problem]) ->
     if target.is_gpu and cfg.hardware.gpu_count is not None and rp.gpu_count != cfg.hardware.gpu_count:
         r.problem("gpu_count", f"the deploy config's [hardware] expects exactly {cfg.hardware.gpu_count} GPU(s): "
                   "the supervisor would refuse the pod", rp.gpu_count)
+
+    if rp.is_cluster:
+        _check_cluster(target, cfg, r)
 
     # Storage: RunPod's persistent mount has a 10 GB floor (PersistentMount.size minimum).
     if 0 < rp.volume_gb < 10:

@@ -23,7 +23,7 @@ import supervisor
 from supervisor.errors import KilnError
 from supervisor.redact import redact
 
-from . import binaries, endpoint, fleet, generate, image, pins, plan, pods, reference, router, runpod, upgrade
+from . import binaries, cluster, endpoint, fleet, generate, image, pins, plan, pods, reference, router, runpod, upgrade
 from .command import Command, Formatter, add_commands, walk
 
 EXIT_USAGE = 2
@@ -38,6 +38,7 @@ COMMANDS: tuple[Command, ...] = (
     *runpod.COMMANDS,       # template
     *pods.COMMANDS,         # pods up|status|logs|down|volumes
     *endpoint.COMMANDS,     # endpoint plan|up|status|logs|down
+    *cluster.COMMANDS,      # cluster plan|up|status|logs|down
     *plan.COMMANDS,         # plan
     *fleet.COMMANDS,        # publish-config, fleet-status
     *router.COMMANDS,       # router

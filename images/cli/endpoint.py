@@ -151,8 +151,16 @@ def _plan(args: argparse.Namespace, target, pins, compute, volume=None) -> ep.En
     return plan
 
 
+def _one_node(target, pins):  # type: ignore[no-untyped-def]
+    """A worker is one machine: a cluster target ([runpod] nodes > 1) is `cluster`'s."""
+    if target.runpod.is_cluster:
+        raise KilnError(f"--target {target.name}: a cluster target ([runpod] nodes = {target.runpod.nodes}): a "
+                        f"serverless worker cannot hold it; `python build.py cluster up --target {target.name}`")
+    return target, pins
+
+
 def cmd_plan(args: argparse.Namespace) -> int:
-    target, pins = opt.target_and_pins(args.target)
+    target, pins = _one_node(*opt.target_and_pins(args.target))
     compute = ep.offline_compute(target, pools=tuple(args.pool), gpu_count=args.gpu_count,
                                  cpu_flavor=args.cpu_flavor, vcpu=args.vcpu)
     plan = _plan(args, target, pins, compute)
@@ -186,7 +194,7 @@ def cmd_up(args: argparse.Namespace) -> int:
     if args.no_network_volume and (args.network_volume or args.network_volume_gb or args.data_center):
         raise KilnError("--no-network-volume cannot be combined with --network-volume, --network-volume-gb or "
                         "--data-center")
-    target, pins = opt.target_and_pins(args.target)
+    target, pins = _one_node(*opt.target_and_pins(args.target))
     compute = ep.offline_compute(target, pools=tuple(args.pool), gpu_count=args.gpu_count,
                                  cpu_flavor=args.cpu_flavor, vcpu=args.vcpu, docs=False)
     key = _key()

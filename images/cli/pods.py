@@ -141,6 +141,9 @@ def cmd_up(args: argparse.Namespace) -> int:
         raise KilnError("--target router: the router runs in front of another target's replicas: "
                         "`pods up --target T --replicas N --router`")
     target = load_target(args.target)
+    if target.runpod.is_cluster:
+        raise KilnError(f"--target {target.name}: a cluster target ([runpod] nodes = {target.runpod.nodes}): one pod "
+                        f"cannot hold it; `python build.py cluster up --target {target.name}`")
     lock = load_lock()
     pins = pins_for(target, lock)
     router_req = None

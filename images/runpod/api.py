@@ -9,6 +9,7 @@ schema (images/runpod_schema.py) first: a body that breaks it is never sent.
     network_volumes / create_network_volume / delete_network_volume
     endpoints / endpoint / create_endpoint / update_endpoint / delete_endpoint    /serverless[/{id}]
     endpoint_workers / endpoint_releases     GET /serverless/{id}/workers, /releases
+    clusters / cluster / create_cluster / delete_cluster / cluster_pods    /clusters[/{id}[/pods]]
     worker_logs               GET /serverless/{id}/workers/{workerId}/logs (Server-Sent Events)
 
 Errors never carry the API key, the request headers or the body Kiln sent: only the operation,
@@ -105,7 +106,7 @@ class RunPodAPI:
 
     # -- catalog -------------------------------------------------------------------------------
     def gpu_types(self, *, count: int = 1, cloud: str = "SECURE", product: str = "POD") -> list[dict[str, Any]]:
-        """GPU types with their availability for `product` (POD or SERVERLESS), per-GPU prices and
+        """GPU types with their availability for `product` (POD, CLUSTER or SERVERLESS), per-GPU prices and
         the CUDA versions their hosts report; for SERVERLESS also each type's pool and its
         price.serverless. `cloud` filters pod capacity (a serverless endpoint takes no cloud)."""
         params: dict[str, Any] = {"include": "AVAILABILITY", "product": product, "count": count}
@@ -126,8 +127,12 @@ class RunPodAPI:
 
     def terminate_pod(self, pod_id: str) -> bool:
         """DELETE /pods/{id}: terminate, never stop. False when the pod was already gone (404)."""
+        return self._delete(f"/pods/{pod_id}")
+
+    def _delete(self, path: str) -> bool:
+        """DELETE `path`; False when it was already gone (404)."""
         try:
-            self._json("DELETE", f"/pods/{pod_id}", f"DELETE /pods/{pod_id}", ok=(200, 204))
+            self._json("DELETE", path, f"DELETE {path}", ok=(200, 204))
         except RunPodAPIError as e:
             if e.status == 404:
                 return False
@@ -192,13 +197,7 @@ class RunPodAPI:
 
     def delete_endpoint(self, endpoint_id: str) -> bool:
         """DELETE /serverless/{id}: the endpoint and its workers. False when it was already gone (404)."""
-        try:
-            self._json("DELETE", f"/serverless/{endpoint_id}", f"DELETE /serverless/{endpoint_id}", ok=(200, 204))
-        except RunPodAPIError as e:
-            if e.status == 404:
-                return False
-            raise
-        return True
+        return self._delete(f"/serverless/{endpoint_id}")
 
     def endpoint_workers(self, endpoint_id: str) -> dict[str, Any]:
         """{workers: [Worker], summary, endpointVersion}: the active workers only."""
@@ -215,6 +214,25 @@ class RunPodAPI:
         if source:
             params["source"] = source
         yield from self._events(f"/serverless/{endpoint_id}/workers/{worker_id}/logs", params, idle_s)
+
+    # -- instant clusters ----------------------------------------------------------------------
+    def clusters(self) -> list[dict[str, Any]]:
+        return self._list("/clusters", "clusters")
+
+    def cluster(self, cluster_id: str) -> dict[str, Any]:
+        return self._json("GET", f"/clusters/{cluster_id}", f"GET /clusters/{cluster_id}")
+
+    def create_cluster(self, body: Mapping[str, Any]) -> dict[str, Any]:
+        return self._json("POST", "/clusters", "POST /clusters", body=dict(body), schema_name="CreateClusterRequest",
+                          ok=(200, 201))
+
+    def delete_cluster(self, cluster_id: str) -> bool:
+        """DELETE /clusters/{id}: the cluster and every member pod. False when it was already gone (404)."""
+        return self._delete(f"/clusters/{cluster_id}")
+
+    def cluster_pods(self, cluster_id: str) -> list[dict[str, Any]]:
+        """The member pods, each a whole Pod with `cluster` {id, rank, ip}."""
+        return self._list(f"/clusters/{cluster_id}/pods", "pods")
 
     def _object(self, path: str, key: str) -> dict[str, Any]:
         out = self._json("GET", path, f"GET {path}")

@@ -47,6 +47,9 @@ OPERATIONS: dict[str, tuple[str, ...]] = {
     "/v2/serverless/{id}/workers": ("get",),
     "/v2/serverless/{id}/workers/{workerId}/logs": ("get",),
     "/v2/serverless/{id}/releases": ("get",),
+    "/v2/clusters": ("get", "post"),
+    "/v2/clusters/{id}": ("get", "delete"),
+    "/v2/clusters/{id}/pods": ("get",),
 }
 METHODS = ("get", "put", "post", "patch", "delete")
 

@@ -21,13 +21,16 @@
                    requests, back to zero after idleTimeout; each configuration change a release).
     balancer.py    an endpoint's URL (https://<id>.api.runpod.ai/<path>): /<id>/<path> on loopback,
                    routed only to a worker whose health path answers 200, streamed through.
+    clusters.py    RunPod Instant Clusters: /v2/clusters (create, list, get, delete, member pods), each
+                   member a pod of this stand-in whose supervisor gets RunPod's cluster variables.
     workers.py     what runs in a serverless worker: a real supervisor with PORT, PORT_HEALTH and
                    HEALTH_CHECK_PATH, the endpoint's network volume shared at /runpod-volume.
 """
 
 from .api import RunPodStandIn, gpu_type
+from .clusters import ClusterStandIn
 from .containers import SupervisorRunner
 from .serverless import ServerlessStandIn, serverless_gpu
 from .workers import WorkerRunner
 
-__all__ = ["RunPodStandIn", "ServerlessStandIn", "SupervisorRunner", "WorkerRunner", "gpu_type", "serverless_gpu"]
+__all__ = ["ClusterStandIn", "RunPodStandIn", "ServerlessStandIn", "SupervisorRunner", "WorkerRunner", "gpu_type", "serverless_gpu"]

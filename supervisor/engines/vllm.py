@@ -7,7 +7,9 @@ speculation is BROKEN on this backend", § "Two fixes that made it work at all")
 - n-gram speculation on Kimi-Linear corrupts code (`return a -b):` for `return a - b`) and runs
   3-4x slower (CUDA graphs off on TritonMLABackend): refused for the kimi-linear family.
 - Tensor parallelism on RunPod A40 pairs hung in NCCL peer-to-peer init until
-  `NCCL_P2P_DISABLE=1`: a rung with more than one GPU must set it.
+  `NCCL_P2P_DISABLE=1`: a rung with more than one GPU must set it, unless the config's
+  `[hardware] min_compute_capability` is above the A40's 8.6 (NVLink nodes: the lesson was
+  measured on A40s only, and P2P off would slow every all-reduce there).
 - "No available shared memory broadcast block found in 60 seconds" looped for ~10 minutes:
   repeated, it is a stall, not progress (the seed's hypothesis: torch.compile; try --enforce-eager).
 The parser accepts what vLLM's does: unique prefixes, underscores for dashes, `--flag=value`,
@@ -61,6 +63,7 @@ REMOVED = {
 # would read as a leak; it needs its own place in the lifecycle and a GPU to measure, issue 28.
 SPECULATION = ("--speculative-config", "-sc")
 TENSOR_PARALLEL = ("--tensor-parallel-size", "-tp")
+P2P_HUNG_ON_CC = "8.6"          # the A40, where the seed measured the P2P hang (seed findings § "Two fixes that made it work at all")
 # More than one process per engine (workers, API servers, nodes): measured with one process only. By
 # prefix, so any spelling argparse takes (`--tensor-parallel 2`, `--data-parallel-size-local`) counts.
 MULTI_PROCESS = ("--tensor-parallel", "--pipeline-parallel", "--data-parallel", "--prefill-context-parallel",
@@ -211,12 +214,27 @@ def lint_rung(cfg: DeployConfig, index: int, rung: Rung, snapshot: FlagSnapshot 
                                 "`return a -b):` for `return a - b`) and is 3-4x slower under vLLM "
                                 "(CUDA graphs off on TritonMLABackend): remove --speculative-config"))
     tp = next((names[t] for t in TENSOR_PARALLEL if t in names), None)
-    if tp and tp.isdigit() and int(tp) > 1 and rung.env.get("NCCL_P2P_DISABLE") != "1":
+    if tp and tp.isdigit() and int(tp) > 1 and rung.env.get("NCCL_P2P_DISABLE") != "1" and _may_land_on_a40(cfg):
         issues.append(LintIssue(f"{where}.env", f"tensor parallelism over {tp} GPUs needs NCCL_P2P_DISABLE = \"1\" "
                                 "in the rung's env: without it the seed's A40 pair hung 22 minutes in NCCL "
-                                "peer-to-peer init"))
+                                "peer-to-peer init (a config for NVLink nodes only says so with [hardware] "
+                                f"min_compute_capability above {P2P_HUNG_ON_CC}, which keeps it off A40s)"))
     issues += [LintIssue(w, m) for w, m in startup.lint(cfg, "vllm", snapshot)]
     return issues
+
+
+def _may_land_on_a40(cfg: DeployConfig) -> bool:
+    """Whether the config can run on the GPU kind where P2P hung (the A40, compute capability 8.6).
+    A config whose [hardware] min_compute_capability is above it never starts there (preflight
+    refuses the node), so the A40 lesson does not bind it; on NVLink nodes (H100, H200, B200)
+    disabling P2P would only slow every all-reduce. Unmeasured kinds below 8.6 keep the rule."""
+    floor = cfg.hardware.min_compute_capability
+    if not floor:
+        return True
+    try:
+        return tuple(int(x) for x in floor.split(".")) <= tuple(int(x) for x in P2P_HUNG_ON_CC.split("."))
+    except ValueError:
+        return True
 
 
 def lint_rung_warnings(cfg: DeployConfig, index: int, rung: Rung, snapshot: FlagSnapshot | None, *,

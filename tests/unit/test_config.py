@@ -249,6 +249,7 @@ def test_a_utf8_byte_order_mark_is_accepted(tmp_path):
 COMMITTED_HASHES = {
     "cpu-small.toml": "aeb704135951665bed0d2503cf583d258c535816169663e3d8a1786a4672c139",
     "kimi-k3-2xa40.toml": "12fb4cb3bc8c0d74b4711ade4e54085604243fc229022654f27652a7ebdc0ead",
+    "kimi-k3-nvfp4-b200-cluster.toml": "e6260b2a9c1f2f71ab861a578d28f75cf637dfa8e674925aa6c6489815c0f8c1",
     "kimi-linear-a40.toml": "28cda01e064862d5a9d0188130e0b389f548b00684aaddd14721815cd2536606",
     "qwen3-coder-a40-code-editing.toml": "3dfe52746c727884eeb3a394ea17e7ddbd875241521ef9bcfcff854ac3f1de25",
     "qwen3-coder-a40.toml": "d1de324206d8533a005a93fbe79952094be9db1969f91e92d0b112b18035adaa",

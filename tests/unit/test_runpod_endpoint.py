@@ -21,7 +21,7 @@ from images.target import load_target, target_names
 ROOT = Path(__file__).resolve().parents[2]
 CANARY = "kiln-endpoint-canary-77c1"
 SECRET_ENV = {"KILN_API_KEY": CANARY + "-api", "HF_TOKEN": "hf_" + CANARY, "RUNPOD_API_KEY": "rp_" + CANARY}
-GPU_TARGETS = [n for n in target_names() if load_target(n).is_gpu]
+GPU_TARGETS = [n for n in target_names() if load_target(n).is_gpu and not load_target(n).runpod.is_cluster]
 
 
 def run_build(*args, env=None):

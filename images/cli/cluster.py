@@ -1,0 +1,168 @@
+"""`cluster plan|up|status|logs|down`: a target as one RunPod Instant Cluster (REST API v2 /clusters).
+
+The arguments and wiring are here; the request, the catalog check, the wait on rank 0 and the
+node lines are images/runpod/clusters.py. Every command reads RUNPOD_API_KEY from the environment
+(never an argument); `plan` needs none: it only prints the CreateClusterRequest, checked against the
+vendored schema, with secrets as RunPod secret references. Progress goes to stderr, results to
+stdout; exit 0, 1 when the group did not turn ready, 2 on a usage, configuration or API error.
+"""
+
+from __future__ import annotations
+
+import argparse
+
+import requests
+
+from supervisor.errors import KilnError
+
+from ..pins.lock import load_lock, pins_for
+from ..runpod import clusters
+from ..runpod import pods as runpod_pods
+from ..runpod.template import dumps
+from ..target import load_target
+from .command import Command
+from .pods import EXIT_NOT_READY, _api, _common, _template, _template_options, say
+
+
+def _shape_arguments(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--target", required=True)
+    p.add_argument("--nodes", type=int, help="nodes (pods) in the cluster, 2..250 (default: a cluster "
+                   "target's [runpod] nodes; required for a one-node target)")
+    p.add_argument("--gpu", metavar="ID", help="RunPod GPU type id (default: the target's [runpod] gpu_type)")
+    p.add_argument("--gpus-per-node", type=int, help="GPUs per node (default: the target's [runpod] gpu_count)")
+    p.add_argument("--data-center", action="append", default=[], metavar="DC", help="preferred data center "
+                   "id (repeatable; a cluster is always placed within one)")
+    _template_options(p)
+
+
+def _plan_arguments(p: argparse.ArgumentParser) -> None:
+    _shape_arguments(p)
+
+
+def _up_arguments(p: argparse.ArgumentParser) -> None:
+    _shape_arguments(p)
+    p.add_argument("--timeout", type=float, default=3600.0, help="seconds to wait for rank 0's /ready")
+    p.add_argument("--poll", type=float, default=5.0, help="seconds between status reads")
+    p.add_argument("--proxy", metavar="PATTERN", help="proxy URL pattern with {pod_id} and {port} "
+                   f"(default: $RUNPOD_PROXY_URL or {runpod_pods.PROXY_URL})")
+    _common(p)
+
+
+def _status_arguments(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--target", required=True)
+    p.add_argument("--proxy", metavar="PATTERN")
+    p.add_argument("--no-probe", action="store_true", help="do not ask each node's supervisor")
+    _common(p)
+
+
+def _logs_arguments(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--target", required=True)
+    p.add_argument("--rank", type=int, default=0, help="whose log (default 0, the primary)")
+    p.add_argument("--tail", type=int, default=100, help="lines of backfill (RunPod: at most 5000)")
+    p.add_argument("--idle", type=float, default=3.0, help="stop after this many quiet seconds")
+    _common(p)
+
+
+def _down_arguments(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--target", required=True)
+    _common(p)
+
+
+def _body(args: argparse.Namespace):  # type: ignore[no-untyped-def]
+    target = load_target(args.target)
+    if args.registry_auth:
+        raise KilnError("--registry-auth: RunPod's CreateClusterRequest has no registry field (private "
+                        "registries are not supported for clusters): push the image to a public repository")
+    tpl = _template(args, target, pins_for(target, load_lock()))
+    nodes = args.nodes if args.nodes is not None else target.runpod.nodes
+    if nodes == 1 and args.nodes is None:
+        raise KilnError(f"--target {target.name} is a one-node target ([runpod] nodes = 1): give --nodes N "
+                        "(2..250), or use a cluster target")
+    shape = clusters.Shape.of(target, nodes=nodes, gpu_id=args.gpu, gpus_per_node=args.gpus_per_node,
+                              data_centers=tuple(args.data_center))
+    return target, shape, clusters.cluster_body(target, tpl, shape)
+
+
+def cmd_plan(args: argparse.Namespace) -> int:
+    _, shape, body = _body(args)
+    print(dumps(body), end="")
+    say(f"{shape.nodes} nodes x {shape.gpus_per_node} {shape.gpu_id}; POST /v2/clusters with this body is "
+        "`cluster up` (checked against RunPod's CreateClusterRequest; secrets are RunPod secret references)")
+    return 0
+
+
+def _found(api, name: str) -> dict:  # type: ignore[no-untyped-def]
+    found = clusters.find(api, name)
+    if found is None:
+        raise KilnError(f"--target {name}: no cluster named {clusters.cluster_name(name)!r} in this account "
+                        "(`cluster up` creates it)")
+    return found
+
+
+def cmd_up(args: argparse.Namespace) -> int:
+    target, shape, body = _body(args)
+    api = _api(args)
+    result = clusters.up(api, target, body, shape, say, timeout_s=args.timeout, poll_s=args.poll, proxy=args.proxy)
+    cid = result.cluster.get("id")
+    if not result.ready or result.primary is None:
+        print(f"cluster {result.cluster.get('name')} ({cid}): NOT READY: {result.line}; see "
+              f"`python build.py cluster logs --target {target.name} --rank 0`, then "
+              f"`python build.py cluster down --target {target.name}`")
+        return EXIT_NOT_READY
+    ep = runpod_pods.endpoints(target, result.primary, args.proxy)
+    print(f"cluster {result.cluster.get('name')} ({cid}): ready: {result.line}")
+    print(f"  API (rank 0, over RunPod's HTTP proxy, 100 s per request): {ep.http}")
+    print(f"  status: {ep.status}/status")
+    print(runpod_pods.key_hint(target))
+    print(f"every node bills until `python build.py cluster down --target {target.name}`")
+    return 0
+
+
+def cmd_status(args: argparse.Namespace) -> int:
+    api = _api(args)
+    found = _found(api, args.target)
+    members = api.cluster_pods(str(found["id"]))
+    port = None if args.no_probe else load_target(args.target).deploy_config().status.port
+    compute = found.get("compute") or {}
+    print(f"cluster {found.get('name')} ({found.get('id')}): {compute.get('podCount')} x "
+          f"{compute.get('gpuCountPerPod')} {compute.get('gpuTypeId')}, {found.get('dataCenterId') or '-'}")
+    for line in clusters.node_lines(members, port, args.proxy, requests.Session()):
+        print(f"  {line}")
+    return 0
+
+
+def cmd_logs(args: argparse.Namespace) -> int:
+    api = _api(args)
+    members = api.cluster_pods(str(_found(api, args.target)["id"]))
+    pod = next((p for p in members if clusters.rank_of(p) == args.rank), None)
+    if pod is None:
+        ranks = sorted(r for p in members if (r := clusters.rank_of(p)) is not None)
+        raise KilnError(f"--rank {args.rank}: no such node; the cluster's ranks: {ranks or 'none assigned yet'}")
+    for event in api.pod_logs(str(pod["id"]), tail=args.tail, idle_s=args.idle):
+        print(f"{event.get('ts', '')} {event.get('source', '')}: {event.get('line', '')}", flush=True)
+    return 0
+
+
+def cmd_down(args: argparse.Namespace) -> int:
+    api = _api(args)
+    found = _found(api, args.target)
+    gone = api.delete_cluster(str(found["id"]))
+    print(f"cluster {found.get('name')} ({found.get('id')}): " + ("deleted, with every node" if gone
+                                                                   else "already gone"))
+    return 0
+
+
+COMMANDS = (
+    Command("cluster", "a target as one RunPod Instant Cluster: plan, up, status, logs, down",
+            description="A target served by vLLM across the nodes of one RunPod Instant Cluster (REST API v2 "
+            "/clusters, $RUNPOD_API_KEY). README: One model, several nodes.",
+            children=(
+                Command("plan", "print the CreateClusterRequest (schema-checked, secrets as references)",
+                        cmd_plan, _plan_arguments),
+                Command("up", "check the catalog, create the cluster, wait for rank 0's /ready, print the one URL",
+                        cmd_up, _up_arguments),
+                Command("status", "every node's rank, state, GPU use and supervisor", cmd_status, _status_arguments),
+                Command("logs", "one node's log lines", cmd_logs, _logs_arguments),
+                Command("down", "delete the cluster (every node is terminated with it)", cmd_down, _down_arguments),
+            )),
+)

@@ -1,0 +1,206 @@
+"""A target as one RunPod Instant Cluster (REST API v2 /clusters): plan, up, status, down.
+
+    plan     the CreateClusterRequest: the target's template (image, args, env with secrets as
+             RunPod secret references, ports, disk, mounts) spread into it, as the document says a
+             cluster's container config "can be spread from a template response", plus name,
+             type APPLICATION (a general multi-node application: vLLM's own executor, no managed
+             Slurm or Ray topology), compute {gpuTypeId, gpuCountPerPod, podCount}, dataCenterIds.
+             No `registry` (CreateClusterRequest has none: a cluster's image must be public) and
+             no CUDA filter (the request has none either).
+    up       the catalog first (GET /catalog/gpus?include=AVAILABILITY&product=CLUSTER): refuse,
+             naming what is on offer, when the GPU type has no cluster capacity for that many per
+             pod; then POST /clusters, then wait for rank 0's supervisor /ready through RunPod's
+             proxy (rank 0 owns the group's /ready: supervisor/cluster/). One URL: rank 0's API.
+    status   each node (GET /clusters/{id}/pods): rank (Pod.cluster.rank), RunPod's state, GPU use
+             (Pod.runtime.gpus), and what its supervisor says.
+    down     DELETE /clusters/{id}: every member pod is terminated with it.
+
+A cluster is Kiln's target's when its name is kiln-<target>-cluster (Cluster has no env to mark it).
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+from typing import Any, Callable
+
+import requests
+
+from supervisor.errors import KilnError
+
+from .. import runpod_schema as schema
+from ..fleet import probe
+from ..target import Target
+from .api import RunPodAPI
+from .pods import TARGET_ENV, NoMatchingHost, proxy_url
+from .template import RunPodTemplate
+
+CLUSTER_TYPE = "APPLICATION"
+MIN_NODES, MAX_NODES = 2, 250          # ClusterCompute.podCount's bounds in the document
+# The container settings CreateClusterRequest takes from a template (BaseContainerConfig, Mounts).
+FROM_TEMPLATE = ("image", "args", "env", "ports", "disk", "mounts")
+
+Say = Callable[[str], None]
+
+
+def cluster_name(target_name: str) -> str:
+    return f"kiln-{target_name}-cluster"
+
+
+@dataclass(frozen=True)
+class Shape:
+    gpu_id: str
+    gpus_per_node: int
+    nodes: int
+    data_centers: tuple[str, ...] = ()
+
+    @classmethod
+    def of(cls, target: Target, *, nodes: int, gpu_id: str | None = None, gpus_per_node: int | None = None,
+           data_centers: tuple[str, ...] = ()) -> "Shape":
+        if not target.is_gpu:
+            raise KilnError(f"--target {target.name}: a CPU target; RunPod's clusters are GPU nodes only")
+        if not MIN_NODES <= nodes <= MAX_NODES:
+            raise KilnError(f"--nodes {nodes}: a RunPod cluster has {MIN_NODES} to {MAX_NODES} nodes "
+                            "(ClusterCompute.podCount); one node is `pods up`")
+        count = target.runpod.gpu_count if gpus_per_node is None else gpus_per_node
+        if count < 1:
+            raise KilnError(f"--gpus-per-node {count}: at least 1")
+        return cls(gpu_id or target.runpod.gpu_type, count, nodes, data_centers)
+
+
+def cluster_body(target: Target, template: RunPodTemplate, shape: Shape) -> dict[str, Any]:
+    """The CreateClusterRequest, checked against the vendored schema (nothing of a secret's value:
+    the template's env holds RunPod secret references)."""
+    tpl = template.body
+    body: dict[str, Any] = {"name": cluster_name(target.name), "type": CLUSTER_TYPE,
+                            "compute": {"gpuTypeId": shape.gpu_id, "gpuCountPerPod": shape.gpus_per_node,
+                                        "podCount": shape.nodes}}
+    body.update({k: tpl[k] for k in FROM_TEMPLATE if k in tpl})
+    body["env"] = dict(sorted({**tpl.get("env", {}), TARGET_ENV: target.name}.items()))
+    if shape.data_centers:
+        body["dataCenterIds"] = list(shape.data_centers)
+    body.update(startJupyter=False, startSsh=False)
+    schema.check(body, "CreateClusterRequest")
+    return body
+
+
+def check_catalog(api: RunPodAPI, shape: Shape) -> dict[str, Any]:
+    """The catalog's entry for the GPU type, or NoMatchingHost naming what clusters are offered."""
+    gpus = api.gpu_types(count=shape.gpus_per_node, product="CLUSTER")
+    entry = next((g for g in gpus if g.get("id") == shape.gpu_id), None)
+    offered = ", ".join(str(g.get("id")) for g in gpus if g.get("availability") not in (None, "NONE")) or "none"
+    if entry is None or entry.get("availability") in (None, "NONE"):
+        raise NoMatchingHost(f"RunPod's catalog has no cluster capacity for {shape.gpus_per_node}x {shape.gpu_id} "
+                             f"per node now (GET /catalog/gpus?product=CLUSTER); offered for clusters: {offered}. "
+                             "Nothing was created")
+    centres = [d.get("id") for d in entry.get("dataCenters") or [] if d.get("availability") != "NONE"]
+    if shape.data_centers and not set(shape.data_centers) & set(centres):
+        raise NoMatchingHost(f"--data-center {', '.join(shape.data_centers)}: {shape.gpu_id} clusters have "
+                             f"capacity only in {', '.join(map(str, centres)) or 'none'}. Nothing was created")
+    return entry
+
+
+def find(api: RunPodAPI, target_name: str) -> dict[str, Any] | None:
+    named = [c for c in api.clusters() if c.get("name") == cluster_name(target_name)]
+    if len(named) > 1:
+        raise KilnError(f"{len(named)} clusters are named {cluster_name(target_name)!r} "
+                        f"({', '.join(str(c.get('id')) for c in named)}): delete the extra ones by id")
+    return named[0] if named else None
+
+
+def rank_of(pod: dict[str, Any]) -> int | None:
+    cluster = pod.get("cluster") if isinstance(pod.get("cluster"), dict) else {}
+    rank = cluster.get("rank")
+    return rank if isinstance(rank, int) else None
+
+
+def primary(pods: list[dict[str, Any]]) -> dict[str, Any] | None:
+    return next((p for p in pods if rank_of(p) == 0), None)
+
+
+@dataclass
+class UpResult:
+    cluster: dict[str, Any]
+    created: bool
+    ready: bool
+    line: str
+    primary: dict[str, Any] | None
+
+
+def up(api: RunPodAPI, target: Target, body: dict[str, Any], shape: Shape, say: Say, *, timeout_s: float,
+       poll_s: float, proxy: str | None = None, session: requests.Session | None = None) -> UpResult:
+    """Create the cluster (or find the live one of the same name), then wait for rank 0's /ready."""
+    found = find(api, target.name)
+    created = found is None
+    if found is None:
+        entry = check_catalog(api, shape)
+        price = (entry.get("price") or {}).get("secure")
+        say(f"catalog: {shape.gpu_id} has cluster capacity for {shape.gpus_per_node} per node"
+            + (f", list price ${price:.2f}/GPU/h x {shape.gpus_per_node * shape.nodes} GPUs"
+               if isinstance(price, (int, float)) else ""))
+        found = api.create_cluster(body)
+        say(f"cluster {found.get('name')}: created ({found.get('id')}, {shape.nodes} x {shape.gpus_per_node} "
+            f"{shape.gpu_id}); every node bills until `cluster down`")
+    else:
+        say(f"cluster {found.get('name')}: already there ({found.get('id')}); waiting for it")
+    cid = str(found["id"])
+    status_port = target.deploy_config().status.port
+    session = session or requests.Session()
+    deadline = time.monotonic() + timeout_s
+    line, head = "", None
+    while True:
+        members = api.cluster_pods(cid)
+        head = primary(members)
+        now = _primary_line(head, status_port, proxy, session)
+        if now[0] != line:
+            line = now[0]
+            say(f"rank 0: {line}")
+        if now[1] is not None:
+            return UpResult(found, created, now[1], line, head)
+        if time.monotonic() >= deadline:
+            return UpResult(found, created, False, f"not ready within {timeout_s:.0f} s (last: {line})", head)
+        time.sleep(poll_s)       # the polling interval of a condition wait with a deadline
+
+
+def _primary_line(head: dict[str, Any] | None, status_port: int, proxy: str | None,
+                  session: requests.Session) -> tuple[str, bool | None]:
+    """What rank 0 is doing, and True (ready) / False (failed) / None (not yet)."""
+    if head is None:
+        return "not placed yet", None
+    status = str(head.get("status"))
+    if status in ("EXITED", "ERROR", "TERMINATED"):
+        return f"the pod is {status}", False
+    if status != "RUNNING":
+        return status, None
+    url = proxy_url(str(head["id"]), status_port, proxy)
+    snap = probe.read_status(url, session, timeout=10)
+    if snap is None:
+        return "RUNNING, the supervisor does not answer yet", None
+    line = probe.progress_line(snap)
+    if snap.get("state") == "FAILED":
+        return line, False
+    if snap.get("ready") is True and probe.is_ready(url, session, timeout=10):
+        return line, True
+    return line, None
+
+
+def gpu_use(pod: dict[str, Any]) -> str:
+    runtime = pod.get("runtime") if isinstance(pod.get("runtime"), dict) else {}
+    gpus = runtime.get("gpus") or []
+    if not gpus:
+        return "GPU use: not reported"
+    return "GPU use: " + ", ".join(f"{g.get('util', '?')}% ({g.get('memoryUtil', '?')}% mem)" for g in gpus)
+
+
+def node_lines(pods: list[dict[str, Any]], status_port: int | None, proxy: str | None,
+               session: requests.Session) -> list[str]:
+    """One line per node, by rank: rank, RunPod's state, GPU use, the supervisor's word."""
+    out = []
+    for p in sorted(pods, key=lambda p: (rank_of(p) is None, rank_of(p) or 0)):
+        rank = rank_of(p)
+        line = f"rank {rank if rank is not None else '?'}  {p.get('id')}  {p.get('status')}  {gpu_use(p)}"
+        if status_port and p.get("status") == "RUNNING":
+            snap = probe.read_status(proxy_url(str(p["id"]), status_port, proxy), session, timeout=10)
+            line += "  supervisor: " + (probe.progress_line(snap) if snap else "no answer")
+        out.append(line)
+    return out
