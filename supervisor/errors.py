@@ -34,6 +34,10 @@ this tree and listed here.
     ├── FactsError               (images.build.engine_facts) the pinned engine source cannot be read for its facts
     ├── PipFailed                (images.pins.requirements) pip could not download the supervisor's pinned wheels
     ├── RouterUnavailable        (supervisor.router.smg) the router did not answer its worker API
+    ├── Refused                  (supervisor.router.control) a replica list pushed to the router it will not apply
+    ├── KVTypeError              (supervisor.plan.kvtypes) a KV cache type the engine does not have
+    ├── ShapeError               (supervisor.plan.shape) a model's shape cannot be read for a plan
+    ├── SourceError              (images.plan.source) a plan's --model source cannot be read
     ├── Unavailable              (images.generate) what a generated file is made from cannot be had here
     ├── EngineUnavailable        (images.build.docker) no Docker engine answers
     ├── BuildFailed              (images.build.docker) the image build failed

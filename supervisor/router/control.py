@@ -13,7 +13,7 @@ in constant time). The body is the list in KILN_ROUTER_REPLICAS' form:
        400 naming the bad entry, 401 without the key, 403 when the router has no key
 
 The front (front.py) hands such a request here before it relays anything to smg; any other request is
-smg's. Stdlib only; the validation and what is done with the list are the caller's (`apply`).
+smg's. Stdlib and Kiln's error base only; the validation and what is done with the list are the caller's (`apply`).
 """
 
 from __future__ import annotations
@@ -23,13 +23,15 @@ import json
 import socket
 from typing import Any, Callable
 
+from ..errors import KilnError
+
 PATH = "/kiln/router/replicas"
 PREFIX = f"PUT {PATH} ".encode()
 MAX_HEAD = 16 * 1024
 MAX_BODY = 64 * 1024
 
 
-class Refused(Exception):
+class Refused(KilnError):
     """What to answer instead of applying: its status and message."""
 
     def __init__(self, status: int, message: str):

@@ -59,7 +59,7 @@ def test_nothing_set_adds_nothing_and_the_hash_is_the_one_configs_had_before():
         assert not {"--load-mode", "--optimization-level", "--load-format", "--compilation-config",
                     "--safetensors-load-strategy"} & set(argv(cfg))
         d = dataclasses.asdict(cfg)
-        for key in ("source", "watch", "runpod", "serverless", "startup", "router"):  # added since, at defaults
+        for key in ("source", "watch", "runpod", "serverless", "startup", "router", "plan"):  # added since, at defaults
             d.pop(key)
         d["server"].pop("fast_start")
         before = hashlib.sha256(json.dumps(d, sort_keys=True, separators=(",", ":"), default=list).encode()).hexdigest()
