@@ -80,6 +80,7 @@ class Group:
         self._probe = probe if node.primary else None
         self._probe_at = clock()
         self._probing = False
+        self.probe_thread: threading.Thread | None = None    # the last probe's (tests join it)
         self._probe_failed: tuple[int, str, float] | None = None    # (epoch, why, when)
 
     # -- this rank ----------------------------------------------------------------------------------
@@ -261,7 +262,8 @@ class Group:
                     self._probe_failed = (epoch, why, self._clock())
                 self._probe_at, self._probing = self._clock(), False
 
-        threading.Thread(target=run, name="kiln-cluster-probe", daemon=True).start()
+        self.probe_thread = threading.Thread(target=run, name="kiln-cluster-probe", daemon=True)
+        self.probe_thread.start()
 
     def _loss(self) -> str | None:
         now = self._clock()

@@ -195,8 +195,6 @@ def test_another_rank_loses_a_silent_primary_and_waits_for_a_newer_epoch_before_
 def test_a_failed_probe_is_a_loss_once_the_beats_had_their_say():
     """A rank's engine hung or dead under a live supervisor: its beats look fine, the primary's real
     request through its own API does not answer (cluster/group.py _maybe_probe)."""
-    import time as _time
-
     answers: list[str | None] = ["the group's probe: no answer within 30 s (a hung rank)"]
     g, clock, local, lost = primary(nodes=2)
     g._probe = lambda: answers[0]
@@ -210,9 +208,8 @@ def test_a_failed_probe_is_a_loss_once_the_beats_had_their_say():
     clock.t += 1
     beat(g, 1, "SERVING", True, 1)                    # rank 1 beats on, as a live supervisor does
     g._check()                                        # starts the probe in its own thread
-    deadline = _time.monotonic() + 10
-    while g._probing and _time.monotonic() < deadline:
-        _time.sleep(0.01)                             # polling the probe thread's end, with a deadline
+    assert g.probe_thread is not None
+    g.probe_thread.join(10)                           # the probe's own thread, ended
     assert not g._probing
     g._check()
     assert lost == []                                 # the beats get LOST_S to name a rank first
