@@ -34,7 +34,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from kiln_dev import Unavailable, vllm_cpu  # noqa: E402
 from kiln_dev.children import stop_on_term  # noqa: E402
-from kiln_dev.loopback_cluster import LoopbackCluster  # noqa: E402
+from kiln_dev.loopback_cluster import LoopbackCluster, node_deploy  # noqa: E402
 
 BOOT_S = 900
 KEY = "bench-cluster-key"
@@ -42,36 +42,8 @@ KEY = "bench-cluster-key"
 
 def config(vllm: Path, model: Path, snapshot: Path):  # type: ignore[no-untyped-def]
     def text(d: Path, port: int, sport: int) -> str:
-        return f"""
-engine = "vllm"
-state_dir = "{d / 'state'}"
-[model]
-source = "{model}"
-entry = "config.json"
-family = "generic"
-[server]
-host = "127.0.0.1"
-port = {port}
-binary = "{vllm}"
-flag_snapshot = "{snapshot}"
-[[ladder.rungs]]
-name = "tp2"
-args = ["-tp", "2", "--max-model-len", "512", "--enforce-eager"]
-[ladder.rungs.env]
-VLLM_CPU_KVCACHE_SPACE = "1"
-NCCL_P2P_DISABLE = "1"
-[health]
-stall_s = 600
-max_s = {BOOT_S}
-stop_grace_s = 10
-[restart]
-backoff_initial_s = 1
-[selftest]
-enabled = false
-[status]
-host = "127.0.0.1"
-port = {sport}
-"""
+        return node_deploy(d, model=model, binary=vllm, snapshot=snapshot, port=port, sport=sport, boot_s=BOOT_S,
+                           stall_s=600, restart="")
     return text
 
 

@@ -31,6 +31,43 @@ def node_env(rank: int, *, nodes: int, master_port: int, primary_status: int, gp
             "KILN_CLUSTER_IFNAME": "lo", "KILN_CLUSTER_STATUS_PORT": str(primary_status), **(extra or {})}
 
 
+def node_deploy(tmp: Path, *, model: Path, binary: Path, snapshot: Path, port: int, sport: int, boot_s: float,
+                stall_s: float = 300, restart: str = "max_restarts = 8\n",
+                selftest: str = "[selftest]\nenabled = false\n") -> str:
+    """The one deploy config every node of a loopback vLLM group runs (tests and bench/cluster.py):
+    -tp 2 of a tiny model on CPU, the ports moved per node by the env. The selftest is off by default:
+    the tiny random llama's answers are noise and its fatal code probe fails on it."""
+    return f"""
+engine = "vllm"
+state_dir = "{tmp / 'state'}"
+[model]
+source = "{model}"
+entry = "config.json"
+family = "generic"
+[server]
+host = "127.0.0.1"
+port = {port}
+binary = "{binary}"
+flag_snapshot = "{snapshot}"
+[[ladder.rungs]]
+name = "tp2"
+args = ["-tp", "2", "--max-model-len", "512", "--enforce-eager"]
+[ladder.rungs.env]
+VLLM_CPU_KVCACHE_SPACE = "1"
+NCCL_P2P_DISABLE = "1"
+[health]
+stall_s = {stall_s:g}
+max_s = {boot_s:g}
+stop_grace_s = 10
+[restart]
+backoff_initial_s = 1
+{restart}{selftest}
+[status]
+host = "127.0.0.1"
+port = {sport}
+"""
+
+
 class LoopbackCluster:
     """`config(node_dir, engine_port, status_port)` is the deploy config's text for one node (every
     node runs the same config; the ports differ only because the nodes share a host). `env` is
