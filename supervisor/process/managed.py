@@ -367,6 +367,10 @@ class ManagedProcess:
             self._refresh_tree()  # shutdown may have spawned helpers
             left = _wait_gone(self._descendants(), deadline)
             if not self._exited.is_set() or left:
+                # said, so a stop that took SIGKILL is not mistaken for a clean one (exit 137 follows)
+                log.warning("pid %d: %s %.0f s after SIGTERM: SIGKILL to its group", self.pid,
+                            "a process of its tree still running" if self._exited.is_set() else "still running",
+                            max(grace_s, 0.0))
                 self.signal_group(signal.SIGKILL)
                 self._refresh_tree()
                 for p in self._descendants():

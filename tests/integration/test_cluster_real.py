@@ -149,5 +149,10 @@ def test_a_hung_engine_under_a_live_supervisor_is_found_by_rank_0s_probe(group):
         except ProcessLookupError:
             pass                                  # killed by its supervisor, as it should be
     assert group.chat(group.model) == 200
+    for n in group.nodes:                 # a cluster stops as one (RunPod stops its pods together): TERM to all
+        n.proc.send_signal(signal.SIGTERM)
     for n in group.nodes:
-        assert n.stop() == 0
+        rc = n.stop()
+        # 0, or 137 when vLLM outlived stop_grace_s (seen once on 2 loaded cores: a rank's engine TERMed while its
+        # peer was already gone) and its supervisor, saying so, killed it; never another status or a hang
+        assert rc == 0 or (rc == 137 and "after SIGTERM: SIGKILL to its group" in n.log()), (rc, n.log()[-3000:])

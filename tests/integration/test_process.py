@@ -146,7 +146,7 @@ def test_starts_in_own_session_and_group(spawn) -> None:
 # -- stopping -----------------------------------------------------------------------------------
 
 
-def test_cooperative_stop_is_prompt_and_term_reaches_whole_group(spawn) -> None:
+def test_cooperative_stop_is_prompt_and_term_reaches_whole_group(spawn, caplog) -> None:
     p, lines = spawn(helper("spawner.py"))
     lines.wait_for(r"^ready")
     gpid = int(lines.wait_for(r"grandchild ready \(pid: (\d+)")[1])
@@ -158,9 +158,10 @@ def test_cooperative_stop_is_prompt_and_term_reaches_whole_group(spawn) -> None:
     assert f"grandchild signal: SIGTERM (pid: {gpid})" in p.tail()
     assert not alive(gpid) and p.survivors() == []
     assert p.exited().is_set() and p.poll() == rc
+    assert "SIGKILL" not in caplog.text
 
 
-def test_child_ignoring_term_is_killed_after_grace(spawn) -> None:
+def test_child_ignoring_term_is_killed_after_grace(spawn, caplog) -> None:
     p, lines = spawn(helper("child.py", "--ignore-term"))
     lines.wait_for(r"^ready")
     grace = 1.0
@@ -171,6 +172,7 @@ def test_child_ignoring_term_is_killed_after_grace(spawn) -> None:
     assert rc == -signal.SIGKILL and exit_code_for(rc) == 137
     assert "signal: SIGTERM" in p.tail(), "TERM must come first, KILL only after the grace"
     assert p.survivors() == []
+    assert f"pid {p.pid}: still running 1 s after SIGTERM: SIGKILL to its group" in caplog.text   # said, not silent
 
 
 def test_stop_is_idempotent_and_keeps_the_exit_status(spawn) -> None:
