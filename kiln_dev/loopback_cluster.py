@@ -33,25 +33,25 @@ def node_env(rank: int, *, nodes: int, master_port: int, primary_status: int, gp
 
 def node_deploy(tmp: Path, *, model: Path, binary: Path, snapshot: Path, port: int, sport: int, boot_s: float,
                 stall_s: float = 300, restart: str = "max_restarts = 8\n",
-                selftest: str = "[selftest]\nenabled = false\n") -> str:
+                selftest: str = "[selftest]\nenabled = false\n", tp: int = 2, family: str = "generic") -> str:
     """The one deploy config every node of a loopback vLLM group runs (tests and bench/cluster.py):
-    -tp 2 of a tiny model on CPU, the ports moved per node by the env. The selftest is off by default:
-    the tiny random llama's answers are noise and its fatal code probe fails on it."""
+    -tp `tp` (one rank a node) of a small model on CPU, the ports moved per node by the env. The selftest
+    is off by default: the tiny random llama's answers are noise and its fatal code probe fails on it."""
     return f"""
 engine = "vllm"
 state_dir = "{tmp / 'state'}"
 [model]
 source = "{model}"
 entry = "config.json"
-family = "generic"
+family = "{family}"
 [server]
 host = "127.0.0.1"
 port = {port}
 binary = "{binary}"
 flag_snapshot = "{snapshot}"
 [[ladder.rungs]]
-name = "tp2"
-args = ["-tp", "2", "--max-model-len", "512", "--enforce-eager"]
+name = "tp{tp}"
+args = ["-tp", "{tp}", "--max-model-len", "512", "--enforce-eager"]
 [ladder.rungs.env]
 VLLM_CPU_KVCACHE_SPACE = "1"
 NCCL_P2P_DISABLE = "1"

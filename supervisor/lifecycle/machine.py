@@ -87,8 +87,12 @@ class Pending:
 
 
 class Machine:
-    def __init__(self, live: Live, *, exit_on_failure: bool = False, release_after_s: float | None = None):
+    def __init__(self, live: Live, *, exit_on_failure: bool = False, release_after_s: float | None = None,
+                 group: bool = False):
         self.state = S.PREFLIGHT
+        # A rank of a cluster (supervisor/cluster/): its engine dies when a peer's does, so a crash before
+        # the group served restarts the group (policy.group_restarts) instead of ending the walk.
+        self.group = group
         self.live = live                    # what is walked or served
         self.good: Live | None = None       # the last config that served (rollback target)
         self.exit_on_failure = exit_on_failure
@@ -310,6 +314,10 @@ class Machine:
             self.waiting, self.calibrating = ("calibrate", ev.token), ev
             fx(Calibrate(ev.token, rung.name, ev.failure))
             return
+        if self.group and self.purpose == Purpose.BOOT and policy.group_restarts(ev.failure):
+            self.waiting = None
+            self._crashed(fx, ev.failure, now)     # the same rung again, with the group, under the cap
+            return
         self._rung_failed(fx, ev.failure, now, started=ev.started)
 
     def _on_Calibrated(self, ev: Calibrated, now: float, fx: Effects) -> None:
@@ -342,7 +350,8 @@ class Machine:
         self.served_since = now
         self.restart_at = None
         purpose, self.purpose = self.purpose, Purpose.BOOT
-        if purpose != Purpose.RESTART:             # a restart serves the same config: nothing new to mark
+        # a restart serves the same config: nothing new to mark, unless it is a group's first boot restarted
+        if purpose != Purpose.RESTART or self.good is None:
             pend, self.applying = self.applying, None
             if pend is not None and purpose == Purpose.RELOAD:
                 fx(RecordReload(pend.candidate, "applied", pend.live.cfg.hash))

@@ -2,6 +2,7 @@
 
     where the ladder falls through     next_rung()
     whether a rung re-plans first      calibrates()   (a balanced split after an OOM)
+    whether a cluster boot crash restarts   group_restarts()   (the group, not the ladder)
     whether a failure is ever retried  TERMINAL, is_terminal()
     where a restart is decided         after_crash(), backoff_after_uptime()
     what the supervisor exits with     failed_exit_code(), exit_code_for()
@@ -17,7 +18,7 @@ from ..config import LadderSpec, RestartSpec, Rung
 from ..failure import Failure, FailureClass
 from ..process.pid1 import exit_code_for
 
-__all__ = ["TERMINAL", "is_terminal", "next_rung", "calibrates", "Restart", "CrashLoop", "GiveUp", "after_crash",
+__all__ = ["TERMINAL", "is_terminal", "next_rung", "group_restarts", "calibrates", "Restart", "CrashLoop", "GiveUp", "after_crash",
            "backoff_after_uptime", "failed_exit_code", "exit_code_for", "EXIT_NOTHING_SERVED"]
 
 EXIT_NOTHING_SERVED = 3   # FAILED before any server ran (config, hardware, driver, model, fetch)
@@ -34,6 +35,14 @@ TERMINAL = frozenset({
 
 def is_terminal(failure: Failure | None) -> bool:
     return failure is not None and failure.failure_class in TERMINAL
+
+
+def group_restarts(failure: Failure) -> bool:
+    """Whether a cluster rank's failure before its group served restarts the group rather than ending
+    the walk: a crash (its own engine's death with no known signature, or the group's loss of a peer,
+    run/cluster.py) says nothing against the config when a peer's death takes every rank's engine down.
+    What the config decides (rejected, OOM, incompatible, missing) still walks or fails."""
+    return failure.failure_class == FailureClass.CRASHED
 
 
 def calibrates(rung: Rung, failure: Failure) -> bool:

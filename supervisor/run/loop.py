@@ -124,7 +124,7 @@ class Supervisor:
         live = self.reloads.boot_live(self.boot_cfg, self.rt.env)
         sls = self.boot_cfg.serverless
         self.machine = Machine(live, exit_on_failure=self.opts.exit_on_failure,
-                               release_after_s=sls.exit_grace_s if sls.active else None)
+                               release_after_s=sls.exit_grace_s if sls.active else None, group=bool(self.cluster.group))
         self.cluster.start()                        # its watcher beats and looks from now on
         try:
             self._apply(self.machine.start())

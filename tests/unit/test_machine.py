@@ -394,3 +394,54 @@ def test_a_published_config_that_fails_rolls_back_and_says_why():
     assert m.state == State.SERVING and [r.outcome for r in recorded] == ["rolled_back"]
     assert recorded[0].causes[0].startswith("config_rejected: lint")
     assert recorded[0].tail == tuple(f"stderr {i}" for i in range(8, 20))    # the fleet record carries it
+
+
+def test_a_cluster_rank_whose_engine_crashes_before_the_group_served_restarts_with_the_group_not_failed():
+    """Issue 40: in a group a rank's engine dies when its peer does (vLLM's distributed init and the group's
+    loss alike), so a crash during the first boot is no verdict on the config: the group restarts under the
+    restart policy (backoff, cap, then FAILED) as it does once serving. Off a cluster the walk still ends."""
+    for group, crash_state in ((True, "health"), (True, "selftest"), (False, "health")):
+        world = World(Machine(live(), group=group))
+        m = world.m
+        token = boot_to_launched(world)
+        if crash_state == "selftest":
+            world.send(E.HealthDone(token, ready=True))
+            assert m.state == State.SELFTEST
+        world.send(E.EngineDown(token, Failure(FailureClass.CRASHED, "the group lost a rank: rank 1's engine is down")))
+        if not group:
+            assert m.state == State.FAILED
+            continue
+        assert m.state == State.RESTARTING and m.rung == 0 and m.restart_at is not None
+        world.now = m.restart_at
+        world.send(E.Tick())
+        world.send(E.BarrierDone(m.waiting[1]))
+        token = m.waiting[1]
+        world.send(E.Launched(token, pid=9))
+        world.send(E.HealthDone(token, ready=True))
+        world.send(E.SelftestDone(token))
+        assert m.state == State.SERVING
+        assert m.good is m.live                   # the first config that served is the rollback target
+
+
+def test_a_cluster_rank_crashing_through_every_boot_restart_is_failed_by_the_cap():
+    world = World(Machine(live(), group=True))
+    m = world.m
+    token = boot_to_launched(world)
+    for i in range(4):
+        world.send(E.EngineDown(token, Failure(FailureClass.CRASHED, "the group lost a rank")))
+        if m.state == State.FAILED:
+            break
+        world.now = m.restart_at
+        world.send(E.Tick())
+        world.send(E.BarrierDone(m.waiting[1]))
+        token = m.waiting[1]
+        world.send(E.Launched(token, pid=20 + i))
+    assert m.state == State.FAILED and "crash loop" in m.last_failure.reason
+
+
+def test_a_cluster_rank_with_a_terminal_failure_at_boot_still_ends_its_walk():
+    world = World(Machine(live(), group=True))
+    m = world.m
+    token = boot_to_launched(world)
+    world.send(E.EngineDown(token, Failure(FailureClass.MODEL_INCOMPATIBLE, "unknown architecture")))
+    assert m.state == State.FAILED

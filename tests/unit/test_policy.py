@@ -93,3 +93,10 @@ def test_leaving_failed_exits_with_the_engine_s_status_or_nothing_served():
     assert policy.failed_exit_code(7) == 7
     assert policy.failed_exit_code(-9) == 137        # killed by SIGKILL: 128 + 9
     assert policy.exit_code_for(-15) == 143 and policy.exit_code_for(0) == 0
+
+
+def test_only_a_crash_restarts_a_cluster_group_that_never_served():
+    assert policy.group_restarts(Failure(FailureClass.CRASHED, "the group lost a rank"))
+    for c in FailureClass:
+        if c != FailureClass.CRASHED:
+            assert not policy.group_restarts(Failure(c, "x")), c    # what the config decides still walks or fails
