@@ -25,6 +25,10 @@ A node is in a cluster when NUM_NODES is set and more than 1. Kiln's own variabl
                               while it serves (default 15)
     KILN_CLUSTER_PROBE_TIMEOUT_S  how long that request may take before the group counts as hung
                               (default 60: under load a request waits its turn)
+    KILN_CLUSTER_NAME         the cluster's name, which `build.py cluster plan/up` puts into every
+                              node's env (RunPod names no variable for a node's cluster): a FAILED
+                              cluster looks for itself among the clusters of that name
+                              (fleet/cluster_terminate.py)
 """
 
 from __future__ import annotations
@@ -34,10 +38,11 @@ from dataclasses import dataclass
 
 from .errors import Problem
 
-__all__ = ["DEFAULT_IFNAME", "RUNPOD_VARS", "Node", "active", "read"]
+__all__ = ["CLUSTER_NAME_ENV", "DEFAULT_IFNAME", "RUNPOD_VARS", "Node", "active", "read"]
 
 RUNPOD_VARS = ("PRIMARY_ADDR", "MASTER_ADDR", "PRIMARY_PORT", "MASTER_PORT", "NODE_ADDR", "NODE_RANK",
                "NUM_NODES", "NUM_TRAINERS", "WORLD_SIZE")
+CLUSTER_NAME_ENV = "KILN_CLUSTER_NAME"
 DEFAULT_IFNAME = "ens1"          # configuration.mdx: PRIMARY_ADDR is on ens1; eth0 times out
 DEFAULT_ARRIVE_S = 600.0
 DEFAULT_LOST_S = 5.0

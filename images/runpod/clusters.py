@@ -15,7 +15,8 @@
              (Pod.runtime.gpus), and what its supervisor says.
     down     DELETE /clusters/{id}: every member pod is terminated with it.
 
-A cluster is Kiln's target's when its name is kiln-<target>-cluster (Cluster has no env to mark it).
+A cluster is Kiln's target's when its name is kiln-<target>-cluster (Cluster has no env to mark it);
+every node gets that name as KILN_CLUSTER_NAME.
 """
 
 from __future__ import annotations
@@ -26,6 +27,7 @@ from typing import Any, Callable
 
 import requests
 
+from supervisor.cluster_env import CLUSTER_NAME_ENV
 from supervisor.errors import KilnError
 
 from .. import runpod_schema as schema
@@ -76,7 +78,9 @@ def cluster_body(target: Target, template: RunPodTemplate, shape: Shape) -> dict
                             "compute": {"gpuTypeId": shape.gpu_id, "gpuCountPerPod": shape.gpus_per_node,
                                         "podCount": shape.nodes}}
     body.update({k: tpl[k] for k in FROM_TEMPLATE if k in tpl})
-    body["env"] = dict(sorted({**tpl.get("env", {}), TARGET_ENV: target.name}.items()))
+    # Its own name, which RunPod gives no node: a FAILED group finds its cluster by it (fleet/cluster_terminate.py).
+    env = {**tpl.get("env", {}), TARGET_ENV: target.name, CLUSTER_NAME_ENV: body["name"]}
+    body["env"] = dict(sorted(env.items()))
     if shape.data_centers:
         body["dataCenterIds"] = list(shape.data_centers)
     body.update(startJupyter=False, startSsh=False)

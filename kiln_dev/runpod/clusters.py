@@ -17,8 +17,10 @@ in rank order, so rank 0's status port is known before rank 1 starts.
 
 The stand-in's choices where RunPod publishes nothing: the catalog's cluster capacity is the pods
 catalog's (a GPU type whose secure maxCount holds gpuCountPerPod), every node in the first data
-center with capacity, cluster ids `cluster_<hex>`, and a member pod's DELETE via /v2/pods is 400
-(the document: member pods "cannot be modified or deleted via the pod endpoints"; no status given).
+center with capacity, cluster ids `cluster_<hex>`, a member pod's DELETE via /v2/pods is 400
+(the document: member pods "cannot be modified or deleted via the pod endpoints"; no status given),
+and a pod-scoped key (the RUNPOD_API_KEY a pod is given) reaches no /v2/clusters route (403): the
+pods stand-in's scope for such a key (its own pod only); RunPod documents none.
 """
 
 from __future__ import annotations
@@ -48,6 +50,8 @@ class ClusterStandIn(RunPodStandIn):
     def handle(self, method: str, path: str, query: dict[str, list[str]], body: Any, auth: str) -> tuple[int, Any]:
         parts = path.strip("/").split("/")
         if parts[:2] == ["v2", "clusters"] and len(parts) <= 4:
+            if auth.startswith("pod:"):
+                raise Problem(403, "access denied")
             return self._clusters(method, parts[2:], body)
         if parts[:2] == ["v2", "pods"] and len(parts) == 2 and method == "GET":
             listed = [self._public(p) for p in self.pods.values() if "cluster" not in p]

@@ -5,6 +5,8 @@
     reporter.py        this pod's record to the Hub: a thread the loop pokes, paced, masked
     self_terminate.py  [runpod] terminate_on_terminal_failure: FAILED for good -> the pod
                        terminates itself through RunPod's API after a grace
+    cluster_terminate.py  the same on a cluster node: rank 0 finds its cluster by membership and
+                       deletes it; other ranks leave it to rank 0
 
 The publisher's side (publish-config, canary rollouts, fleet-status) runs on the workstation:
 images/fleet/. Kept free of imports.

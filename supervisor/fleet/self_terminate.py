@@ -52,6 +52,11 @@ class Termination:
     _cancel: threading.Event = field(default_factory=threading.Event, repr=False)
     _done: threading.Event = field(default_factory=threading.Event, repr=False)
     thread: threading.Thread | None = field(default=None, repr=False)
+    on_change: Callable[["Termination"], None] | None = field(default=None, repr=False)   # /status kept current
+
+    def changed(self) -> None:
+        if self.on_change is not None:
+            self.on_change(self)
 
     def cancel(self) -> bool:
         """Keep the pod; True when the DELETE had not been sent yet."""
@@ -67,34 +72,20 @@ class Termination:
         return {"pod": self.pod_id, "grace_s": self.grace_s, "in_s": round(left, 1), "outcome": self.outcome}
 
 
-def arm(spec: SelfTerminateSpec, env: Mapping[str, str], *, failure: str,
-        on_event: OnEvent | None = None, session: requests.Session | None = None) -> Termination | None:
+def arm(spec: SelfTerminateSpec, env: Mapping[str, str], *, failure: str, on_event: OnEvent | None = None,
+        on_change: Callable[[Termination], None] | None = None,
+        session: requests.Session | None = None) -> Termination | None:
     """Terminate this pod after the grace period, unless cancelled. Call once, on entering FAILED
-    for good; `failure` ("class: reason", already redacted) goes to the log and /status."""
+    for good; `failure` ("class: reason", already redacted) goes to the log and /status;
+    `on_change(handle)` is called from the thread once the outcome is known."""
     event = on_event or (lambda name, detail: None)
     if not spec.terminate_on_terminal_failure:
         return None
-    pod_id, key = env.get("RUNPOD_POD_ID", ""), env.get("RUNPOD_API_KEY", "")
-    missing = [n for n, v in (("RUNPOD_POD_ID", pod_id), ("RUNPOD_API_KEY", key)) if not v]
-    if missing:
-        msg = (f"[runpod] terminate_on_terminal_failure is on but {' and '.join(missing)} "
-               f"{'is' if len(missing) == 1 else 'are'} not set: this pod will not terminate itself and keeps "
-               "billing until someone terminates it")
-        log.warning("%s", msg)
-        event("runpod_terminate_skipped", msg)
+    found = usable(spec, env, event, consequence="this pod will not terminate itself")
+    if found is None:
         return None
-    if not POD_ID.fullmatch(pod_id):
-        msg = f"RUNPOD_POD_ID {pod_id[:80]!r} is not a pod id: this pod will not terminate itself"
-        log.warning("%s", msg)
-        event("runpod_terminate_skipped", msg)
-        return None
-    why = _url_refused(spec.api_url, env)
-    if why:                                 # the config checks this too: here is where the key would go
-        msg = f"[runpod] api_url {spec.api_url[:120]!r} {why}: this pod will not terminate itself"
-        log.warning("%s", msg)
-        event("runpod_terminate_skipped", msg)
-        return None
-    t = Termination(pod_id, spec.terminate_grace_s, time.monotonic() + spec.terminate_grace_s)
+    pod_id, key = found
+    t = Termination(pod_id, spec.terminate_grace_s, time.monotonic() + spec.terminate_grace_s, on_change=on_change)
     msg = (f"the supervisor can never serve ({failure[:300]}): terminating pod {pod_id} in "
            f"{spec.terminate_grace_s:g} s ([runpod] terminate_on_terminal_failure); /status stays up until then")
     log.warning("%s", msg)
@@ -103,6 +94,28 @@ def arm(spec: SelfTerminateSpec, env: Mapping[str, str], *, failure: str,
                                 name="kiln-runpod-terminate", daemon=True)
     t.thread.start()
     return t
+
+
+def usable(spec: SelfTerminateSpec, env: Mapping[str, str], event: OnEvent, *,
+           consequence: str) -> tuple[str, str] | None:
+    """(RUNPOD_POD_ID, RUNPOD_API_KEY) when both are there, the id is an id and the key may go to the
+    URL; else one warning (log and `event`) ending in `consequence`, and None."""
+    pod_id, key = env.get("RUNPOD_POD_ID", ""), env.get("RUNPOD_API_KEY", "")
+    missing = [n for n, v in (("RUNPOD_POD_ID", pod_id), ("RUNPOD_API_KEY", key)) if not v]
+    msg = None
+    if missing:
+        msg = (f"[runpod] terminate_on_terminal_failure is on but {' and '.join(missing)} "
+               f"{'is' if len(missing) == 1 else 'are'} not set: {consequence} and keeps "
+               "billing until someone terminates it")
+    elif not POD_ID.fullmatch(pod_id):
+        msg = f"RUNPOD_POD_ID {pod_id[:80]!r} is not a pod id: {consequence}"
+    elif why := _url_refused(spec.api_url, env):    # the config checks this too: here is where the key would go
+        msg = f"[runpod] api_url {spec.api_url[:120]!r} {why}: {consequence}"
+    if msg is not None:
+        log.warning("%s", msg)
+        event("runpod_terminate_skipped", msg)
+        return None
+    return pod_id, key
 
 
 def _url_refused(url: str, env: Mapping[str, str]) -> str | None:
@@ -118,48 +131,55 @@ def _run(t: Termination, api_url: str, key: str, event: OnEvent, session: reques
             log.info("pod %s: self-termination cancelled", t.pod_id)
             event("runpod_terminate_cancelled", f"pod {t.pod_id} kept")
             return
-        t.outcome = _terminate(t, api_url.rstrip("/") + f"/pods/{t.pod_id}", key, event, session)
+        t.outcome = delete(t, api_url, f"/pods/{t.pod_id}", key, event, session, what=f"pod {t.pod_id}",
+                           refused=REFUSED_POD)
     finally:
         t._done.set()
+        t.changed()
 
 
-def _terminate(t: Termination, url: str, key: str, event: OnEvent, session: requests.Session) -> str:
+REFUSED_POD = ("the key in RUNPOD_API_KEY may not terminate pods: name a RunPod secret holding one that may in "
+               "the template ([runpod.secrets] RUNPOD_API_KEY)")
+
+
+def delete(t: Termination, api_url: str, path: str, key: str, event: OnEvent, session: requests.Session, *,
+           what: str, refused: str) -> str:
+    """DELETE `path` under the API with retries and backoff; `what` ("pod X") names it in the log and
+    events, `refused` is the fix a 401/403 says. Answers the outcome."""
     backoff = BACKOFF_S
     why = "not tried"
     for attempt in range(1, RETRIES + 1):
         if t._cancel.is_set():
             return "cancelled"
         try:
-            r = session.delete(url, headers={"Authorization": f"Bearer {key}"}, timeout=30)
+            r = session.delete(api_url.rstrip("/") + path, headers={"Authorization": f"Bearer {key}"}, timeout=30)
             status = r.status_code
-            why = f"HTTP {status}: {_detail(r)}"
+            why = f"HTTP {status}: {problem_detail(r)}"
         except requests.RequestException as e:
             status, why = 0, f"{type(e).__name__}: {e}"
         why = " ".join(redact(why, [key]).split())[:300]
         if status in (200, 204):
-            log.warning("pod %s: terminated (DELETE /v2/pods/%s)", t.pod_id, t.pod_id)
-            event("runpod_terminated", f"pod {t.pod_id}")
+            log.warning("%s: terminated (DELETE /v2%s)", what, path)
+            event("runpod_terminated", what)
             return "terminated"
         if status == 404:
-            log.warning("pod %s: already gone (404)", t.pod_id)
-            event("runpod_terminated", f"pod {t.pod_id} was already gone")
+            log.warning("%s: already gone (404)", what)
+            event("runpod_terminated", f"{what} was already gone")
             return "already gone"
         if status in (401, 403):
-            msg = (f"pod {t.pod_id}: RunPod refused to terminate it ({why}); the key in RUNPOD_API_KEY may not "
-                   "terminate pods: name a RunPod secret holding one that may in the template "
-                   "([runpod.secrets] RUNPOD_API_KEY)")
+            msg = f"{what}: RunPod refused to terminate it ({why}); {refused}"
             log.error("%s", msg)
             event("runpod_terminate_failed", msg)
             return f"failed: {why}"
-        log.error("pod %s: terminate attempt %d of %d failed: %s", t.pod_id, attempt, RETRIES, why)
+        log.error("%s: terminate attempt %d of %d failed: %s", what, attempt, RETRIES, why)
         if attempt < RETRIES and t._cancel.wait(backoff):
             return "cancelled"
         backoff *= 2
-    event("runpod_terminate_failed", f"pod {t.pod_id}: {why}")
+    event("runpod_terminate_failed", f"{what}: {why}")
     return f"failed: {why}"
 
 
-def _detail(r: requests.Response) -> str:
+def problem_detail(r: requests.Response) -> str:
     """RunPod's problem object (RFC 9457) in one line, or the start of the body."""
     try:
         data = r.json()

@@ -13,9 +13,10 @@ on the status port it can still read (config.boot_fallback: KILN_STATUS_PORT, el
 [status] port, where either is valid, else 8081). With self-termination asked for
 (KILN_RUNPOD_TERMINATE_ON_TERMINAL_FAILURE=true, or the file's [runpod] table where it is valid)
 and RUNPOD_POD_ID + RUNPOD_API_KEY set, the pod is terminated after the grace
-(fleet/self_terminate.py; the key goes to RunPod's API or $KILN_RUNPOD_API_URL only). TERM or INT
-stops it: exit 3 (nothing served). No engine, no watcher, no task: nothing reads state_dir, since
-the config that names it is the thing that failed. `run --exit-on-failure` exits 2 instead (CI).
+(fleet/self_terminate.py; on a cluster node rank 0 deletes the cluster: fleet/cluster_terminate.py;
+the key goes to RunPod's API or $KILN_RUNPOD_API_URL only). TERM or INT stops it: exit 3 (nothing
+served). No engine, no watcher, no task: nothing reads state_dir, since the config that names it is
+the thing that failed. `run --exit-on-failure` exits 2 instead (CI).
 
 A Serverless worker (runpod_env.active) is released rather than restarted, so it does not stay:
 it logs the one failure line a worker logs in every phase (runpod_env.release_line: class
@@ -148,10 +149,10 @@ def serve(err: ConfigError, path: str, env: Mapping[str, str], *, serverless: bo
         grace_s = 0.0 if worker else None           # a worker with no health path to answer on has nothing to wait for
     terminator = None
     if runpod.terminate_on_terminal_failure and worker is None:
-        from ..fleet import self_terminate
+        from ..fleet import cluster_terminate         # a single pod: fleet/self_terminate.py
 
-        terminator = self_terminate.arm(runpod, env, failure=f"config_rejected: {failure['evidence'][:300]}",
-                                        on_event=rec.event)
+        terminator = cluster_terminate.arm(runpod, env, failure=f"config_rejected: {failure['evidence'][:300]}",
+                                           on_event=rec.event)
     deadline = None if grace_s is None else time.monotonic() + grace_s
     try:
         while deadline is None or time.monotonic() < deadline:

@@ -68,6 +68,8 @@ def test_plan_prints_a_body_valid_against_runpods_schema_with_secret_references_
     assert body["compute"] == {"gpuTypeId": "NVIDIA A40", "gpuCountPerPod": 1, "podCount": 2}
     assert body["type"] == "APPLICATION" and "registry" not in body
     assert body["env"]["HF_TOKEN"] == "{{ RUNPOD_SECRET_hf_token }}"
+    # Every node learns its cluster's name: a FAILED group finds its cluster by it (fleet/cluster_terminate.py).
+    assert body["env"]["KILN_CLUSTER_NAME"] == body["name"] == f"kiln-{TARGET}-cluster"
     assert standin.requests == []                                 # plan sends nothing
     no_secret(r.stdout, r.stderr)
     bad = cli(standin, "plan", "--target", TARGET, "--nodes", "1", "--allow-floating")

@@ -1,18 +1,25 @@
 """A cluster's node refused before anything runs, and a rank that never arrives, with real
 supervisors on loopback (issue 40). No engine starts in either case (the refusal comes at
 PREFLIGHT, the missing rank holds the primary at its launch gate), so these boot no vLLM: the
-config names the real CPU build only so that everything before the launch is what a cluster runs."""
+config names the real CPU build only so that everything before the launch is what a cluster runs.
+A FAILED group with [runpod] terminate_on_terminal_failure deletes its cluster from rank 0, against
+kiln_dev/runpod's /v2/clusters (a stand-in for RunPod's v2 API, schema-checked; its nodes run nothing)."""
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 import pytest
+import requests
 
 from kiln_dev import vllm_cpu
 from kiln_dev.loopback_cluster import node_env
-from kiln_dev.supervised import Supervised, free_port
+from kiln_dev.runpod import ClusterStandIn
+from kiln_dev.supervised import Supervised, free_port, http, wait_for
 from tests.support.cluster import deploy
+
+ACCOUNT_KEY = "rpa_cluster-gate-canary-5b1f"
 
 
 @pytest.fixture(scope="module")
@@ -21,9 +28,9 @@ def engine() -> dict[str, Path]:
             "snapshot": vllm_cpu.snapshot_file()}
 
 
-def primary(tmp: Path, engine: dict[str, Path], **extra: str) -> Supervised:
+def primary(tmp: Path, engine: dict[str, Path], *, more: str = "", **extra: str) -> Supervised:
     sport = free_port()
-    text = deploy(tmp, port=free_port(), sport=sport, **engine)
+    text = deploy(tmp, port=free_port(), sport=sport, **engine) + more
     env = node_env(0, nodes=2, master_port=free_port(), primary_status=sport, extra=extra)
     return Supervised(tmp, text, env=env)
 
@@ -49,3 +56,33 @@ def test_a_node_with_the_wrong_interface_or_too_little_shm_is_refused_with_the_f
         assert "below the 100000 GiB" in reason and "give the pod more shared memory" in reason
         assert "cluster" in st and st["cluster"]["rank"] == 0
         sup.stop()
+
+
+def test_a_group_failed_for_good_deletes_its_cluster_from_rank_0(tmp_path, engine):
+    # Rank 0 is the primary of a cluster the stand-in holds (its RUNPOD_POD_ID that cluster's rank 0
+    # pod); rank 1 never arrives, so the group is FAILED node_missing and rank 0 deletes the cluster
+    # (not its pod: member pods cannot be deleted through /v2/pods), found by name and membership.
+    with ClusterStandIn(ACCOUNT_KEY) as standin:
+        body = {"name": "kiln-t-cluster", "type": "APPLICATION", "image": "ghcr.io/kiln-llm/kiln:x",
+                "compute": {"gpuTypeId": "NVIDIA A40", "gpuCountPerPod": 1, "podCount": 2}}
+        auth = {"Authorization": f"Bearer {ACCOUNT_KEY}"}
+        other = requests.post(standin.url + "/clusters", json=body, headers=auth, timeout=30).json()["id"]
+        mine = requests.post(standin.url + "/clusters", json=body, headers=auth, timeout=30).json()["id"]
+        head = standin.clusters[mine]["_pods"][0]
+        runpod = "[runpod]\nterminate_on_terminal_failure = true\nterminate_grace_s = 1\n"
+        with primary(tmp_path, engine, more=runpod, KILN_CLUSTER_ARRIVE_S="6", KILN_CLUSTER_MIN_SHM_GIB="0.01",
+                     RUNPOD_POD_ID=head, RUNPOD_API_KEY=ACCOUNT_KEY, KILN_RUNPOD_API_URL=standin.url,
+                     KILN_CLUSTER_NAME="kiln-t-cluster") as sup:
+            st = sup.wait_state("FAILED", "SERVING", timeout=120)
+            assert st["state"] == "FAILED" and st["last_failure"]["class"] == "node_missing", st["last_failure"]
+            wait_for(lambda: mine in standin.deleted_clusters, 60, "rank 0 to delete its cluster")
+            wait_for(lambda: ((sup.status() or {}).get("runpod_terminate") or {}).get("outcome") == "terminated",
+                     10, "/status to say the cluster is terminated")
+            st = sup.status()
+            assert st["runpod_terminate"]["cluster"] == mine and st["runpod_terminate"]["rank"] == 0
+            assert http(sup.url("/live"))[0] == 200                       # the supervisor still answers
+            assert ACCOUNT_KEY not in sup.log() and ACCOUNT_KEY not in json.dumps(st)
+            assert sup.stop() == 3
+        assert standin.deleted_clusters == [mine] and other in standin.clusters
+        assert [r["path"] for r in standin.requests if r["method"] == "DELETE"] == [f"/v2/clusters/{mine}"]
+        assert head in standin.terminated and standin.faults == []

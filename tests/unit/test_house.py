@@ -36,6 +36,8 @@ CONTRACTS = {
     "supervisor.plan.memory": "the memory arithmetic `plan` predicts with and a booted pod checks",
     "supervisor.plan.fit": "per-card placement: resident or offloaded, the same rule before renting and after boot",
     "supervisor.model.gguf_layout": "the GGUF header reader, for `plan` from a prefix fetched by range",
+    "supervisor.cluster_env": "the variable naming a node's cluster, which `cluster plan/up` sets and a FAILED "
+                              "group's rank 0 reads to find its cluster",
 }
 LOOSE_MAX = 12
 
