@@ -10,7 +10,9 @@
     headless_up: the primary's engine up in        ready_gate (/ready): every other rank SERVING in
       the epoch it joined                            this epoch, and fresh
     watch: the primary silent for LOST_S, or its   watch: a rank silent for LOST_S (dead or hung),
-      engine down or of another epoch -> lost()      its engine down after it joined, or gone -> lost();
+      engine down or of another epoch -> lost()      its engine down after it joined this epoch (seen
+                                                     running, or its beat of this epoch without one),
+                                                     or gone -> lost();
                                                      while SERVING, a real 1-token request through its
                                                      own API every PROBE_S, answered within its timeout
                                                      (a hung or dead engine under a live supervisor)
@@ -85,8 +87,11 @@ class Group:
 
     # -- this rank ----------------------------------------------------------------------------------
     def me(self) -> Beat:
+        # The epoch first: the loop counts a new engine before it moves the epoch on, so this order can
+        # never say "joined the new epoch, no engine" about a launch landing between the two reads.
+        epoch = self.epoch
         state, running, failure = self._local()
-        return Beat(rank=self.node.rank, state=state, running=running, epoch=self.epoch, waiting=self._waiting,
+        return Beat(rank=self.node.rank, state=state, running=running, epoch=epoch, waiting=self._waiting,
                     failure=failure if state in GONE else "")
 
     def launched(self) -> None:
@@ -280,7 +285,9 @@ class Group:
                         return f"rank {r} stopped answering: no beat for {now - s.at:.1f} s (dead or hung)"
                     if b.running and b.epoch == self.epoch:
                         s.joined = True
-                    elif s.joined:
+                    elif s.joined or b.epoch == self.epoch:
+                        # joined: seen running in this epoch; or its beat says it launched into this epoch
+                        # (a rank's epoch moves only at its launch) and its engine died before a beat showed it
                         return f"rank {r}'s engine went down (rank {r} is {b.state}, with no engine of this epoch)"
                 else:
                     quiet = now - (since if since is not None else self._launched_at)

@@ -112,6 +112,37 @@ def test_a_rank_whose_engine_went_down_is_a_loss_once_per_epoch():
     assert len(lost) == 2 and "rank 1" in lost[1]
 
 
+def test_a_rank_whose_engine_died_before_the_primary_saw_it_run_is_a_loss():
+    """Its beat says it joined this epoch (a rank's epoch moves only at its launch) and runs no engine:
+    it launched and lost its engine between two beats. Before, the primary waited on for an engine it
+    never saw, and the rank for a newer epoch: the group stood still until a timeout (seen in
+    test_cluster_real with rank 1's engine killed 0.2 s into the first boot)."""
+    g, clock, local, lost = primary(nodes=2)
+    local.update(running=True)
+    g.launched()
+    beat(g, 1, "LAUNCHING", False, 0, waiting=True)     # at its gate: the epoch before, not a loss
+    g._check()
+    assert lost == []
+    beat(g, 1, "RESTARTING", False, 1)                  # launched into epoch 1, its engine already gone
+    g._check()
+    assert lost == ["rank 1's engine went down (rank 1 is RESTARTING, with no engine of this epoch)"]
+
+
+def test_a_beat_reads_the_epoch_before_the_engine_so_a_launch_between_them_is_no_loss():
+    """The beat thread reads while the loop launches (the engine counted, then the epoch moved on): read
+    the other way round, a launch between the two reads would make 'joined the new epoch, no engine', a
+    loss that never happened. Here the launch lands inside the engine's read."""
+    g, clock, local, lost = primary(nodes=2)
+
+    def local_during_a_launch():
+        g.launched()                                      # the loop: engine counted, epoch 0 -> 1
+        return "LAUNCHING", False, ""                     # ... but this read saw no engine yet
+
+    g._local = local_during_a_launch
+    b = g.me()
+    assert (b.epoch, b.running) == (0, False)             # the epoch before: no claim to have joined 1
+
+
 def test_a_silent_rank_is_dead_or_hung_and_nothing_is_lost_without_an_engine():
     g, clock, local, lost = primary()
     run_epoch(g, clock, local)
