@@ -5,8 +5,8 @@ Instant Cluster (RunPod's variables set as a cluster sets them; NODE_ADDR and PR
 llama (4 heads: SmolLM2's 9 do not divide by 2; `-pp 2` crashes this CPU build on its first request).
 Its answers are noise, and the selftest's fatal code probe fails on it (seen here: rank 0 FAILED
 selftest_failed, and rank 1 then FAILED naming rank 0), so the group here runs without the selftest:
-what is shown is the group's lifecycle; the selftest through rank 0's API with a real model is issue 41's
-GPU run (tests/unit/test_cluster_group.py holds /ready to the whole group).
+what is shown is the group's lifecycle; the selftest through rank 0's API with a real model (SmolLM2 as
+`-tp 3` over three nodes) is tests/integration/test_cluster_selftest.py.
 
 A two-node boot is the heaviest thing the tests do (~60-130 s on 2 cores), so one group (module
 scope) is booted once (rank 1's engine killed during that first boot: the group restarts) and broken four

@@ -10,8 +10,8 @@ from kiln_dev.loopback_cluster import node_deploy
 BOOT_S = 420          # one two-node boot on a loaded 2-core machine, with room to spare
 LOST_S = 4            # KILN_CLUSTER_LOST_S: silence that counts as a dead or hung rank
 KEY = "cluster-canary-key"
-# The tiny random llama's answers are noise and the selftest's fatal code probe fails on it:
-# tests/integration/test_cluster_real.py's docstring says what that leaves out.
+# The tiny random llama's answers are noise and the selftest's fatal code probe fails on it: the
+# lifecycle tests run without it; tests/integration/test_cluster_selftest.py runs it on a real model.
 SELFTEST = "[selftest]\nenabled = false\n"
 
 
