@@ -205,12 +205,13 @@ def event(draw, world: World) -> E.Event:
 
 @settings(max_examples=400, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(data=st.data(), selftest=st.booleans(), exit_on_failure=st.booleans(),
-       placement=st.sampled_from(["autofit", "balanced"]), release=st.sampled_from([None, 0.0, 2.0]))
+       placement=st.sampled_from(["autofit", "balanced"]), release=st.sampled_from([None, 0.0, 2.0]),
+       group=st.booleans())
 def test_random_event_sequences_keep_every_transition_legal_and_leave_nothing_running(data, selftest,
                                                                                       exit_on_failure, placement,
-                                                                                      release):
+                                                                                      release, group):
     world = World(Machine(live(selftest, placement=placement), exit_on_failure=exit_on_failure,
-                          release_after_s=release))
+                          release_after_s=release, group=group))
     for _ in range(data.draw(st.integers(1, 60))):
         if world.m.done:
             break
