@@ -152,7 +152,7 @@ class ClusterStandIn(RunPodStandIn):
         primary_status = head.mapped.get(STATUS_PRIVATE) if head is not None else None
         env.update(node_env(member["rank"], nodes=compute["podCount"], master_port=cluster["_master"],
                             primary_status=primary_status or 0, gpus_per_node=compute["gpuCountPerPod"],
-                            extra=self.node_extra))
+                            pod_id=pod["id"], extra=self.node_extra))
         if primary_status is None:      # rank 0 itself: its own status port (KILN_STATUS_PORT, mapped)
             env.pop("KILN_CLUSTER_STATUS_PORT")
         return env
