@@ -1,10 +1,11 @@
 """N Kiln supervisors as the N nodes of one RunPod Instant Cluster on one host: each node gets the
 variables RunPod documents for a cluster (PRIMARY_/MASTER_ADDR and PORT, NODE_ADDR, NODE_RANK,
 NUM_NODES, NUM_TRAINERS, WORLD_SIZE, HOST_NODE_ADDR; instant-clusters/configuration.mdx @0f215947)
-with every address 127.0.0.1, plus what one host needs to hold several nodes: the interface `lo`
-(KILN_CLUSTER_IFNAME), the primary's status port (KILN_CLUSTER_STATUS_PORT), an engine port of its
-own (KILN_SERVER_PORT) and `CUDA_VISIBLE_DEVICES` — one GPU per node by default, so the same group
-runs on a multi-GPU machine (issue 41) as on this CPU one. Used by the cluster tests and
+with every address 127.0.0.1 and RUNPOD_POD_ID (RunPod gives each pod its own; a node's own state
+directory is named by it: supervisor/runpod_env.py), plus what one host needs to hold several nodes:
+the interface `lo` (KILN_CLUSTER_IFNAME), the primary's status port (KILN_CLUSTER_STATUS_PORT), an
+engine port of its own (KILN_SERVER_PORT) and `CUDA_VISIBLE_DEVICES` — one GPU per node by default,
+so the same group runs on a multi-GPU machine (issue 41) as on this CPU one. Used by the cluster tests and
 bench/cluster.py; a GPU run drives it the same way with its own deploy config."""
 
 from __future__ import annotations
@@ -20,13 +21,14 @@ __all__ = ["LoopbackCluster", "node_env"]
 
 
 def node_env(rank: int, *, nodes: int, master_port: int, primary_status: int, gpus_per_node: int = 1,
-             extra: dict[str, str] | None = None) -> dict[str, str]:
-    """What RunPod sets on node `rank`, plus Kiln's knobs for nodes that share one host."""
+             pod_id: str | None = None, extra: dict[str, str] | None = None) -> dict[str, str]:
+    """What RunPod sets on node `rank` (its pod id: `pod_id`, else loopback-node<rank>), plus Kiln's
+    knobs for nodes that share one host."""
     first = rank * gpus_per_node
     return {"PRIMARY_ADDR": "127.0.0.1", "MASTER_ADDR": "127.0.0.1", "PRIMARY_PORT": str(master_port),
             "MASTER_PORT": str(master_port), "NODE_ADDR": "127.0.0.1", "NODE_RANK": str(rank),
             "NUM_NODES": str(nodes), "NUM_TRAINERS": str(gpus_per_node), "WORLD_SIZE": str(nodes * gpus_per_node),
-            "HOST_NODE_ADDR": f"127.0.0.1:{master_port}",
+            "HOST_NODE_ADDR": f"127.0.0.1:{master_port}", "RUNPOD_POD_ID": pod_id or f"loopback-node{rank}",
             "CUDA_VISIBLE_DEVICES": ",".join(str(first + i) for i in range(gpus_per_node)),
             "KILN_CLUSTER_IFNAME": "lo", "KILN_CLUSTER_STATUS_PORT": str(primary_status), **(extra or {})}
 

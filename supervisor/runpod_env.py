@@ -47,7 +47,14 @@ is `<volume>/kiln` (unless KILN_STATE_DIR says otherwise) and is laid out as:
                                           and GPU kind once it is gone)
 
 Without the volume a worker's state stays where the config says (the container disk), laid out
-the same way. The worker id is RUNPOD_POD_ID when RunPod sets it, else the hostname. Whether
+the same way.
+
+A cluster's nodes (NUM_NODES > 1: cluster_env.py) split state_dir the same way, whether or not one
+network volume is mounted on every node at it (`build.py cluster up --volume`): the shared part
+above, each node's own in workers/<its id> (run/runtime.py own_state_dir). A node's directory
+carries no mark and is never pruned: a cluster is created and deleted whole (its member pods cannot
+be deleted one by one), so no node's directory dies while its cluster lives, and once the cluster is
+gone (a FAILED one deletes itself) its nodes' engine logs there are what is left to read. The worker id is RUNPOD_POD_ID when RunPod sets it, else the hostname. Whether
 load-balancing workers get RUNPOD_POD_ID at all is unresolved: RunPod publishes its env vars for
 Pods only, and its SDK reads RUNPOD_POD_ID as the worker id of queue-based workers
 (runpod/docs @a900806e lists the variables of Pods only); a container's

@@ -32,6 +32,11 @@ def _shape_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--gpus-per-node", type=int, help="GPUs per node (default: the target's [runpod] gpu_count)")
     p.add_argument("--data-center", action="append", default=[], metavar="DC", help="preferred data center "
                    "id (repeatable; a cluster is always placed within one)")
+    p.add_argument("--volume", metavar="VOLUME_ID", help="mount this existing network volume on every node, the "
+                   "state_dir on it: the nodes share one model download (each keeps its own state there); the "
+                   "cluster is placed in the volume's data center")
+    p.add_argument("--volume-path", metavar="PATH", help="where every node mounts --volume (default: the "
+                   "target's [runpod] volume_mount)")
     _template_options(p)
 
 
@@ -80,7 +85,14 @@ def _body(args: argparse.Namespace):  # type: ignore[no-untyped-def]
                         "(2..250), or use a cluster target")
     shape = clusters.Shape.of(target, nodes=nodes, gpu_id=args.gpu, gpus_per_node=args.gpus_per_node,
                               data_centers=tuple(args.data_center))
-    return target, shape, clusters.cluster_body(target, tpl, shape)
+    if args.volume_path and not args.volume:
+        raise KilnError(f"--volume-path {args.volume_path}: give --volume VOLUME_ID as well (the volume to "
+                        "mount there)")
+    mount = clusters.NetworkMount.of(target, args.volume, args.volume_path) if args.volume else None
+    if mount is not None:
+        say(f"network volume {mount.volume_id} at {mount.path} on every node; state_dir {mount.state_dir} on it "
+            "(the Hub cache and the compile caches shared, each node's own state in workers/<pod id>)")
+    return target, shape, clusters.cluster_body(target, tpl, shape, mount)
 
 
 def cmd_plan(args: argparse.Namespace) -> int:
@@ -88,6 +100,9 @@ def cmd_plan(args: argparse.Namespace) -> int:
     print(dumps(body), end="")
     say(f"{shape.nodes} nodes x {shape.gpus_per_node} {shape.gpu_id}; POST /v2/clusters with this body is "
         "`cluster up` (checked against RunPod's CreateClusterRequest; secrets are RunPod secret references)")
+    if args.volume:
+        say(f"`cluster up` first checks that network volume {args.volume} exists, and places the cluster in its "
+            "data center")
     return 0
 
 
@@ -102,6 +117,12 @@ def _found(api, name: str) -> dict:  # type: ignore[no-untyped-def]
 def cmd_up(args: argparse.Namespace) -> int:
     target, shape, body = _body(args)
     api = _api(args)
+    if args.volume:
+        vol, body, shape = clusters.place_on_volume(api, body, shape)
+        say(f"network volume {vol.id} ({vol.name}, {vol.size_gb} GB) is in {vol.data_center}: the cluster goes there")
+        if vol.size_gb < target.runpod.volume_gb:
+            say(f"warning: network volume {vol.id} has {vol.size_gb} GB, less than the {target.runpod.volume_gb} GB "
+                f"the target's [runpod] volume_gb asks for its model and caches")
     result = clusters.up(api, target, body, shape, say, timeout_s=args.timeout, poll_s=args.poll, proxy=args.proxy)
     cid = result.cluster.get("id")
     if not result.ready or result.primary is None:

@@ -15,20 +15,28 @@
              (Pod.runtime.gpus), and what its supervisor says.
     down     DELETE /clusters/{id}: every member pod is terminated with it.
 
+With `--volume ID` every node mounts one existing network volume (mounts.network, in place of the
+template's persistent mount: Mounts takes at most one) and the state_dir is on it, so the nodes
+share one Hub cache and download the model once (supervisor/runpod_env.py "The volume": each node's
+own state is workers/<pod id> there). `up` looks the volume up first and places the cluster in its
+data center (NetworkMount: "an existing NetworkVolume in the same data center").
+
 A cluster is Kiln's target's when its name is kiln-<target>-cluster (Cluster has no env to mark it);
 every node gets that name as KILN_CLUSTER_NAME.
 """
 
 from __future__ import annotations
 
+import re
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any, Callable
 
 import requests
 
 from supervisor.cluster_env import CLUSTER_NAME_ENV
 from supervisor.errors import KilnError
+from supervisor.runpod_env import SHARED_DIR_NAME
 
 from .. import runpod_schema as schema
 from ..fleet import probe
@@ -36,6 +44,7 @@ from ..target import Target
 from .api import RunPodAPI
 from .pods import TARGET_ENV, NoMatchingHost, proxy_url
 from .template import RunPodTemplate
+from .volumes import Volume, by_id
 
 CLUSTER_TYPE = "APPLICATION"
 MIN_NODES, MAX_NODES = 2, 250          # ClusterCompute.podCount's bounds in the document
@@ -70,7 +79,37 @@ class Shape:
         return cls(gpu_id or target.runpod.gpu_type, count, nodes, data_centers)
 
 
-def cluster_body(target: Target, template: RunPodTemplate, shape: Shape) -> dict[str, Any]:
+_PATH = re.compile(r"/[A-Za-z0-9._/-]*[A-Za-z0-9._-]")
+
+
+@dataclass(frozen=True)
+class NetworkMount:
+    """One existing network volume mounted on every node at `path`, the state_dir on it."""
+    volume_id: str
+    path: str
+    state_dir: str                 # the deploy config's, when on the volume; else <path>/kiln (KILN_STATE_DIR)
+
+    @classmethod
+    def of(cls, target: Target, volume_id: str, path: str | None = None) -> "NetworkMount":
+        if not volume_id.strip() or any(c.isspace() or c == "/" for c in volume_id):
+            raise KilnError(f"--volume {volume_id!r}: a network volume's id (GET /v2/network-volumes; "
+                            "`pods volumes` lists Kiln's)")
+        path = path or target.runpod.volume_mount
+        if not _PATH.fullmatch(path) or ".." in path.split("/"):
+            raise KilnError(f"--volume-path {path!r}: an absolute path other than / (e.g. /runpod-volume), "
+                            "where every node mounts the volume")
+        state_dir = target.deploy_config().state_dir
+        if not state_dir.startswith(path.rstrip("/") + "/"):
+            state_dir = f"{path.rstrip('/')}/{SHARED_DIR_NAME}"
+        return cls(volume_id, path, state_dir)
+
+    def env(self, target: Target) -> dict[str, str]:
+        """KILN_STATE_DIR where the deploy config's state_dir is not on the volume."""
+        return {} if self.state_dir == target.deploy_config().state_dir else {"KILN_STATE_DIR": self.state_dir}
+
+
+def cluster_body(target: Target, template: RunPodTemplate, shape: Shape,
+                 mount: NetworkMount | None = None) -> dict[str, Any]:
     """The CreateClusterRequest, checked against the vendored schema (nothing of a secret's value:
     the template's env holds RunPod secret references)."""
     tpl = template.body
@@ -80,12 +119,25 @@ def cluster_body(target: Target, template: RunPodTemplate, shape: Shape) -> dict
     body.update({k: tpl[k] for k in FROM_TEMPLATE if k in tpl})
     # Its own name, which RunPod gives no node: a FAILED group finds its cluster by it (fleet/cluster_terminate.py).
     env = {**tpl.get("env", {}), TARGET_ENV: target.name, CLUSTER_NAME_ENV: body["name"]}
+    if mount is not None:       # the one mount (Mounts: at most one of persistent and network)
+        body["mounts"] = {"network": [{"volumeId": mount.volume_id, "path": mount.path}]}
+        env.update(mount.env(target))
     body["env"] = dict(sorted(env.items()))
     if shape.data_centers:
         body["dataCenterIds"] = list(shape.data_centers)
     body.update(startJupyter=False, startSsh=False)
     schema.check(body, "CreateClusterRequest")
     return body
+
+
+def place_on_volume(api: RunPodAPI, body: dict[str, Any], shape: Shape) -> tuple[Volume, dict[str, Any], Shape]:
+    """The body's network volume looked up (it must exist, in --data-center when given), and the body
+    and shape placed in its data center: a cluster is within one, and mounts a volume only there."""
+    vid = body["mounts"]["network"][0]["volumeId"]
+    vol = by_id(api, vid, shape.data_centers)
+    placed = {**body, "dataCenterIds": [vol.data_center]}
+    schema.check(placed, "CreateClusterRequest")
+    return vol, placed, replace(shape, data_centers=(vol.data_center,))
 
 
 def check_catalog(api: RunPodAPI, shape: Shape) -> dict[str, Any]:

@@ -38,12 +38,7 @@ def ensure(api: RunPodAPI, name: str, size_gb: int, data_centers: tuple[str, ...
         raise KilnError(f"--network-volume {name!r}: {len(found)} volumes have that name ({where}); "
                         "rename or delete the extra ones")
     if found:
-        v = found[0]
-        dc = str(v.get("dataCenter"))
-        if data_centers and dc not in data_centers:
-            raise KilnError(f"--network-volume {name!r} is in {dc}, not in --data-center {', '.join(data_centers)}: "
-                            f"a pod mounts a network volume only in its data center (use --data-center {dc})")
-        return Volume(str(v.get("id")), name, int(v.get("size") or 0), dc, "reused")
+        return _reused(found[0], f"--network-volume {name!r}", "a pod", data_centers)
     if len(data_centers) != 1:
         raise KilnError(f"--network-volume {name!r} does not exist yet: give exactly one --data-center to "
                         "create it in (a volume lives in one data center)")
@@ -52,6 +47,28 @@ def ensure(api: RunPodAPI, name: str, size_gb: int, data_centers: tuple[str, ...
     body: dict[str, Any] = {"name": name, "size": size_gb, "dataCenter": data_centers[0]}
     v = api.create_network_volume(body)
     return Volume(str(v.get("id")), name, int(v.get("size") or size_gb), str(v.get("dataCenter")), "created")
+
+
+def by_id(api: RunPodAPI, volume_id: str, data_centers: tuple[str, ...], *, flag: str = "--volume",
+          mounter: str = "a cluster") -> Volume:
+    """The existing network volume `volume_id` (nothing is created: an id names one already made),
+    refused when it is not in one of `data_centers` (when any are given)."""
+    listed = api.network_volumes()
+    found = next((v for v in listed if str(v.get("id")) == volume_id), None)
+    if found is None:
+        have = ", ".join(f"{v.get('id')} ({v.get('name')}, {v.get('dataCenter')})" for v in listed) or "none"
+        raise KilnError(f"{flag} {volume_id}: no network volume with that id in this account (GET "
+                        f"/v2/network-volumes lists: {have}); create one with `pods up --network-volume NAME "
+                        "--data-center DC`, or in RunPod's console")
+    return _reused(found, f"{flag} {volume_id}", mounter, data_centers)
+
+
+def _reused(v: dict[str, Any], said: str, mounter: str, data_centers: tuple[str, ...]) -> Volume:
+    dc = str(v.get("dataCenter"))
+    if data_centers and dc not in data_centers:
+        raise KilnError(f"{said} is in {dc}, not in --data-center {', '.join(data_centers)}: "
+                        f"{mounter} mounts a network volume only in its data center (use --data-center {dc})")
+    return Volume(str(v.get("id")), str(v.get("name")), int(v.get("size") or 0), dc, "reused")
 
 
 def users(api: RunPodAPI, volume_id: str, *, besides: str = "") -> list[str]:

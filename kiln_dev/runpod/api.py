@@ -300,11 +300,7 @@ class RunPodStandIn:
     def _place(self, body: dict[str, Any], gpu: dict[str, Any], cloud: str, exact: list[str], floor: str | None,
                mounts: dict[str, Any]) -> tuple[str, str | None, float]:
         """A data center, host CUDA version and hourly cost, or 400 as RunPod answers for no capacity."""
-        volume = None
-        for m in mounts.get("network") or []:
-            volume = self.volumes.get(m["volumeId"])
-            if volume is None:
-                raise Problem(400, f"network volume {m['volumeId']!r} does not exist")
+        volume = self._network_volume(mounts)
         wanted = body.get("dataCenterIds") or ([volume["dataCenter"]] if volume else [])
         if not gpu:
             dc = wanted[0] if wanted else "EU-RO-1"
@@ -330,6 +326,15 @@ class RunPodStandIn:
         if volume and volume["dataCenter"] != centres[0]:
             raise Problem(400, f"network volume {volume['id']} is in {volume['dataCenter']}, the pod in {centres[0]}")
         return centres[0], max(hosts, key=_version_key), round(entry["price"][cloud.lower()] * count, 4)
+
+    def _network_volume(self, mounts: dict[str, Any]) -> dict[str, Any] | None:
+        """The network volume `mounts` names (a pod's or a cluster's), or 400 for one that does not exist."""
+        volume = None
+        for m in mounts.get("network") or []:
+            volume = self.volumes.get(m["volumeId"])
+            if volume is None:
+                raise Problem(400, f"network volume {m['volumeId']!r} does not exist")
+        return volume
 
     def _system(self, pid: str, line: str) -> None:
         self.system_log.setdefault(pid, []).append((_now(), line))

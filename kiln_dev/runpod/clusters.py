@@ -7,8 +7,9 @@ Faithful where RunPod publishes (the vendored OpenAPI excerpt, runpod/docs @a900
 body against CreateClusterRequest (422 with each violation, read with the jsonschema library, not
 Kiln's code), every answer against Cluster / ListClustersResponse / ListPodsResponse (a mismatch
 lands in `faults`), 201 on create, 204 on delete (every member pod terminated with it), 404 for an
-unknown id, member pods with `cluster` {id, rank, ip} left out of GET /v2/pods (the document:
-"excluded from GET /v2/pods by default"). Each member is a pod of the pods stand-in, so RunPod's
+unknown id, a network mount's volume checked as for a pod (it must exist, and the cluster is placed
+in its data center: NetworkMount), member pods with `cluster` {id, rank, ip} left out of GET /v2/pods
+(the document: "excluded from GET /v2/pods by default"). Each member is a pod of the pods stand-in, so RunPod's
 proxy and the log stream reach it; its container (SupervisorRunner: a real supervisor) gets the
 variables RunPod's instant-clusters/configuration.mdx names (kiln_dev/loopback_cluster.node_env):
 PRIMARY_/MASTER_ADDR and PORT, NODE_ADDR, NODE_RANK, NUM_NODES, NUM_TRAINERS, WORLD_SIZE, and what
@@ -106,11 +107,15 @@ class ClusterStandIn(RunPodStandIn):
         if entry is None or compute["gpuCountPerPod"] > entry["maxCount"]["secure"]:
             raise Problem(400, f"no cluster capacity for {compute['podCount']} x {compute['gpuCountPerPod']} "
                           f"{compute['gpuTypeId']}")
+        volume = self._network_volume(mounts)
         centres = [d["id"] for d in entry.get("dataCenters", []) if d["availability"] != "NONE"]
-        wanted = body.get("dataCenterIds") or centres
+        wanted = body.get("dataCenterIds") or ([volume["dataCenter"]] if volume else centres)
         placed = [c for c in centres if c in wanted]
         if not placed:
             raise Problem(400, f"no capacity for {compute['gpuTypeId']} in {', '.join(wanted)}")
+        if volume and volume["dataCenter"] != placed[0]:
+            raise Problem(400, f"network volume {volume['id']} is in {volume['dataCenter']}, the cluster in "
+                          f"{placed[0]}")
         cid = "cluster_" + next(self._ids)
         master = free_port()
         cluster = {"id": cid, "name": body["name"], "type": body["type"], "compute": copy.deepcopy(compute),
@@ -152,7 +157,7 @@ class ClusterStandIn(RunPodStandIn):
         primary_status = head.mapped.get(STATUS_PRIVATE) if head is not None else None
         env.update(node_env(member["rank"], nodes=compute["podCount"], master_port=cluster["_master"],
                             primary_status=primary_status or 0, gpus_per_node=compute["gpuCountPerPod"],
-                            extra=self.node_extra))
+                            pod_id=pod["id"], extra=self.node_extra))
         if primary_status is None:      # rank 0 itself: its own status port (KILN_STATUS_PORT, mapped)
             env.pop("KILN_CLUSTER_STATUS_PORT")
         return env

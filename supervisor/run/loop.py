@@ -36,14 +36,13 @@ from ..process.managed import REGISTRY, ManagedProcess
 from ..process.pid1 import SignalRelay, exit_code_for, reap_orphans
 from ..redact import Secrets
 from ..reload.book import ReloadBook
-from ..runpod_env import worker_dir
 from . import launch, preflight, serving
 from .cluster import ClusterNode, GroupLost
 from .fetch import fetch_model
 from .prefetch import WalkPrefetch
 from .record import Record
 from .reload import ReloadTracker
-from .runtime import Runtime
+from .runtime import Runtime, own_state_dir
 from .tasks import Tasks
 from .terminate import Terminator
 
@@ -87,8 +86,8 @@ class Supervisor:
         self.opts = opts or Options()
         env = dict(os.environ if self.opts.env is None else self.opts.env)
         self.boot_cfg = cfg
-        # A Serverless worker's own state is a directory of its own on the shared volume (runpod_env.py)
-        self.state_dir = worker_dir(cfg.state_dir, env) if cfg.serverless.active else Path(cfg.state_dir)
+        # A Serverless worker's or a cluster node's own state: a directory of its own beside the shared
+        self.state_dir = own_state_dir(cfg, env)
         self.rec = Record(__version__, process_start=self.opts.process_start)
         self.rt = Runtime(env=env, state_dir=self.state_dir, rec=self.rec, secrets=Secrets(),
                           hardware_probe=self.opts.hardware_probe, gpu_used=self.opts.gpu_used,

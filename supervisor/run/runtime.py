@@ -11,6 +11,7 @@ from pathlib import Path
 from types import ModuleType
 from typing import Any, Callable, Mapping
 
+from .. import cluster_env
 from ..host import cuda
 from ..config import DeployConfig
 from ..engines.flags import FlagSnapshot
@@ -18,15 +19,26 @@ from ..failure import Failure
 from ..host.hardware import Hardware
 from ..process.statefile import Writes
 from ..redact import Secrets
+from ..runpod_env import worker_dir
 from .record import Record
 
 log = logging.getLogger("kiln")
 
 
+def own_state_dir(cfg: DeployConfig, env: Mapping[str, str]) -> Path:
+    """Where this supervisor keeps what no other may write. Where several supervisors may share
+    state_dir on one volume (a Serverless endpoint's workers; a cluster's nodes, NUM_NODES > 1), a
+    directory of its own under it (runpod_env.py "The volume"); a pod's is state_dir itself. What
+    they share (the Hub cache, the compile caches, the generated API key) stays in state_dir."""
+    if cfg.serverless.active or cluster_env.active(env):
+        return worker_dir(cfg.state_dir, env)
+    return Path(cfg.state_dir)
+
+
 @dataclass
 class Runtime:
     env: Mapping[str, str]
-    state_dir: Path                           # this supervisor's own (a Serverless worker's: its worker dir)
+    state_dir: Path                           # this supervisor's own (own_state_dir)
     rec: Record
     secrets: Secrets
     hardware_probe: Callable[[], Hardware]
@@ -49,7 +61,7 @@ class Runtime:
     # that would change nothing is not made)
     launched_env: dict[str, dict[str, str | None]] = field(default_factory=dict)
     hub_token: str | None = None
-    shared_dir: Path | None = None            # what every worker on the volume shares (None: state_dir)
+    shared_dir: Path | None = None            # what every worker or node on the volume shares (None: state_dir)
     # a cluster's rank (run/cluster.py): vLLM's node flags, and the interface variables as defaults
     node_argv: list[str] = field(default_factory=list)
     node_env: dict[str, str] = field(default_factory=dict)
@@ -61,7 +73,8 @@ class Runtime:
 
     @property
     def shared(self) -> Path:
-        """Where what all of an endpoint's workers share lives (the generated API key); a pod's state_dir."""
+        """Where what all of an endpoint's workers or a cluster's nodes share lives (the generated API
+        key); a pod's state_dir."""
         return self.shared_dir or self.state_dir
 
     @property
