@@ -24,7 +24,7 @@ plus `llamacpp:prompt_tokens_cached_total`), against a fair share of 1/3.
 Router's added latency: a short request (max_tokens 1), the same one through the cache-aware router
 and straight to the replica that served it, alternated, --pairs times; the median of the differences.
 
-    python bench/router.py [--sessions 5] [--turns 4] [--seed 1] [--arrival-s 2] [--think-s 1] [--pairs 30]
+    python bench/router.py [--sessions 5] [--turns 4] [--seed 1] [--arrival-s 2] [--think-s 1] [--pairs 30] [--slots 1]
 
 Ends with `P14 ttft_cache_aware_over_round_robin=X p95_ratio=P max_share_over_fair=S router_added_ms_p50=Y`
 (goals: X <= 0.5, P <= 1, S <= 1.5, Y <= 5).
@@ -259,6 +259,8 @@ def main() -> int:
     ap.add_argument("--system-words", type=int, default=300)
     ap.add_argument("--max-tokens", type=int, default=12)
     ap.add_argument("--pairs", type=int, default=30)
+    ap.add_argument("--slots", type=int, default=1, help="llama-server slots per replica (-np; -c is 4096 a slot): "
+                    "1, a replica serves one request at a time, as in P14's earlier runs")
     ap.add_argument("--router-args", default="", help="more smg flags for both routers ([router] extra_args), "
                     "on top of Kiln's defaults: for tuning")
     args = ap.parse_args()
@@ -270,7 +272,7 @@ def main() -> int:
     with tempfile.TemporaryDirectory(prefix="kiln-bench-router-") as t:
         tmp = Path(t)
         with Fleet(tmp, model=model, prefix=prefix, n=REPLICAS, policy="cache_aware", poll_s=1.0,
-                   router_extra=extra) as fleet:
+                   router_extra=extra, slots=args.slots) as fleet:
             rr_dir = tmp / "router-rr"
             rr_dir.mkdir()
             rr_port = free_port()
@@ -299,7 +301,8 @@ def main() -> int:
     print(f"{time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime(started))} to {time.strftime('%H:%M', time.gmtime())}, "
           f"{os.uname().nodename}, {os.cpu_count()} cores; load average {load0[0]:.2f} at the start, {load1[0]:.2f} "
           "at the end (1 min); during each workload: mean (min-max) of 5 s samples")
-    print(f"{REPLICAS} replicas (SmolLM2-135M Q4_1, -t 1 -c 4096 -np 1); {args.turns} turns a session, "
+    print(f"{REPLICAS} replicas (SmolLM2-135M Q4_1, -t 1 -c {4096 * args.slots} -np {args.slots}); "
+          f"{args.turns} turns a session, "
           f"seed {args.seed}, arrivals every {args.arrival_s:g} s and think times of {args.think_s:g} s on average, "
           f"system prompt ~{args.system_words} words, {args.max_tokens} tokens a reply")
     print(f"  cache-aware smg arguments: {' '.join(a for a in smg_args if not a.startswith('/'))}")

@@ -106,11 +106,12 @@ class Replica:
 
 
 class Fleet:
-    """n replicas (SmolLM2 under Kiln supervisors) and a supervised router in front of them."""
+    """n replicas (SmolLM2 under Kiln supervisors, `slots` each with 4096 tokens of context apiece) and a
+    supervised router in front of them."""
 
     def __init__(self, tmp: Path, *, model: Path, prefix: Path, n: int = 2, policy: str = "cache_aware",
                  replica_extra: dict[int, str] | None = None, replica_model: dict[int, Path] | None = None,
-                 poll_s: float = 0.5, router_extra: str = ""):
+                 poll_s: float = 0.5, router_extra: str = "", slots: int = 1):
         self.tmp = tmp
         self.replicas: list[Replica] = []
         for i in range(n):
@@ -119,7 +120,8 @@ class Fleet:
             port = free_port()
             text = replica_config(d, model=(replica_model or {}).get(i, model), binary=prefix / "bin/llama-server",
                                   snapshot=prefix / "share/kiln/llama-server.help.txt", port=port,
-                                  status_port=free_port(), extra=(replica_extra or {}).get(i, ""))
+                                  status_port=free_port(), extra=(replica_extra or {}).get(i, ""),
+                                  ctx=4096 * slots, slots=slots)     # llama.cpp splits -c among the slots
             self.replicas.append(Replica(Supervised(d, text, env={"KILN_API_KEY": KEY}), port))
         d = tmp / "router"
         d.mkdir(parents=True, exist_ok=True)
