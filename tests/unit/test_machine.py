@@ -264,6 +264,17 @@ def boot_to_launched(world: World) -> int:
     return token
 
 
+def relaunched(world: World, *, pid: int) -> int:
+    """RESTARTING: the backoff runs out, the barrier passes, the same rung is launched again."""
+    m = world.m
+    world.now = m.restart_at
+    world.send(E.Tick())
+    world.send(E.BarrierDone(m.waiting[1]))
+    token = m.waiting[1]
+    world.send(E.Launched(token, pid=pid))
+    return token
+
+
 def test_a_balanced_rung_out_of_memory_re_plans_its_split_and_tries_the_same_rung_again():
     world = World(Machine(live(placement="balanced")))
     m = world.m
@@ -322,11 +333,7 @@ def test_a_crash_while_serving_restarts_after_the_backoff_and_a_crash_loop_fails
         if m.state == State.FAILED:
             break
         assert m.state == State.RESTARTING and m.waiting is None
-        world.now = m.restart_at
-        world.send(E.Tick())
-        world.send(E.BarrierDone(m.waiting[1]))
-        token = m.waiting[1]
-        world.send(E.Launched(token, pid=50 + i))
+        token = relaunched(world, pid=50 + i)
         world.send(E.HealthDone(token, ready=True))
     assert m.state == State.FAILED and "crash loop" in m.last_failure.reason
 
@@ -336,11 +343,7 @@ def test_a_terminal_failure_on_a_relaunch_is_failed_at_once():
     m = world.m
     token = boot_to_serving(world, selftest=False)
     world.send(E.EngineDown(token, Failure(FailureClass.CRASHED, "SIGSEGV")))
-    world.now = m.restart_at
-    world.send(E.Tick())
-    world.send(E.BarrierDone(m.waiting[1]))
-    token = m.waiting[1]
-    world.send(E.Launched(token, pid=7))
+    token = relaunched(world, pid=7)
     world.send(E.EngineDown(token, Failure(FailureClass.PORT_IN_USE, "bind")))
     assert m.state == State.FAILED
 
@@ -360,11 +363,7 @@ def test_a_candidate_whose_model_downloads_leaves_the_engine_watched_and_a_crash
     assert m.state == State.RESTARTING                              # seen at once, not after the download
     world.send(E.ModelReady(fetch, path=Path("/models/other.gguf")))
     assert m.state == State.RESTARTING and m.candidate.ready        # applied once something serves again
-    world.now = m.restart_at
-    world.send(E.Tick())
-    world.send(E.BarrierDone(m.waiting[1]))
-    token = m.waiting[1]
-    world.send(E.Launched(token, pid=9))
+    token = relaunched(world, pid=9)
     world.send(E.HealthDone(token, ready=True))
     assert m.state == State.RELOADING and m.live.cfg.model.source == "/models/other.gguf"
 
@@ -413,11 +412,7 @@ def test_a_cluster_rank_whose_engine_crashes_before_the_group_served_restarts_wi
             assert m.state == State.FAILED
             continue
         assert m.state == State.RESTARTING and m.rung == 0 and m.restart_at is not None
-        world.now = m.restart_at
-        world.send(E.Tick())
-        world.send(E.BarrierDone(m.waiting[1]))
-        token = m.waiting[1]
-        world.send(E.Launched(token, pid=9))
+        token = relaunched(world, pid=9)
         world.send(E.HealthDone(token, ready=True))
         world.send(E.SelftestDone(token))
         assert m.state == State.SERVING
@@ -432,11 +427,7 @@ def test_a_cluster_rank_crashing_through_every_boot_restart_is_failed_by_the_cap
         world.send(E.EngineDown(token, Failure(FailureClass.CRASHED, "the group lost a rank")))
         if m.state == State.FAILED:
             break
-        world.now = m.restart_at
-        world.send(E.Tick())
-        world.send(E.BarrierDone(m.waiting[1]))
-        token = m.waiting[1]
-        world.send(E.Launched(token, pid=20 + i))
+        token = relaunched(world, pid=20 + i)
     assert m.state == State.FAILED and "crash loop" in m.last_failure.reason
 
 
