@@ -291,9 +291,12 @@ def interrupted_up(standin, sig: int, before=lambda e: None) -> tuple[dict, subp
     first = endpoint_cli(standin, "up", "--target", TARGET, "--no-network-volume", "--image-ref", "r.example/k:old")
     assert first.returncode == 0, first.stderr
     (e,) = standin.endpoints.values()
+    # SIGINT as a terminal's foreground command has it: a suite started in the background (`cmd &` in a script)
+    # hands its children SIGINT ignored, which Python then keeps ignoring (seen: a run of .ci/run started so)
     cli = subprocess.Popen([sys.executable, str(ROOT / "build.py"), "endpoint", "up", "--target", TARGET,
                             "--no-network-volume", "--image-ref", "r.example/k:new", "--wait", "--poll", "0.2"],
-                           cwd=ROOT, env=cli_env(standin), text=True, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+                           cwd=ROOT, env=cli_env(standin), text=True, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                           preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
     try:
         wait_for(lambda: any(q["method"] == "GET" and q["path"].endswith("/workers") for q in standin.requests),
                  60, "the CLI waiting on the new release's workers")

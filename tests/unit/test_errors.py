@@ -12,7 +12,10 @@ from supervisor import errors
 from supervisor.errors import KilnError
 
 # Exceptions that are not errors a person reads: control flow inside one module.
-NOT_ERRORS: set[str] = {"Stop"}   # lifecycle.Stop: goes with the event loop (issue 16)
+NOT_ERRORS: set[str] = {
+    "Stop",                  # lifecycle.Stop: goes with the event loop (issue 16)
+    "_Again", "_Stop",       # fleet.cluster_terminate: retry or give up inside its search, said there as a warning
+}
 
 
 def _exception_classes() -> list[type[BaseException]]:
