@@ -83,6 +83,7 @@ ENV_OVERRIDES: dict[str, tuple[str, type]] = {
     "KILN_STARTUP_COMPILATION_CONFIG": ("startup.compilation_config", str),
     "KILN_STARTUP_PREFETCH": ("startup.prefetch", bool),
     "KILN_STARTUP_PREFETCH_STREAMS": ("startup.prefetch_streams", int),
+    "KILN_STARTUP_PREFETCH_WIDEN_TO": ("startup.prefetch_widen_to", int),
     "KILN_STARTUP_PREFETCH_AT": ("startup.prefetch_at", str),
     # The router's replicas, known only when they exist (a router pod is created with its replicas):
     # whitespace-separated entries, each URL or URL|STATUS_URL (ROUTER_REPLICAS_ENV below).
@@ -365,6 +366,11 @@ class StartupSpec:
     # reads in flight: 1 measured best on the H200's local disk (2026-12-02: more slowed the engine's
     # own start, its binary and CUDA libraries read from the same disk); more for a network volume
     prefetch_streams: int = 1
+    # reads in flight once the engine has written its first line (its binary and libraries loaded:
+    # nothing on the boot's path needs the disk but the weights); 0 keeps prefetch_streams. The
+    # H100's disk read the model 16 % faster with 4 ranges in flight than with one (2026-12-05),
+    # but 4 streams from the start slowed Kiln's and the engine's own start (issue 38)
+    prefetch_widen_to: int = 0
     # when it starts: "start", as soon as PID 1 has read the config, before the loop's imports (the
     # disk busy ~0.3 s sooner on a cold worker; the imports queue behind its reads, 0.37 -> 0.73 s on
     # the H200, but with llama.cpp's --load-mode none the boot was 0.34 s shorter: docs/benchmarks.md
@@ -401,6 +407,7 @@ NOT_HASHED: dict[str, str] = {
     "serverless": "what becomes of a Serverless worker after a failure (its ports and state_dir are hashed)",
     "startup.prefetch": "how the model's files are read, not what runs",
     "startup.prefetch_streams": "how the model's files are read, not what runs",
+    "startup.prefetch_widen_to": "how the model's files are read, not what runs",
     "startup.prefetch_at": "how the model's files are read, not what runs",
     "plan": "what a plan predicted for this pod, compared with what runs, not what runs",
 }
@@ -417,6 +424,7 @@ BOOT_ONLY: dict[str, str] = {
     "server.tcp_port": "the TCP relay listens where it was started",
     "startup.prefetch": "the model prefetch is set for the container's life",
     "startup.prefetch_streams": "the model prefetch is set for the container's life",
+    "startup.prefetch_widen_to": "the model prefetch is set for the container's life",
     "startup.prefetch_at": "the model prefetch is set for the container's life",
     "plan": "the predictions are the ones the pod was booted from, checked once after its selftest",
 }
@@ -1006,6 +1014,7 @@ def _startup(r: Reader, engine: str) -> StartupSpec:
         values[name] = value
     values["prefetch"] = r.bool("prefetch", True)
     values["prefetch_streams"] = r.int("prefetch_streams", 1, min=1, max=32)
+    values["prefetch_widen_to"] = r.int("prefetch_widen_to", 0, min=0, max=32)
     values["prefetch_at"] = r.str("prefetch_at", StartupSpec.prefetch_at, choices=PREFETCH_AT)
     r.finish()
     return StartupSpec(**values)

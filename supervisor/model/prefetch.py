@@ -131,6 +131,7 @@ class Prefetch:
         self._threads: list[threading.Thread] = []
         self._running = 0
         self._finished = False                  # _finish ran: an on_done handed over later is called at once
+        self.widened_s: float | None = None     # when widen() added streams, seconds after start()
 
     @property
     def active(self) -> bool:
@@ -152,19 +153,35 @@ class Prefetch:
                 self.note = f"{p.name}: {e.strerror or e}"
             self._fds.append(fd)
         self._running = self.streams            # before any starts: a fast stream must not end it alone
-        for i in range(self.streams):
+        self._spawn(0, self.streams)
+        return self
+
+    def widen(self, streams: int) -> bool:
+        """More reads in flight from now on (`[startup] prefetch_widen_to`: once the engine's own start
+        no longer needs the disk). False when it is not reading any more or has that many already."""
+        with self._lock:
+            if self._finished or self._stop.is_set() or streams <= self.streams:
+                return False
+            first, self.streams = self.streams, streams
+            self._running += streams - first    # under the lock: a stream ending now cannot end it all
+            self.widened_s = round(self.clock() - self.started, 3) if self.started is not None else 0.0
+        self._spawn(first, streams)
+        return True
+
+    def _spawn(self, first: int, last: int) -> None:
+        """Streams first..last-1, each counted in _running already."""
+        for i in range(first, last):
             t = threading.Thread(target=self._worker, name=f"kiln-prefetch-{i}", daemon=True)
             try:
                 t.start()
             except RuntimeError as e:           # no thread to be had (a pids limit): read with fewer
-                self.note = f"{i} of {self.streams} streams started: {e}"
+                self.note = f"{i} of {last} streams started: {e}"
                 if i == 0:
                     self._stop.set()
-                for _ in range(self.streams - i):
+                for _ in range(last - i):
                     self._finish()              # each stream that never ran ends here, the last one ends it all
                 break
             self._threads.append(t)
-        return self
 
     def _take(self) -> tuple[int, int, int] | None:
         """(fd, offset, length) of the next chunk, or None when every file is taken."""
@@ -252,6 +269,8 @@ class Prefetch:
                                    "read_bytes": self.read, "streams": self.streams, "seconds": round(seconds, 3)}
             if seconds > 0 and self.read:
                 out["gib_s"] = round(self.read / 2**30 / seconds, 3)
+            if self.widened_s is not None:
+                out["widened_s"] = self.widened_s
             if self.note:
                 out["note"] = self.note
             return out

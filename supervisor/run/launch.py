@@ -241,7 +241,8 @@ def launch_rung(rt: Runtime, live: Live, index: int, *, last_exit_at: float | No
     """Launch: the rung's engine started (start()), the boot timeline watching its own lines from its
     exec, and the time since the failed rung's exit when one fell through (P6)."""
     watch = rt.rec.boot.engine(getattr(rt.engine, "PHASES", ()), live.cfg.ladder.rungs[index].name)
-    proc = start(rt, live.cfg, index, live.model_path, on_line=watch.line, on_lines=engine_lines)
+    proc = start(rt, live.cfg, index, live.model_path, on_line=_widening(rt, live.cfg, watch.line),
+                 on_lines=engine_lines)
     if isinstance(proc, Failure):
         return proc
     watch.arm(proc.started_at)            # the boot timeline's engine_exec, then the engine's own phases
@@ -250,6 +251,26 @@ def launch_rung(rt: Runtime, live: Live, index: int, *, last_exit_at: float | No
         rt.timing(last_rung_switch_s=switch)
         log.info("rung switch took %.3f s", switch)
     return proc
+
+
+def _widening(rt: Runtime, cfg: DeployConfig, on_line: Callable[[str], None]) -> Callable[[str], None]:
+    """on_line, and on the engine's first line the model prefetch widened to `[startup]
+    prefetch_widen_to` streams: the engine has loaded its binary and libraries by the time it writes,
+    so the boot's path needs the disk for nothing but the weights from then on (issue 38)."""
+    to = cfg.startup.prefetch_widen_to
+    if not to:
+        return on_line
+    first = [True]
+
+    def line(text: str) -> None:
+        if first[0]:
+            first[0] = False
+            p = rt.prefetch
+            if p is not None:
+                p.widen(to)
+        on_line(text)
+
+    return line
 
 
 def unkillable(rt: Runtime, rung: Rung, info: dict[str, Any]) -> None:

@@ -82,6 +82,17 @@ def test_streams_are_bounded_and_named_when_wrong():
     assert cfg(startup="[startup]\nprefetch_streams = 8\n").startup.prefetch_streams == 8
 
 
+def test_widening_is_off_by_default_bounded_named_when_wrong_and_read_from_the_env():
+    assert cfg().startup.prefetch_widen_to == 0
+    assert cfg(startup="[startup]\nprefetch_widen_to = 4\n").startup.prefetch_widen_to == 4
+    with pytest.raises(ConfigError) as e:
+        cfg(startup="[startup]\nprefetch_widen_to = 33\n")
+    assert "prefetch_widen_to" in str(e.value) and "33" in str(e.value)
+    env = parse_config('engine = "llamacpp"\n[model]\nsource = "/m.gguf"\n[[ladder.rungs]]\nname = "a"\n',
+                       env={"KILN_STARTUP_PREFETCH_WIDEN_TO": "8"})
+    assert env.startup.prefetch_widen_to == 8
+
+
 def test_when_it_starts_is_one_of_two_and_named_when_wrong():
     assert cfg().startup.prefetch_at == "start"
     assert cfg(startup='[startup]\nprefetch_at = "preflight"\n').startup.prefetch_at == "preflight"
@@ -97,7 +108,7 @@ def test_neither_switch_changes_the_config_hash_that_keys_the_ladder_memory():
     base = cfg()
     assert base.startup == StartupSpec()
     for startup in ("[startup]\nprefetch = false\n", "[startup]\nprefetch_streams = 8\n",
-                    '[startup]\nprefetch_at = "preflight"\n'):
+                    '[startup]\nprefetch_at = "preflight"\n', "[startup]\nprefetch_widen_to = 4\n"):
         assert cfg(startup=startup).hash == base.hash
     assert cfg(startup='[startup]\nload_mode = "dio"\n').hash != base.hash
 
@@ -160,6 +171,36 @@ def test_chunks_are_taken_in_file_order_so_the_front_is_read_first(tmp_path, mon
     assert taken == [(10, 0, 4096), (10, 4096, 4096), (10, 8192, 1), (11, 0, 4096)]
 
 
+def test_widened_mid_read_more_streams_read_the_rest_and_every_byte_once(tmp_path, monkeypatch):
+    import threading
+
+    monkeypatch.setattr(prefetch, "CHUNK", 4096)
+    f = write(tmp_path / "m.gguf", 9 * 4096 + 5)
+    gate, first_in = threading.Event(), threading.Event()
+    offsets: list[int] = []
+    real = os.preadv
+
+    def held(fd, bufs, off):                  # the first read waits until the widening is done
+        offsets.append(off)
+        first_in.set()
+        gate.wait(30)
+        return real(fd, bufs, off)
+
+    monkeypatch.setattr(prefetch.os, "preadv", held)
+    ends: list[Prefetch] = []
+    p = Prefetch([f], streams=1, on_done=ends.append).start()
+    assert first_in.wait(30)
+    assert p.widen(3) is True
+    assert p.widen(2) is False and p.widen(3) is False           # never narrowed, never twice to the same
+    gate.set()
+    assert p.wait(30)
+    d = p.to_dict()
+    assert ends == [p] and (d["state"], d["read_bytes"], d["streams"]) == ("done", 9 * 4096 + 5, 3)
+    assert sorted(offsets) == [i * 4096 for i in range(10)]      # each chunk read by one stream only
+    assert d["widened_s"] >= 0 and {t.name for t in p._threads} == {f"kiln-prefetch-{i}" for i in range(3)}
+    assert p.widen(8) is False                                   # done: nothing left to widen
+
+
 def test_stopped_before_it_reads_anything_says_stopped(tmp_path):
     p = Prefetch([write(tmp_path / "m.gguf", 100)], streams=2)
     p.stop()
@@ -212,3 +253,21 @@ def test_no_thread_to_be_had_ends_it_once_as_stopped_and_closes_the_files(tmp_pa
     ends.clear()
     q = Prefetch([write(tmp_path / "n.gguf", 100)], streams=2, on_done=ends.append).start()
     assert ends == [q] and q.state == "stopped" and q.read == 0 and all(fd is None for fd in q._fds)
+
+
+# -- when it widens: the engine's first line (run/launch.py) -------------------------------------
+def test_the_engines_first_line_widens_the_read_once_and_every_line_still_reaches_the_timeline():
+    from types import SimpleNamespace
+
+    from supervisor.run.launch import _widening
+
+    widened: list[int] = []
+    rt = SimpleNamespace(prefetch=SimpleNamespace(widen=widened.append))
+    seen: list[str] = []
+    line = _widening(rt, cfg(startup="[startup]\nprefetch_widen_to = 4\n"), seen.append)
+    for text in ("initializing", "loading model", "listening"):
+        line(text)
+    assert widened == [4] and seen == ["initializing", "loading model", "listening"]
+    assert _widening(rt, cfg(), seen.append) == seen.append          # off: the timeline's own callback
+    rt.prefetch = None                                                # nothing reading: nothing to widen
+    _widening(rt, cfg(startup="[startup]\nprefetch_widen_to = 4\n"), seen.append)("initializing")
