@@ -551,6 +551,8 @@ def report(runs: list[dict[str, Any]]) -> list[str]:
             extra += (f"; prefetch {pf['state']}" + (f" {pf.get('read_bytes', 0) / 2**30:.2f} GiB in {pf.get('seconds')} s"
                       f" ({pf.get('streams')} streams" + (f" from {pf['widened_s']} s in" if pf.get("widened_s") is not None else "")
                       + ")" + (f" from {pf['start_s']} s" if pf.get("start_s") is not None else "")
+                      + (f", {pf['resident_bytes'] / 2**30:.2f} GiB of it found in the page cache"
+                         if pf.get("resident_bytes") else "")
                       if pf["state"] != "skipped" else f" ({pf.get('note')})"))
         lines.append(f"  {r.get('engine'):8} {name:24} ready {r.get('ready_s')} s"
                      f"{'' if r.get('page_cache_dropped') or r.get('volume') != 'cold' else ' (page cache NOT dropped)'}"

@@ -36,6 +36,10 @@ if TYPE_CHECKING:
     from ..config import DeployConfig
 
 CHUNK = 16 << 20            # one read: large enough that a network volume streams, small enough to stop soon
+# a read that returns only what is in the page cache (EAGAIN otherwise): a chunk found there is not
+# copied again. On a warm page cache the copy of every chunk only competed with the engine's own
+# read (issue 38, 2026-12-05: Kiln's warm boot 0.2 s longer in the weights phase than the engine's)
+_NOWAIT = getattr(os, "RWF_NOWAIT", None)
 PREFETCH_SHARE = 0.8        # of the available memory the files may take
 # a split GGUF's parts: llama.cpp loads every `<name>-NNNNN-of-MMMMM.gguf` beside the first
 _SPLIT = re.compile(r"(?P<stem>.*)-(?P<i>\d{5})-of-(?P<n>\d{5})\.gguf")
@@ -121,6 +125,7 @@ class Prefetch:
         self.sizes = list(sizes) if sizes is not None else [p.stat().st_size for p in self.files]
         self.total = sum(self.sizes)
         self.read = 0
+        self.resident = 0                       # of `read`: found in the page cache, not copied
         self.state = "reading"
         self.note: str | None = None
         self.started = self.ended = None
@@ -198,12 +203,17 @@ class Prefetch:
 
     def _worker(self) -> None:
         try:
-            view = memoryview(bytearray(CHUNK))
+            view, probe = memoryview(bytearray(CHUNK)), bytearray(1)
             while not self._stop.is_set():
                 job = self._take()
                 if job is None:
                     break
                 fd, off, n = job
+                if _resident(fd, off, n, probe):
+                    with self._lock:
+                        self.read += n
+                        self.resident += n
+                    continue
                 try:
                     got = os.preadv(fd, [view[:n]], off)     # the GIL is released while the disk works
                 except OSError as e:
@@ -266,7 +276,8 @@ class Prefetch:
             end = self.ended if self.ended is not None else self.clock()
             seconds = (end - self.started) if self.started is not None else 0.0
             out: dict[str, Any] = {"state": self.state, "files": len(self.files), "bytes": self.total,
-                                   "read_bytes": self.read, "streams": self.streams, "seconds": round(seconds, 3)}
+                                   "read_bytes": self.read, "resident_bytes": self.resident,
+                                   "streams": self.streams, "seconds": round(seconds, 3)}
             if seconds > 0 and self.read:
                 out["gib_s"] = round(self.read / 2**30 / seconds, 3)
             if self.widened_s is not None:
@@ -274,6 +285,22 @@ class Prefetch:
             if self.note:
                 out["note"] = self.note
             return out
+
+
+def _resident(fd: int, off: int, n: int, probe: bytearray) -> bool:
+    """Whether a chunk is in the page cache already, by a one-byte read that does not wait for the
+    disk at its start, middle and end (a sample: a page missing between them the engine reads
+    itself). The first probe of a cold chunk fails at once; the kernel's readahead it starts is for
+    the bytes the read that follows asks for anyway. False where the filesystem cannot say."""
+    if _NOWAIT is None:
+        return False
+    for at in (off, off + n // 2, off + n - 1):
+        try:
+            if os.preadv(fd, [probe], at, _NOWAIT) < 1:
+                return False
+        except OSError:                         # EAGAIN: not in memory; EOPNOTSUPP: cannot tell
+            return False
+    return True
 
 
 def begin(cfg: "DeployConfig", env: Mapping[str, str]) -> "Prefetch | None":

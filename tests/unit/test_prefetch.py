@@ -175,6 +175,7 @@ def test_widened_mid_read_more_streams_read_the_rest_and_every_byte_once(tmp_pat
     import threading
 
     monkeypatch.setattr(prefetch, "CHUNK", 4096)
+    monkeypatch.setattr(prefetch, "_NOWAIT", None)          # every chunk read, none found resident
     f = write(tmp_path / "m.gguf", 9 * 4096 + 5)
     gate, first_in = threading.Event(), threading.Event()
     offsets: list[int] = []
@@ -199,6 +200,41 @@ def test_widened_mid_read_more_streams_read_the_rest_and_every_byte_once(tmp_pat
     assert sorted(offsets) == [i * 4096 for i in range(10)]      # each chunk read by one stream only
     assert d["widened_s"] >= 0 and {t.name for t in p._threads} == {f"kiln-prefetch-{i}" for i in range(3)}
     assert p.widen(8) is False                                   # done: nothing left to widen
+
+
+@pytest.mark.skipif(prefetch._NOWAIT is None, reason="no RWF_NOWAIT on this platform")
+def test_chunks_already_in_the_page_cache_are_counted_not_copied_again(tmp_path, monkeypatch):
+    monkeypatch.setattr(prefetch, "CHUNK", 4096)
+    f = write(tmp_path / "m.gguf", 6 * 4096 + 3)             # just written: every page in the page cache
+    copies: list[int] = []
+    real = os.preadv
+    monkeypatch.setattr(prefetch.os, "preadv", lambda fd, bufs, off, *flags: (
+        copies.append(off) if not flags else None) or real(fd, bufs, off, *flags))
+    p = Prefetch([f], streams=2).start()
+    assert p.wait(30)
+    d = p.to_dict()
+    assert (d["state"], d["read_bytes"], d["resident_bytes"]) == ("done", 6 * 4096 + 3, 6 * 4096 + 3)
+    assert copies == []                                       # probed, never copied
+
+
+def test_a_chunk_the_page_cache_does_not_hold_is_read_and_one_it_cannot_tell_about_too(tmp_path, monkeypatch):
+    import errno
+
+    monkeypatch.setattr(prefetch, "CHUNK", 4096)
+    f = write(tmp_path / "m.gguf", 4 * 4096)
+    real = os.preadv
+    answers = iter([errno.EAGAIN, errno.EOPNOTSUPP] * 10)    # not in memory; a filesystem that cannot say
+
+    def preadv(fd, bufs, off, *flags):
+        if flags:
+            raise OSError(next(answers), "probe")
+        return real(fd, bufs, off)
+
+    monkeypatch.setattr(prefetch.os, "preadv", preadv)
+    p = Prefetch([f], streams=1).start()
+    assert p.wait(30)
+    d = p.to_dict()
+    assert (d["state"], d["read_bytes"], d["resident_bytes"]) == ("done", 4 * 4096, 0)
 
 
 def test_stopped_before_it_reads_anything_says_stopped(tmp_path):
