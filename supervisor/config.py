@@ -368,8 +368,9 @@ class StartupSpec:
     prefetch_streams: int = 1
     # reads in flight once the engine has written its first line (its binary and libraries loaded:
     # nothing on the boot's path needs the disk but the weights); 0 keeps prefetch_streams. The
-    # H100's disk read the model 16 % faster with 4 ranges in flight than with one (2026-12-05),
-    # but 4 streams from the start slowed Kiln's and the engine's own start (issue 38)
+    # H100's disk read the model ~7 % faster with 8 ranges in flight than with one, but 4 streams
+    # from the start slowed Kiln's and the engine's own start, and widening to 4 on the first line
+    # gained nothing (+0.19 s, 2 of 8 rounds faster: docs/benchmarks.md P9, 2026-12-05)
     prefetch_widen_to: int = 0
     # when it starts: "start", as soon as PID 1 has read the config, before the loop's imports (the
     # disk busy ~0.3 s sooner on a cold worker; the imports queue behind its reads, 0.37 -> 0.73 s on

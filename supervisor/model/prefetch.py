@@ -19,7 +19,8 @@ Skipped, and said why on /status `prefetch`, when it cannot help or would hurt:
 - the files are larger than PREFETCH_SHARE of the memory still available (MemAvailable under the
   cgroup's headroom): the last chunks would push the first out before the engine reads them;
 - `[startup] prefetch = false`.
-It stops once the engine is healthy (the weights are loaded) or the boot fails. Nothing is
+A chunk already in the page cache is counted and not copied again (`_resident`). It stops once the
+engine is healthy (the weights are loaded) or the boot fails. Nothing is
 written; a file it cannot read is noted and left to the engine, which says why it cannot load it.
 """
 
