@@ -1016,6 +1016,11 @@ def _startup(r: Reader, engine: str) -> StartupSpec:
     values["prefetch"] = r.bool("prefetch", True)
     values["prefetch_streams"] = r.int("prefetch_streams", 1, min=1, max=32)
     values["prefetch_widen_to"] = r.int("prefetch_widen_to", 0, min=0, max=32)
+    if 0 < values["prefetch_widen_to"] <= values["prefetch_streams"]:
+        r.problem("prefetch_widen_to", f"must be more than prefetch_streams ({values['prefetch_streams']}) "
+                  "to widen anything", values["prefetch_widen_to"],
+                  f"{values['prefetch_streams'] + 1} to 32, or 0 to keep prefetch_streams")
+        values["prefetch_widen_to"] = 0
     values["prefetch_at"] = r.str("prefetch_at", StartupSpec.prefetch_at, choices=PREFETCH_AT)
     r.finish()
     return StartupSpec(**values)

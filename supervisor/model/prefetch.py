@@ -166,11 +166,11 @@ class Prefetch:
         """More reads in flight from now on (`[startup] prefetch_widen_to`: once the engine's own start
         no longer needs the disk). False when it is not reading any more or has that many already."""
         with self._lock:
-            if self._finished or self._stop.is_set() or streams <= self.streams:
-                return False
+            if self.started is None or self._finished or self._stop.is_set() or streams <= self.streams:
+                return False            # not started (start() counts its own streams), ended, or as wide
             first, self.streams = self.streams, streams
             self._running += streams - first    # under the lock: a stream ending now cannot end it all
-            self.widened_s = round(self.clock() - self.started, 3) if self.started is not None else 0.0
+            self.widened_s = round(self.clock() - self.started, 3)
         self._spawn(first, streams)
         return True
 
@@ -279,8 +279,8 @@ class Prefetch:
             out: dict[str, Any] = {"state": self.state, "files": len(self.files), "bytes": self.total,
                                    "read_bytes": self.read, "resident_bytes": self.resident,
                                    "streams": self.streams, "seconds": round(seconds, 3)}
-            if seconds > 0 and self.read:
-                out["gib_s"] = round(self.read / 2**30 / seconds, 3)
+            if seconds > 0 and self.read > self.resident:     # the rate of what came off the disk or was copied
+                out["gib_s"] = round((self.read - self.resident) / 2**30 / seconds, 3)
             if self.widened_s is not None:
                 out["widened_s"] = self.widened_s
             if self.note:
@@ -341,7 +341,8 @@ def plan(cfg: "DeployConfig", engine: str, model_path: Path | None, available: i
     if not files:
         return [], f"no weight files found for {model_path}"
     total = sum(n for _, n in files)
-    buffers = cfg.startup.prefetch_streams * CHUNK          # each stream's read buffer is memory too
+    # each stream's read buffer is memory too, the widened ones' as well
+    buffers = max(cfg.startup.prefetch_streams, cfg.startup.prefetch_widen_to) * CHUNK
     if total + buffers > PREFETCH_SHARE * available:
         return [], (f"the weights ({total / 2**30:.1f} GiB) are larger than {PREFETCH_SHARE:.0%} of the "
                     f"memory available ({available / 2**30:.1f} GiB): read ahead, the last would push out the first")

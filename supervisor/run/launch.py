@@ -266,8 +266,11 @@ def _widening(rt: Runtime, cfg: DeployConfig, on_line: Callable[[str], None]) ->
         if first[0]:
             first[0] = False
             p = rt.prefetch
-            if p is not None:
-                p.widen(to)
+            try:
+                if p is not None:
+                    p.widen(to)
+            except Exception as e:          # no thread or buffer to be had: the read goes on as it was
+                log.warning("model prefetch: could not widen to %d streams: %s", to, e)
         on_line(text)
 
     return line

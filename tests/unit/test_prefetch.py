@@ -88,6 +88,10 @@ def test_widening_is_off_by_default_bounded_named_when_wrong_and_read_from_the_e
     with pytest.raises(ConfigError) as e:
         cfg(startup="[startup]\nprefetch_widen_to = 33\n")
     assert "prefetch_widen_to" in str(e.value) and "33" in str(e.value)
+    with pytest.raises(ConfigError) as e:                     # as wide already: it would widen nothing
+        cfg(startup="[startup]\nprefetch_streams = 4\nprefetch_widen_to = 2\n")
+    assert "prefetch_widen_to" in str(e.value) and "more than prefetch_streams (4)" in str(e.value)
+    assert "5 to 32, or 0" in str(e.value)
     env = parse_config('engine = "llamacpp"\n[model]\nsource = "/m.gguf"\n[[ladder.rungs]]\nname = "a"\n',
                        env={"KILN_STARTUP_PREFETCH_WIDEN_TO": "8"})
     assert env.startup.prefetch_widen_to == 8
@@ -189,7 +193,10 @@ def test_widened_mid_read_more_streams_read_the_rest_and_every_byte_once(tmp_pat
 
     monkeypatch.setattr(prefetch.os, "preadv", held)
     ends: list[Prefetch] = []
-    p = Prefetch([f], streams=1, on_done=ends.append).start()
+    read_at_end: list[int] = []
+    p = Prefetch([f], streams=1, on_done=lambda q: (ends.append(q), read_at_end.append(q.read)))
+    assert p.widen(3) is False                                   # not started: start() counts its own streams
+    p.start()
     assert first_in.wait(30)
     assert p.widen(3) is True
     assert p.widen(2) is False and p.widen(3) is False           # never narrowed, never twice to the same
@@ -197,15 +204,29 @@ def test_widened_mid_read_more_streams_read_the_rest_and_every_byte_once(tmp_pat
     assert p.wait(30)
     d = p.to_dict()
     assert ends == [p] and (d["state"], d["read_bytes"], d["streams"]) == ("done", 9 * 4096 + 5, 3)
+    assert read_at_end == [9 * 4096 + 5] and p._running == 0   # ended by the last of the three, not the first
     assert sorted(offsets) == [i * 4096 for i in range(10)]      # each chunk read by one stream only
     assert d["widened_s"] >= 0 and {t.name for t in p._threads} == {f"kiln-prefetch-{i}" for i in range(3)}
     assert p.widen(8) is False                                   # done: nothing left to widen
 
 
-@pytest.mark.skipif(prefetch._NOWAIT is None, reason="no RWF_NOWAIT on this platform")
+def nowait_answers(path: Path) -> None:
+    """Skip where this filesystem cannot say what its page cache holds (RWF_NOWAIT refused)."""
+    if prefetch._NOWAIT is None:
+        pytest.skip("no RWF_NOWAIT on this platform")
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.preadv(fd, [bytearray(1)], 0, prefetch._NOWAIT)
+    except OSError as e:
+        pytest.skip(f"{path.parent}'s filesystem does not take RWF_NOWAIT: {e}")
+    finally:
+        os.close(fd)
+
+
 def test_chunks_already_in_the_page_cache_are_counted_not_copied_again(tmp_path, monkeypatch):
     monkeypatch.setattr(prefetch, "CHUNK", 4096)
     f = write(tmp_path / "m.gguf", 6 * 4096 + 3)             # just written: every page in the page cache
+    nowait_answers(f)
     copies: list[int] = []
     real = os.preadv
     monkeypatch.setattr(prefetch.os, "preadv", lambda fd, bufs, off, *flags: (
@@ -214,9 +235,10 @@ def test_chunks_already_in_the_page_cache_are_counted_not_copied_again(tmp_path,
     assert p.wait(30)
     d = p.to_dict()
     assert (d["state"], d["read_bytes"], d["resident_bytes"]) == ("done", 6 * 4096 + 3, 6 * 4096 + 3)
-    assert copies == []                                       # probed, never copied
+    assert copies == [] and "gib_s" not in d                  # probed, never copied: no read rate to show
 
 
+@pytest.mark.skipif(prefetch._NOWAIT is None, reason="no RWF_NOWAIT on this platform: nothing is probed")
 def test_a_chunk_the_page_cache_does_not_hold_is_read_and_one_it_cannot_tell_about_too(tmp_path, monkeypatch):
     import errno
 
@@ -307,3 +329,19 @@ def test_the_engines_first_line_widens_the_read_once_and_every_line_still_reache
     assert _widening(rt, cfg(), seen.append) == seen.append          # off: the timeline's own callback
     rt.prefetch = None                                                # nothing reading: nothing to widen
     _widening(rt, cfg(startup="[startup]\nprefetch_widen_to = 4\n"), seen.append)("initializing")
+
+    def refuse(n: int) -> None:
+        raise RuntimeError("can't start new thread")
+
+    rt.prefetch = SimpleNamespace(widen=refuse)                       # a widening that fails: the line still counts
+    _widening(rt, cfg(startup="[startup]\nprefetch_widen_to = 4\n"), seen.append)("first")
+    assert seen[-1] == "first"
+
+
+def test_the_memory_check_counts_the_widened_streams_buffers_too(tmp_path):
+    f = write(tmp_path / "m.gguf", 1000)
+    c = parse_config(f'engine = "llamacpp"\n[model]\nsource = "{f}"\n[[ladder.rungs]]\nname = "a"\n'
+                     "[startup]\nprefetch_widen_to = 8\n")
+    room = int((1000 + 4 * prefetch.CHUNK) / prefetch.PREFETCH_SHARE) + 1   # room for 4 buffers, not 8
+    assert plan(c, "llamacpp", f, room)[1] is not None
+    assert plan(c, "llamacpp", f, room * 2)[0] == [(f, 1000)]
