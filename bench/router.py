@@ -13,18 +13,24 @@ one user turn and the reply each turn. Sessions arrive at seeded random times (e
 mean --arrival-s) and each waits a seeded random think time (mean --think-s) after a reply before its
 next turn, so sessions overlap and several requests are in flight at once; the order in which turns
 reach the router is whatever the replies' speed makes it. Both policies get the same schedule (the
-same seed) and sessions of their own (different system prompts), one policy after the other in the
-same run, so neither finds the other's prefixes in a cache.
+same seed), one policy after the other in the same run, and every workload (each session count, each
+policy) has sessions of its own (system prompts no other workload sends), so none finds another's
+prefixes in a cache.
 
 Figures: time to first token (the first streamed content chunk; queueing at a busy replica
 included), mean and p95; prefix hits by the engine's own counters (`timings.cache_n` per request);
 each replica's share of the load, the prompt tokens it was sent (its `llamacpp:prompt_tokens_total`
-plus `llamacpp:prompt_tokens_cached_total`), against a fair share of 1/3.
+plus `llamacpp:prompt_tokens_cached_total`), against a fair share of 1/3. The load each workload put on
+the machine: one cold session prompt sent alone to an idle replica first gives the machine's prefill
+rate on one thread, and each workload's computed prompt tokens at that rate, over its wall time and
+the machine's cores, say how much of the machine its prefills asked for (above 1: more than it has,
+and time to first token is mostly queueing). --rows keeps every request.
 
 Router's added latency: a short request (max_tokens 1), the same one through the cache-aware router
 and straight to the replica that served it, alternated, --pairs times; the median of the differences.
 
     python bench/router.py [--sessions 5] [--turns 4] [--seed 1] [--arrival-s 2] [--think-s 1] [--pairs 30] [--slots 1]
+                           [--rows requests.json]
 
 Ends with `P14 ttft_cache_aware_over_round_robin=X p95_ratio=P max_share_over_fair=S router_added_ms_p50=Y`
 (goals: X <= 0.5, P <= 1, S <= 1.5, Y <= 5).
@@ -112,6 +118,24 @@ def p95(values: list[float]) -> float:
     return ordered[max(0, math.ceil(0.95 * len(ordered)) - 1)]
 
 
+def best_ratio(ca_rows: list[dict], rr_rows: list[dict], cold_s: float, cold_tokens: int) -> tuple[float, int, int, float]:
+    """What cache-aware could reach at best against round robin on the turns this run had, with no
+    queueing anywhere: every session's first turn cold for both; each later turn round robin computed
+    cold (more than half a session prompt) costs `cold_s` (the calibration, alone on an idle replica),
+    every other turn what cache-aware's later turns took (their median). Returns (the ratio, round
+    robin's cold later turns, all later turns, the warm turn's seconds). A measured ratio near it is
+    the workload's arithmetic, not the policy: a session's turn often returns to a replica that still
+    holds its prompt (in a slot or llama-server's host prompt cache) under round robin too."""
+    later_ca = [r["ttft"] for r in ca_rows if r["turn"] > 0]
+    later = sum(1 for r in rr_rows if r["turn"] > 0)
+    cold = sum(1 for r in rr_rows if r["turn"] > 0 and (r["prompt_n"] or 0) > cold_tokens / 2)
+    firsts = sum(1 for r in ca_rows if r["turn"] == 0)
+    warm = statistics.median(later_ca) if later_ca else 0.0
+    ca = firsts * cold_s + len(later_ca) * warm
+    rr = firsts * cold_s + cold * cold_s + (later - cold) * warm
+    return (ca / rr if rr else 0.0), cold, later, warm
+
+
 def shares(sent: list[float]) -> list[float]:
     """Each replica's share of the prompt tokens sent to all of them."""
     total = sum(sent)
@@ -119,9 +143,21 @@ def shares(sent: list[float]) -> list[float]:
 
 
 # -- running it ------------------------------------------------------------------------------------
-def system_prompt(policy: str, s: int, words: int) -> str:
+def workloads(session_counts: list[int]) -> list[tuple[int, str, str]]:
+    """(sessions, policy, tag) in the order they run; the tag is in every word of the workload's
+    reference lists, so no workload finds another's prompts in a replica's cache. (Until 2026-12-05 the
+    tag was the policy's first two letters: the 7-session workloads repeated the 5-session ones'
+    first five prompts and found them warm.)"""
+    return [(n, policy, f"w{i * 2 + j}") for i, n in enumerate(session_counts)
+            for j, policy in enumerate(("cache_aware", "round_robin"))]
+
+
+CALIBRATION_TAG = "cal"
+
+
+def system_prompt(tag: str, s: int, words: int) -> str:
     topic = TOPICS[s % len(TOPICS)]
-    ref = " ".join(f"{topic}-{policy[:2]}-{s}-{i}" for i in range(words))
+    ref = " ".join(f"{topic}-{tag}-{s}-{i}" for i in range(words))
     return (f"You are coding agent {s} working on a project about {topic}. Tools: {', '.join(TOOLS)}. "
             f"Answer briefly. Reference list for this project: {ref}.")
 
@@ -180,21 +216,21 @@ class LoadSampler:
         return f"load {statistics.fmean(s):.1f} ({min(s):.1f}-{max(s):.1f})" if s else "load ?"
 
 
-def workload(fleet: Fleet, url: str, policy: str, plans: list[SessionPlan], args: argparse.Namespace) -> dict:
+def workload(fleet: Fleet, url: str, tag: str, plans: list[SessionPlan], args: argparse.Namespace) -> dict:
     with LoadSampler() as load:
-        out = _workload(fleet, url, policy, plans, args)
+        out = _workload(fleet, url, tag, plans, args)
     out["load"] = load.text()
     return out
 
 
-def _workload(fleet: Fleet, url: str, policy: str, plans: list[SessionPlan], args: argparse.Namespace) -> dict:
+def _workload(fleet: Fleet, url: str, tag: str, plans: list[SessionPlan], args: argparse.Namespace) -> dict:
     rows: list[dict] = []
     lock = threading.Lock()
     start = time.monotonic()
     sent0 = sent_tokens(fleet)
 
     def session(s: int, plan: SessionPlan) -> None:
-        history = [{"role": "system", "content": system_prompt(policy, s, args.system_words)}]
+        history = [{"role": "system", "content": system_prompt(tag, s, args.system_words)}]
         time.sleep(max(0.0, start + plan.arrival_s - time.monotonic()))   # the schedule's arrival, not a wait
         for turn in range(len(plan.think_s) + 1):
             history.append({"role": "user", "content": f"Step {turn}: what do you do next? One sentence."})
@@ -218,6 +254,26 @@ def _workload(fleet: Fleet, url: str, policy: str, plans: list[SessionPlan], arg
     return {"rows": rows, "ttft_mean": statistics.fmean(ttfts), "ttft_p95": p95(ttfts), "wall_s": wall,
             "cache_n": sum(r["cache_n"] or 0 for r in rows), "prompt_tokens": prompt, "shares": shares(sent),
             "sent": sent}
+
+
+def cold_prefill(fleet: Fleet, words: int) -> dict:
+    """One cold session-shaped prompt straight to a replica while nothing else runs: the machine's
+    prefill rate on one thread, to say how much of the machine each workload's prefills asked for."""
+    msgs = [{"role": "system", "content": system_prompt(CALIBRATION_TAG, 0, words)},
+            {"role": "user", "content": "Step 0: what do you do next? One sentence."}]
+    code, out = fleet.chat(msgs, max_tokens=1, url=fleet.replicas[0].url, timeout=600)
+    timings = out.get("timings") or {}
+    assert code == 200 and timings.get("prompt_n"), (code, out)
+    return {"tokens": timings["prompt_n"], "s": timings["prompt_ms"] / 1000,
+            "per_s": timings["prompt_n"] / (timings["prompt_ms"] / 1000)}
+
+
+def demand(r: dict, per_s: float, cores: int) -> str:
+    """The prompt tokens a workload's replicas computed, as core-seconds at the calibrated rate, over
+    the cores and the workload's wall time: above 1, its prefills asked for more than the machine has."""
+    computed = sum(x["prompt_n"] or 0 for x in r["rows"])
+    core_s = computed / per_s
+    return f"prefill demand {core_s:.0f} core-s in {r['wall_s']:.0f} s on {cores} cores = {core_s / (cores * r['wall_s']):.2f}"
 
 
 def added_latency(fleet: Fleet, pairs: int) -> tuple[float, float, float, int]:
@@ -261,9 +317,14 @@ def main() -> int:
     ap.add_argument("--pairs", type=int, default=30)
     ap.add_argument("--slots", type=int, default=1, help="llama-server slots per replica (-np; -c is 4096 a slot): "
                     "1, a replica serves one request at a time, as in P14's earlier runs")
+    ap.add_argument("--rows", type=Path, help="also write every request (session, turn, when it ended, TTFT, "
+                    "cache_n, prompt_n) of every workload to this JSON file")
     ap.add_argument("--router-args", default="", help="more smg flags for both routers ([router] extra_args), "
                     "on top of Kiln's defaults: for tuning")
     args = ap.parse_args()
+    if len(set(args.sessions)) != len(args.sessions) or min(args.sessions) < 1:
+        ap.error(f"--sessions {' '.join(map(str, args.sessions))}: each count once, each at least 1 "
+                 "(each is a workload of its own)")
     router_python()
     prefix, model = llama_prefix(), smollm2_gguf()
     extra = router_extra(args.router_args)
@@ -286,13 +347,12 @@ def main() -> int:
                 wait_for(lambda: (rr.status() or {}).get("router", {}).get("routed") == REPLICAS, 60,
                          "the round-robin router")
                 fleet.model_id()
+                calib = cold_prefill(fleet, args.system_words)
                 ca_argv = (fleet.router.status() or {}).get("engine", {}).get("argv", [])
-                for n in args.sessions:
+                urls = {"cache_aware": fleet.url, "round_robin": f"http://127.0.0.1:{rr_port}"}
+                for n, policy, tag in workloads(args.sessions):
                     plans = schedule(n, args.turns, seed=args.seed, arrival_s=args.arrival_s, think_s=args.think_s)
-                    results[n] = {}
-                    for policy, url in (("cache_aware", fleet.url), ("round_robin", f"http://127.0.0.1:{rr_port}")):
-                        # sessions of their own per count and policy: nobody finds another's prefix warm
-                        results[n][policy] = workload(fleet, url, f"{policy}{n}", plans, args)
+                    results.setdefault(n, {})[policy] = workload(fleet, urls[policy], tag, plans, args)
                 added, via, direct, replica = added_latency(fleet, args.pairs)
             finally:
                 rr.__exit__(None, None, None)
@@ -305,19 +365,29 @@ def main() -> int:
           f"{args.turns} turns a session, "
           f"seed {args.seed}, arrivals every {args.arrival_s:g} s and think times of {args.think_s:g} s on average, "
           f"system prompt ~{args.system_words} words, {args.max_tokens} tokens a reply")
+    print(f"  one cold session prompt alone on an idle replica (one thread): {calib['tokens']} tokens in "
+          f"{calib['s']:.2f} s = {calib['per_s']:.0f} tokens/s, the rate each workload's prefill demand is counted at")
     print(f"  cache-aware smg arguments: {' '.join(a for a in smg_args if not a.startswith('/'))}")
     lines = []
     for n, by_policy in results.items():
         ca, rr_ = by_policy["cache_aware"], by_policy["round_robin"]
         flight = most_in_flight(send_order(schedule(n, args.turns, seed=args.seed, arrival_s=args.arrival_s,
                                                     think_s=args.think_s), 1.0), 1.0)
-        print(f"  {n} sessions (at most {flight} in flight by the schedule, with 1 s replies):")
+        last = max(p.arrival_s for p in schedule(n, args.turns, seed=args.seed, arrival_s=args.arrival_s,
+                                                  think_s=args.think_s))
+        print(f"  {n} sessions (at most {flight} in flight by the schedule, with 1 s replies; their {n} cold first "
+              f"turns ask for ~{n * calib['s']:.0f} core-s of prefill and arrive within {last:.1f} s on "
+              f"{os.cpu_count() or 1} cores):")
         for name, r in (("cache_aware", ca), ("round_robin", rr_)):
             hit = r["cache_n"] / r["prompt_tokens"] if r["prompt_tokens"] else 0.0
             print(f"    {name:12s} TTFT mean {r['ttft_mean'] * 1000:7.1f} ms, p95 {r['ttft_p95'] * 1000:7.1f} ms; "
                   f"from cache (timings.cache_n) {r['cache_n']} of {r['prompt_tokens']} prompt tokens = {hit:.1%}; "
                   f"each replica's share of the prompt tokens sent "
-                  f"{' / '.join(f'{s:.0%}' for s in r['shares'])}; {r['wall_s']:.0f} s, {r['load']}")
+                  f"{' / '.join(f'{s:.0%}' for s in r['shares'])}; {r['wall_s']:.0f} s, {r['load']}; "
+                  f"{demand(r, calib['per_s'], os.cpu_count() or 1)}")
+        best, cold, later, warm = best_ratio(ca["rows"], rr_["rows"], calib["s"], calib["tokens"])
+        print(f"    with no queueing: round robin computed {cold} of its {later} later turns cold; at {calib['s']:.1f} s a "
+              f"cold prompt and {warm:.2f} s a warm turn, cache-aware's best ratio on these turns is {best:.3f}")
         ratio = ca["ttft_mean"] / rr_["ttft_mean"]
         p95_ratio = ca["ttft_p95"] / rr_["ttft_p95"]
         over_fair = max(ca["shares"]) * REPLICAS
@@ -327,6 +397,10 @@ def main() -> int:
           f"replica {replica} {direct:.1f} ms; max_tokens 1, its prefix cached)")
     for line in lines:
         print(f"{line} router_added_ms_p50={added:.2f}")
+    if args.rows:
+        args.rows.write_text(json.dumps({str(n): {policy: sorted(r["rows"], key=lambda x: (x["session"], x["turn"]))
+                                                  for policy, r in by_policy.items()}
+                                         for n, by_policy in results.items()}, indent=1))
     return 0
 
 
