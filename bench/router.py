@@ -23,8 +23,9 @@ each replica's share of the load, the prompt tokens it was sent (its `llamacpp:p
 plus `llamacpp:prompt_tokens_cached_total`), against a fair share of 1/3. The load each workload put on
 the machine: one cold session prompt sent alone to an idle replica first gives the machine's prefill
 rate on one thread, and each workload's computed prompt tokens at that rate, over its wall time and
-the machine's cores, say how much of the machine its prefills asked for (above 1: more than it has,
-and time to first token is mostly queueing). --rows keeps every request.
+the cores the replicas can use, say how much of the machine its prefills asked for (above 1: more
+than it has, and time to first token is mostly queueing); with the same rate, an estimate of the
+ratio were nothing queued (no_queueing_ratio). --rows keeps every request.
 
 Router's added latency: a short request (max_tokens 1), the same one through the cache-aware router
 and straight to the replica that served it, alternated, --pairs times; the median of the differences.
@@ -118,22 +119,28 @@ def p95(values: list[float]) -> float:
     return ordered[max(0, math.ceil(0.95 * len(ordered)) - 1)]
 
 
-def best_ratio(ca_rows: list[dict], rr_rows: list[dict], cold_s: float, cold_tokens: int) -> tuple[float, int, int, float]:
-    """What cache-aware could reach at best against round robin on the turns this run had, with no
-    queueing anywhere: every session's first turn cold for both; each later turn round robin computed
-    cold (more than half a session prompt) costs `cold_s` (the calibration, alone on an idle replica),
-    every other turn what cache-aware's later turns took (their median). Returns (the ratio, round
-    robin's cold later turns, all later turns, the warm turn's seconds). A measured ratio near it is
-    the workload's arithmetic, not the policy: a session's turn often returns to a replica that still
-    holds its prompt (in a slot or llama-server's host prompt cache) under round robin too."""
+def no_queueing_ratio(ca_rows: list[dict], rr_rows: list[dict], per_s: float) -> tuple[float, int, int, float]:
+    """An estimate of cache-aware's ratio to round robin on the turns this run had, were nothing ever
+    queued: a turn that computed most of its prompt (every first turn, and round robin's later turns
+    that found their session nowhere) costs its computed tokens at the calibrated rate (one thread,
+    an idle replica); every other turn what cache-aware's later turns took (their median, queueing
+    included, the same for both). Returns (the estimate, round robin's cold later turns, its later
+    turns, the warm turn's seconds). A measured ratio near it is the workload's arithmetic rather than
+    the policy: under round robin too a turn often returns to a replica still holding its session's
+    prompt (in a slot, or llama-server's host prompt cache)."""
+    def cold(r: dict) -> bool:
+        return (r["prompt_n"] or 0) > ((r["prompt_n"] or 0) + (r["cache_n"] or 0)) / 2
+
     later_ca = [r["ttft"] for r in ca_rows if r["turn"] > 0]
-    later = sum(1 for r in rr_rows if r["turn"] > 0)
-    cold = sum(1 for r in rr_rows if r["turn"] > 0 and (r["prompt_n"] or 0) > cold_tokens / 2)
-    firsts = sum(1 for r in ca_rows if r["turn"] == 0)
     warm = statistics.median(later_ca) if later_ca else 0.0
-    ca = firsts * cold_s + len(later_ca) * warm
-    rr = firsts * cold_s + cold * cold_s + (later - cold) * warm
-    return (ca / rr if rr else 0.0), cold, later, warm
+
+    def cost(rows: list[dict]) -> float:
+        return sum((r["prompt_n"] or 0) / per_s if r["turn"] == 0 or cold(r) else warm for r in rows)
+
+    rr_later = [r for r in rr_rows if r["turn"] > 0]
+    rr = cost(rr_rows)
+    return (cost([r for r in ca_rows if r["turn"] == 0]) + len(later_ca) * warm) / rr if rr else 0.0, \
+        sum(1 for r in rr_later if cold(r)), len(rr_later), warm
 
 
 def shares(sent: list[float]) -> list[float]:
@@ -152,13 +159,14 @@ def workloads(session_counts: list[int]) -> list[tuple[int, str, str]]:
             for j, policy in enumerate(("cache_aware", "round_robin"))]
 
 
-CALIBRATION_TAG = "cal"
+CALIBRATION_TAG = "k0"          # as long as the workloads' tags: its prompt is a session prompt's size
 
 
 def system_prompt(tag: str, s: int, words: int) -> str:
+    """The tag leads, so no two workloads share even the header."""
     topic = TOPICS[s % len(TOPICS)]
     ref = " ".join(f"{topic}-{tag}-{s}-{i}" for i in range(words))
-    return (f"You are coding agent {s} working on a project about {topic}. Tools: {', '.join(TOOLS)}. "
+    return (f"[{tag}] You are coding agent {s} working on a project about {topic}. Tools: {', '.join(TOOLS)}. "
             f"Answer briefly. Reference list for this project: {ref}.")
 
 
@@ -268,9 +276,14 @@ def cold_prefill(fleet: Fleet, words: int) -> dict:
             "per_s": timings["prompt_n"] / (timings["prompt_ms"] / 1000)}
 
 
+def usable_cores() -> int:
+    """The cores the replicas can use: one thread each (-t 1), at most the machine's."""
+    return min(os.cpu_count() or 1, REPLICAS)
+
+
 def demand(r: dict, per_s: float, cores: int) -> str:
     """The prompt tokens a workload's replicas computed, as core-seconds at the calibrated rate, over
-    the cores and the workload's wall time: above 1, its prefills asked for more than the machine has."""
+    the usable cores and the workload's wall time: above 1, its prefills asked for more than they had."""
     computed = sum(x["prompt_n"] or 0 for x in r["rows"])
     core_s = computed / per_s
     return f"prefill demand {core_s:.0f} core-s in {r['wall_s']:.0f} s on {cores} cores = {core_s / (cores * r['wall_s']):.2f}"
@@ -318,7 +331,7 @@ def main() -> int:
     ap.add_argument("--slots", type=int, default=1, help="llama-server slots per replica (-np; -c is 4096 a slot): "
                     "1, a replica serves one request at a time, as in P14's earlier runs")
     ap.add_argument("--rows", type=Path, help="also write every request (session, turn, when it ended, TTFT, "
-                    "cache_n, prompt_n) of every workload to this JSON file")
+                    "cache_n, prompt_n, the reply's text) of every workload to this JSON file")
     ap.add_argument("--router-args", default="", help="more smg flags for both routers ([router] extra_args), "
                     "on top of Kiln's defaults: for tuning")
     args = ap.parse_args()
@@ -375,19 +388,21 @@ def main() -> int:
                                                     think_s=args.think_s), 1.0), 1.0)
         last = max(p.arrival_s for p in schedule(n, args.turns, seed=args.seed, arrival_s=args.arrival_s,
                                                   think_s=args.think_s))
+        firsts = sum(r["prompt_n"] or 0 for r in ca["rows"] if r["turn"] == 0) / calib["per_s"]
         print(f"  {n} sessions (at most {flight} in flight by the schedule, with 1 s replies; their {n} cold first "
-              f"turns ask for ~{n * calib['s']:.0f} core-s of prefill and arrive within {last:.1f} s on "
-              f"{os.cpu_count() or 1} cores):")
+              f"turns ask for ~{firsts:.0f} core-s of prefill and arrive within {last:.1f} s, on "
+              f"{usable_cores()} usable cores):")
         for name, r in (("cache_aware", ca), ("round_robin", rr_)):
             hit = r["cache_n"] / r["prompt_tokens"] if r["prompt_tokens"] else 0.0
             print(f"    {name:12s} TTFT mean {r['ttft_mean'] * 1000:7.1f} ms, p95 {r['ttft_p95'] * 1000:7.1f} ms; "
                   f"from cache (timings.cache_n) {r['cache_n']} of {r['prompt_tokens']} prompt tokens = {hit:.1%}; "
                   f"each replica's share of the prompt tokens sent "
                   f"{' / '.join(f'{s:.0%}' for s in r['shares'])}; {r['wall_s']:.0f} s, {r['load']}; "
-                  f"{demand(r, calib['per_s'], os.cpu_count() or 1)}")
-        best, cold, later, warm = best_ratio(ca["rows"], rr_["rows"], calib["s"], calib["tokens"])
-        print(f"    with no queueing: round robin computed {cold} of its {later} later turns cold; at {calib['s']:.1f} s a "
-              f"cold prompt and {warm:.2f} s a warm turn, cache-aware's best ratio on these turns is {best:.3f}")
+                  f"{demand(r, calib['per_s'], usable_cores())}")
+        est, cold, later, warm = no_queueing_ratio(ca["rows"], rr_["rows"], calib["per_s"])
+        print(f"    with no queueing: round robin computed {cold} of its {later} later turns cold; at "
+              f"{calib['per_s']:.0f} tokens/s and {warm:.2f} s a warm turn, cache-aware's ratio on these turns "
+              f"would be about {est:.3f}")
         ratio = ca["ttft_mean"] / rr_["ttft_mean"]
         p95_ratio = ca["ttft_p95"] / rr_["ttft_p95"]
         over_fair = max(ca["shares"]) * REPLICAS
