@@ -137,10 +137,10 @@ def no_queueing_ratio(ca_rows: list[dict], rr_rows: list[dict], per_s: float) ->
     def cost(rows: list[dict]) -> float:
         return sum((r["prompt_n"] or 0) / per_s if r["turn"] == 0 or cold(r) else warm for r in rows)
 
-    rr_later = [r for r in rr_rows if r["turn"] > 0]
+    ca = cost([r for r in ca_rows if r["turn"] == 0]) + len(later_ca) * warm
     rr = cost(rr_rows)
-    return (cost([r for r in ca_rows if r["turn"] == 0]) + len(later_ca) * warm) / rr if rr else 0.0, \
-        sum(1 for r in rr_later if cold(r)), len(rr_later), warm
+    rr_later = [r for r in rr_rows if r["turn"] > 0]
+    return (ca / rr if rr else 0.0), sum(1 for r in rr_later if cold(r)), len(rr_later), warm
 
 
 def shares(sent: list[float]) -> list[float]:
