@@ -40,6 +40,7 @@ FAST_POLL_S = 0.01
 FAST_PHASE_S = 2.0
 AFTER_OUTPUT_S = 0.5
 WAKE_SLICE_S = 0.05        # a long poll_s still notices a stop request this often
+CATCH_UP_S = 0.2           # once healthy, the wait for the reader to hand on the lines already written
 CPU_PROGRESS_S = 0.05      # CPU seconds that count as "doing something"...
 # ... and only at this share of one core or more since the last look. A spin or a CPU-only phase runs
 # a core flat out; a sleeping process can be charged a little CPU for each wake-up (on the CPU
@@ -183,7 +184,9 @@ def wait_healthy(proc: ManagedProcess, host: str, port: int, *, stall_s: float, 
             return HealthOutcome(False, exited=True, elapsed_s=elapsed, returncode=rc)
         mark = proc.output_mark()                 # output from here on, during the probe too, ends the rest
         if probe_health(target, port, timeout=max(poll_s, 0.5)) == 200 and owns_port(proc, port):
-            return HealthOutcome(True, elapsed_s=time.monotonic() - start)
+            elapsed = time.monotonic() - start
+            proc.caught_up(CATCH_UP_S)            # the load's last lines, in the boot timeline before it closes
+            return HealthOutcome(True, elapsed_s=elapsed)
         if now >= next_meter:
             if meter.moved():
                 last_progress = now

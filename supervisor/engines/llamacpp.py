@@ -462,7 +462,8 @@ PHASES = (
     ("slots", re.compile(r"load_model: initializing, n_slots")),
     # "I srv  llama_server: listening on http://127.0.0.1:18777": the last line of the load. /health
     # answers 200 from just before "model loaded" (server.cpp sets is_ready first, and the lines go
-    # through llama.cpp's log thread), so a probe can pass before this line is read: then SERVING
-    # has closed the timeline and this phase is not in it
+    # through llama.cpp's log thread), so a probe can pass before this line is written: then SERVING
+    # has closed the timeline and this phase is not in it. Lines written before the probe passed are
+    # in it: the health wait lets the reader catch up first (ManagedProcess.caught_up)
     ("health", re.compile(r"llama_server: listening on ")),
 )

@@ -152,6 +152,7 @@ class ManagedProcess:
         self._tail_lock = threading.Lock()
         self._last_output_at = self.started_at
         self._output_seq = 0                  # reads emitted so far: wait_output()'s mark
+        self._in_hand = False                 # the reader holds bytes it has not handed on yet
         self._output_cond = threading.Condition()
         # Created before anything can reap the child, so it is never a stale pid.
         self._ps = psutil.Process(popen.pid)
@@ -263,6 +264,27 @@ class ManagedProcess:
         a health wait wakes on the engine's ready line instead of sleeping out its poll."""
         with self._output_cond:
             return self._output_cond.wait_for(lambda: self._output_seq != mark, timeout)
+
+    def caught_up(self, timeout: float) -> bool:
+        """Wait until every line the process had written by now is handed on (callbacks run), up
+        to `timeout`; True once it is (at once, the usual case: nothing is queued). A health probe
+        can pass before the reader thread has read the engine's last lines of the load (two busy
+        cores): without this, the boot timeline closed at SERVING and lost their phases."""
+        deadline = time.monotonic() + timeout
+        with self._output_cond:
+            while True:
+                if self._reader_done.is_set():
+                    return True
+                try:
+                    queued = _queued(self._popen.stdout.fileno()) if self._popen.stdout else 0
+                except ValueError:                # closed: the reader has ended
+                    return True
+                if queued == 0 and not self._in_hand:   # queued read first: a read clears it after
+                    return True                         # setting _in_hand, so a read is never missed
+                left = deadline - time.monotonic()
+                if left <= 0:
+                    return False
+                self._output_cond.wait(min(left, 0.01))
 
     # -- the tree ------------------------------------------------------------------------------
 
@@ -433,6 +455,7 @@ class ManagedProcess:
             while not self._abandon_pipe.is_set():
                 wait_s = _REFRESH_S if self._exited.is_set() else max(0.0, next_refresh - time.monotonic())
                 if poller.poll(wait_s * 1000):
+                    self._in_hand = True              # before the read: caught_up() never misses it
                     chunk, eof = self._read_batch(fd, poller)
                     if not chunk:
                         break
@@ -445,6 +468,7 @@ class ManagedProcess:
                         buf = buf[_MAX_LINE:]
                     if lines:
                         self._emit(lines)
+                    self._done_in_hand()
                     if eof:
                         break
                 if time.monotonic() >= next_refresh and not self._exited.is_set():
@@ -452,6 +476,7 @@ class ManagedProcess:
                     next_refresh = time.monotonic() + interval
             if buf:
                 self._emit([buf])
+            self._done_in_hand()
         except Exception:
             # Only reading the pipe itself gets here (tree scans and callbacks catch their own):
             # nothing more can be read from it, so close it rather than spin.
@@ -511,6 +536,11 @@ class ManagedProcess:
         if size >= half:
             self._burst_until = time.monotonic() + self._batch_s
         return b"".join(parts), eof
+
+    def _done_in_hand(self) -> None:
+        with self._output_cond:
+            self._in_hand = False
+            self._output_cond.notify_all()
 
     def _close_log(self) -> None:
         log_file, self._log = self._log, None

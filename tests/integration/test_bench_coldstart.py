@@ -70,7 +70,11 @@ def test_the_llama_cpp_flow_reads_boots_cold_and_warm_and_prints_p9(tmp_path, pr
     # says 200, so on a loaded machine the last lines (slots, health) may not have been read yet.
     expected = ["engine_exec", *engine]
     assert phases(bare) == expected[:len(phases(bare))] and len(phases(bare)) >= expected.index("weights") + 1
-    assert phases(cold) == ["supervisor_start", "preflight", "fetch", "launch", "engine_exec", *engine]
+    # Kiln's health wait hands on every line written before /health turned 200 (ManagedProcess.caught_up),
+    # but llama-server turns ready before its log thread writes the last lines (`health`'s, at times
+    # `slots`'): a probe that lands between closes the timeline without them (CI at 866f551).
+    kiln = ["supervisor_start", "preflight", "fetch", "launch", *expected]
+    assert phases(cold) == kiln[:len(phases(cold))] and len(phases(cold)) >= kiln.index("warmup") + 1
     assert "selftest" not in phases(warm)                      # a random model: the selftest stays off
     assert dio["argv"][dio["argv"].index("--load-mode") + 1] == "dio" and "--load-mode" not in cold["argv"]
     assert "P9 boot_over_read=" in r.stdout and "P9 boot_over_read[lm-dio]=" in r.stdout

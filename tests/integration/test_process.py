@@ -537,6 +537,66 @@ def test_wait_output_wakes_on_output_and_times_out_on_silence(spawn) -> None:
     assert p.output_mark() > mark
 
 
+def test_caught_up_waits_for_the_lines_the_reader_holds_and_not_longer() -> None:
+    # The boot timeline's guard (engines/health.py): once /health is 200, the supervisor waits for
+    # the reader to hand on what the engine already wrote. Here the reader is held inside its
+    # callback with the `ready` line: not caught up until the callback returns, then at once.
+    entered, gate, seen = threading.Event(), threading.Event(), []
+
+    def on_line(line: str) -> None:
+        if line.startswith("ready"):
+            entered.set()
+            gate.wait(DEADLINE)
+        seen.append(line)
+
+    p = ManagedProcess.start(helper("child.py"), on_line=on_line)
+    try:
+        assert entered.wait(DEADLINE)
+        assert not p.caught_up(0.05)                   # the reader holds the line: not yet
+        gate.set()
+        assert p.caught_up(DEADLINE) and any(x.startswith("ready") for x in seen)
+        assert p.caught_up(0)                          # nothing queued, nothing held: True at once
+    finally:
+        gate.set()
+        p.stop(5)
+
+
+def test_a_healthy_wait_returns_after_the_lines_written_before_health_turned_200(tmp_path, monkeypatch) -> None:
+    # Was: the health wait returned as the probe passed; with the reader thread behind (two busy
+    # cores), the engine's last load lines were read after SERVING had closed the boot timeline, and
+    # their phases were lost (CI at 866f551: llama-server's `slots` and `health` missing). Here the
+    # reader is held with the "listening on" line until the wait's last check has passed.
+    from supervisor.engines import health
+
+    fifo = tmp_path / "go"
+    os.mkfifo(fifo)
+    probed, seen = threading.Event(), []
+    real = health.owns_port
+
+    def owns(*args, **kwargs):  # type: ignore[no-untyped-def]
+        mine = real(*args, **kwargs)           # asked only once /health said 200: the last check
+        if mine:
+            probed.set()
+        return mine
+
+    def on_line(line: str) -> None:
+        if "listening on" in line:
+            probed.wait(DEADLINE)
+        seen.append(line)
+
+    monkeypatch.setattr(health, "owns_port", owns)
+    port = free_port()
+    p = ManagedProcess.start(helper("late_health.py", "--port", str(port), "--go", str(fifo)), on_line=on_line)
+    try:
+        _go(fifo)
+        out = _health_wait(p, port, poll_s=0.01)
+        assert out.ready and probed.is_set()
+        assert any("listening on" in x for x in seen), "the line written before health turned 200 was not handed on"
+    finally:
+        probed.set()
+        p.stop(5)
+
+
 def _health_wait(p: ManagedProcess, port: int, poll_s: float) -> object:
     from supervisor.engines.health import wait_healthy
 
