@@ -23,6 +23,7 @@ copy of already-mapped weights to the GPU) is shorter than the bound.
 from __future__ import annotations
 
 import http.client
+import logging
 import re
 import time
 from dataclasses import dataclass
@@ -31,6 +32,8 @@ from typing import Callable
 import psutil
 
 from ..process.managed import ManagedProcess
+
+log = logging.getLogger("kiln")
 
 # Poll fast at first (small models are ready in tens of ms), then settle; between polls the wait
 # wakes on the engine's output (llama-server says it listens as /health turns 200: waking on that
@@ -185,7 +188,9 @@ def wait_healthy(proc: ManagedProcess, host: str, port: int, *, stall_s: float, 
         mark = proc.output_mark()                 # output from here on, during the probe too, ends the rest
         if probe_health(target, port, timeout=max(poll_s, 0.5)) == 200 and owns_port(proc, port):
             elapsed = time.monotonic() - start
-            proc.caught_up(CATCH_UP_S)            # the load's last lines, in the boot timeline before it closes
+            if not proc.caught_up(CATCH_UP_S):    # the load's last lines, in the boot timeline before it closes
+                log.info("pid %d: healthy with its output reader still behind after %.1f s: the boot timeline may "
+                         "lack the engine's last phases", proc.pid, CATCH_UP_S)
             return HealthOutcome(True, elapsed_s=elapsed)
         if now >= next_meter:
             if meter.moved():

@@ -464,6 +464,6 @@ PHASES = (
     # answers 200 from just before "model loaded" (server.cpp sets is_ready first, and the lines go
     # through llama.cpp's log thread), so a probe can pass before this line is written: then SERVING
     # has closed the timeline and this phase is not in it. Lines written before the probe passed are
-    # in it: the health wait lets the reader catch up first (ManagedProcess.caught_up)
+    # in it: the health wait lets the reader catch up first (ManagedProcess.caught_up, up to 0.2 s)
     ("health", re.compile(r"llama_server: listening on ")),
 )

@@ -266,10 +266,13 @@ class ManagedProcess:
             return self._output_cond.wait_for(lambda: self._output_seq != mark, timeout)
 
     def caught_up(self, timeout: float) -> bool:
-        """Wait until every line the process had written by now is handed on (callbacks run), up
-        to `timeout`; True once it is (at once, the usual case: nothing is queued). A health probe
-        can pass before the reader thread has read the engine's last lines of the load (two busy
-        cores): without this, the boot timeline closed at SERVING and lost their phases."""
+        """Wait, up to `timeout`, for a moment when the pipe holds nothing and the reader holds
+        nothing it has not handed on (callbacks run): then every whole line written before the call
+        has been handed on. True at that moment (at once, the usual case), or once the reader has
+        ended (what it could not read is lost either way); False after `timeout` (an engine that
+        never stops writing leaves no such moment). A health probe can pass before the reader
+        thread has read the engine's last lines of the load (two busy cores): without this, the
+        boot timeline closed at SERVING and lost their phases."""
         deadline = time.monotonic() + timeout
         with self._output_cond:
             while True:
@@ -279,8 +282,8 @@ class ManagedProcess:
                     queued = _queued(self._popen.stdout.fileno()) if self._popen.stdout else 0
                 except ValueError:                # closed: the reader has ended
                     return True
-                if queued == 0 and not self._in_hand:   # queued read first: a read clears it after
-                    return True                         # setting _in_hand, so a read is never missed
+                if queued == 0 and not self._in_hand:   # queued first: a read empties the pipe only
+                    return True                         # after setting _in_hand, so none is missed
                 left = deadline - time.monotonic()
                 if left <= 0:
                     return False
@@ -468,9 +471,9 @@ class ManagedProcess:
                         buf = buf[_MAX_LINE:]
                     if lines:
                         self._emit(lines)
-                    self._done_in_hand()
                     if eof:
-                        break
+                        break                         # in hand until the last part-line is handed on
+                    self._done_in_hand()
                 if time.monotonic() >= next_refresh and not self._exited.is_set():
                     interval = _REFRESH_S if self._refresh_tree() else min(interval * 2, _REFRESH_MAX_S)
                     next_refresh = time.monotonic() + interval

@@ -585,6 +585,7 @@ def test_a_healthy_wait_returns_after_the_lines_written_before_health_turned_200
         seen.append(line)
 
     monkeypatch.setattr(health, "owns_port", owns)
+    monkeypatch.setattr(health, "CATCH_UP_S", DEADLINE)    # the reader's wake on a busy machine: no timed bound
     port = free_port()
     p = ManagedProcess.start(helper("late_health.py", "--port", str(port), "--go", str(fifo)), on_line=on_line)
     try:
