@@ -59,8 +59,12 @@ def test_the_llama_cpp_flow_reads_boots_cold_and_warm_and_prints_p9(tmp_path, pr
     # each way of reading ran (the drop asked for before each), and read the file
     assert list(read["reads"]) == ["cat", "seq", "par3", "once"] and read["bytes"] == tiny.stat().st_size
     assert all(v > 0 for v in read["reads"].values()) and read["drops"] == dict.fromkeys(read["reads"], False)
+    # A bare llama-server stopped right after /health turned 200 may die of the TERM itself: it turns
+    # ready (tools/server/server.cpp:496 of the pinned 11434.0.0) before it installs its TERM handler
+    # (:515). Kiln's runs stop the supervisor, which exits 0 whatever its engine did.
     for rec in runs[1:]:
-        assert rec["ready_s"] > 0 and rec["stop"]["exit"] == 0, rec
+        exits = (0, -15) if rec is bare else (0,)
+        assert rec["ready_s"] > 0 and rec["stop"]["exit"] in exits, rec
     for rec in (read, bare, cold, dio):
         assert rec["page_cache_dropped"] is False and "--no-drop" in rec["page_cache_note"]
     # Kiln as the image starts it: the venv's python3 (kiln_dev/image_start.py), not this interpreter
