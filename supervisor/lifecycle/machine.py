@@ -353,15 +353,16 @@ class Machine:
         # a restart serves the same config: nothing new to mark, unless it is a group's first boot restarted
         if purpose != Purpose.RESTART or self.good is None:
             pend, self.applying = self.applying, None
+            if pend is not None:
+                self.restarts, self.backoff = (), self.live.cfg.restart.backoff_initial_s   # a new config starts afresh
+            self.good = self.live
+            # saved as good before the decision is shown: once /status says "applied", a restart boots it
+            fx(MarkGood(self.live))
             if pend is not None and purpose == Purpose.RELOAD:
                 fx(RecordReload(pend.candidate, "applied", pend.live.cfg.hash))
             elif pend is not None and purpose == Purpose.ROLLBACK:
                 fx(RecordReload(pend.candidate, "rolled_back", pend.live.cfg.hash, (reload.cause(self.reload_cause),),
                                 tail=reload.tail(self.reload_cause)))
-            if pend is not None:
-                self.restarts, self.backoff = (), self.live.cfg.restart.backoff_initial_s   # a new config starts afresh
-            self.good = self.live
-            fx(MarkGood(self.live))
         self._apply_ready_candidate(fx)
 
     def _walk_failed(self, fx: Effects, failure: Failure) -> None:

@@ -396,6 +396,28 @@ def test_a_published_config_that_fails_rolls_back_and_says_why():
     assert recorded[0].tail == tuple(f"stderr {i}" for i in range(8, 20))    # the fleet record carries it
 
 
+def test_a_published_config_that_serves_is_marked_good_before_applied_is_recorded():
+    """Once /status says "applied", a restart boots the new config: the book's last-good is written
+    first (a CI run at e529a17 read "applied" beside the last-good warning of the write still to come)."""
+    world = World(Machine(live(selftest=False)))
+    m = world.m
+    boot_to_serving(world, selftest=False)
+    cand = Candidate(source="local", origin="/w/deploy.toml", data=b"x")
+    new = Live(parse_config(CONFIG.format(selftest="false", placement="autofit").replace('"small"', '"tiny"'), env={}),
+               text="t", origin=Origin("local", "/w/deploy.toml"))
+    world.send(E.CandidateChecked(cand, new))
+    assert m.state == State.RELOADING
+    world.send(E.Prepared(m.waiting[1]))
+    world.send(E.LaunchChecked(m.waiting[1]))
+    world.send(E.BarrierDone(m.waiting[1]))
+    token = m.waiting[1]
+    world.send(E.Launched(token, pid=5))
+    effects = world.send(E.HealthDone(token, ready=True))
+    told = [("good" if isinstance(x, E.MarkGood) else x.outcome) for x in effects
+            if isinstance(x, (E.MarkGood, E.RecordReload))]
+    assert m.state == State.SERVING and told == ["good", "applied"]
+
+
 def test_a_cluster_rank_whose_engine_crashes_before_the_group_served_restarts_with_the_group_not_failed():
     """Issue 40: in a group a rank's engine dies when its peer does (vLLM's distributed init and the group's
     loss alike), so a crash during the first boot is no verdict on the config: the group restarts under the
