@@ -368,6 +368,18 @@ def test_a_candidate_whose_model_downloads_leaves_the_engine_watched_and_a_crash
     assert m.state == State.RELOADING and m.live.cfg.model.source == "/models/other.gguf"
 
 
+def launched_healthy(world: World) -> list[E.Effect]:
+    """A reload's (or rollback's) config prepared, checked, past the barrier, launched and healthy:
+    the effects of its health answer."""
+    m = world.m
+    world.send(E.Prepared(m.waiting[1]))
+    world.send(E.LaunchChecked(m.waiting[1]))
+    world.send(E.BarrierDone(m.waiting[1]))
+    token = m.waiting[1]
+    world.send(E.Launched(token, pid=5))
+    return world.send(E.HealthDone(token, ready=True))
+
+
 def test_a_published_config_that_fails_rolls_back_and_says_why():
     world = World(Machine(live(selftest=False)))
     m = world.m
@@ -383,13 +395,7 @@ def test_a_published_config_that_fails_rolls_back_and_says_why():
     world.send(E.LaunchChecked(m.waiting[1], failure=Failure(FailureClass.CONFIG_REJECTED, "lint: --bad",
                                                              tail=tuple(f"stderr {i}" for i in range(20)))))
     assert m.state == State.ROLLBACK
-    world.send(E.Prepared(m.waiting[1]))
-    world.send(E.LaunchChecked(m.waiting[1]))
-    world.send(E.BarrierDone(m.waiting[1]))
-    token = m.waiting[1]
-    world.send(E.Launched(token, pid=5))
-    effects = m.step(E.HealthDone(token, ready=True), 9.0)
-    world.apply(effects)
+    effects = launched_healthy(world)
     recorded = [x for x in effects if isinstance(x, E.RecordReload)]
     assert m.state == State.SERVING and [r.outcome for r in recorded] == ["rolled_back"]
     assert recorded[0].causes[0].startswith("config_rejected: lint")
@@ -407,12 +413,7 @@ def test_a_published_config_that_serves_is_marked_good_before_applied_is_recorde
                text="t", origin=Origin("local", "/w/deploy.toml"))
     world.send(E.CandidateChecked(cand, new))
     assert m.state == State.RELOADING
-    world.send(E.Prepared(m.waiting[1]))
-    world.send(E.LaunchChecked(m.waiting[1]))
-    world.send(E.BarrierDone(m.waiting[1]))
-    token = m.waiting[1]
-    world.send(E.Launched(token, pid=5))
-    effects = world.send(E.HealthDone(token, ready=True))
+    effects = launched_healthy(world)
     told = [("good" if isinstance(x, E.MarkGood) else x.outcome) for x in effects
             if isinstance(x, (E.MarkGood, E.RecordReload))]
     assert m.state == State.SERVING and told == ["good", "applied"]
