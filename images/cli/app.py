@@ -52,7 +52,8 @@ def parser(prog: str = PROG) -> argparse.ArgumentParser:
         prog=prog, formatter_class=Formatter,
         description="Kiln: bake LLM-serving images from targets (images/targets/*.toml), deploy them on RunPod, "
                     "publish deploy configs to a fleet.\n"
-                    f"`{prog} COMMAND --help` says what each command takes.")
+                    f"`{prog} COMMAND --help` says what each command takes; `{prog} --target T` is short for "
+                    f"`{prog} build --target T`.")
     p.add_argument("--version", action="version", version=f"Kiln {supervisor.__version__}",
                    help="print Kiln's version and exit")
     add_commands(p, COMMANDS)
@@ -92,9 +93,18 @@ def kiln() -> int:
     return main(sys.argv[1:], prog="kiln")
 
 
+def short_form(argv: list[str]) -> list[str]:
+    """`--target T [build options]` is the main job's short form (the design card's own spelling,
+    `python build.py --target a40-llamacpp`): it means `build --target T [build options]`, so its
+    output and exit status are build's. Anything else is left as it is."""
+    if argv and (argv[0] == "--target" or argv[0].startswith("--target=")):
+        return ["build", *argv]
+    return argv
+
+
 def _main(argv: list[str], prog: str) -> int:
     try:
-        args = parser(prog).parse_args(argv)
+        args = parser(prog).parse_args(short_form(argv))
         return args.run(args)
     except BrokenPipeError:
         # The reader went away (`build.py list | head -1`): not an error of the user's. Point stdout

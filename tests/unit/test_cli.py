@@ -134,9 +134,29 @@ def test_the_pods_group_mounts_every_pod_command():
     assert "--replicas" in cli.options_of("pods up") and "--all" in cli.options_of("pods down")
 
 
+# -- the design card's short form: `--target T` is `build --target T` (issue 48) ---------------------
+@pytest.mark.parametrize("rest", [
+    ["a40-llamacpp"],                                    # floating pins: build refuses, exit 2, the same words
+    ["cpu-llamacpp", "--help"],                          # build's own help
+    ["cpu-llamacpp", "--render"],                        # an option build does not take: the same usage error
+    ["no-such-target"],                                  # the same one-line error naming the targets
+])
+def test_the_short_form_does_exactly_what_build_does(rest, tmp_path):
+    short = build_py("--target", *rest, cwd=tmp_path)
+    long = build_py("build", "--target", *rest, cwd=tmp_path)
+    assert (short.returncode, short.stdout, short.stderr) == (long.returncode, long.stdout, long.stderr)
+    assert "invalid choice" not in short.stderr
+
+
+def test_the_short_form_with_an_equals_sign_and_its_help_line():
+    r = build_py("--target=a40-llamacpp")
+    assert r.returncode == 2 and "--allow-floating" in r.stderr and "invalid choice" not in r.stderr
+    assert "`python build.py --target T` is short" in build_py("--help").stdout.replace("\n", " ")
+
+
 # -- the old spellings are gone (issue 35: no shims before a first release; CHANGELOG.md) -------------
 @pytest.mark.parametrize("argv", [["--list"], ["--target", "cpu-llamacpp", "--render", "--out", "D"],
-                                  ["--target", "cpu-llamacpp", "--print-tag"]])
+                                  ["--target", "cpu-llamacpp", "--print-tag"]])    # build takes neither option
 def test_an_old_single_command_spelling_is_refused_not_guessed(argv, tmp_path):
     r = build_py(*argv, cwd=tmp_path)
     assert r.returncode == 2 and r.stdout == "" and list(tmp_path.iterdir()) == []
