@@ -31,6 +31,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from . import Unavailable
+from .cachelock import held
 from .models import kiln_cache_dir
 
 REPO = Path(__file__).resolve().parent.parent
@@ -61,6 +62,13 @@ def ensure_venv(python: str = sys.executable) -> Path:
     venv = venv_dir(python)
     if (venv / ".made").exists():
         return venv
+    with held(venv.with_name(venv.name + ".lock"), what="the image's venv"):
+        if (venv / ".made").exists():       # made by the setup we waited for
+            return venv
+        return _make_venv(python, venv)
+
+
+def _make_venv(python: str, venv: Path) -> Path:
     tmp = venv.with_name(venv.name + ".partial")
     shutil.rmtree(tmp, ignore_errors=True)      # a half-made venv of ours, never a user's directory
     subprocess.run([python, "-m", "venv", str(tmp)], check=True)

