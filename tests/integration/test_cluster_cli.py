@@ -8,7 +8,7 @@ on a cluster node, serving the real vLLM CPU build as one `-tp 2 --nnodes 2` gro
 small llama-server per node: Kiln's group runs vLLM's own multi-node executor only, so a
 llama-server node would test a group Kiln never deploys. One group boot on this loaded machine is
 minutes, so the test boots one and walks plan -> up -> status -> logs -> down through it. The target
-is a40-vllm-qwen3-coder for its template (image, secrets, ports); the nodes' deploy config is the
+is a40-vllm for its template (image, secrets, ports); the nodes' deploy config is the
 tests' small one, as a40's image would bake its own.
 """
 
@@ -29,7 +29,7 @@ from kiln_dev.runpod import ClusterStandIn, SupervisorRunner
 from tests.support.cluster import BOOT_S, LOST_S, deploy
 
 ROOT = Path(__file__).resolve().parents[2]
-TARGET = "a40-vllm-qwen3-coder"
+TARGET = "a40-vllm"
 API_KEY = "rpk-cluster-cli-canary-0001"
 SECRETS = {"hf_token": "hf_cluster_canary_0002", "kiln_api_key": "kiln-cluster-canary-0003"}
 SCHEMA = json.loads((ROOT / "images" / "schemas" / "runpod-rest-v2.json").read_text())

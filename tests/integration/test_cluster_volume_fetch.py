@@ -98,7 +98,7 @@ def test_two_nodes_on_one_volume_download_the_model_once_and_keep_their_own_stat
 
 # -- `cluster up --volume` against the RunPod stand-in (its nodes run nothing: no runner) -----------------
 ROOT = Path(__file__).resolve().parents[2]
-TARGET = "a40-vllm-qwen3-coder"
+TARGET = "a40-vllm"
 API_KEY = "rpk-cluster-volume-canary-0001"
 
 

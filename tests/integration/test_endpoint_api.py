@@ -23,7 +23,7 @@ from kiln_dev.runpod import ServerlessStandIn, serverless_gpu
 from kiln_dev.supervised import wait_for
 
 ROOT = Path(__file__).resolve().parents[2]
-TARGET = "a40-vllm-qwen3-coder"           # a GPU target with resolved pins: 1x A40, CUDA floor 13.0
+TARGET = "a40-vllm"           # a GPU target with resolved pins: 1x A40, CUDA floor 13.0
 ACCOUNT_KEY = "rpa_kiln-endpoint-account-canary-41f0"
 HF_CANARY = "hf_kilnEndpointCanaryNeverSent00"
 SERVER_KEY = "kiln-endpoint-server-key-canary-0c3a"
@@ -71,7 +71,7 @@ def test_up_creates_one_volume_and_one_endpoint_a_second_up_writes_nothing_a_cha
     writes = standin.writes()
     again = endpoint_cli(standin, "up", "--target", TARGET)       # the volume is found by name, anywhere
     assert again.returncode == 0 and standin.writes() == writes, again.stderr
-    assert "unchanged" in again.stderr and "network volume kiln-a40-vllm-qwen3-coder: reused" in again.stderr
+    assert "unchanged" in again.stderr and "network volume kiln-a40-vllm: reused" in again.stderr
 
     bigger = endpoint_cli(standin, "up", "--target", TARGET, "--max-workers", "5", "--image-ref", "r.example/k:v2")
     assert bigger.returncode == 0, bigger.stderr

@@ -19,7 +19,7 @@ from images.runpod import failures
 from kiln_dev.runpod import ServerlessStandIn
 
 ROOT = Path(__file__).resolve().parents[2]
-TARGET = "a40-vllm-qwen3-coder"
+TARGET = "a40-vllm"
 ACCOUNT_KEY = "rpa_kiln-failures-account-canary-77d1"
 HF_CANARY = "hf_kilnFailuresCanaryNeverSent000"
 SERVER_KEY = "kiln-failures-server-key-canary-3b9e"

@@ -21,7 +21,7 @@ from kiln_dev.runpod import ServerlessStandIn, WorkerRunner
 from kiln_dev.supervised import FAKE, config
 
 ROOT = Path(__file__).resolve().parents[2]
-TARGET = "a40-vllm-qwen3-coder"           # a GPU target with resolved pins; its workers run the config below
+TARGET = "a40-vllm"           # a GPU target with resolved pins; its workers run the config below
 ACCOUNT_KEY = "rpa_kiln-endpoint-release-canary-5d20"
 GOOD, BAD_CONFIG = "r.example/kiln:good", "r.example/kiln:bad-config"
 

@@ -27,7 +27,7 @@ from kiln_dev.supervised import config, wait_for
 
 pytestmark = [pytest.mark.llama, pytest.mark.slow]
 ROOT = Path(__file__).resolve().parents[2]
-TARGET = "a40-vllm-qwen3-coder"           # a GPU target with resolved pins; its workers run the CPU config below
+TARGET = "a40-vllm"           # a GPU target with resolved pins; its workers run the CPU config below
 ACCOUNT_KEY = "rpa_kiln-endpoint-account-canary-8e21"
 HF_CANARY = "hf_kilnEndpointWorkerCanary0000"
 SERVER_KEY = "kiln-endpoint-server-key-canary-61b7"

@@ -46,7 +46,7 @@ def loopback_resolvers(index_url: str, closure_files: dict | None = None):
 
 def vllm_0_27_1():
     """The vLLM target as it was when these index wheels were modelled (vllm 0.27.1, torch 2.13.0)."""
-    t = load_target("a40-vllm-qwen3-coder")
+    t = load_target("a40-vllm")
     return dataclasses.replace(t, source=dataclasses.replace(
         t.source, version="0.27.1", filename="vllm-0.27.1-cp38-abi3-manylinux_2_28_x86_64.whl"))
 

@@ -22,7 +22,7 @@ from kiln_dev.supervised import config, http, wait_for
 
 pytestmark = pytest.mark.llama
 ROOT = Path(__file__).resolve().parents[2]
-TARGET = "a40-vllm-qwen3-coder"            # a GPU target with resolved pins: 1x A40, CUDA floor 13.0 (torch cu13)
+TARGET = "a40-vllm"            # a GPU target with resolved pins: 1x A40, CUDA floor 13.0 (torch cu13)
 ACCOUNT_KEY = "rpa_kiln-account-canary-93b1"
 SERVER_KEY = "kiln-server-key-canary-5d2e"
 HF_CANARY = "hf_kilnCanaryNeverSent0000"

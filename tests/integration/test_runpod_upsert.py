@@ -174,8 +174,8 @@ def test_runpod_gate_uses_the_v2_pod_code_and_always_terminates(standin, monkeyp
     monkeypatch.setattr(gate.time, "sleep", lambda s: None)
     status = FakeStatus([{"state": "FETCH", "ready": False}, {"state": "SELFTEST", "ready": False}, final])
     api = RunPodAPI(KEY, standin.url)
-    target = load_target("a40-vllm-qwen3-coder")
-    staging = tpl("a40-vllm-qwen3-coder", image="ghcr.io/kiln-llm/kiln:staging-x-1", name="kiln-q-staging")
+    target = load_target("a40-vllm")
+    staging = tpl("a40-vllm", image="ghcr.io/kiln-llm/kiln:staging-x-1", name="kiln-q-staging")
     verdict = gate.gate_runpod(api, staging, target, timeout_s=30, pod_name="kiln-gate-test",
                                proxy=status.url + "/{pod_id}/{port}")
     status.server.shutdown()
@@ -191,7 +191,7 @@ def test_runpod_gate_uses_the_v2_pod_code_and_always_terminates(standin, monkeyp
 def test_runpod_gate_refuses_before_renting_when_no_host_runs_the_image(standin, monkeypatch):
     standin.catalog[:] = [gpu_type("NVIDIA A40", cuda=(("12.4", True),))]
     api = RunPodAPI(KEY, standin.url)
-    target = load_target("a40-vllm-qwen3-coder")
+    target = load_target("a40-vllm")
     with pytest.raises(NoMatchingHost, match=r"12.4 \(available\)"):
-        gate.gate_runpod(api, tpl("a40-vllm-qwen3-coder"), target, timeout_s=1, pod_name="kiln-gate-test")
+        gate.gate_runpod(api, tpl("a40-vllm"), target, timeout_s=1, pod_name="kiln-gate-test")
     assert standin.writes() == []

@@ -32,7 +32,7 @@ OLD_WHEEL = "vllm-0.27.1-cp38-abi3-manylinux_2_28_x86_64.whl"
 NEW_SHA = "4b6bdec4ab269990bf70d45a3c1e94c3760a27064513760193b26d6f0da883aa"    # PyPI's, and sha256sum's
 SNAPSHOTS = ["--snapshot", f"0.27.1={LOGS / 'vllm-0.27.1-serve-help-all.txt'}",
              "--snapshot", f"0.33.0={LOGS / 'vllm-0.33.0-serve-help-all.txt'}"]
-TARGET = "a40-vllm-qwen3-coder"
+TARGET = "a40-vllm"
 
 pytestmark = pytest.mark.slow
 

@@ -12,7 +12,7 @@ from images.target import load_target, parse_target
 from supervisor.errors import ConfigError
 
 ROOT = Path(__file__).resolve().parents[2]
-K3 = "b200-vllm-kimi-k3"
+K3 = "b200-vllm"
 
 
 def test_the_kimi_k3_target_is_a_two_node_b200_cluster_tp_within_pp_across():
@@ -25,7 +25,7 @@ def test_the_kimi_k3_target_is_a_two_node_b200_cluster_tp_within_pp_across():
     assert cfg.hardware.min_compute_capability == "10.0"
     text = (ROOT / "images" / "deploy" / "kimi-k3-nvfp4-b200-cluster.toml").read_text()
     assert "UNRESOLVED" in text and 'revision = "main"' in text       # the commit is not claimed
-    assert not load_target("a40-vllm-qwen3-coder").runpod.is_cluster
+    assert not load_target("a40-vllm").runpod.is_cluster
 
 
 def _variant(tmp_path: Path, old: str, new: str) -> None:

@@ -71,7 +71,7 @@ def test_a_pod_outside_a_cluster_keeps_its_state_in_state_dir_itself(tmp_path):
 
 
 # -- `cluster plan|up --volume`: one network volume on every node ---------------------------------------
-KIMI = "b200-vllm-kimi-k3"            # a cluster target: [runpod] volume_gb 1800 at /workspace, state_dir under it
+KIMI = "b200-vllm"            # a cluster target: [runpod] volume_gb 1800 at /workspace, state_dir under it
 SCHEMA = json.loads((Path(__file__).resolve().parents[2] / "images/schemas/runpod-rest-v2.json").read_text())
 
 

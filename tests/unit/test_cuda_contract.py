@@ -92,7 +92,7 @@ def test_no_vllm_target_claims_12_8_for_a_cuda_13_engine():
 
 
 def test_a_target_that_declares_12_8_over_a_cuda_13_engine_is_refused_at_render():
-    target = load_target("a40-vllm-qwen3-coder")
+    target = load_target("a40-vllm")
     relabelled = dataclasses.replace(target, cuda_version="12.8")
     pins = pins_for(target, load_lock())
     with pytest.raises(CudaMismatch) as e:

@@ -209,7 +209,7 @@ def test_target_picks_the_facts_of_the_targets_pinned_engine(models):
 
 @pytest.mark.parametrize("target,why", [
     ("a40-llamacpp", "builds llama.cpp from a git source"),         # a fork: Kiln keeps no facts for it
-    ("a40-vllm-kimi-linear", "runs vllm, not llama.cpp"),
+    ("a40-vllm", "runs vllm, not llama.cpp"),
 ])
 def test_without_facts_it_says_what_it_did_not_check_and_strict_exits_2(models, target, why):
     r = _cli(str(models["dspark_seed_original"]), "--target", target)

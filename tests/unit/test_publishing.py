@@ -109,7 +109,7 @@ def test_publish_in_build_compiles_on_the_pinned_base_and_keys_the_tarball_by_it
 
 
 def test_publish_binaries_refuses_a_vllm_target():
-    r = subprocess.run([sys.executable, "build.py", "publish-binaries", "--target", "a40-vllm-qwen3-coder",
+    r = subprocess.run([sys.executable, "build.py", "publish-binaries", "--target", "a40-vllm",
                         "--store", "/tmp/x"], capture_output=True, text=True, cwd=ROOT,
                        env={**os.environ, "KILN_CACHE_DIR": "/nonexistent"})
     assert r.returncode == 2 and "no compiled binaries" in r.stderr

@@ -140,7 +140,7 @@ def existing_of(plan, **changes):
 
 
 def test_an_endpoint_that_matches_the_plan_needs_no_patch_even_with_its_secrets_resolved():
-    plan = plan_of("a40-vllm-qwen3-coder")
+    plan = plan_of("a40-vllm")
     assert endpoints.differences(existing_of(plan), plan.body, plan.secret_keys) == {}
     resolved = existing_of(plan, env={**plan.body["env"], "HF_TOKEN": "hf_the_value_runpod_answered"})
     assert endpoints.differences(resolved, plan.body, plan.secret_keys) == {}
@@ -150,7 +150,7 @@ def test_an_endpoint_that_matches_the_plan_needs_no_patch_even_with_its_secrets_
 
 
 def test_a_changed_image_is_one_field_and_a_gpu_change_clears_an_exact_cuda_list():
-    plan = plan_of("a40-vllm-qwen3-coder")
+    plan = plan_of("a40-vllm")
     old = existing_of(plan, image="ghcr.io/you/kiln:old")
     assert endpoints.differences(old, plan.body, plan.secret_keys) == {"image": plan.body["image"]}
     exact = existing_of(plan)
@@ -161,7 +161,7 @@ def test_a_changed_image_is_one_field_and_a_gpu_change_clears_an_exact_cuda_list
 
 
 def test_restore_puts_back_the_release_fields_and_never_a_secret_value():
-    plan = plan_of("a40-vllm-qwen3-coder")
+    plan = plan_of("a40-vllm")
     before = existing_of(plan, image="ghcr.io/you/kiln:good",
                          env={**plan.body["env"], "HF_TOKEN": "hf_value_runpod_answered", "OLD": "1"})
     change = endpoints.Change("updated", {"id": "ep1"}, {"image": plan.body["image"], "env": plan.body["env"],

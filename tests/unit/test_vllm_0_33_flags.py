@@ -226,7 +226,7 @@ def test_a_flag_0_33_0_deprecates_is_a_note_not_a_refusal(tmp_path, old, new):
     from images.upgrade import engine as upgrade
     from images.target import load_target
 
-    moved = load_target("a40-vllm-qwen3-coder")                        # pinned on 0.33.0
+    moved = load_target("a40-vllm")                        # pinned on 0.33.0
     pinned = dataclasses.replace(moved, source=dataclasses.replace(moved.source, version="0.27.1"))
     d = flagdiff.diff(old, new, old_version="0.27.1", new_version="0.33.0", known=vllm.REMOVED)
     path = tmp_path / "c.toml"

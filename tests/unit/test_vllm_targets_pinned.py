@@ -16,7 +16,7 @@ from images.pins.lock import Pin, load_lock, pins_for
 from images.target import load_target
 
 ROOT = Path(__file__).resolve().parents[2]
-VLLM_TARGETS = ("a40-vllm-qwen3-coder", "a40-vllm-kimi-linear")
+VLLM_TARGETS = ("a40-vllm", "b200-vllm")
 
 
 @pytest.mark.parametrize("name", VLLM_TARGETS)
