@@ -5,7 +5,8 @@
 
 Reads the levels bench/serve.py measured for each engine (streams, aggregate tok/s, per-stream tok/s,
 $/1M output, client overhead) and writes a two-panel PNG (aggregate, per stream; both axes log; a level whose aggregate is below
-the one before is labelled, not smoothed over) and prints the markdown table docs/benchmarks.md carries. Nothing is measured here: it only draws one
+the one before is labelled, not smoothed over) and prints the markdown table
+docs/research/benchmarks-history.md carries. Nothing is measured here: it only draws one
 run's JSON, so the plot and the table always come from the same run.
 """
 

@@ -38,7 +38,7 @@ supervisor gives the real binary:
                            for speculative decoding on 0.11), exit 1; under spawn it boots. `always`: the
                            same failure under spawn too (no real vLLM does; a test of the relaunch guard)
   KILN_FAKE_LOAD_S         vllm-ok: time spent "building the engine" before it listens (default 0.05;
-                           the real boot took 57-63 s, docs/benchmarks.md)
+                           the real boot took 57-63 s, docs/research/benchmarks-history.md)
   KILN_FAKE_DELAY_S        vllm-oom-h200: pause where the real engine spent its time (default 0.01;
                            the real one failed after 43.3 s)
   KILN_FAKE_DOT_S          vllm-shm-hang: seconds between the repeated lines (default 0.1)

@@ -383,7 +383,7 @@ def build_argv(cfg: DeployConfig, rung: Rung, *, model_path: str, api_key_file: 
 # pinned buffers and uploads it while the next is read, following the model prefetch's front instead
 # of waiting for mmap's populate of the whole file. With the prefetch begun at PID 1's start, a cold
 # 6 GiB boot on the H200 took 0.34 s less (mean of 22 pairs, 17 faster, paired t 3.2; P9 1.017 against
-# 1.090; docs/benchmarks.md 2026-12-02). Only where every layer will be on the GPU: weights llama.cpp
+# 1.090; docs/research/benchmarks-history.md 2026-12-02). Only where every layer will be on the GPU: weights llama.cpp
 # keeps on the CPU would be copied into its own memory instead of served from the page cache (the
 # A40's MoE experts with --n-cpu-moe, say), so an autofit rung whose weights take at most
 # FIT_SHARE of the GPUs' free memory, with no placement flag or variable of its own and no choice of

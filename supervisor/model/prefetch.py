@@ -9,7 +9,7 @@ has read the config (`begin`), before the loop's imports: they then queue behind
 cold disk (0.37 -> 0.73 s on the H200), but the disk is busy from the first moment, and with
 llama.cpp's `--load-mode none` following its front the boot was shorter (docs/benchmarks.md P9,
 2026-12-02). `prefetch_at = "preflight"` starts it in the loop, after the GPU probe.
-What it buys on the H200: docs/benchmarks.md "Time to ready from a cold worker" (P9).
+What it buys on the H200: docs/research/benchmarks-history.md "Time to ready from a cold worker" (P9).
 
 Skipped, and said why on /status `prefetch`, when it cannot help or would hurt:
 - llama.cpp's direct I/O (`--load-mode dio`, [startup] or a rung) bypasses the page cache: the

@@ -103,7 +103,7 @@ def rung(name: str, args: list[str], env: dict[str, str]) -> str:
 
 def test_the_ladder_falls_through_vllms_real_h200_oom_to_a_rung_that_serves(tmp_path, model_dir):
     # stand-in: a CUDA out-of-memory replay (the CPU's KV refusal is in test_vllm_real.py)
-    # The device run of 2026-12-01 (docs/benchmarks.md): rung "too-long" asked vLLM 0.26.0 for a
+    # The device run of 2026-12-01 (docs/research/benchmarks-history.md): rung "too-long" asked vLLM 0.26.0 for a
     # 20M-token context, vLLM died with "torch.AcceleratorError: CUDA error: out of memory" (Kiln called
     # it `crashed` until supervisor/engines/vllm.py learnt the line), rung "fits" served. The stand-in
     # replays that engine's 187 lines for rung 1 and a real boot's start-up for rung 2.
