@@ -5,7 +5,7 @@ Compile path: Kiln's compile script, cold (fresh work dir, no cache), for cpu-ll
 pinned sdist, on this host. Fetch path: those same binaries, packed and published to a Hub repo
 (the local stand-in that speaks the Hub's HTTP protocol to the real huggingface_hub client: the
 public Hub is unreachable here), then fetched into an empty cache -> sha256 -> manifest vs target
--> extract -> per-file sha256 -> `llama-server --version` smoke. The seed: 8m34s to compile vs
+-> extract -> per-file sha256 -> `llama-server --version` smoke. The field notes: 8m34s to compile vs
 2 s to extract a 46 MB CUDA tarball (0.004).
 
     python bench/binaries.py [--jobs N]      (takes ~10-16 min on 2 cores: it really compiles)
@@ -55,7 +55,7 @@ def main() -> int:
             fetch_s = time.monotonic() - t1
     print(f"compile path (cold, -j{args.jobs})                 {compile_s:8.1f} s")
     print(f"fetch path (Hub stand-in, {size_mb:.1f} MB: verify+extract+smoke) {fetch_s:8.3f} s")
-    print("seed: 514 s compile vs 2 s extract (0.004)")
+    print("field notes: 514 s compile vs 2 s extract (0.004)")
     print(f"P4 fetch_over_compile={fetch_s / compile_s:.5f}")
     return 0
 

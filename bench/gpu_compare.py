@@ -9,13 +9,13 @@
             $/1M at --hourly-usd, client overhead (P8).
   vllm      vLLM 0.26.0 on the same weights dequantized to bf16 (bench/gpu_model.py); the same
             bench/serve.py sweep; then the two regimes below, no speculation.
-  ngram     vLLM again with n-gram speculative decoding (5 tokens, the seed's method); the regimes,
+  ngram     vLLM again with n-gram speculative decoding (5 tokens, the field notes' method); the regimes,
             with vLLM's acceptance counters read from /metrics (drafts, drafted, accepted, per position).
   regimes   single stream, greedy, at most 256 tokens, 3 runs each, code editing (the reply re-emits
             a given function with one name changed: output that repeats its input) and prose (nothing
             to copy): tokens/s from the usage count and chunks/s on the client's clock, and tokens/s
             from /metrics' decode time.
-The seed's claims to reproduce or refute: vLLM's aggregate keeps growing with streams where
+The field notes' claims to reproduce or refute: vLLM's aggregate keeps growing with streams where
 llama.cpp's flattens; n-gram speculation +86 % on editing, -43 % on prose, 68.2 % acceptance.
 """
 

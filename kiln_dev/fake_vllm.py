@@ -29,7 +29,7 @@ supervisor gives the real binary:
                        recorded shutdown lines, exit 0; before that, the default action.
       vllm-oom-h200    the real failure at --max-model-len 20000000 (vllm-0.26.0-oom-h200.log: its
                        187 lines, "torch.AcceleratorError: CUDA error: out of memory" twice), exit 1
-      vllm-shm-hang    `vllm serve` stuck in tensor-parallel start-up: repeats the line the seed saw
+      vllm-shm-hang    `vllm serve` stuck in tensor-parallel start-up: repeats the line the field notes saw
                        for ~10 minutes ("No available shared memory broadcast block found in 60
                        seconds", vLLM 0.27.1) every KILN_FAKE_DOT_S seconds
   KILN_FAKE_FORK_UNSAFE    vllm-ok, set to 1: an API server that initialises CUDA before its EngineCore
@@ -239,7 +239,7 @@ def oom_h200(a: Args) -> int:
 
 
 def shm_hang(a: Args) -> int:
-    # The seed's words (seed findings § "Two fixes that made it work at all") under vLLM 0.27.1; the first line is made up.
+    # The field notes' words (field notes § "Tensor parallelism on A40 pairs") under vLLM 0.27.1; the first line is made up.
     out("INFO 11-29 12:00:00 [api_server.py] vLLM API server version 0.27.1")
     while True:
         out("WARNING 11-29 12:01:00 [shm_broadcast.py] No available shared memory broadcast block found in 60 seconds.")

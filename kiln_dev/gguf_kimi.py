@@ -4,7 +4,7 @@ sdist can load them. Random weights, real layouts; nothing is mocked.
 
 Which real file each stands for:
 
-    kimi_k3        mmnga-o/Kimi-K3-REAP50-Width50-UD-gguf, UD-IQ1_S (the seed's 181 GiB model):
+    kimi_k3        mmnga-o/Kimi-K3-REAP50-Width50-UD-gguf, UD-IQ1_S (the field notes' 181 GiB model):
                    architecture kimi-k3, hybrid KDA (linear) + MLA (full) attention layers, a dense
                    first layer, latent MoE with routed experts at HALF the usual width ratio
                    (expert_feed_forward_length / expert_latent_length = 12/28 = 1536/3584, where
@@ -13,12 +13,12 @@ Which real file each stands for:
                    kimi-linear: KDA + MLA, a dense first layer, MoE, shared experts).
     dspark         a DSpark draft for a target of this vocabulary as llama.cpp's own converter writes
                    one (architecture dflash: target_layers, block_size, markov_w1/markov_w2).
-    dspark_seed_arch           the seed's blocker 2: general.architecture "dflash-draft" (and its
+    dspark_seed_arch           the field notes' blocker 2: general.architecture "dflash-draft" (and its
                                keys under dflash-draft.*), where llama.cpp registers "dflash".
     dspark_seed_no_target_layers  blocker 3a, after the rename: no dflash.target_layers.
     dspark_seed_tensor_names   blocker 3b: the third-party converter's tensor names
                                dflash.dspark.markov.w1/.w2 (.weight) where llama.cpp expects markov_w1.
-    dspark_seed_original       the published draft as the seed first met it: all three at once.
+    dspark_seed_original       the published draft as the field notes first met it: all three at once.
     llama_split    a sharded GGUF as the Hub serves big models (<name>-00001-of-00002.gguf, ...): the
                    tiny llama of kiln_dev/models.py in two shards with split.* keys.
 
@@ -264,7 +264,7 @@ MARKOV_RANK = 16
 
 def _dspark(path: Path, seed: int, *, arch: str = "dflash", target_layers: bool = True,
             seed_names: bool = False) -> None:
-    """A one-layer DFlash draft with a DSpark Markov head; the flags reproduce the seed's file."""
+    """A one-layer DFlash draft with a DSpark Markov head; the flags reproduce the field notes' file."""
     from kiln_dev.models import UNK_ID
 
     m = _Model(path, arch, seed)

@@ -104,7 +104,7 @@ def check_config(path: str, flags: str | None, gpus: int | None, *, strict: bool
         return EXIT_INVALID
     note = "".join(f"; {u}" for u in unchecked)
     print(f"{path}: ok (config hash {cfg.hash[:12]}, {len(cfg.ladder.rungs)} rung(s){note})")
-    for w in warnings:               # runs, but costs speed (the seed's measured slow-downs)
+    for w in warnings:               # runs, but costs speed (the field notes' measured slow-downs)
         print(f"  {w}")
     for n in notes:                  # what a rung changes of [sampler]: on purpose, but never silently
         print(f"  {n}")

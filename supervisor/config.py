@@ -191,12 +191,12 @@ class Rung:
     args: tuple[str, ...] = ()
     env: Mapping[str, str] = field(default_factory=dict)
     # balanced placement only: VRAM left free per card, and how many shortfall-guided re-plans
-    # to try before the rung counts as failed (the seed needed three by hand).
+    # to try before the rung counts as failed (the field notes needed three by hand).
     reserve_mib: int = 1024
     calibration_rounds: int = 3
     calibration_slack_mib: int = 256
     # The rung knowingly trades output quality for speed (llama.cpp: --override-kv lowering the
-    # model's expert_used_count; the seed got +28 % and `# # # #` after six tokens). Lint refuses
+    # model's expert_used_count; the field notes got +28 % and `# # # #` after six tokens). Lint refuses
     # such a rung unless this says so.
     accept_degraded: bool = False
 
@@ -224,7 +224,7 @@ class HardwareSpec:
     min_compute_capability: str | None = None
     min_vcpu: int | None = None
     min_ram_gib: float | None = None
-    # The seed's wall: 16 vCPU for ~80 GB of host-resident weights ran 1.9x slower than 41.
+    # The field notes' wall: 16 vCPU for ~80 GB of host-resident weights ran 1.9x slower than 41.
     warn_vcpu_per_host_gib: float = 0.4
 
 

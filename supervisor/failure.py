@@ -1,7 +1,7 @@
 """Why a server failed, decided from its exit, its timing and its own words.
 
 Exit status alone cannot tell a CUDA OOM from a bad model file (both exit 1);
-the stderr can. The seed's two signatures are the model: a parameter
+the stderr can. The field notes' two signatures are the model: a parameter
 rejection fails fast with `failed to create llama_context` and no allocator
 line; a genuine OOM prints `cudaMalloc failed: out of memory`. Each engine
 supplies its signatures; the first class with a matching line wins, in the
@@ -21,7 +21,7 @@ from typing import Sequence
 class FailureClass(str, enum.Enum):
     """Why a server failed, in the words /status, the deploy config's `fall_through` and the
     policies use. A str enum: it compares equal to (and serialises as) its value."""
-    # lint, a fast exit with no allocator line (seed: q8_0 KV), [hardware], or a boot config that does not validate
+    # lint, a fast exit with no allocator line (field notes: q8_0 KV), [hardware], or a boot config that does not validate
     CONFIG_REJECTED = "config_rejected"
     OOM = "oom"                                # cudaMalloc / CUDA out of memory
     LOAD_ERROR = "load_error"                  # the model could not be read or fetched

@@ -1,7 +1,7 @@
 """The engine's binaries: what a target expects them to be, compiling them on a host,
 and fetching a prebuilt tarball that is verified before anything runs it.
 
-The seed's boot time fell from 14m28s to ~4 minutes once compiled binaries were
+The field notes' boot time fell from 14m28s to ~4 minutes once compiled binaries were
 published (2 s to extract vs 8m34s to compile). The expected ArtifactSpec is
 derived from the target and its lock alone, so a tarball for another arch,
 CUDA version, source, patch set or base is refused by name and by manifest.

@@ -1,7 +1,7 @@
 """What a llama.cpp build knows about model files (its facts), and where a target's facts file is.
 
 The supervisor's model preflight (supervisor/model/check.py) refuses a GGUF the engine would
-refuse, before a boot is spent on it. The seed lost three boots to one DSpark draft: an
+refuse, before a boot is spent on it. The field notes lost three boots to one DSpark draft: an
 architecture this build does not register (`dflash-draft`, not `dflash`), then "DFlash model
 requires 'target_layers' in GGUF metadata", then tensors named `dflash.dspark.markov.w1` where
 llama.cpp expects `markov_w1`. The answers to "which names does this build know" live in the

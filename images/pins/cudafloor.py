@@ -1,6 +1,6 @@
 """The CUDA an engine really needs, measured from what is installed, not read off a label.
 
-The seed's vLLM images said CUDA 12.8 while `vllm==0.27.1` pulled `torch==2.13.0`, whose wheel
+The field notes' vLLM images said CUDA 12.8 while `vllm==0.27.1` pulled `torch==2.13.0`, whose wheel
 requires `cuda-toolkit==13.0.3` and `nvidia-*-cu13`: the engine ran CUDA 13, which needs a driver
 >= 580, and the base image's `NVIDIA_REQUIRE_CUDA` (what the NVIDIA container runtime checks) said
 12.8. So the image build measures, and refuses a target whose `[cuda] version` disagrees:

@@ -1,4 +1,4 @@
-"""Kiln's own measurements, kept as data the planner reads beside the seed's rows (images/plan/measured.json).
+"""Kiln's own measurements, kept as data the planner reads beside the field notes' rows (images/plan/measured.json).
 
 A pod booted from a plan reports on /status what it measured after its selftest (the `plan` section:
 supervisor/plan/check.py; the `selftest` section's decode tok/s). `bench/plan_record.py` turns one

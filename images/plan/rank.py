@@ -21,7 +21,8 @@ from supervisor.plan.shape import Shape
 
 from . import speed as speeds
 
-VLLM_UTILIZATION = 0.90         # seed findings § "Session 5": 0.93 OOMed at the last step, 0.90 fits
+# field notes § "Kimi-Linear: tokenizer, tool parser, headroom": 0.93 OOMed at the last step, 0.90 fits
+VLLM_UTILIZATION = 0.90
 
 
 @dataclass(frozen=True)
@@ -56,7 +57,7 @@ def _toml(value: Any) -> str:
 def deploy_config(model: dict[str, Any], engine: str, *, ctx: int, count: int, kv_type: str,
                   predictions: dict[str, Any] | None = None) -> str:
     """A deploy config whose ladder is the plan: autofit with no placement flag (a pinned -ngl,
-    --tensor-split or -ot turns autofit off: seed findings § "Deployment mechanics"), then half the
+    --tensor-split or -ot turns autofit off: field notes § "Autofit and placement flags"), then half the
     context; vLLM at the plan's utilization and tensor parallelism, then half the context."""
     half = max(4096, ctx // 2)
     lines = [f"# written by `python build.py plan` for {count} GPU(s); review before publishing",

@@ -1,4 +1,4 @@
-"""A plan's speed, always with its basis: a measured row (the seed's tables, carried in seed.py, and
+"""A plan's speed, always with its basis: a measured row (the field notes' tables, carried in seed.py, and
 Kiln's own measurements, measured.json, appended by bench/plan_record.py) for
 this model, engine, GPU kind, count and residency; else, for a resident plan on a GPU whose memory
 bandwidth Kiln knows, a bandwidth bound labelled as an upper bound (weights read per token: all but
@@ -27,7 +27,7 @@ class Speed:
 
 def _rows(name: str, engine: str, gpu: str, count: int, resident: bool) -> list[seed.SpeedRow]:
     low = name.lower()
-    known = (*seed.SPEED_ROWS, *measured.load())        # the seed's tables, then Kiln's own measurements
+    known = (*seed.SPEED_ROWS, *measured.load())        # the field notes' tables, then Kiln's own measurements
     return sorted((r for r in known if all(m in low for m in r.match) and r.engine == engine
                    and r.gpu == gpu and r.count == count and r.resident == resident), key=lambda r: r.streams)
 
@@ -52,11 +52,11 @@ def estimate(shape: Shape, name: str, *, engine: str, gpu: str, count: int, resi
         return Speed(None, None, streams, None, f"unknown: no measurement and no memory bandwidth figure for {gpu}",
                      False)
     per_token = bw * 1e9 / max(1, shape.active_bytes)
-    # llama.cpp splits layers: one card works at a time (seed findings § "Decode is serialisation-bound");
+    # llama.cpp splits layers: one card works at a time (field notes § "Decode is serialisation-bound");
     # vLLM's tensor parallelism reads every card at once.
     one = per_token * (count if engine == "vllm" else 1)
     return Speed(one, one * streams, streams, None,
-                 f"upper bound: {bw:g} GB/s (seed findings) / {shape.active_bytes / 1e9:.1f} GB read per token"
+                 f"upper bound: {bw:g} GB/s (field notes) / {shape.active_bytes / 1e9:.1f} GB read per token"
                  f"{' x ' + str(count) + ' cards' if engine == 'vllm' and count > 1 else ''}; streams x that at "
                  f"{streams}", False)
 

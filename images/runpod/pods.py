@@ -9,7 +9,7 @@
     status   Kiln's pods (owner(): the target each belongs to), what each supervisor says, what it costs.
     logs     a pod's log lines (RunPod's SSE stream).
     down     terminate (DELETE /v2/pods/{id}), never stop: a stopped pod's volume bills at twice
-             the running rate and pins the pod to its host (seed findings § "Deployment mechanics").
+             the running rate and pins the pod to its host (field notes § "Terminate, never stop").
 
 Idempotent: a second `up` with the same replicas finds them live and creates nothing.
 

@@ -1,6 +1,6 @@
 """RunPod templates generated from targets: `python build.py template --target T`.
 
-The seed created a pod with no start command, so the container ran the image's default; a pod's
+The field notes' pod was created with no start command, so the container ran the image's default; a pod's
 start command cannot be fixed in place, only a template's. So Kiln deploys from a template that
 says everything explicitly, as a v2 CreateTemplateRequest:
 

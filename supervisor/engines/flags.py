@@ -2,7 +2,7 @@
 
 Every rung of every deploy config is linted against it before launch, so a
 flag the engine does not know costs a lint message, not a crash loop (the
-seed's `--draft-max`, removed upstream, and vLLM 0.27's removed
+field notes' `--draft-max`, removed upstream, and vLLM 0.27's removed
 `--disable-log-requests`, which "crash-loops the server").
 """
 

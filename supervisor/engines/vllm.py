@@ -1,7 +1,8 @@
 """vLLM (`vllm serve`): argv, lint against its own `--help=all`, failure signatures.
 
-What the seed paid for (seed findings § "vLLM's Kimi-K3 support is real and unreachable", § "n-gram
-speculation is BROKEN on this backend", § "Two fixes that made it work at all") and this module enforces:
+What the field notes paid for (field notes § "Removed flags and start commands",
+§ "n-gram speculation corrupts Kimi-Linear's code", § "Tensor parallelism on A40 pairs") and this module
+enforces:
 - `--disable-log-requests` was removed in vLLM 0.27 and crash-loops the server; a pod's args
   cannot be edited after creation, so a bad flag costs a full recreate: the lint names it first.
 - n-gram speculation on Kimi-Linear corrupts code (`return a -b):` for `return a - b`) and runs
@@ -11,7 +12,7 @@ speculation is BROKEN on this backend", § "Two fixes that made it work at all")
   `[hardware] min_compute_capability` is above the A40's 8.6 (NVLink nodes: the lesson was
   measured on A40s only, and P2P off would slow every all-reduce there).
 - "No available shared memory broadcast block found in 60 seconds" looped for ~10 minutes:
-  repeated, it is a stall, not progress (the seed's hypothesis: torch.compile; try --enforce-eager).
+  repeated, it is a stall, not progress (the field notes' hypothesis: torch.compile; try --enforce-eager).
 The parser accepts what vLLM's does: unique prefixes, underscores for dashes, `--flag=value`,
 dotted sub-keys of JSON options (`--speculative-config.num_speculative_tokens 3`), `-O3`,
 `--config FILE`, and the negatives vLLM >= 0.33 accepts without showing them (`--no-enable-prefix-caching`
@@ -42,7 +43,7 @@ load_snapshot = load_argparse_snapshot
 # docs/research/vllm-0.27.1-to-0.33.0-flags.md). An entry speaks only where the flag snapshot lacks the
 # flag, or where there is no snapshot at all (then it is advice: which vLLM runs is unknown).
 REMOVED = {
-    "--disable-log-requests": "removed in vLLM 0.27 (the seed's server crash-looped on it) and accepted again "
+    "--disable-log-requests": "removed in vLLM 0.27 (the field notes' server crash-looped on it) and accepted again "
                               "from 0.33.0 as the negative of --enable-log-requests: request logging is off "
                               "by default; remove it (--enable-log-requests turns it on)",
     "--calculate-kv-scales": "removed in vLLM 0.28.0 with no replacement: fp8 KV-cache scales come from the "
@@ -63,7 +64,8 @@ REMOVED = {
 # would read as a leak; it needs its own place in the lifecycle and a GPU to measure, issue 28.
 SPECULATION = ("--speculative-config", "-sc")
 TENSOR_PARALLEL = ("--tensor-parallel-size", "-tp")
-P2P_HUNG_ON_CC = "8.6"          # the A40, where the seed measured the P2P hang (seed findings § "Two fixes that made it work at all")
+# the A40, where the field notes measured the P2P hang (field notes § "Tensor parallelism on A40 pairs")
+P2P_HUNG_ON_CC = "8.6"
 # More than one process per engine (workers, API servers, nodes): measured with one process only. By
 # prefix, so any spelling argparse takes (`--tensor-parallel 2`, `--data-parallel-size-local`) counts.
 MULTI_PROCESS = ("--tensor-parallel", "--pipeline-parallel", "--data-parallel", "--prefill-context-parallel",
@@ -107,8 +109,8 @@ SIGNATURES: tuple[Signature, ...] = (
 )
 HINTS: tuple[Signature, ...] = (
     sig("hint", r"No available shared memory broadcast block found",
-        "a tensor-parallel shared-memory broadcast hang (seed: try a rung with --enforce-eager)"),
-    sig("hint", r"NCCL.*(P2P|peer)", "NCCL peer-to-peer trouble (seed: NCCL_P2P_DISABLE=1 on RunPod A40 pairs)"),
+        "a tensor-parallel shared-memory broadcast hang (field notes: try a rung with --enforce-eager)"),
+    sig("hint", r"NCCL.*(P2P|peer)", "NCCL peer-to-peer trouble (field notes: NCCL_P2P_DISABLE=1 on RunPod A40 pairs)"),
 )
 # Output that repeats without the server getting anywhere: seen this often, the load has stalled.
 STALL_LINES = (re.compile(r"No available shared memory broadcast block found"), 3)
@@ -210,13 +212,13 @@ def lint_rung(cfg: DeployConfig, index: int, rung: Rung, snapshot: FlagSnapshot 
                                 f"(vLLM accepts it and then yields no tool calls); choose one of: "
                                 f"{', '.join(flag.choices)}"))
     if cfg.model.family == "kimi-linear" and any(s in names for s in SPECULATION):
-        issues.append(LintIssue(where, "speculative decoding on Kimi-Linear corrupts code (the seed: "
+        issues.append(LintIssue(where, "speculative decoding on Kimi-Linear corrupts code (the field notes: "
                                 "`return a -b):` for `return a - b`) and is 3-4x slower under vLLM "
                                 "(CUDA graphs off on TritonMLABackend): remove --speculative-config"))
     tp = next((names[t] for t in TENSOR_PARALLEL if t in names), None)
     if tp and tp.isdigit() and int(tp) > 1 and rung.env.get("NCCL_P2P_DISABLE") != "1" and _may_land_on_a40(cfg):
         issues.append(LintIssue(f"{where}.env", f"tensor parallelism over {tp} GPUs needs NCCL_P2P_DISABLE = \"1\" "
-                                "in the rung's env: without it the seed's A40 pair hung 22 minutes in NCCL "
+                                "in the rung's env: without it the field notes' A40 pair hung 22 minutes in NCCL "
                                 "peer-to-peer init (a config for NVLink nodes only says so with [hardware] "
                                 f"min_compute_capability above {P2P_HUNG_ON_CC}, which keeps it off A40s)"))
     issues += [LintIssue(w, m) for w, m in startup.lint(cfg, "vllm", snapshot)]
@@ -239,7 +241,7 @@ def _may_land_on_a40(cfg: DeployConfig) -> bool:
 
 def lint_rung_warnings(cfg: DeployConfig, index: int, rung: Rung, snapshot: FlagSnapshot | None, *,
                        model: object = None) -> list[LintIssue]:
-    """Nothing yet: every vLLM lesson of the seed is an error (lint_rung)."""
+    """Nothing yet: every vLLM lesson of the field notes is an error (lint_rung)."""
     return []
 
 

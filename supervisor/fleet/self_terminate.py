@@ -5,7 +5,7 @@ hour for a GPU that will never serve. With `[runpod] terminate_on_terminal_failu
 KILN_RUNPOD_TERMINATE_ON_TERMINAL_FAILURE=true), `arm()` starts a timer when the supervisor is
 FAILED for good: /status stays readable for `terminate_grace_s`, then the pod is terminated
 through RunPod's REST API v2, `DELETE /v2/pods/{RUNPOD_POD_ID}`. Terminate, never stop: a stopped
-pod's volume bills at twice the running rate and pins the pod to its host (seed findings § "Deployment mechanics").
+pod's volume bills at twice the running rate and pins the pod to its host (field notes § "Terminate, never stop").
 
     handle = self_terminate.arm(cfg.runpod, env, failure="config_rejected: hardware ...", on_event=rec.event)
     ...

@@ -1,6 +1,6 @@
 """What machine is this, and is it the one the deploy config was made for?
 
-The seed's costliest surprise was a placement run on the wrong machine: a 5-GPU pod picked up the
+The field notes' costliest surprise was a placement run on the wrong machine: a 5-GPU pod picked up the
 2-GPU placement before the guard existed, and the host's vCPU, not its VRAM, set the speed
 (16 vCPU ~2.9 tok/s against 41 vCPU ~5.4 tok/s, same placement). So the probe reads GPUs *and*
 the container's real CPU and RAM, and `check` turns every difference from [hardware] into one
@@ -528,7 +528,7 @@ def check(spec: HardwareSpec, hw: Hardware) -> list[str]:
                        f"({_no_gpu_reason(hw)}): run on a pod with {_plural(want, 'GPU')} "
                        f"exposed to the container, or use a CPU config (gpu_count = 0)")
         elif found > want:
-            # The seed's accident: 5 GPUs ran the 2-GPU placement; it worked, but not as planned.
+            # The field notes' accident: 5 GPUs ran the 2-GPU placement; it worked, but not as planned.
             out.append(f"gpu_count: expected exactly {_plural(want, 'GPU')}, found {found} "
                        f"({gpu_summary(hw)}): this config's placement was made for {want}; "
                        f"set KILN_GPU_COUNT or use a config made for {found}")
@@ -584,7 +584,7 @@ def check(spec: HardwareSpec, hw: Hardware) -> list[str]:
 def host_resident_warning(spec: HardwareSpec, hw: Hardware, host_resident_gib: float) -> str | None:
     """A warning when too few vCPU serve the weights kept in host RAM; None when there are enough.
 
-    Not a refusal: the placement runs, it is just CPU-bound. The seed's same placement decoded at
+    Not a refusal: the placement runs, it is just CPU-bound. The field notes' same placement decoded at
     ~2.9 tok/s with 16 vCPU and ~5.4 tok/s with 41 vCPU for ~80 GB of host-resident weights, which
     is where the default threshold (0.4 vCPU per GiB) comes from.
     """
@@ -597,6 +597,6 @@ def host_resident_warning(spec: HardwareSpec, hw: Hardware, host_resident_gib: f
     need = math.ceil(threshold * host_resident_gib)
     return (f"host CPU will likely bound decode: {_num(hw.vcpus)} vCPU for {host_resident_gib:.1f} GiB "
             f"of host-resident weights is {ratio:.2f} vCPU/GiB, below {threshold:g} "
-            f"(hardware.warn_vcpu_per_host_gib). The seed ran the same placement at ~2.9 tok/s "
+            f"(hardware.warn_vcpu_per_host_gib). The field notes ran the same placement at ~2.9 tok/s "
             f"with 16 vCPU and ~5.4 tok/s with 41 vCPU (1.9x). Keep more of the model in VRAM, "
             f"or rent a pod with at least {need} vCPU (RunPod scales vCPU with GPU count)")

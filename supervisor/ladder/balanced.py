@@ -1,7 +1,7 @@
 """A balanced manual split across GPUs, planned from the model's layout and calibrated from
 measured shortfalls.
 
-The seed balanced 2x A40 by hand with explicit `-ot ...=CUDA0 / =CUDA1` layer ranges, in three
+The field notes balanced 2x A40 by hand with explicit `-ot ...=CUDA0 / =CUDA1` layer ranges, in three
 calibration rounds each guided by the shortfall (45256 MiB over, then 1038 MiB over, then a fit
 at 96 %/94 %): once llama.cpp's autofit is off, `--tensor-split` alone moved nothing. A rung with
 `placement = "balanced"` does those rounds itself: plan contiguous layer ranges so every card
@@ -103,7 +103,7 @@ def shortfalls(tail: Sequence[str]) -> dict[int, int]:
 
 def recalibrate(split: Split, short: dict[int, int], free_mib: Sequence[int], *,
                 slack_mib: int = 256) -> list[int]:
-    """New per-card budgets after an OOM: what the seed did by hand, from the engine's own words.
+    """New per-card budgets after an OOM: what the field notes did by hand, from the engine's own words.
 
     `short` maps a device to the allocation that failed on it (MiB). If that allocation alone was
     larger than the card's free memory, it was the weights and the card is over by the

@@ -1,6 +1,6 @@
 """Where a serving llama.cpp model's weights ended up: in VRAM, or left in host RAM.
 
-The seed's wall: weights left in host RAM run at the speed of the host's vCPUs (16 vCPU ran the
+The field notes' wall: weights left in host RAM run at the speed of the host's vCPUs (16 vCPU ran the
 identical placement 1.9x slower than 41). Once a rung serves, the loop estimates the host-resident
 share (the model's size less the VRAM the engine took above the baseline) and warns when vCPU per
 host-resident GiB is low (hardware.host_resident_warning).

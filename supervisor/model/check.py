@@ -1,6 +1,6 @@
 """Model preflight: refuse, before launch, a GGUF file this engine build would refuse.
 
-The seed spent a boot on each of three blockers of one DSpark draft, found one at a time:
+The field notes spent a boot on each of three blockers of one DSpark draft, found one at a time:
 `general.architecture = "dflash-draft"` where llama.cpp registers `dflash`; then "DFlash model
 requires 'target_layers' in GGUF metadata"; then tensors named `dflash.dspark.markov.w1` where
 llama.cpp expects `markov_w1`. Each is readable from the file's header in milliseconds, against
@@ -215,7 +215,7 @@ def _names(first: FileHeader, headers: list[FileHeader], facts: EngineFacts,
                                      f"unknown model architecture: '{arch}'{hint}", fix))
         if near is None:
             return problems
-        # Judge the rest against the nearest architecture too: the seed found each next blocker
+        # Judge the rest against the nearest architecture too: the field notes found each next blocker
         # only after fixing the previous one, one boot each.
         known = facts.architectures[near]
         prefix = near

@@ -3,7 +3,7 @@
 In an image they sit beside the flag snapshot, /opt/kiln/engine/share/kiln/gguf-facts.json. On a
 workstation they sit in the checkout, one file per pinned engine source,
 images/engine-facts/<package>-<version>.json (images/build/engine_facts.py writes them). The
-seed needed this check before renting a pod, so a checkout must not answer "ok" for want of an
+field notes needed this check before renting a pod, so a checkout must not answer "ok" for want of an
 image's directory:
 
     --facts FILE        that file

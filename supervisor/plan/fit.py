@@ -3,7 +3,7 @@
 llama.cpp splits by whole layers (`--split-mode layer`, what autofit does): each card keeps its
 compute buffer and leaves the fit margin free; a layer goes with its KV cache; the output head goes
 with the last layer; the input embedding stays on the host. Layers that fit nowhere run on the host:
-the plan is offloaded, and host-bound (seed findings § "The answer: host vCPU, not VRAM").
+the plan is offloaded, and host-bound (field notes § "Host vCPU, not VRAM").
 
 vLLM splits by tensor parallelism: every card holds 1/count of the weights and never offloads; what
 does not fit is a failure, not a slower plan.
@@ -66,8 +66,8 @@ def _greedy(items: list[int], count: int, usable: int) -> tuple[list[int], list[
 
 
 def _even(items: list[int], count: int) -> list[int]:
-    """Contiguous layer ranges of about equal bytes (autofit fills the cards alike: seed findings §
-    "Deployment mechanics", "autofit fills both cards to 95%")."""
+    """Contiguous layer ranges of about equal bytes (autofit fills the cards alike:
+    field notes § "Autofit and placement flags", both cards filled to 95 %)."""
     total, cards, acc = sum(items), [0] * count, 0
     for need in items:
         c = min(count - 1, int(acc * count // max(1, total)))

@@ -11,8 +11,8 @@ does not grow with the context); an MLA model (`attention.key_length_mla` presen
 
 config.json (what vLLM counts): full attention and GQA cache 2 x num_key_value_heads x head_dim per
 layer; MLA (`kv_lora_rank`) caches kv_lora_rank + qk_rope_head_dim once; only the layers a hybrid
-names keep one (Kimi-Linear's `linear_attn_config.full_attn_layers`, 1-indexed — seed findings
-§ "Session 5 — Kimi-Linear-48B-A3B"; `layer_types` entries other than linear/mamba).
+names keep one (Kimi-Linear's `linear_attn_config.full_attn_layers`, 1-indexed — field notes
+§ "Kimi-Linear-48B-A3B on one A40"; `layer_types` entries other than linear/mamba).
 """
 
 from __future__ import annotations

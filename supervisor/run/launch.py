@@ -74,7 +74,7 @@ def check(rt: Runtime, live: Live, index: int) -> Failure | None:
     if not problems:
         return None
     if all(p.role == "draft" for p in problems):
-        # The rung's draft, not the model: a rung without the draft may still load (the seed's DSpark).
+        # The rung's draft, not the model: a rung without the draft may still load (the field notes' DSpark).
         return Failure(FailureClass.CONFIG_REJECTED, "draft: " + " | ".join(str(p) for p in problems),
                        rung=rung.name)
     from ..model import check as model_check

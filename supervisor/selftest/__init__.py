@@ -1,6 +1,6 @@
 """The selftest: after the engine answers /health, does it answer *well*, and how fast?
 
-TGI's warmup and SkyServe's probe only prove a server answers. The seed's field notes show
+TGI's warmup and SkyServe's probe only prove a server answers. The field notes show
 why that is not enough: a headline tok/s measured on repetition loops, an expert count that
 turned output into `# # # #`, speculation that corrupted code, a proxy that cuts long
 requests. One concern per module:

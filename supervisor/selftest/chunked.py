@@ -1,7 +1,7 @@
 """Long prompts built in chunks, so that no single request outlives the proxy in front of the pod.
 
 RunPod's HTTP proxy sits behind Cloudflare and cuts a request at ~125 s (`error code: 524`);
-the seed's cold 38k-token prefill took ~230 s. The workaround it used: send the prompt in
+the field notes' cold 38k-token prefill took ~230 s. The workaround they used: send the prompt in
 growing prefixes, each request extending what the server already has in its prompt cache,
 so each one only processes the new part. This module does that, sizing each chunk from the
 prefill rate just measured so the next request stays well inside the wall limit, and proves

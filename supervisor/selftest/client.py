@@ -368,7 +368,7 @@ class Client:
 
     def greedy(self) -> dict[str, Any]:
         """Request fields for plain greedy decoding whatever the server's sampler defaults:
-        temperature 0 always; the repetition penalty (which the seed found costs accuracy)
+        temperature 0 always; the repetition penalty (which the field notes found costs accuracy)
         neutralised in the engine's own spelling."""
         params: dict[str, Any] = {"temperature": 0.0}
         engine = self.detect()

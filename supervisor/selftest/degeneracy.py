@@ -1,6 +1,6 @@
 """Is this output degenerate? Repetition loops, symbol runs and non-words.
 
-The seed's 7.3 tok/s headline was measured on selftests, three of whose five prompts produced
+The field notes' 7.3 tok/s headline was measured on selftests, three of whose five prompts produced
 repetition (`# [CS_ah]`, `et d'et d'`): a loop decodes cheap, so throughput measured on it is
 void. Halving the experts gave `# # # #` after six tokens; a broken build wrote French
 non-words ("cunce", "s'fotrenci"). Four signals, each cheap and language-agnostic:

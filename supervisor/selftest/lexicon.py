@@ -1,6 +1,6 @@
 """Small word lists for the language probes: which words of a French reply are French at all.
 
-The seed's Width50 build kept French *knowledge* ("La Revolution francaise a commence en" ->
+The field notes' Width50 build kept French *knowledge* ("La Revolution francaise a commence en" ->
 1789) but wrote non-words ("cunce", "s'fotrenci", "zocneine"). No dictionary ships in the
 image, so the French probe asks two cheap questions instead: are the function words of
 French there (a reply in English or in word salad has few), and which words are unknown.

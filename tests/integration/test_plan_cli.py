@@ -88,7 +88,7 @@ def test_the_seeds_qwen3_coder_awq_on_one_a40_is_under_20_cents_per_million_at_3
         rc, doc, _ = _plan(capsys, "--model", "hf://kiln-test/Qwen3-Coder-30B-A3B-Instruct-AWQ", "--ctx", "262144",
                            "--kv-type", "fp8", "--streams", "32")
     assert rc == 0
-    assert doc["model"]["kv_bytes_per_token"] * 262144 == 12 * 2**30          # the seed's "KV 12 GiB@256k"
+    assert doc["model"]["kv_bytes_per_token"] * 262144 == 12 * 2**30          # the field notes' "KV 12 GiB@256k"
     best = doc["plans"][0]
     assert (best["gpu"], best["count"], best["resident"]) == ("NVIDIA A40", 1, True)
     assert best["speed_measured"] and best["usd_per_1m"] < 0.20

@@ -19,7 +19,7 @@ from kiln_dev.supervised import Supervised, config, free_port, http, wait_for
 pytestmark = [pytest.mark.llama, pytest.mark.slow]
 CANARY = "kiln-selftest-canary-9d41"
 # SmolLM2's tokenizer: " #" is token 907 (llama-server /tokenize). A large bias on it makes greedy
-# decoding write " # # # #": the seed's output after halving Kimi-K3's experts, from a real server.
+# decoding write " # # # #": the field notes' output after halving Kimi-K3's experts, from a real server.
 HASH_BIAS = ["--logit-bias", "907+30"]
 
 
@@ -50,7 +50,7 @@ def metric(text: str, name: str) -> float:
 
 
 def test_smollm2_passes_its_selftest_before_it_is_ready(tmp_path):
-    sampler = "[sampler]\ntemperature = 0.3\nmin_p = 0.1\nrepeat_penalty = 1.05\n"   # the seed's choice
+    sampler = "[sampler]\ntemperature = 0.3\nmin_p = 0.1\nrepeat_penalty = 1.05\n"   # the field notes' choice
     with boot(tmp_path, smollm2_gguf(), rung("cpu"), extra=sampler) as sup:
         st = sup.wait_state("SERVING", timeout=180)
         events = [h["event"] for h in st["history"]]
@@ -103,7 +103,7 @@ def test_a_rung_whose_output_degenerates_falls_through_to_one_that_passes(tmp_pa
     memory = json.loads((tmp_path / "state" / "ladder-memory.json").read_text())
     assert [v["rung"] for v in memory.values()] == ["plain"]
     log = (tmp_path / "supervisor.log").read_text()
-    assert "symbol run" in log and "# # # #" in log                           # the seed's output, reported
+    assert "symbol run" in log and "# # # #" in log                           # the field notes' output, reported
 
 
 def test_selftest_failed_is_final_when_it_is_not_a_fall_through_class(tmp_path):

@@ -2,7 +2,7 @@
 kiln_dev/fake_vllm.py, which replays what vLLM printed on the lent H200 (2026-12-01;
 tests/fixtures/engine-logs/vllm-0.26.0-*.log). Everything a CPU can show runs against the real engine
 in test_vllm_real.py (the argv, the key, the ladder, reload, restart, the KV-cache refusal); here only:
-a forked EngineCore meeting CUDA, the multi-GPU shared-memory hang the seed met, a real CUDA OOM, and
+a forked EngineCore meeting CUDA, the multi-GPU shared-memory hang the field notes met, a real CUDA OOM, and
 the stand-in's own faithfulness."""
 
 from __future__ import annotations
@@ -86,7 +86,7 @@ def test_the_relaunch_with_spawn_happens_once_then_the_walk_fails_with_the_reaso
 
 
 def test_the_seeds_shared_memory_broadcast_hang_is_a_stall_not_progress(tmp_path, model_dir):
-    # stand-in: the hang is a multi-GPU tensor-parallel one (the seed's 2x A40)
+    # stand-in: the hang is a multi-GPU tensor-parallel one (the field notes' 2x A40)
     port, sport = free_port(), free_port()
     with Supervised(tmp_path, vllm_config(tmp_path, model_dir, port=port, sport=sport),
                     env={"KILN_FAKE_SCENARIO": "vllm-shm-hang"}, args=("--exit-on-failure",)) as sup:

@@ -1,6 +1,6 @@
 """Binaries artifact: names pin identity, pack is deterministic, and nothing wrong gets executed.
 
-The seed published compiled llama-server to the Hub as a tarball whose name pins base image, CUDA
+The field notes published compiled llama-server to the Hub as a tarball whose name pins base image, CUDA
 version and GPU arch "so a mismatched tarball can never be picked up silently", smoke-tested with
 `llama-server --version` before it is trusted. These tests hold images/binaries/artifacts.py to that: a
 fake prefix (a shell script standing in for llama-server) for the mechanics, and the real binary

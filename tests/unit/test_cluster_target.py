@@ -1,5 +1,5 @@
 """A cluster target kind (issue 40 item 3): [runpod] nodes > 1 makes a target one RunPod Instant
-Cluster, served by vLLM with every rung spanning nodes x gpu_count GPUs; the seed's multi-node
+Cluster, served by vLLM with every rung spanning nodes x gpu_count GPUs; the field notes' multi-node
 Kimi-K3 checkpoint is such a target, its unresolved model commit marked as such."""
 
 from __future__ import annotations

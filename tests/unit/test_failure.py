@@ -24,7 +24,7 @@ def test_real_cuda_oom_on_h200_is_oom_and_notes_the_autofit_abort():
 
 
 def test_seed_parameter_rejection_is_config_rejected_not_oom():
-    # The seed's signature: fast, "failed to create llama_context", no cudaMalloc line.
+    # The field notes' signature: fast, "failed to create llama_context", no cudaMalloc line.
     f = _classify("llama-server-param-reject-cpu.log", elapsed=0.02)
     assert f.failure_class == "config_rejected"
 

@@ -1,7 +1,7 @@
 """supervisor.host.hardware: the probe reads GPUs, vCPU and RAM as a container sees them, and check()
 refuses a machine the config was not made for, saying what, where and how to fix it.
 
-The seed's case drives the messages: a 5-GPU pod ran the 2-GPU placement before the guard
+The field notes' case drives the messages: a 5-GPU pod ran the 2-GPU placement before the guard
 existed, and 16 vCPU against 41 vCPU made the same placement 1.9x slower. GPU paths run against
 stand-ins (tests/support/hw: a fake nvidia-smi executable and a fake pynvml module) because CI
 has no driver; the `gpu` test compares the real NVML and nvidia-smi on a machine that has one.

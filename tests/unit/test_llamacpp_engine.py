@@ -108,13 +108,13 @@ args = ["-c", "512"]
     assert lint(cfg, snap) == []
 
 
-# -- the seed's placement lessons that need the model's header or only cost speed -------------------
+# -- the field notes' placement lessons that need the model's header or only cost speed ------------
 def _header(arch: str, **meta) -> FileHeader:
     """A GGUF header as supervisor.model.gguf_layout.read_header returns it (data, not a stand-in)."""
     return FileHeader(Path("/m.gguf"), 3, {"general.architecture": arch, **meta}, {}, [], 0, 0)
 
 
-K3_TRAINED_16 = _header("kimi-k3", **{"kimi-k3.expert_used_count": 16})   # the seed's REAP50 Width50
+K3_TRAINED_16 = _header("kimi-k3", **{"kimi-k3.expert_used_count": 16})   # the field notes' REAP50 Width50
 
 
 def _rung_toml(args, extra=""):
@@ -190,7 +190,7 @@ def test_an_unconfigured_moe_cache_is_a_warning(snap):
     warnings = llamacpp.lint_rung_warnings(cfg, 0, cfg.ladder.rungs[0], None)
     assert len(warnings) == 1 and "14 % slower" in warnings[0].message
     assert "GGML_CUDA_MOE_CACHE_" in warnings[0].message
-    # The seed does not name the seven variables; any GGML_CUDA_MOE_CACHE_* one counts as configuring it.
+    # The field notes do not name the seven variables; any GGML_CUDA_MOE_CACHE_* one counts as configuring it.
     configured = cfg_with(["--moe-cache", "on"], env={"GGML_CUDA_MOE_CACHE_ANY": "1"})
     assert llamacpp.lint_rung_warnings(configured, 0, configured.ladder.rungs[0], None) == []
 

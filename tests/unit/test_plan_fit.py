@@ -1,4 +1,4 @@
-"""Per-card placement (supervisor/plan/fit.py, issue 39): the rules the seed's figures do not reach."""
+"""Per-card placement (supervisor/plan/fit.py, issue 39): the rules the field notes' figures do not reach."""
 
 from __future__ import annotations
 

@@ -1,5 +1,5 @@
-"""P18 as a test (issue 39): the plan's memory arithmetic against the seed's published figures, within
-15 %, and every fit/no-fit decision the seed measured right."""
+"""P18 as a test (issue 39): the plan's memory arithmetic against the field notes' figures (docs/field-notes.md),
+within 15 %, and every fit/no-fit decision the field notes measured right."""
 
 from __future__ import annotations
 
@@ -24,10 +24,11 @@ def test_kimi_linear_kv_tokens_on_one_a40():
 
 
 def test_kv_per_token_is_the_seeds_arithmetic():
-    # seed findings § "Session 5": 7 x (512 + 64) x 2 = 7.88 KB; § "Long context is nearly free": 24 x ... = 27.6 KB
+    # field notes § "Kimi-Linear-48B-A3B on one A40": 7 x (512 + 64) x 2 = 7.88 KB;
+    # § "Long context on Kimi-K3": 24 x ... = 27.6 KB
     assert memory.kv_bytes_per_token(seed.kimi_linear_shape(), "vllm", "auto") == 7 * 576 * 2
     assert memory.kv_bytes_per_token(seed.kimi_k3_shape(), "llamacpp", "f16") == 24 * 576 * 2
-    # seed findings § "Under $1 per million tokens": Qwen3-Coder-30B-A3B "KV 12 GiB@256k" (fp8)
+    # field notes § "Cost per million tokens": Qwen3-Coder-30B-A3B "KV 12 GiB@256k" (fp8)
     assert memory.kv_bytes_per_token(seed.qwen3_coder_shape(), "vllm", "fp8") * 262144 == 12 * 2**30
 
 
@@ -40,13 +41,13 @@ def test_kimi_k3_fits_five_a40_at_524288_and_not_at_1048576():
 def test_kimi_k3_on_two_a40_is_offloaded_and_fills_them_as_autofit_did():
     p = _k3(16384, 2)
     assert not p.resident and len(p.host_layers) > 0
-    assert _pct(sum(p.per_card_bytes) / 1e9, 87.7) <= GOAL_PCT          # seed: static VRAM 87.7 GB
+    assert _pct(sum(p.per_card_bytes) / 1e9, 87.7) <= GOAL_PCT          # field notes: static VRAM 87.7 GB
 
 
 def test_kimi_k3_memory_per_card_at_262144_on_five_a40():
     p = _k3(262144, 5)
     assert p.resident
-    assert _pct(sum(p.per_card_bytes) / 5 / 1e9, 41.0) <= GOAL_PCT        # seed: 39.5-42.5 GB per card
+    assert _pct(sum(p.per_card_bytes) / 5 / 1e9, 41.0) <= GOAL_PCT        # field notes: 39.5-42.5 GB per card
 
 
 def test_kimi_k3_ranks_five_a40_resident_above_two_a40_offloaded():
@@ -59,5 +60,5 @@ def test_kimi_k3_ranks_five_a40_resident_above_two_a40_offloaded():
     assert order[0] == (5, True)
     assert order.index((2, False)) > 0
     two = next(p for p in plans if p.count == 2)
-    # At one stream the two cost the same per token (seed: ~85 $/1M either way); residency decides the rank.
+    # At one stream the two cost the same per token (field notes: ~85 $/1M either way); residency decides the rank.
     assert "measured" in two.speed.basis and two.speed.decode_1 < plans[0].speed.decode_1

@@ -71,7 +71,7 @@ def test_every_printed_template_is_a_valid_v2_create_and_update_body(name):
 
 @pytest.mark.parametrize("name", target_names())
 def test_args_start_the_supervisor_explicitly_from_the_images_own_cmd(name):
-    """Never empty (the image default: the seed's lost pod). v2 has no entrypoint field, so the
+    """Never empty (the image default: the field notes' lost pod). v2 has no entrypoint field, so the
     image's ENTRYPOINT must be the supervisor for args to reach it."""
     target = load_target(name)
     body = template_of(name).body

@@ -1,4 +1,4 @@
-"""The degeneracy detector: the seed's degenerate strings, and real replies of real models
+"""The degeneracy detector: the field notes' degenerate strings, and real replies of real models
 (tests/fixtures/selftest/PROVENANCE.md) on both sides of every threshold."""
 
 from __future__ import annotations
@@ -16,7 +16,7 @@ SMOL = json.loads((FIX / "smollm2-135m-q4_1-replies.json").read_text())
 TINY = json.loads((FIX / "tiny-random-replies.json").read_text())
 
 
-# -- the seed's strings (seed findings § "Output quality") ------------------------------------------------
+# -- the field notes' strings (field notes § "Output quality and sampler") ---------------------------------
 
 @pytest.mark.parametrize("text", [
     "# [CS_ah]",                                              # as quoted

@@ -1,4 +1,4 @@
-"""Probe sets and their judges, on real replies (tests/fixtures/selftest) and on the seed's
+"""Probe sets and their judges, on real replies (tests/fixtures/selftest) and on the field notes'
 quoted outputs; the severity rules that turn probe results into a verdict."""
 
 from __future__ import annotations
@@ -51,7 +51,7 @@ def test_smollm2_fails_the_questions_it_gets_wrong():
 
 
 def test_the_seed_s_kimi_k3_answers_pass_its_probes():
-    # seed findings § "Output quality": what Kimi-K3 answered at 7.3 tok/s.
+    # field notes § "Output quality and sampler": what Kimi-K3 answered.
     assert by_name("capital-japan").evaluate(" Tokyo, Washington, Stockholm, Berlin").passed
     assert by_name("train-duration").evaluate("The trip takes 3 hours 30 minutes.").passed
     assert by_name("train-duration").evaluate("The trip duration is 3.5 hours.").passed
@@ -65,7 +65,7 @@ def test_code_exactness_catches_the_seed_s_speculation_corruption():
     add = probes.CODE_ADD
     good = "```python\ndef add(a, b):\n    return a + b\n```"
     assert add.evaluate(good).passed and add.severity == FATAL
-    # n-gram speculation on Kimi-Linear (seed findings § "n-gram speculation is BROKEN on this backend"): a fragment re-spliced
+    # n-gram speculation on Kimi-Linear (field notes § "n-gram speculation corrupts Kimi-Linear's code"): a fragment re-spliced
     assert not add.evaluate("def add(a, b):\n    return a -b):\n    return a -").passed
     assert not add.evaluate("def add(a, b):\n    return a - b").passed
     fib = by_name("code-fibonacci")

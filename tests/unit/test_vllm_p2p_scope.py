@@ -1,5 +1,5 @@
-"""The seed's A40 lesson (NCCL_P2P_DISABLE=1 for tensor parallelism, seed findings § "Two fixes that
-made it work at all") binds only configs that can land on an A40 (issue 40 item 3): a config whose
+"""The field notes' A40 lesson (NCCL_P2P_DISABLE=1 for tensor parallelism, field notes
+§ "Tensor parallelism on A40 pairs") binds only configs that can land on an A40 (issue 40 item 3): a config whose
 [hardware] min_compute_capability keeps it on NVLink nodes (H100 9.0, B200 10.0) may leave P2P on,
 while every config that can still run on an A40 is held to it, as before."""
 

@@ -13,7 +13,7 @@ from types import SimpleNamespace
 
 MIB = 1024 * 1024
 # The CUDA version each driver branch reports (nvmlSystemGetCudaDriverVersion; nvidia-smi's header
-# "CUDA Version"): R550 is CUDA 12.4, R570 12.8 (the seed's A40 pods: 570.195.03), R580 13.0 (the
+# "CUDA Version"): R550 is CUDA 12.4, R570 12.8 (the field notes' A40 pods: 570.195.03), R580 13.0 (the
 # lent H200: 580.159.04).
 CUDA_OF_BRANCH = {"550": 12040, "570": 12080, "580": 13000}
 DRIVERS = {"550": "550.163.01", "570": "570.195.03", "580": "580.159.04"}
