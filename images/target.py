@@ -245,7 +245,7 @@ def _port_ok(p: str) -> bool:
 
 # -- [runpod] ------------------------------------------------------------------------------
 # Env vars Kiln's template sets itself from the deploy config; [runpod.env] must not.
-TEMPLATE_OWNED_ENV = ("KILN_SERVER_PORT", "KILN_STATUS_PORT")
+TEMPLATE_OWNED_ENV = ("KILN_SERVER_PORT", "KILN_STATUS_PORT", "KILN_DEPLOY_CONFIG")   # the last: `up --config`
 # What the supervisor reads besides its ENV_OVERRIDES (supervisor/__main__.py).
 SUPERVISOR_RUN_ENV = ("KILN_CONFIG", "KILN_EXIT_ON_FAILURE")
 SECRET_NAME_RE = r"[A-Za-z0-9_]{1,64}"

@@ -5,6 +5,8 @@ fixed sleeps."""
 
 from __future__ import annotations
 
+import base64
+
 import json
 import os
 import signal
@@ -95,10 +97,11 @@ def http(url: str, *, headers: dict[str, str] | None = None, data: bytes | None 
 
 class Supervised:
     """`config` is the file's text (bytes: written as they are, a config that is not UTF-8, say);
-    `status_port` where to watch it, when its [status] table does not say (or the env moves it)."""
+    `status_port` where to watch it, when its [status] table does not say (or the env moves it).
+    `carried`: no --config; the config reaches the supervisor as a deployment's KILN_DEPLOY_CONFIG."""
 
     def __init__(self, tmp: Path, config: str | bytes, *, env: dict[str, str] | None = None,
-                 args: tuple[str, ...] = (), status_port: int | None = None):
+                 args: tuple[str, ...] = (), status_port: int | None = None, carried: bool = False):
         self.tmp = tmp
         self.cfg_path = tmp / "deploy.toml"
         if isinstance(config, bytes):
@@ -109,11 +112,14 @@ class Supervised:
         self.log_path = tmp / "supervisor.log"
         full_env = {k: v for k, v in os.environ.items() if not k.startswith("KILN_")}
         full_env.update({"PYTHONPATH": str(REPO_ROOT), "PYTHONUNBUFFERED": "1"})
+        if carried:
+            full_env["KILN_DEPLOY_CONFIG"] = base64.b64encode(self.cfg_path.read_bytes()).decode("ascii")
         full_env.update(env or {})
         self._log = open(self.log_path, "w")
+        where = () if carried else ("--config", str(self.cfg_path))
         # Its parent-death signal is TERM: a supervisor killed outright would orphan its engine,
         # one that is terminated stops it. Not a session of its own: tests signal it by pid.
-        self.proc = children.spawn([sys.executable, "-m", "supervisor", "run", "--config", str(self.cfg_path), *args],
+        self.proc = children.spawn([sys.executable, "-m", "supervisor", "run", *where, *args],
                                    death_signal=signal.SIGTERM, start_new_session=False,
                                    stdout=self._log, stderr=subprocess.STDOUT, env=full_env, cwd=REPO_ROOT)
         self.status_port = status_port or int(config.split("[status]")[1].split("port =")[1].split()[0])

@@ -28,8 +28,9 @@ EXIT_INVALID = 2
 
 
 def _run_arguments(run: argparse.ArgumentParser) -> None:
-    run.add_argument("--config", default=os.environ.get("KILN_CONFIG", DEFAULT_CONFIG),
-                     help=f"deploy config (default: $KILN_CONFIG or {DEFAULT_CONFIG})")
+    run.add_argument("--config", default=None,
+                     help="deploy config (default: $KILN_DEPLOY_CONFIG, the config the deployment carries, "
+                          f"else $KILN_CONFIG, else {DEFAULT_CONFIG}; deploy_env.py)")
     run.add_argument("--exit-on-failure", action="store_true",
                      default=os.environ.get("KILN_EXIT_ON_FAILURE", "") in ("1", "true"),
                      help="exit when FAILED instead of staying up to explain why on /status")
@@ -142,17 +143,20 @@ def _main(argv: list[str] | None) -> int:
         from .selftest import cli as selftest_cli
         return selftest_cli.main(args)
     if args.command in (None, "run"):
-        from .config import load_config
+        from . import deploy_env
+        from .config import load_config, parse_config
         from .errors import ConfigError
         from .run.logs import setup_logging
         from .run.timeline import process_start
 
         setup_logging()
-        config = getattr(args, "config", os.environ.get("KILN_CONFIG", DEFAULT_CONFIG))
+        config, text = getattr(args, "config", None), None
         exit_on_failure = getattr(args, "exit_on_failure", False)
         try:
-            cfg = load_config(config)
+            config, text = deploy_env.choose(config, os.environ, DEFAULT_CONFIG)
+            cfg = load_config(config) if text is None else parse_config(text, source=config)
         except ConfigError as e:
+            config = config or deploy_env.SOURCE          # choose() refused the carried config itself
             from . import runpod_env as serverless
 
             if exit_on_failure:   # CI: say it and go
@@ -164,11 +168,11 @@ def _main(argv: list[str] | None) -> int:
                 # ([serverless] exit_grace_s), so RunPod and `endpoint up --wait` see it UNHEALTHY with its
                 # cause, then goes: released (no bill), and an endpoint that keeps producing such workers is
                 # scaled down (runpod_env.py).
-                boot_failure.serve(e, config, os.environ, serverless=True)
+                boot_failure.serve(e, config, os.environ, serverless=True, text=text)
                 return EXIT_INVALID
             # A pod's PID 1 stays up in FAILED to say why: an exit would restart the container into the
             # same failure, in a loop that bills (run/boot_failure.py).
-            return boot_failure.serve(e, config, os.environ)
+            return boot_failure.serve(e, config, os.environ, text=text)
         # The model prefetch begins here, before the loop's imports ([startup] prefetch_at = "start", the
         # default; "preflight" leaves it to the loop): model/prefetch.py says what it bought and cost.
         from .model import prefetch

@@ -38,7 +38,7 @@ from pathlib import Path
 from typing import Any, Mapping
 
 from .. import __version__
-from .. import runpod_env
+from .. import deploy_env, runpod_env
 from ..config import BOM, boot_fallback, serverless_fallback
 from ..errors import NO_VALUE, ConfigError, Problem
 from ..failure import FailureClass
@@ -85,6 +85,10 @@ def _problem(p: Problem, path: str) -> dict[str, Any]:
 
 def _fix(field: str, p: Problem, path: str, env: str | None) -> str:
     allowed = f"allowed: {p.allowed}; " if p.allowed else ""
+    if env == deploy_env.ENV or (env is None and path == deploy_env.SOURCE):
+        return (f"{allowed}correct the deploy config file and deploy it again (`python build.py pods up --config "
+                f"FILE`, `endpoint up --config FILE`, `cluster up --config FILE`): {deploy_env.ENV} is that file in "
+                "base64, put in the pod's environment by the deploying command")
     if env:
         return (f"{allowed}correct {env} in the pod's environment (a RunPod template's env), or remove it so "
                 "the file's value applies")
@@ -99,24 +103,27 @@ def _fix(field: str, p: Problem, path: str, env: str | None) -> str:
             "rebuild, or point KILN_CONFIG at a corrected copy; some fields have a KILN_* env override)")
 
 
-def _file_data(path: str) -> Any:
-    """The config file's TOML, however invalid its values (for boot_fallback); None when it does
-    not parse. Bytes that are not UTF-8 become U+FFFD: a bad byte in a comment hides no port."""
+def _file_data(path: str, text: str | None = None) -> Any:
+    """The config's TOML (`text`, else the file's), however invalid its values (for boot_fallback); None
+    when it does not parse. Bytes that are not UTF-8 become U+FFFD: a bad byte in a comment hides no port."""
     try:
-        text = Path(path).read_bytes().decode("utf-8", errors="replace").removeprefix(BOM)
-        return tomllib.loads(text)
+        if text is None:
+            text = Path(path).read_bytes().decode("utf-8", errors="replace")
+        return tomllib.loads(text.removeprefix(BOM))
     except (OSError, ValueError):
         return None
 
 
-def serve(err: ConfigError, path: str, env: Mapping[str, str], *, serverless: bool = False) -> int:
+def serve(err: ConfigError, path: str, env: Mapping[str, str], *, serverless: bool = False,
+          text: str | None = None) -> int:
     """Stay up in FAILED, explaining `err` on /status, until TERM or INT; the exit status (3). A
     Serverless worker (`serverless`) logs the one failure line every phase logs (runpod_env.
-    release_line), answers 503 on the health path RunPod checks and exits after its grace instead."""
+    release_line), answers 503 on the health path RunPod checks and exits after its grace instead.
+    `text`: the config's own text when it came from the environment (deploy_env.py), not a file."""
     from ..status.listen import CannotListen
     from ..status.server import StatusServer
 
-    data = _file_data(path)
+    data = _file_data(path, text)
     status, runpod = boot_fallback(data, env)
     failure = failure_record(err, path)
     secrets = Secrets(env.get(k) for k in SECRET_ENV)
