@@ -238,6 +238,22 @@ def parse_target(text: str, path: Path) -> Target:
     return dataclasses.replace(target, runpod=runpod)
 
 
+def with_config(target: Target, path: Path, *, gpu_type: str | None = None, gpu_count: int | None = None,
+                nodes: int | None = None) -> Target:
+    """The target's image with another deploy config (`up --config FILE`): its [runpod] checks run again
+    against that config (ports, the model's volume, its secrets), the pod's shape from the config's
+    own when given. ConfigError, every problem at once, when the config cannot run in this image's pods."""
+    cfg = load_config(path, env={})
+    rp = dataclasses.replace(target.runpod, gpu_type=gpu_type or target.runpod.gpu_type,
+                             gpu_count=target.runpod.gpu_count if gpu_count is None else gpu_count, secrets=(),
+                             nodes=target.runpod.nodes if nodes is None else nodes)
+    moved = dataclasses.replace(target, deploy_config_path=Path(path).resolve(), profiles={}, runpod=rp)
+    problems: list[Problem] = []
+    runpod = _check_runpod(moved, cfg, problems, shape_checked_elsewhere=True)
+    raise_if(problems, f"deploy config {path} in the {target.name} image's pods")
+    return dataclasses.replace(moved, runpod=runpod)
+
+
 def _port_ok(p: str) -> bool:
     num, _, proto = p.partition("/")
     return num.isdigit() and 0 < int(num) < 65536 and proto in ("http", "tcp")
@@ -271,7 +287,7 @@ def _read_runpod(rp: Reader, target_name: str) -> RunPodSpec:
     return spec
 
 
-def _parallel(args: list[str], names: tuple[str, ...]) -> int:
+def parallel_of(args: list[str], names: tuple[str, ...]) -> int:
     """The value of a vLLM size flag (`-tp 8`, `--tensor-parallel-size=8`) in `args`; 1 when absent."""
     for i, a in enumerate(args):
         flag, eq, value = a.partition("=")
@@ -291,17 +307,19 @@ def _check_cluster(target: Target, cfg: DeployConfig, r: Reader) -> None:
         return
     for rung in cfg.ladder.rungs:
         args = list(cfg.server.extra_args) + list(rung.args)
-        tp = _parallel(args, ("-tp", "--tensor-parallel-size"))
-        pp = _parallel(args, ("-pp", "--pipeline-parallel-size"))
+        tp = parallel_of(args, ("-tp", "--tensor-parallel-size"))
+        pp = parallel_of(args, ("-pp", "--pipeline-parallel-size"))
         if tp * pp != rp.nodes * rp.gpu_count:
             r.problem("nodes", f"rung {rung.name!r} spans tensor x pipeline parallel = {tp} x {pp} GPUs, the "
                       f"cluster has {rp.nodes} nodes x {rp.gpu_count} GPUs", rung.name,
                       f"-tp {rp.gpu_count} -pp {rp.nodes} (tensor parallel within a node, pipeline across nodes)")
 
 
-def _check_runpod(target: Target, cfg: DeployConfig, problems: list[Problem]) -> RunPodSpec:
+def _check_runpod(target: Target, cfg: DeployConfig, problems: list[Problem], *,
+                  shape_checked_elsewhere: bool = False) -> RunPodSpec:
     """Cross-field checks of [runpod] against the deploy config, every problem collected;
-    returns the spec with its effective secrets."""
+    returns the spec with its effective secrets. `shape_checked_elsewhere`: a deploy config given at
+    `up` is checked against the pod's shape by images/runpod/precheck.py, with the shape's own fields."""
     from supervisor.config import ENV_OVERRIDES
 
     from .runpod_schema import gpu_types
@@ -340,11 +358,12 @@ def _check_runpod(target: Target, cfg: DeployConfig, problems: list[Problem]) ->
         hint = nearest(rp.gpu_type, gpu_types())
         r.problem("gpu_type", "is not a RunPod GPU type id" + (f"; did you mean {hint!r}?" if hint else ""),
                   rp.gpu_type, "the gpu_types ids in images/schemas/runpod-rest-v2.json (RunPod's GPU types page)")
-    if target.is_gpu and cfg.hardware.gpu_count is not None and rp.gpu_count != cfg.hardware.gpu_count:
+    if target.is_gpu and cfg.hardware.gpu_count is not None and rp.gpu_count != cfg.hardware.gpu_count \
+            and not shape_checked_elsewhere:
         r.problem("gpu_count", f"the deploy config's [hardware] expects exactly {cfg.hardware.gpu_count} GPU(s): "
                   "the supervisor would refuse the pod", rp.gpu_count)
 
-    if rp.is_cluster:
+    if rp.is_cluster and not shape_checked_elsewhere:
         _check_cluster(target, cfg, r)
 
     # Storage: RunPod's persistent mount has a 10 GB floor (PersistentMount.size minimum).

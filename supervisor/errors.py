@@ -42,7 +42,8 @@ this tree and listed here.
     ├── EngineUnavailable        (images.build.docker) no Docker engine answers
     ├── BuildFailed              (images.build.docker) the image build failed
     ├── GateFailed               (images.ci.gate) the GPU selftest gate did not pass
-    ├── PromoteError             (images.ci.promote) staging tags could not be promoted
+    ├── RegistryError            (images.registry) a container registry refused, or could not be asked
+    │   └── PromoteError         (images.ci.promote) staging tags could not be promoted
     ├── RunPodAPIError           (images.runpod.api) RunPod's API refused or failed a request
     ├── NoMatchingHost           (images.runpod.pods) RunPod's catalog offers no host the image runs on
     └── NoMatchingPool           (images.runpod.endpoints) no serverless pool offers a GPU the image runs on

@@ -15,29 +15,17 @@ $KILN_REGISTRY_PASSWORD (in GitHub Actions: github.actor and GITHUB_TOKEN).
 
 from __future__ import annotations
 
-import base64
-import hashlib
 import os
-import re
 from dataclasses import dataclass
 from typing import Sequence
 
-import requests
 
-from supervisor.errors import KilnError
-
-from ..pins.resolve import MANIFEST_ACCEPT, split_ref
+from ..pins.resolve import split_ref
+from ..registry import Manifest, RegistryClient, RegistryError
 
 
-class PromoteError(KilnError):
+class PromoteError(RegistryError):
     pass
-
-
-@dataclass(frozen=True)
-class Manifest:
-    body: bytes
-    media_type: str
-    digest: str
 
 
 @dataclass(frozen=True)
@@ -45,64 +33,6 @@ class Promotion:
     staging: str                    # repo:staging-tag
     immutable: tuple[str, ...]      # release tags that must never move
     moving: tuple[str, ...] = ()    # release tags that follow the latest promotion
-
-
-class RegistryClient:
-    def __init__(self, *, scheme: str = "https", username: str | None = None, password: str | None = None,
-                 session: requests.Session | None = None, timeout: float = 60.0):
-        self.scheme = scheme
-        self.auth = (username, password) if username and password else None
-        self.s = session or requests.Session()
-        self.timeout = timeout
-        self._tokens: dict[tuple[str, str], str] = {}
-
-    def _request(self, method: str, registry: str, repo: str, path: str, *, push: bool = False,
-                 **kw) -> requests.Response:
-        url = f"{self.scheme}://{registry}/v2/{repo}/{path}"
-        headers = dict(kw.pop("headers", {}))
-        key = (registry, repo)
-        if key in self._tokens:
-            headers["Authorization"] = self._tokens[key]
-        r = self.s.request(method, url, headers=headers, timeout=self.timeout, **kw)
-        if r.status_code == 401:
-            headers["Authorization"] = self._authorize(r.headers.get("WWW-Authenticate", ""), repo, push)
-            self._tokens[key] = headers["Authorization"]
-            r = self.s.request(method, url, headers=headers, timeout=self.timeout, **kw)
-        return r
-
-    def _authorize(self, challenge: str, repo: str, push: bool) -> str:
-        if challenge.lower().startswith("basic") and self.auth:
-            user, password = self.auth
-            return "Basic " + base64.b64encode(f"{user}:{password}".encode()).decode()
-        if not challenge.lower().startswith("bearer"):
-            raise PromoteError(f"the registry asks for {challenge or 'credentials'}: set KILN_REGISTRY_USER and "
-                               "KILN_REGISTRY_PASSWORD")
-        params = dict(re.findall(r'(\w+)="([^"]*)"', challenge))
-        realm = params.pop("realm", "")
-        params["scope"] = f"repository:{repo}:pull,push" if push else params.get("scope", f"repository:{repo}:pull")
-        tok = self.s.get(realm, params=params, auth=self.auth, timeout=self.timeout)
-        if tok.status_code != 200:
-            raise PromoteError(f"token for {repo} refused (HTTP {tok.status_code}): check KILN_REGISTRY_USER / "
-                               "KILN_REGISTRY_PASSWORD and that the token may write packages")
-        body = tok.json()
-        return f"Bearer {body.get('token') or body.get('access_token')}"
-
-    def get(self, ref: str) -> Manifest | None:
-        registry, repo, tag = split_ref(ref)
-        r = self._request("GET", registry, repo, f"manifests/{tag}", headers={"Accept": MANIFEST_ACCEPT}, push=True)
-        if r.status_code == 404:
-            return None
-        if r.status_code != 200:
-            raise PromoteError(f"GET manifest {ref}: HTTP {r.status_code}")
-        digest = r.headers.get("Docker-Content-Digest") or "sha256:" + hashlib.sha256(r.content).hexdigest()
-        return Manifest(r.content, r.headers.get("Content-Type", "").split(";")[0].strip(), digest)
-
-    def put(self, ref: str, manifest: Manifest) -> None:
-        registry, repo, tag = split_ref(ref)
-        r = self._request("PUT", registry, repo, f"manifests/{tag}", data=manifest.body, push=True,
-                          headers={"Content-Type": manifest.media_type})
-        if r.status_code not in (200, 201):
-            raise PromoteError(f"PUT manifest {ref}: HTTP {r.status_code}: {r.text[:200]}")
 
 
 def client_from_env(scheme: str = "https") -> RegistryClient:

@@ -21,11 +21,15 @@ from ..runpod import pods as runpod_pods
 from ..runpod.template import dumps
 from ..target import load_target
 from .command import Command
-from .pods import EXIT_NOT_READY, _api, _common, _template, _template_options, say
+from .. import deployment
+from ..runpod import precheck
+from .pods import (EXIT_NOT_READY, _api, _common, _template, _template_options, config_argument, refuse_unless_ok,
+                   replace_argument, say)
 
 
 def _shape_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--target", required=True)
+    config_argument(p)
     p.add_argument("--nodes", type=int, help="nodes (pods) in the cluster, 2..250 (default: a cluster "
                    "target's [runpod] nodes; required for a one-node target)")
     p.add_argument("--gpu", metavar="ID", help="RunPod GPU type id (default: the target's [runpod] gpu_type)")
@@ -46,6 +50,7 @@ def _plan_arguments(p: argparse.ArgumentParser) -> None:
 
 def _up_arguments(p: argparse.ArgumentParser) -> None:
     _shape_arguments(p)
+    replace_argument(p)
     p.add_argument("--timeout", type=float, default=3600.0, help="seconds to wait for rank 0's /ready")
     p.add_argument("--poll", type=float, default=5.0, help="seconds between status reads")
     p.add_argument("--proxy", metavar="PATTERN", help="proxy URL pattern with {pod_id} and {port} "
@@ -73,18 +78,26 @@ def _down_arguments(p: argparse.ArgumentParser) -> None:
     _common(p)
 
 
-def _body(args: argparse.Namespace):  # type: ignore[no-untyped-def]
-    target = load_target(args.target)
+def _body(args: argparse.Namespace, *, check: bool = True):  # type: ignore[no-untyped-def]
+    dep = deployment.load(args.target, args.config, gpu=args.gpu, count=args.gpus_per_node)
+    target = dep.target
     if args.registry_auth:
         raise KilnError("--registry-auth: RunPod's CreateClusterRequest has no registry field (private "
                         "registries are not supported for clusters): push the image to a public repository")
     tpl = _template(args, target, pins_for(target, load_lock()))
     nodes = args.nodes if args.nodes is not None else target.runpod.nodes
+    nodes_from = "--nodes" if args.nodes is not None else "the config's rungs (tensor x pipeline parallel)" \
+        if dep.given else "the target's [runpod] nodes"
     if nodes == 1 and args.nodes is None:
         raise KilnError(f"--target {target.name} is a one-node target ([runpod] nodes = 1): give --nodes N "
                         "(2..250), or use a cluster target")
     shape = clusters.Shape.of(target, nodes=nodes, gpu_id=args.gpu, gpus_per_node=args.gpus_per_node,
                               data_centers=tuple(args.data_center))
+    if check:
+        count_from = "--gpus-per-node" if args.gpus_per_node is not None else dep.count_from
+        verdict = precheck.check(dep, precheck.PodShape(shape.gpu_id, shape.gpus_per_node, shape.nodes, dep.gpu_from,
+                                                        count_from, nodes_from))
+        refuse_unless_ok(verdict, dep, tpl.body["image"])
     if args.volume_path and not args.volume:
         raise KilnError(f"--volume-path {args.volume_path}: give --volume VOLUME_ID as well (the volume to "
                         "mount there)")
@@ -92,7 +105,7 @@ def _body(args: argparse.Namespace):  # type: ignore[no-untyped-def]
     if mount is not None:
         say(f"network volume {mount.volume_id} at {mount.path} on every node; state_dir {mount.state_dir} on it "
             "(the Hub cache and the compile caches shared, each node's own state in workers/<pod id>)")
-    return target, shape, clusters.cluster_body(target, tpl, shape, mount)
+    return target, shape, clusters.cluster_body(target, tpl, shape, mount, dep.env())
 
 
 def cmd_plan(args: argparse.Namespace) -> int:
@@ -123,7 +136,8 @@ def cmd_up(args: argparse.Namespace) -> int:
         if vol.size_gb < target.runpod.volume_gb:
             say(f"warning: network volume {vol.id} has {vol.size_gb} GB, less than the {target.runpod.volume_gb} GB "
                 f"the target's [runpod] volume_gb asks for its model and caches")
-    result = clusters.up(api, target, body, shape, say, timeout_s=args.timeout, poll_s=args.poll, proxy=args.proxy)
+    result = clusters.up(api, target, body, shape, say, timeout_s=args.timeout, poll_s=args.poll, proxy=args.proxy,
+                         replace=args.replace)
     cid = result.cluster.get("id")
     if not result.ready or result.primary is None:
         print(f"cluster {result.cluster.get('name')} ({cid}): NOT READY: {result.line}; see "

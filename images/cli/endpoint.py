@@ -63,6 +63,8 @@ def _api_option(p: argparse.ArgumentParser) -> None:
 
 def _body_options(p: argparse.ArgumentParser) -> None:
     _which(p)
+    p.add_argument("--config", metavar="FILE", help="the deploy config the workers serve (what `plan --write-config` "
+                   "writes): it travels in the endpoint's environment, no rebuild (default: the image's own)")
     opt.image(p)
     p.add_argument("--image-ref", metavar="REF", help="the endpoint's whole image reference (default: the target's "
                    "immutable tag in --image or the target's repository)")
@@ -145,10 +147,29 @@ def _plan(args: argparse.Namespace, target, pins, compute, volume=None) -> ep.En
 
     plan = ep.build_endpoint(target, pins, compute, scaling=_scaling(args), repository=args.image,
                              image=args.image_ref, name=args.name, registry=args.registry_auth,
-                             network_volume=volume, no_volume=getattr(args, "no_network_volume", False))
+                             network_volume=volume, no_volume=getattr(args, "no_network_volume", False),
+                             extra_env=getattr(args, "deploy_env_", None))
     if plan.floating and not args.image_ref and not args.allow_floating:
         raise FloatingRefused(target, [f for f in missing(target, pins)])
     return plan
+
+
+def _deployment(args: argparse.Namespace, *, check: bool):  # type: ignore[no-untyped-def]
+    """The target's image and the deploy config its workers serve (--config, else the image's own), checked
+    before anything is asked of RunPod: the config against the image and the worker's GPU kind and count."""
+    from .. import deployment
+    from ..pins.lock import load_lock, pins_for
+    from ..runpod import precheck
+    from .pods import refuse_unless_ok
+
+    dep = deployment.load(args.target, args.config, count=args.gpu_count)
+    args.deploy_env_ = dep.env()
+    target, pins = _one_node(dep.target, pins_for(dep.target, load_lock()))
+    if check and target.is_gpu:
+        shape = precheck.PodShape(target.runpod.gpu_type, target.runpod.gpu_count, 1, dep.gpu_from, dep.count_from)
+        image = args.image_ref or _plan(args, target, pins, ep.Compute(pools=("catalog",), gpu_count=1)).body["image"]
+        refuse_unless_ok(precheck.check(dep, shape), dep, image)
+    return target, pins
 
 
 def _one_node(target, pins):  # type: ignore[no-untyped-def]
@@ -160,7 +181,7 @@ def _one_node(target, pins):  # type: ignore[no-untyped-def]
 
 
 def cmd_plan(args: argparse.Namespace) -> int:
-    target, pins = _one_node(*opt.target_and_pins(args.target))
+    target, pins = _deployment(args, check=False)
     compute = ep.offline_compute(target, pools=tuple(args.pool), gpu_count=args.gpu_count,
                                  cpu_flavor=args.cpu_flavor, vcpu=args.vcpu)
     plan = _plan(args, target, pins, compute)
@@ -194,7 +215,7 @@ def cmd_up(args: argparse.Namespace) -> int:
     if args.no_network_volume and (args.network_volume or args.network_volume_gb or args.data_center):
         raise KilnError("--no-network-volume cannot be combined with --network-volume, --network-volume-gb or "
                         "--data-center")
-    target, pins = _one_node(*opt.target_and_pins(args.target))
+    target, pins = _deployment(args, check=True)
     compute = ep.offline_compute(target, pools=tuple(args.pool), gpu_count=args.gpu_count,
                                  cpu_flavor=args.cpu_flavor, vcpu=args.vcpu, docs=False)
     key = _key()

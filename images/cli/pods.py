@@ -24,10 +24,11 @@ from typing import Any
 
 from supervisor.errors import KilnError
 
+from .. import deployment
 from ..build import render
 from ..pins.lock import load_lock, missing, pins_for
 from ..router import pod as router_pod
-from ..runpod import pods, volumes
+from ..runpod import image_check, pods, precheck, volumes
 from ..runpod.api import RunPodAPI
 from ..runpod.template import build_template
 from ..target import load_target
@@ -62,8 +63,22 @@ def _template_options(p: argparse.ArgumentParser) -> None:
                    "(its image is labelled floating)")
 
 
+def config_argument(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--config", metavar="FILE", help="the deploy config to serve (what `plan --write-config` writes; "
+                   "images/deploy/ has the field notes' own): it travels in each pod's environment, no rebuild "
+                   "(default: the image's own)")
+
+
+def replace_argument(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--replace", action="store_true", help="live pods (a cluster) of this target that run another "
+                   "image or deploy config are terminated and created anew (without it, `up` refuses and says "
+                   "what differs)")
+
+
 def _up_arguments(up: argparse.ArgumentParser) -> None:
     up.add_argument("--target", required=True)
+    config_argument(up)
+    replace_argument(up)
     up.add_argument("--replicas", type=int, default=1, help="how many pods (kiln-<target>-1..N; live ones "
                     "are kept, only the missing ones are created)")
     up.add_argument("--gpu", metavar="ID", help="RunPod GPU type id (default: the target's [runpod] gpu_type)")
@@ -140,10 +155,14 @@ def cmd_up(args: argparse.Namespace) -> int:
     if args.target == router_pod.ROUTER_TARGET:
         raise KilnError("--target router: the router runs in front of another target's replicas: "
                         "`pods up --target T --replicas N --router`")
-    target = load_target(args.target)
+    dep = deployment.load(args.target, args.config, gpu=args.gpu, count=args.gpu_count)
+    target = dep.target
     if target.runpod.is_cluster:
-        raise KilnError(f"--target {target.name}: a cluster target ([runpod] nodes = {target.runpod.nodes}): one pod "
-                        f"cannot hold it; `python build.py cluster up --target {target.name}`")
+        what = f"{dep.describe()} spans {target.runpod.nodes} nodes" if dep.given else \
+            f"a cluster target ([runpod] nodes = {target.runpod.nodes})"
+        again = f" --config {args.config}" if dep.given else ""
+        raise KilnError(f"--target {target.name}: {what}: one pod cannot hold it; "
+                        f"`python build.py cluster up --target {target.name}{again}`")
     lock = load_lock()
     pins = pins_for(target, lock)
     router_req = None
@@ -157,10 +176,15 @@ def cmd_up(args: argparse.Namespace) -> int:
             vcpu=args.router_vcpu), timeout_s=args.timeout, poll_s=args.poll, proxy=args.proxy)
     placement = pods.Placement.of(target, gpu_id=args.gpu, gpu_count=args.gpu_count, cloud=args.cloud,
                                   data_centers=tuple(args.data_center), cpu_flavor=args.cpu_flavor, vcpu=args.vcpu)
-    req = pods.UpRequest(target=target, template=_template(args, target, pins), placement=placement,
+    template = _template(args, target, pins)
+    verdict = precheck.check(dep, precheck.PodShape(placement.gpu_id, placement.gpu_count, 1, dep.gpu_from,
+                                                    dep.count_from))
+    refuse_unless_ok(verdict, dep, template.body["image"])
+    req = pods.UpRequest(target=target, template=template, placement=placement,
                          replicas=args.replicas, network_volume=args.network_volume,
                          network_volume_gb=args.network_volume_gb, terminate_on_failure=args.terminate_on_failure,
-                         timeout_s=args.timeout, poll_s=args.poll, proxy=args.proxy)
+                         timeout_s=args.timeout, poll_s=args.poll, proxy=args.proxy, config_text=dep.text,
+                         replace=args.replace)
     made = pods.Made()
     api = _api(args)
     try:
@@ -212,6 +236,21 @@ def _up_router(api, req, target, result, args: argparse.Namespace) -> int:  # ty
     print(f"  over TCP (no proxy limit): {ep.tcp or 'no public IP / TCP port mapped'}")
     print(f"  status: {ep.status}/status; requests name the model its /v1/models lists")
     return 0 if result.ok else EXIT_NOT_READY
+
+
+def refuse_unless_ok(verdict: precheck.Verdict, dep: deployment.Deployment, image: str) -> None:
+    """Say what was checked; refuse, with every problem, when the pod would refuse what it is given or
+    its image is not in its registry. Nothing is rented before this passes."""
+    for note in verdict.notes:
+        say(f"note: {note}")
+    found = image_check.check(image)
+    if found.verdict != "missing":
+        say(found.line)
+    problems = verdict.problems + ([found.line] if found.verdict == "missing" else [])
+    if problems:
+        raise KilnError(f"{dep.describe()} on the {dep.target.name} image: {len(problems)} problem(s); nothing "
+                        "was rented:\n  - " + "\n  - ".join(problems))
+    say(f"checked before renting: {dep.describe()} on the {dep.target.name} image")
 
 
 def cmd_status(args: argparse.Namespace) -> int:

@@ -36,9 +36,10 @@ class Plan:
     placement: fit.Placement
     speed: speeds.Speed
     usd_per_m: float | None
-    command: str
+    command: str                # the deploy command ("" where no image serves this GPU kind)
     deploy_config: str
     notes: tuple[str, ...] = field(default=())
+    commands: tuple[str, ...] = field(default=())     # what to run, in order (plan's CLI fills it in)
 
     @property
     def resident(self) -> bool:
@@ -58,8 +59,10 @@ def deploy_config(model: dict[str, Any], engine: str, *, ctx: int, count: int, k
                   predictions: dict[str, Any] | None = None) -> str:
     """A deploy config whose ladder is the plan: autofit with no placement flag (a pinned -ngl,
     --tensor-split or -ot turns autofit off: field notes § "Autofit and placement flags"), then half the
-    context; vLLM at the plan's utilization and tensor parallelism, then half the context."""
-    half = max(4096, ctx // 2)
+    context; vLLM at the plan's utilization and tensor parallelism, then half the context. Never past
+    `ctx` (which `plan` checked against the model's trained context). [hardware] gpu_count is the
+    plan's: the supervisor refuses a pod of another count, and `pods up` before renting it."""
+    half = min(ctx, max(4096, ctx // 2))
     lines = [f"# written by `python build.py plan` for {count} GPU(s); review before publishing",
              f'engine = "{engine}"', 'state_dir = "/workspace/kiln"', "", "[model]",
              *(f"{k} = {_toml(v)}" for k, v in model.items()),
@@ -80,21 +83,26 @@ def deploy_config(model: dict[str, Any], engine: str, *, ctx: int, count: int, k
             lines += ["[[ladder.rungs]]", f'name = "{name}"', "args = [" + ", ".join(f'"{a}"' for a in args) + "]", ""]
         if c == half:
             break
-    if predictions:     # [plan]: what the pod checks itself against after its selftest
+    lines += ["[hardware]", f"gpu_count = {count}", ""]
+    if predictions:     # [plan]: the pod's GPU kind and count (`pods up` rents them), and what it checks itself against
         lines += ["[plan]", *(f"{k} = {_toml(v)}" for k, v in predictions.items() if v not in (None, 0, "")), ""]
     return "\n".join(lines)
 
 
-def command(target: str | None, gpu: str, count: int, cloud: str = "secure") -> str:
-    t = target or "<a target of this engine for this GPU: none in images/targets/ yet>"
+def command(target: str | None, config_file: str, cloud: str = "secure") -> str:
+    """The deploy command: the target's image serving the config `plan --write-config` wrote (its [plan]
+    table names the GPU kind and count)."""
+    if target is None:
+        return ""
     cloud_flag = [] if cloud.upper() == "SECURE" else ["--cloud", cloud.upper()]     # SECURE: pods up's default
-    return shlex.join(["python", "build.py", "pods", "up", "--target", t, "--gpu", gpu, "--gpu-count", str(count),
-                       *cloud_flag])
+    return shlex.join(["python", "build.py", "pods", "up", "--target", target, "--config", config_file, *cloud_flag])
 
 
 def plans(shape: Shape, name: str, model: dict[str, Any], catalog: list[dict[str, Any]], *, engine: str, ctx: int, streams: int,
-          kv_type: str, targets: dict[tuple[str, str], str], max_usd_h: float | None = None,
-          cloud: str = "secure") -> list[Plan]:
+          kv_type: str, targets: dict[str, str | None], max_usd_h: float | None = None,
+          cloud: str = "secure", config_file: str = "model.toml", count: int | None = None) -> list[Plan]:
+    """`targets`: GPU id -> the target that serves `engine` there (None: none does). `count`: only pods
+    of that many GPUs (`plan --count`, which `--write-config` is asked with)."""
     est = _estimate(shape, engine, ctx, streams, kv_type)
     out: list[Plan] = []
     for g in catalog:
@@ -105,6 +113,8 @@ def plans(shape: Shape, name: str, model: dict[str, Any], catalog: list[dict[str
         card = int(g["memory"]) * 10**9                       # the catalog's "VRAM in GB"
         kept: list[Plan] = []
         for n in range(1, int(top) + 1):
+            if count is not None and n != count:
+                continue
             usd_h = float(price) * n
             if max_usd_h is not None and usd_h > max_usd_h:
                 break
@@ -116,16 +126,18 @@ def plans(shape: Shape, name: str, model: dict[str, Any], catalog: list[dict[str
                                  streams=streams)
             # vLLM takes gpu_memory_utilization of every card whatever the model needs (the rest is KV cache).
             card_mib = int(VLLM_UTILIZATION * card) if engine == "vllm" else max(placed.per_card_bytes)
-            predictions = {"gpu": g["id"], "cards": n, "card_mib": card_mib // 2**20,
-                           "kv_tokens": memory.vllm_kv_tokens(shape, card_bytes=card, utilization=VLLM_UTILIZATION,
-                                                              kv_type=kv_type, tp=n) if engine == "vllm" else 0,
-                           "decode_tok_s": round(sp.decode_1, 2) if sp.decode_1 else 0, "basis": sp.basis}
+            predictions: dict[str, Any] = {"gpu": g["id"], "cards": n}
+            if placed.resident:
+                predictions |= {"card_mib": card_mib // 2**20,
+                                "kv_tokens": memory.vllm_kv_tokens(shape, card_bytes=card, utilization=VLLM_UTILIZATION,
+                                                                   kv_type=kv_type, tp=n) if engine == "vllm" else 0,
+                                "decode_tok_s": round(sp.decode_1, 2) if sp.decode_1 else 0, "basis": sp.basis}
             plan = Plan(gpu=g["id"], count=n, usd_h=usd_h, availability=str(g.get("availability", "")),
                         cuda=tuple(v["version"] for v in g.get("cudaVersions", []) if v.get("available")),
                         engine=engine, placement=placed, speed=sp, usd_per_m=speeds.usd_per_million(usd_h, sp.decode_n),
-                        command=command(targets.get((engine, g["id"])), g["id"], n, cloud),
+                        command=command(targets.get(g["id"]), config_file, cloud),
                         deploy_config=deploy_config(model, engine, ctx=ctx, count=n, kv_type=kv_type,
-                                                    predictions=predictions if placed.resident else None),
+                                                    predictions=predictions),
                         notes=tuple(shape.notes) + placed.notes)
             kept.append(plan)
         out += _keep(kept)
@@ -149,16 +161,22 @@ def _rank(p: Plan) -> tuple[int, int, float, float]:
 
 def no_fit_reason(shape: Shape, engine: str, ctx: int, kv_type: str, catalog: list[dict[str, Any]],
                   cloud: str = "secure") -> str:
-    """Why no catalog GPU holds the model resident, and what context or KV type would."""
+    """Why no catalog GPU holds the model resident, and what context would (never more than the model was
+    trained for, never a negative one)."""
     est = _estimate(shape, engine, ctx, 1, kv_type)
     biggest = max((int(g["memory"]) * 10**9 * int((g.get("maxCount") or {}).get(cloud) or 1) for g in catalog),
                   default=0)
     parts = [(f"weights {est.weights_bytes / 2**30:.1f} GiB + KV {est.kv_bytes / 2**30:.1f} GiB at {ctx} tokens; "
               f"the largest pod in the catalog has {biggest / 2**30:.0f} GiB of VRAM")]
     room = biggest * 0.9 - est.weights_bytes
-    if room > 0 and est.kv_bytes_per_token:
-        parts.append(f"a context of about {int(room / float(est.kv_bytes_per_token)):,} tokens would leave room for "
-                     "the weights")
+    fits = int(room / float(est.kv_bytes_per_token)) if room > 0 and float(est.kv_bytes_per_token) > 0 else 0
+    if shape.trained_ctx:
+        fits = min(fits, shape.trained_ctx)
+    if fits >= ctx:
+        parts.append("the context is not what leaves it out: the weights and cache together need more cards than "
+                     "the catalog's largest pod")
+    elif fits > 0:
+        parts.append(f"a context of about {fits:,} tokens would leave room for the weights")
     else:
         parts.append("the weights alone do not fit: a smaller quantization is needed")
     return "; ".join(parts)

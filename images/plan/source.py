@@ -16,7 +16,7 @@ from __future__ import annotations
 import json
 import struct
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path, PurePosixPath
 from typing import Any
 
@@ -47,7 +47,25 @@ class Source:
     model_table: dict[str, Any]  # the deploy config's [model] that serves this SRC
 
 
+# The probe sets the selftest has for a model family (supervisor/selftest/probes.py SETS), recognised by
+# the words of the model's name: a deploy config `plan` writes names it, so the pod's selftest asks what
+# that model answers (a family it does not recognise gets the generic probes).
+FAMILIES = (("smollm2", ("smollm2",)), ("kimi-linear", ("kimi", "linear")), ("kimi-k3", ("kimi", "k3")),
+            ("qwen3-coder", ("qwen3", "coder")))
+
+
+def family_of(name: str) -> str | None:
+    low = name.lower().replace("_", "-")
+    return next((fam for fam, words in FAMILIES if all(w in low for w in words)), None)
+
+
 def read(src: str) -> Source:
+    found = _read(src)
+    family = family_of(found.name)
+    return replace(found, model_table={**found.model_table, "family": family}) if family else found
+
+
+def _read(src: str) -> Source:
     if src.startswith("hf://"):
         repo, path, rev = _parse_hf(src)
         hf = {"source": f"hf://{repo}", "revision": rev or "main"}

@@ -27,6 +27,7 @@ every node gets that name as KILN_CLUSTER_NAME.
 
 from __future__ import annotations
 
+import hashlib
 import re
 import time
 from dataclasses import dataclass, replace
@@ -39,6 +40,7 @@ from supervisor.errors import KilnError
 from supervisor.runpod_env import SHARED_DIR_NAME
 
 from .. import runpod_schema as schema
+from ..deployment import carried_text
 from ..fleet import probe
 from ..target import Target
 from .api import RunPodAPI
@@ -109,7 +111,7 @@ class NetworkMount:
 
 
 def cluster_body(target: Target, template: RunPodTemplate, shape: Shape,
-                 mount: NetworkMount | None = None) -> dict[str, Any]:
+                 mount: NetworkMount | None = None, extra_env: dict[str, str] | None = None) -> dict[str, Any]:
     """The CreateClusterRequest, checked against the vendored schema (nothing of a secret's value:
     the template's env holds RunPod secret references)."""
     tpl = template.body
@@ -118,7 +120,7 @@ def cluster_body(target: Target, template: RunPodTemplate, shape: Shape,
                                         "podCount": shape.nodes}}
     body.update({k: tpl[k] for k in FROM_TEMPLATE if k in tpl})
     # Its own name, which RunPod gives no node: a FAILED group finds its cluster by it (fleet/cluster_terminate.py).
-    env = {**tpl.get("env", {}), TARGET_ENV: target.name, CLUSTER_NAME_ENV: body["name"]}
+    env = {**tpl.get("env", {}), **(extra_env or {}), TARGET_ENV: target.name, CLUSTER_NAME_ENV: body["name"]}
     if mount is not None:       # the one mount (Mounts: at most one of persistent and network)
         body["mounts"] = {"network": [{"volumeId": mount.volume_id, "path": mount.path}]}
         env.update(mount.env(target))
@@ -183,10 +185,46 @@ class UpResult:
     primary: dict[str, Any] | None
 
 
+def differences(api: RunPodAPI, found: dict[str, Any], body: dict[str, Any], shape: Shape) -> list[str]:
+    """How the live cluster differs from what this `up` asks for: its shape, its nodes' image and the
+    deploy config they carry (KILN_DEPLOY_CONFIG; none: the image's own)."""
+    out = []
+    compute = found.get("compute") or {}
+    have = (compute.get("gpuTypeId"), compute.get("gpuCountPerPod"), compute.get("podCount"))
+    want = (shape.gpu_id, shape.gpus_per_node, shape.nodes)
+    if have != want:
+        out.append(f"shape {have[2]} x {have[1]} {have[0]}, asked {want[2]} x {want[1]} {want[0]}")
+    members = api.cluster_pods(str(found["id"]))
+    images = sorted({str(p.get("image")) for p in members if p.get("image")})
+    if images and images != [body["image"]]:
+        out.append(f"image {', '.join(images)}, asked {body['image']}")
+    asked = carried_text(body.get("env"))
+    carried = {carried_text(p.get("env") if isinstance(p.get("env"), dict) else {}) for p in members}
+    if members and carried != {asked}:
+        def name(text: str | None) -> str:
+            return "the image's own deploy config" if text is None else \
+                f"deploy config sha256 {hashlib.sha256(text.encode()).hexdigest()[:12]}"
+        out.append(f"{' / '.join(sorted(name(t) for t in carried))}, asked {name(asked)}")
+    return out
+
+
 def up(api: RunPodAPI, target: Target, body: dict[str, Any], shape: Shape, say: Say, *, timeout_s: float,
-       poll_s: float, proxy: str | None = None, session: requests.Session | None = None) -> UpResult:
-    """Create the cluster (or find the live one of the same name), then wait for rank 0's /ready."""
+       poll_s: float, proxy: str | None = None, session: requests.Session | None = None,
+       replace: bool = False) -> UpResult:
+    """Create the cluster (or find the live one of the same name: refused when it differs from this `up`,
+    unless `replace`, which deletes it first), then wait for rank 0's /ready."""
     found = find(api, target.name)
+    if found is not None:
+        diff = differences(api, found, body, shape)
+        if diff and not replace:
+            raise KilnError(f"cluster {found.get('name')} ({found.get('id')}) is live and differs from this `up`: "
+                            + "; ".join(diff) + ". Nothing was created or deleted. Fix: `cluster up ... --replace` "
+                            f"deletes it and creates the one asked for, or `cluster down --target {target.name}` first")
+        if diff:
+            say(f"cluster {found.get('name')} ({found.get('id')}) differs ({'; '.join(diff)}): --replace deletes it")
+            api.delete_cluster(str(found["id"]))
+            _wait_gone(api, target.name, timeout_s, poll_s)
+            found = None
     created = found is None
     if found is None:
         entry = check_catalog(api, shape)
@@ -215,6 +253,16 @@ def up(api: RunPodAPI, target: Target, body: dict[str, Any], shape: Shape, say: 
             return UpResult(found, created, now[1], line, head)
         if time.monotonic() >= deadline:
             return UpResult(found, created, False, f"not ready within {timeout_s:.0f} s (last: {line})", head)
+        time.sleep(poll_s)       # the polling interval of a condition wait with a deadline
+
+
+def _wait_gone(api: RunPodAPI, target_name: str, timeout_s: float, poll_s: float) -> None:
+    """Until no cluster of the name is listed: a new one of the same name before would be a second."""
+    deadline = time.monotonic() + timeout_s
+    while find(api, target_name) is not None:
+        if time.monotonic() >= deadline:
+            raise KilnError(f"cluster {cluster_name(target_name)} was deleted but is still listed after "
+                            f"{timeout_s:.0f} s: nothing new was created; `cluster status` shows it")
         time.sleep(poll_s)       # the polling interval of a condition wait with a deadline
 
 

@@ -166,9 +166,10 @@ def api_key_env(target: Target) -> str | None:
 def build_endpoint(target: Target, pins: Mapping[str, Pin], compute: Compute, *, scaling: Scaling = Scaling(),
                    repository: str | None = None, image: str | None = None, name: str | None = None,
                    registry: str | None = None, network_volume: tuple[str, str] | None = None,
-                   no_volume: bool = False) -> EndpointPlan:
+                   no_volume: bool = False, extra_env: Mapping[str, str] | None = None) -> EndpointPlan:
     """The endpoint for `target`. `network_volume` is (volume id, its data center); `no_volume`
-    says none explicitly (networkVolumes [], so an update detaches one)."""
+    says none explicitly (networkVolumes [], so an update detaches one); `extra_env` the deploy config
+    a deployment carries (KILN_DEPLOY_CONFIG: deployment.py)."""
     bad = scaling.problems()
     if bad:
         raise KilnError("; ".join(bad))
@@ -184,6 +185,7 @@ def build_endpoint(target: Target, pins: Mapping[str, Pin], compute: Compute, *,
     env.update(PORT=str(cfg.server.port), PORT_HEALTH=str(cfg.status.port), HEALTH_CHECK_PATH=HEALTH_CHECK_PATH,
                KILN_API_KEY_SOURCE="none")
     env.update(dict(rp.env))
+    env.update(dict(extra_env or {}))
     body: dict[str, Any] = {
         "name": name or endpoint_name(target),
         "type": "LOAD_BALANCER",

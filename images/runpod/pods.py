@@ -21,6 +21,7 @@ integer. Never a name prefix: kiln-a40-llamacpp- also begins every pod of a40-ll
 
 from __future__ import annotations
 
+import hashlib
 import os
 import re
 import time
@@ -29,8 +30,10 @@ from typing import Any, Callable
 
 import requests
 
+from supervisor import deploy_env
 from supervisor.errors import KilnError
 
+from ..deployment import carried_text
 from ..fleet import probe
 from ..target import Target
 from . import volumes
@@ -177,6 +180,10 @@ class UpRequest:
     timeout_s: float = 3600.0
     poll_s: float = 5.0
     proxy: str | None = None
+    # The deploy config the pods serve when it is not the image's own (`up --config FILE`): its text,
+    # put in each pod's env as KILN_DEPLOY_CONFIG (deployment.py); None: the image's baked default.
+    config_text: str | None = None
+    replace: bool = False                    # live pods of another image or config are terminated first
 
 
 @dataclass
@@ -244,6 +251,8 @@ def pod_body(req: UpRequest, name: str, template_id: str, volume: volumes.Volume
     if data_centers:
         body["dataCenterIds"] = list(data_centers)
     env: dict[str, str] = {TARGET_ENV: target.name}
+    if req.config_text is not None:
+        env[deploy_env.ENV] = deploy_env.encode(req.config_text)
     if volume:
         mount = target.runpod.volume_mount
         body["mounts"] = {"network": [{"volumeId": volume.id, "path": mount}]}
@@ -288,22 +297,30 @@ def up(api: RunPodAPI, req: UpRequest, say: Say, session: requests.Session | Non
         rate = f", list price ${offer.price_per_gpu_hour:.2f}/GPU/h" if offer.price_per_gpu_hour is not None else ""
         say(f"catalog: {offer.gpu_id} hosts with CUDA {', '.join(offer.cuda_versions)} have capacity "
             f"(image needs >= {floor}){rate}")
+    everything = api.pods()
+    existing = [p for p in kiln_pods(everything, target.name) if not is_router(p)]
+    live = [p for p in existing if p.get("status") in LIVE]
+    other = {str(p["id"]): why for p in live if (why := _differs(p, req))}
+    if other and not req.replace:          # before anything is created or changed
+        raise KilnError("live pods of " + target.name + " serve something else than this `up` asks for: "
+                        + "; ".join(f"{_pod_label(p)} {other[str(p['id'])]}" for p in live if str(p["id"]) in other)
+                        + ". Nothing was created or changed. Fix: `up ... --replace` terminates them and creates "
+                        f"new ones, or `python build.py pods down --target {target.name}` first")
     tpl = upsert(api, req.template.body)
     say(f"template {tpl.name}: {tpl.action} ({tpl.template_id})")
     vol = _volume_for(api, req, say)
     if vol is not None and vol.action == "created":
         made.volume = vol
-    everything = api.pods()
-    existing = [p for p in kiln_pods(everything, target.name) if not is_router(p)]
-    live = [p for p in existing if p.get("status") in LIVE]
+    if other:
+        replaced = [p for p in live if str(p["id"]) in other]
+        for p in replaced:
+            say(f"pod {_pod_label(p)} {other[str(p['id'])]}: --replace terminates it")
+        terminate(api, replaced, say)
+        live = [p for p in live if str(p["id"]) not in other]
     for p in existing:
-        if p not in live:
+        if p.get("status") not in LIVE:
             say(f"pod {p.get('name')} ({p.get('id')}) is {p.get('status')}: not counted; it may still bill for "
                 f"storage: `down --pod {p.get('id')}` terminates it")
-    for p in live:
-        if p.get("image") and p.get("image") != req.template.body["image"]:
-            say(f"pod {p.get('name')} ({p.get('id')}) runs {p.get('image')}, the template now says "
-                f"{req.template.body['image']}: `down` it and `up` again to replace it")
     reused = [str(p["id"]) for p in live[:req.replicas]]
     if len(live) > req.replicas:
         extra = ", ".join(str(p.get("id")) for p in live[req.replicas:])
@@ -328,6 +345,25 @@ def up(api: RunPodAPI, req: UpRequest, say: Say, session: requests.Session | Non
         say(f"{len(reused)} pod(s) already live: {', '.join(reused)}")
     reports = wait_ready(api, reused + created, req, say, session or requests.Session())
     return UpResult(tpl, created, reused, vol, reports)
+
+
+def _pod_label(p: dict[str, Any]) -> str:
+    return f"{p.get('name')} ({p.get('id')})"
+
+
+def _differs(pod: dict[str, Any], req: UpRequest) -> str | None:
+    """How a live pod differs from what `up` asks for (its image, its deploy config), or None."""
+    image = req.template.body["image"]
+    if pod.get("image") and pod.get("image") != image:
+        return f"runs image {pod.get('image')}, this `up` asks for {image}"
+    env = pod.get("env") if isinstance(pod.get("env"), dict) else {}
+    have, want = carried_text(env), req.config_text
+    if have != want:
+        def name(text: str | None) -> str:
+            return "the image's own deploy config" if text is None else \
+                f"deploy config sha256 {hashlib.sha256(text.encode()).hexdigest()[:12]}"
+        return f"serves {name(have)}, this `up` asks for {name(want)}"
+    return None
 
 
 def wait_ready(api: RunPodAPI, pod_ids: list[str], req: UpRequest, say: Say,

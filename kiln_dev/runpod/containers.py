@@ -7,13 +7,17 @@ cannot, so the runner maps each private port to a free loopback port and points 
 port variables at them (as Docker's port mapping would, seen from inside). Mounts become
 directories under the runner's workdir (a bind mount, seen from inside): env values under a
 mount path are rewritten to the host directory. The deploy config the image would bake comes
-from the test (`config_for(pod, volume_dir)`) and reaches the supervisor as KILN_CONFIG.
+from the test (`config_for(pod, volume_dir)`) and reaches the supervisor as KILN_CONFIG, unless the
+pod carries its own (KILN_DEPLOY_CONFIG, from `up --config`): then the image's file system is what
+`image_paths` maps (the engine's binary and flag snapshot at the image's paths, /opt/kiln/engine/...,
+are this machine's), written into the carried config's [server] where it leaves them to the image.
 
 NullRunner is a container that is up at once and runs nothing, for tests of the API alone.
 """
 
 from __future__ import annotations
 
+import json
 import os
 import signal
 import socket
@@ -147,11 +151,56 @@ class SupervisorRunner:
     TOML the image would bake (volume_dir: the host directory behind the pod's mount, or None)."""
 
     def __init__(self, workdir: Path, config_for: Callable[[dict[str, Any], Path | None], str],
-                 extra_env: dict[str, str] | None = None):
+                 extra_env: dict[str, str] | None = None, image_paths: dict[str, str] | None = None):
         self.workdir = workdir
         self.config_for = config_for
         self.extra_env = dict(extra_env or {})
+        self.image_paths = dict(image_paths or {})
         self.started: list[SupervisedContainer] = []
+
+    @staticmethod
+    def _state_dir(carried: str, home: Path, volume: tuple[str, Path] | None) -> str:
+        """The carried config's state_dir on this machine: under the pod's mount when it is there (the
+        volume's host directory), else in the container's own directory; never the path itself."""
+        import tomllib
+
+        from supervisor import deploy_env
+        from supervisor.errors import KilnError
+
+        try:
+            state = str(tomllib.loads(deploy_env.decode(carried)).get("state_dir", "/workspace/kiln"))
+        except (tomllib.TOMLDecodeError, KilnError):
+            state = "/workspace/kiln"
+        if volume and (state == volume[0] or state.startswith(volume[0].rstrip("/") + "/")):
+            return str(volume[1]) + state[len(volume[0].rstrip("/")):]
+        return str(home / "container-fs" / state.lstrip("/"))
+
+    def _image_view(self, carried: str) -> str:
+        """The carried deploy config as this machine runs the image: where its [server] leaves the engine's
+        binary or flag snapshot to the image's default path, that path as `image_paths` maps it."""
+        import tomllib
+
+        from supervisor import deploy_env
+        from supervisor.config import DEFAULT_BINARIES, DEFAULT_SNAPSHOTS
+
+        from supervisor.errors import KilnError
+
+        try:
+            text = deploy_env.decode(carried)
+            data = tomllib.loads(text)
+        except (tomllib.TOMLDecodeError, KilnError):
+            return carried                          # the supervisor says what is wrong with it
+        engine, server = str(data.get("engine", "llamacpp")), data.get("server") or {}
+        lines = [f"{key} = {json.dumps(self.image_paths[default])}"
+                 for key, default in (("binary", DEFAULT_BINARIES.get(engine, "")),
+                                      ("flag_snapshot", DEFAULT_SNAPSHOTS.get(engine, "")))
+                 if key not in server and default in self.image_paths]
+        if not lines:
+            return carried
+        head = "[server]\n"
+        text = text.replace(head, head + "\n".join(lines) + "\n", 1) if head in text else \
+            text + "\n" + head + "\n".join(lines) + "\n"
+        return deploy_env.encode(text)
 
     def _volume_dir(self, pod: dict[str, Any]) -> tuple[str, Path] | None:
         mounts = pod.get("mounts") or {}
@@ -171,7 +220,7 @@ class SupervisorRunner:
         cfg = home / "deploy.toml"
         cfg.write_text(self.config_for(pod, volume[1] if volume else None))
         full = {k: v for k, v in os.environ.items() if not k.startswith(("KILN_", "RUNPOD_", "HF_"))}
-        full.update(PYTHONPATH=str(REPO_ROOT), PYTHONUNBUFFERED="1", **self.extra_env)
+        full.update({"PYTHONPATH": str(REPO_ROOT), "PYTHONUNBUFFERED": "1", **self.extra_env})
         for k, v in env.items():
             if volume and (v == volume[0] or v.startswith(volume[0].rstrip("/") + "/")):
                 v = str(volume[1]) + v[len(volume[0].rstrip("/")):]
@@ -179,7 +228,12 @@ class SupervisorRunner:
         for name, private in PORT_ENV.items():
             if private in mapped:
                 full[name] = str(mapped[private])
-        full["KILN_CONFIG"] = str(cfg)
+        if full.get("KILN_DEPLOY_CONFIG"):          # the deployment's own config, not the image's
+            full["KILN_DEPLOY_CONFIG"] = self._image_view(full["KILN_DEPLOY_CONFIG"])
+            if "KILN_STATE_DIR" not in full:        # its state_dir, as the container's file system holds it
+                full["KILN_STATE_DIR"] = self._state_dir(full["KILN_DEPLOY_CONFIG"], home, volume)
+        else:
+            full["KILN_CONFIG"] = str(cfg)
         log_path = home / "container.log"
         with open(log_path, "wb") as log:
             proc = subprocess.Popen([sys.executable, "-m", "supervisor", *str(pod.get("args") or "").split()],

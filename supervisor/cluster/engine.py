@@ -1,6 +1,6 @@
 """What a rank adds to its engine: vLLM's multi-node flags and the interface variables.
 
-Flags (read in vLLM 0.33.0's `serve --help=all`, tests/fixtures/engine-logs/vllm-0.33.0-serve-help-all.txt,
+Flags (read in vLLM 0.33.0's `serve --help=all`, images/engine-flags/vllm-0.33.0.txt,
 and the same in the CPU build 0.32.0 the tests run): `--nnodes`, `--node-rank`, `--master-addr`,
 `--master-port`, `--headless`. Rank 0 runs the API server; every other rank runs `--headless` (its
 engine joins the group and serves no HTTP)."""

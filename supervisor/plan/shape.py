@@ -50,6 +50,11 @@ class Shape:
     experts: tuple[int, int] = (0, 0)         # routed experts per layer, of which used per token
     source: str = ""
     notes: tuple[str, ...] = field(default=())
+    # The longest context the model was trained for, as its engine reads it (0: the source does not say),
+    # and where that came from: the GGUF's <arch>.context_length (llama.cpp's n_ctx_train), or config.json's
+    # length keys with RoPE scaling as vLLM derives its max_model_len (trained_context below).
+    trained_ctx: int = 0
+    trained_ctx_from: str = ""
 
     @property
     def weights_bytes(self) -> int:
@@ -155,9 +160,49 @@ def from_gguf(headers: Iterable[FileHeader]) -> Shape:
     n_ff = get("feed_forward_length")
     n_ff = max(n_ff) if isinstance(n_ff, (tuple, list)) else int(n_ff or 0)
     experts = (int(get("expert_count") or 0), int(get("expert_used_count") or 0))
+    trained = get("context_length")
     return Shape(architecture=arch, n_layers=n_layers, cache_k=cache_k, cache_v=cache_v,
                  weights_by_kind=by_kind, layer_bytes=tuple(layer_bytes), host_input_bytes=host_input,
-                 hidden=n_embd, vocab=int(vocab), n_ff=n_ff, experts=experts, source="gguf", notes=tuple(notes))
+                 hidden=n_embd, vocab=int(vocab), n_ff=n_ff, experts=experts, source="gguf", notes=tuple(notes),
+                 trained_ctx=int(trained) if isinstance(trained, int) and trained > 0 else 0,
+                 trained_ctx_from=f"the GGUF's {arch}.context_length" if isinstance(trained, int) and trained > 0
+                 else "")
+
+
+# How vLLM derives a model's longest context from config.json (vLLM 0.32.0, vllm/transformers_utils/
+# model_arch_config_convertor.py derive_max_model_len_and_key and vllm/config/model.py
+# _get_and_verify_max_len): the smallest of these keys, model_max_length over them, then the RoPE scaling
+# factor, except for the rope types whose max_position_embeddings is already scaled, and Gemma 3's.
+_LENGTH_KEYS = ("max_position_embeddings", "n_positions", "max_seq_len", "seq_length", "model_max_length",
+                "max_target_positions", "max_sequence_length", "max_seq_length", "seq_len")
+_PRESCALED_ROPE = ("su", "longrope", "llama3", "yarn", "deepseek_yarn", "deepseek_llama_scaling")
+
+
+def trained_context(cfg: Mapping[str, Any]) -> tuple[int, str]:
+    """(the longest context vLLM accepts for this config, what it was read from); (0, "") when no key says."""
+    text = cfg.get("text_config", cfg)
+    found = [(int(text[k]), k) for k in _LENGTH_KEYS if isinstance(text.get(k), (int, float)) and text[k] > 0]
+    if not found:
+        return 0, ""
+    length, key = min(found)
+    if isinstance(text.get("model_max_length"), (int, float)) and text["model_max_length"] > 0:
+        length, key = int(text["model_max_length"]), "model_max_length"
+    rope = text.get("rope_parameters") or text.get("rope_scaling")
+    if isinstance(rope, dict) and rope and all(isinstance(v, dict) for v in rope.values()):
+        ropes = list(rope.values())             # one per layer type (full and sliding attention)
+    else:
+        ropes = [rope] if isinstance(rope, dict) else []
+    why = f"config.json {key} {length:,}"
+    if ropes and "gemma3" not in str(text.get("model_type", "")):
+        factor = 1.0
+        for r in ropes:
+            kind = r.get("rope_type") or r.get("type")
+            if kind not in _PRESCALED_ROPE and isinstance(r.get("factor"), (int, float)):
+                factor = float(r["factor"])
+        if factor != 1.0:
+            length = int(length * factor)
+            why += f" x RoPE scaling factor {factor:g}"
+    return length, why
 
 
 _DTYPE_BYTES = {"bfloat16": 2, "float16": 2, "float32": 4, "float8_e4m3fn": 1}
@@ -199,10 +244,12 @@ def from_config(cfg: Mapping[str, Any], *, weights_bytes: int, weights_by_kind: 
         width_k = width_v = kv_heads * head_dim
     dtype = str(cfg.get("torch_dtype") or cfg.get("dtype") or "bfloat16")
     kinds = dict(weights_by_kind) if weights_by_kind else {"other": int(weights_bytes)}
+    trained, trained_from = trained_context(cfg)
     return Shape(architecture=str(cfg.get("model_type", "")), n_layers=n,
                  cache_k=tuple(width_k if c else 0 for c in caching),
                  cache_v=tuple(width_v if c else 0 for c in caching),
                  weights_by_kind=kinds, layer_bytes=(), hidden=hidden, vocab=int(cfg.get("vocab_size") or 0),
                  n_ff=int(cfg.get("intermediate_size") or 0), dtype_bytes=_DTYPE_BYTES.get(dtype, 2), source=source,
                  experts=(int(cfg.get("num_experts") or cfg.get("n_routed_experts") or 0),
-                          int(cfg.get("num_experts_per_tok") or cfg.get("num_experts_per_token") or 0)))
+                          int(cfg.get("num_experts_per_tok") or cfg.get("num_experts_per_token") or 0)),
+                 trained_ctx=trained, trained_ctx_from=trained_from)

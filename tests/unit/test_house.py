@@ -36,6 +36,8 @@ CONTRACTS = {
     "supervisor.plan.memory": "the memory arithmetic `plan` predicts with and a booted pod checks",
     "supervisor.plan.fit": "per-card placement: resident or offloaded, the same rule before renting and after boot",
     "supervisor.model.gguf_layout": "the GGUF header reader, for `plan` from a prefix fetched by range",
+    "supervisor.deploy_env": "the deploy config a deployment carries in its pods' environment (KILN_DEPLOY_CONFIG): "
+                             "`up --config` writes it, the supervisor boots from it",
     "supervisor.cluster_env": "the variable naming a node's cluster, which `cluster plan/up` sets and a FAILED "
                               "group's rank 0 reads to find its cluster",
 }
@@ -205,7 +207,7 @@ def test_no_two_test_files_share_a_basename():
 # TYPE_CHECKING excluded) go to its own layer or below; among the libraries, no folder cycle.
 SUPERVISOR_LAYERS = {
     "base": {"supervisor", "config", "validate", "errors", "failure", "redact", "hubclient", "runpod_env",
-             "cluster_env", "levers", "process"},
+             "cluster_env", "deploy_env", "levers", "process"},
     "decisions": {"lifecycle"},
     "libraries": {"host", "model", "plan", "engines", "ladder", "selftest", "fleet", "reload", "serverless",
                   "cluster", "status", "router"},
