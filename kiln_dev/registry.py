@@ -3,9 +3,13 @@ with its storage in a temp dir: stands for Docker Hub / ghcr.io in the push and 
 
 from __future__ import annotations
 
+import hashlib
+import json
 import shutil
 import subprocess
 from pathlib import Path
+
+import requests
 
 from . import Unavailable, children
 from .supervised import free_port, http, wait_for
@@ -43,3 +47,36 @@ http:
     def close(self) -> None:
         children.stop(self.proc, grace_s=20)
         self.log.close()
+
+
+def _blob(host, repo, data: bytes) -> str:
+    digest = "sha256:" + hashlib.sha256(data).hexdigest()
+    r = requests.post(f"http://{host}/v2/{repo}/blobs/uploads/", timeout=10)
+    if r.status_code != 202:
+        raise RuntimeError(f"blob upload refused: {r.status_code} {r.text[:200]}")
+    loc = r.headers["Location"]
+    loc = loc if loc.startswith("http") else f"http://{host}{loc}"
+    r = requests.put(loc, params={"digest": digest}, data=data, timeout=10,
+                     headers={"Content-Type": "application/octet-stream"})
+    if r.status_code != 201:
+        raise RuntimeError(f"registry refused: {r.status_code} {r.text[:200]}")
+    return digest
+
+
+def push_image(host, ref_repo, tag, marker: str) -> str:
+    """A minimal OCI image (config + one layer) under repo:tag; returns the manifest digest."""
+    config = json.dumps({"architecture": "amd64", "os": "linux", "rootfs": {"type": "layers", "diff_ids": []},
+                         "config": {"Labels": {"marker": marker}}}).encode()
+    layer = f"layer {marker}".encode()
+    manifest = json.dumps({
+        "schemaVersion": 2, "mediaType": "application/vnd.oci.image.manifest.v1+json",
+        "config": {"mediaType": "application/vnd.oci.image.config.v1+json",
+                   "digest": _blob(host, ref_repo, config), "size": len(config)},
+        "layers": [{"mediaType": "application/vnd.oci.image.layer.v1.tar+gzip",
+                    "digest": _blob(host, ref_repo, layer), "size": len(layer)}],
+    }).encode()
+    r = requests.put(f"http://{host}/v2/{ref_repo}/manifests/{tag}", data=manifest, timeout=10,
+                     headers={"Content-Type": "application/vnd.oci.image.manifest.v1+json"})
+    if r.status_code != 201:
+        raise RuntimeError(f"registry refused: {r.status_code} {r.text[:200]}")
+    return "sha256:" + hashlib.sha256(manifest).hexdigest()

@@ -131,7 +131,9 @@ def plans(shape: Shape, name: str, model: dict[str, Any], catalog: list[dict[str
                 predictions |= {"card_mib": card_mib // 2**20,
                                 "kv_tokens": memory.vllm_kv_tokens(shape, card_bytes=card, utilization=VLLM_UTILIZATION,
                                                                    kv_type=kv_type, tp=n) if engine == "vllm" else 0,
-                                "decode_tok_s": round(sp.decode_1, 2) if sp.decode_1 else 0, "basis": sp.basis}
+                                # a measured figure only: a bound is no prediction to check a pod against
+                                "decode_tok_s": round(sp.decode_1, 2) if sp.decode_1 and sp.measured else 0,
+                                "basis": sp.basis if sp.measured else ""}
             plan = Plan(gpu=g["id"], count=n, usd_h=usd_h, availability=str(g.get("availability", "")),
                         cuda=tuple(v["version"] for v in g.get("cudaVersions", []) if v.get("available")),
                         engine=engine, placement=placed, speed=sp, usd_per_m=speeds.usd_per_million(usd_h, sp.decode_n),

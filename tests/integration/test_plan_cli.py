@@ -14,7 +14,7 @@ from images.plan import seed
 from kiln_dev.gguf_kimi import make as make_kimi
 from kiln_dev.hub import HubServer, client_env
 from kiln_dev.models import make_tiny_gguf
-from kiln_dev.runpod.api import RunPodStandIn
+from kiln_dev.runpod.api import RunPodStandIn, gpu_type
 from supervisor.config import parse_config
 from supervisor.model.gguf_layout import read_header, shards
 from supervisor.plan import shape
@@ -195,3 +195,56 @@ def test_a_gguf_without_weights_is_refused_not_planned_at_a_trillion_tokens_per_
     rc = main(["plan", "--model", str(path)])
     err = capsys.readouterr().err
     assert rc == 2 and f"--model {path}: " in err and "no weights" in err, err
+
+
+# -- issue 49: the model's trained context, an image for every GPU kind, the config written --------------
+LLAMA3_8B = {"architectures": ["LlamaForCausalLM"], "model_type": "llama", "num_hidden_layers": 32,
+             "hidden_size": 4096, "num_attention_heads": 32, "num_key_value_heads": 8, "intermediate_size": 14336,
+             "vocab_size": 128256, "max_position_embeddings": 8192, "torch_dtype": "bfloat16"}   # its config.json's shape
+
+
+def test_plan_never_plans_past_the_models_trained_context(runpod, tmp_path, capsys):
+    # Was: Llama-3-8B got rungs of --max-model-len 32768 and 16384, which the real vLLM refuses.
+    with HubServer(tmp_path / "hub") as hub, client_env(hub, tmp_path / "home"):
+        _safetensors_repo(hub, "kiln-test/Meta-Llama-3-8B", LLAMA3_8B, 16 * 10**9)
+        rc, doc, _ = _plan(capsys, "--model", "hf://kiln-test/Meta-Llama-3-8B")
+        assert rc == 0 and doc["model"]["ctx"] == 8192 and doc["model"]["trained_ctx"] == 8192
+        cfg = parse_config(doc["plans"][0]["deploy_config"], env={})
+        assert [r.args[r.args.index("--max-model-len") + 1] for r in cfg.ladder.rungs] == ["8192", "4096"]
+        assert any("what the model was trained for (config.json max_position_embeddings 8,192)" in n
+                   for n in doc["notes"])
+        rc = main(["plan", "--model", "hf://kiln-test/Meta-Llama-3-8B", "--ctx", "8000000"])
+        err = capsys.readouterr().err
+        assert rc == 2 and "--ctx 8,000,000: the model was trained for at most 8,192 tokens" in err
+        assert "Fix: --ctx 8192 or less" in err
+
+
+def test_a_gpu_kind_no_image_serves_says_which_target_to_add(runpod, tmp_path, capsys):
+    runpod.catalog.append(gpu_type("NVIDIA H100 80GB HBM3", memory=80, price=(2.69, 1.99)))
+    m = make_tiny_gguf(tmp_path / "dense.gguf", n_layers=2, width=64)
+    rc, doc, _ = _plan(capsys, "--model", str(m), "--gpu", "NVIDIA H100 80GB HBM3")
+    assert rc == 0
+    (h100,) = doc["plans"]
+    assert h100["command"] == ""
+    assert h100["commands"][1].startswith("# no Kiln image runs llamacpp on NVIDIA H100 80GB HBM3 (compute "
+                                          "capability 9.0): copy images/targets/a40-llamacpp-upstream.toml")
+    assert 'archs = ["90"]' in h100["commands"][1] and "Add a target" in h100["commands"][1]
+
+
+def test_write_config_writes_the_plan_and_never_a_users_file(runpod, tmp_path, capsys, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    m = make_tiny_gguf(tmp_path / "dense.gguf", n_layers=2, width=64)
+    mine = tmp_path / "mine.toml"
+    mine.write_text("# my own config\n")
+    rc = main(["plan", "--model", str(m), "--gpu", "NVIDIA A40", "--count", "1", "--write-config", str(mine)])
+    assert rc == 2 and "the file exists and `plan` did not write it" in capsys.readouterr().err
+    assert mine.read_text() == "# my own config\n"
+    rc, doc, _ = _plan(capsys, "--model", str(m), "--gpu", "NVIDIA A40", "--count", "1", "--write-config", "dense.toml")
+    assert rc == 0 and doc["written"] == "dense.toml"
+    written = (tmp_path / "dense.toml").read_text()
+    assert written.rstrip("\n") == doc["plans"][0]["deploy_config"].rstrip("\n")
+    assert doc["plans"][0]["commands"] == ["python build.py pods up --target a40-llamacpp-upstream --config dense.toml"]
+    cfg = parse_config(written, env={})
+    assert (cfg.plan.gpu, cfg.plan.cards, cfg.hardware.gpu_count) == ("NVIDIA A40", 1, 1)
+    again = main(["plan", "--model", str(m), "--gpu", "NVIDIA A40", "--count", "1", "--write-config", "dense.toml"])
+    assert again == 0                                   # its own file: written again

@@ -16,7 +16,7 @@ from images.build import tags
 from images.pins.lock import load_lock, pins_for
 from images.ci.promote import Promotion, PromoteError, RegistryClient
 from images.target import load_target
-from kiln_dev.registry import Registry
+from kiln_dev.registry import Registry, push_image
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -26,36 +26,6 @@ def registry(tmp_path_factory):
     reg = Registry(tmp_path_factory.mktemp("registry"))
     yield reg
     reg.close()
-
-
-def _blob(host, repo, data: bytes) -> str:
-    digest = "sha256:" + hashlib.sha256(data).hexdigest()
-    r = requests.post(f"http://{host}/v2/{repo}/blobs/uploads/", timeout=10)
-    assert r.status_code == 202, r.text
-    loc = r.headers["Location"]
-    loc = loc if loc.startswith("http") else f"http://{host}{loc}"
-    r = requests.put(loc, params={"digest": digest}, data=data, timeout=10,
-                     headers={"Content-Type": "application/octet-stream"})
-    assert r.status_code == 201, r.text
-    return digest
-
-
-def push_image(host, ref_repo, tag, marker: str) -> str:
-    """A minimal OCI image (config + one layer) under repo:tag; returns the manifest digest."""
-    config = json.dumps({"architecture": "amd64", "os": "linux", "rootfs": {"type": "layers", "diff_ids": []},
-                         "config": {"Labels": {"marker": marker}}}).encode()
-    layer = f"layer {marker}".encode()
-    manifest = json.dumps({
-        "schemaVersion": 2, "mediaType": "application/vnd.oci.image.manifest.v1+json",
-        "config": {"mediaType": "application/vnd.oci.image.config.v1+json",
-                   "digest": _blob(host, ref_repo, config), "size": len(config)},
-        "layers": [{"mediaType": "application/vnd.oci.image.layer.v1.tar+gzip",
-                    "digest": _blob(host, ref_repo, layer), "size": len(layer)}],
-    }).encode()
-    r = requests.put(f"http://{host}/v2/{ref_repo}/manifests/{tag}", data=manifest, timeout=10,
-                     headers={"Content-Type": "application/vnd.oci.image.manifest.v1+json"})
-    assert r.status_code == 201, r.text
-    return "sha256:" + hashlib.sha256(manifest).hexdigest()
 
 
 def digest_of(client, ref):
