@@ -265,6 +265,7 @@ TEMPLATE_OWNED_ENV = ("KILN_SERVER_PORT", "KILN_STATUS_PORT", "KILN_DEPLOY_CONFI
 # What the supervisor reads besides its ENV_OVERRIDES (supervisor/__main__.py).
 SUPERVISOR_RUN_ENV = ("KILN_CONFIG", "KILN_EXIT_ON_FAILURE")
 SECRET_NAME_RE = r"[A-Za-z0-9_]{1,64}"
+OPERATOR_SECRET = "kiln_operator_key"     # the router's operator key: never the clients' kiln_api_key
 MAX_HTTP_PORTS = 10      # RunPod's console: "Expose HTTP Ports (Max 10)"
 
 
@@ -399,6 +400,8 @@ def _check_runpod(target: Target, cfg: DeployConfig, problems: list[Problem], *,
         secrets[cfg.server.api_key[4:]] = "kiln_api_key"
     if cfg.model.hf_repo:
         secrets["HF_TOKEN"] = "hf_token"
+    if cfg.engine == "router" and cfg.router.operator_key.startswith("env:"):
+        secrets[cfg.router.operator_key[4:]] = OPERATOR_SECRET      # who may change where traffic goes
     for key, secret in rp.secrets:
         if not re.fullmatch(r"[A-Za-z_][A-Za-z0-9_]*", key):
             r.problem(f"secrets.{key}", "is not an environment variable name")

@@ -25,6 +25,7 @@ from . import Unavailable
 from .supervised import Supervised, config, free_port, http, wait_for
 
 KEY = "kiln-router-test-key-5f1c"
+OPERATOR_KEY = "kiln-router-operator-key-9d3e"     # the one key that changes where traffic goes
 # Small, so three replicas selftest side by side on two shared cores in seconds: the probes the
 # model answers (smollm2), a short decode, no long prefill.
 REPLICA_SELFTEST = ('[selftest]\nprobes = "smollm2"\ndecode_tokens = 16\nprefill_tokens = 0\n'

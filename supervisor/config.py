@@ -324,6 +324,10 @@ class RouterSpec:
     metrics_port: int = ROUTER_METRICS_PORT   # smg's Prometheus exporter, on 127.0.0.1
     engine_port: int = ROUTER_ENGINE_PORT     # smg's own port, on 127.0.0.1, behind the gate on server.port
     extra_args: tuple[str, ...] = ()    # more `smg launch` flags
+    # Who may change where traffic goes (PUT /kiln/router/replicas: router/control.py): a key of its own,
+    # never the clients' (server.api_key). "env:NAME", "file:/path" or "none" (then only the deploy config
+    # changes the replicas). `pods up --router` gives it from the RunPod secret kiln_operator_key.
+    operator_key: str = "env:KILN_OPERATOR_KEY"
 
 
 @dataclass(frozen=True)
@@ -411,6 +415,7 @@ NOT_HASHED: dict[str, str] = {
     "startup.prefetch_widen_to": "how the model's files are read, not what runs",
     "startup.prefetch_at": "how the model's files are read, not what runs",
     "plan": "what a plan predicted for this pod, compared with what runs, not what runs",
+    "router.operator_key": "who may change the router's replicas, not what runs",
 }
 # Tables and fields added after configs were first hashed: left out while they hold their defaults,
 # so a config that does not set them keeps the hash it always had.
@@ -428,6 +433,8 @@ BOOT_ONLY: dict[str, str] = {
     "startup.prefetch_widen_to": "the model prefetch is set for the container's life",
     "startup.prefetch_at": "the model prefetch is set for the container's life",
     "plan": "the predictions are the ones the pod was booted from, checked once after its selftest",
+    "router.operator_key": "who may change where traffic goes is set when the router starts, never by a "
+                           "published config",
 }
 
 
@@ -768,9 +775,13 @@ def _router(r: Reader) -> RouterSpec:
     metrics_port = r.int("metrics_port", d.metrics_port, min=1, max=65535)
     engine_port = r.int("engine_port", d.engine_port, min=1, max=65535)
     extra = r.str_list("extra_args", item=_router_arg_problem)
+    operator_key = r.str("operator_key", d.operator_key)
+    if not API_KEY_SOURCE.fullmatch(operator_key):
+        r.problem("operator_key", "must say where the operator key comes from, never the key itself",
+                  "not shown: it may be a key", 'env:NAME, file:/path or none')
     r.finish()
     return RouterSpec(replicas=tuple(replicas), policy=policy, poll_s=poll_s, probe_timeout_s=probe_timeout_s,
-                      metrics_port=metrics_port, engine_port=engine_port, extra_args=extra)
+                      metrics_port=metrics_port, engine_port=engine_port, extra_args=extra, operator_key=operator_key)
 
 
 def _router_arg_problem(arg: str) -> str | None:

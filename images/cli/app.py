@@ -28,7 +28,7 @@ from .command import Command, Formatter, add_commands, walk
 
 EXIT_USAGE = 2
 EXIT_BUG = 1
-SECRET_ENV = ("HF_TOKEN", "HUGGING_FACE_HUB_TOKEN", "RUNPOD_API_KEY", "KILN_API_KEY")
+SECRET_ENV = ("HF_TOKEN", "HUGGING_FACE_HUB_TOKEN", "RUNPOD_API_KEY", "KILN_API_KEY", "KILN_OPERATOR_KEY")
 
 COMMANDS: tuple[Command, ...] = (
     *image.COMMANDS,        # build, render, list, tag

@@ -187,6 +187,8 @@ def cmd_up(args: argparse.Namespace) -> int:
                          replace=args.replace)
     made = pods.Made()
     api = _api(args)
+    if router_req is not None:
+        _operator_key_first(api, target, router_req.target, args.replicas)
     try:
         result = pods.up(api, req, say, made=made)
     except (KeyboardInterrupt, SystemExit):     # Ctrl-C, or TERM (app.py raises SystemExit for it)
@@ -236,6 +238,21 @@ def _up_router(api, req, target, result, args: argparse.Namespace) -> int:  # ty
     print(f"  over TCP (no proxy limit): {ep.tcp or 'no public IP / TCP port mapped'}")
     print(f"  status: {ep.status}/status; requests name the model its /v1/models lists")
     return 0 if result.ok else EXIT_NOT_READY
+
+
+def _operator_key_first(api: RunPodAPI, target, router_target, replicas: int) -> None:  # type: ignore[no-untyped-def]
+    """A live router takes a changed replica list only with its operator key: without it on this machine,
+    refused before any replica is created (was: the replica was rented first, then `up` stopped)."""
+    listed = api.pods()
+    name = router_pod.router_name(target.name)
+    live_router = [p for p in listed if p.get("name") == name and p.get("status") in pods.LIVE]
+    live = [p for p in pods.kiln_pods(listed, target.name) if not pods.is_router(p) and p.get("status") in pods.LIVE]
+    if not live_router or len(live) >= replicas:
+        return
+    key, where = router_pod.operator_key(router_target, os.environ)
+    if key is None:
+        raise KilnError(f"router {name} ({live_router[0].get('id')}) is live and would take the new replicas in place, "
+                        f"with its operator key: {where}, then run this again. Nothing was created")
 
 
 def refuse_unless_ok(verdict: precheck.Verdict, dep: deployment.Deployment, image: str) -> None:

@@ -47,6 +47,14 @@ from ..build.engine_facts import SCHEMA, FactsError, facts_path, render
 GENERATED_BY = "python build.py generate (images/generate/facts.py)"
 
 
+def _data_member(m: tarfile.TarInfo) -> bool:
+    """What tarfile's "data" filter keeps: a file or folder (or a link) with a relative name inside."""
+    name = m.name.replace("\\", "/")
+    safe = not name.startswith("/") and ".." not in name.split("/")
+    link_ok = not (m.issym() or m.islnk()) or (not m.linkname.startswith("/") and ".." not in m.linkname.split("/"))
+    return safe and link_ok and (m.isfile() or m.isdir() or m.issym() or m.islnk())
+
+
 def source_tree(target: Target, pins: dict) -> Path:
     """The sdist's llama.cpp/ tree, extracted once beside the verified sdist in Kiln's cache."""
     sdist = fetch_source(target, pins)
@@ -56,7 +64,10 @@ def source_tree(target: Target, pins: dict) -> Path:
         tmp = Path(tempfile.mkdtemp(dir=sdist.parent, prefix=".tree-"))
         try:
             with tarfile.open(sdist) as tar:
-                tar.extractall(tmp, filter="data")
+                if hasattr(tarfile, "data_filter"):
+                    tar.extractall(tmp, filter="data")
+                else:                 # CPython before 3.11.4 (Debian 12's 3.11.2): the sdist is verified by sha256
+                    tar.extractall(tmp, members=[m for m in tar.getmembers() if _data_member(m)])
             (tmp / ".complete").write_text("", encoding="utf-8")
             if tree.exists() and not (tree / ".complete").is_file():
                 shutil.rmtree(tree)                  # an older, interrupted extraction

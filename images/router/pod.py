@@ -18,11 +18,12 @@ refuses then, naming the pod.
 The replicas' addresses are known only once they run, so the router is created after they are
 ready, with them in its environment (KILN_ROUTER_REPLICAS). A second `up --router` keeps a live
 router: when its replicas changed (one added, replaced, moved to another port) it hands the router
-the new list in place (PUT /kiln/router/replicas on the router's own URL, with its key:
+the new list in place (PUT /kiln/router/replicas on the router's own URL, with its operator key:
 supervisor/router/control.py), since a pod's environment cannot change after it is created (the v2
 API has no pod update). The URL stays; the old replicas drain, their requests in flight finish. The
-key is the one clients send ($KILN_API_KEY here, the value of the RunPod secret kiln_api_key): without
-it `up` stops, the replicas up, and says so. Only a router of another image is replaced: a new pod
+operator key is not the one clients send: $KILN_OPERATOR_KEY here, the value of the RunPod secret
+kiln_operator_key (the router pod gets it as that secret's reference). Without it, `up` refuses before
+renting a replica when a live router would need the new list (images/cli/pods.py). Only a router of another image is replaced: a new pod
 first, the old one terminated once the new one is ready, and one line says the URL moved (old, new).
 """
 
@@ -113,12 +114,13 @@ def routed_list(snap: dict[str, Any] | None) -> set[tuple[str, str]] | None:
     return {(str(r.get("url")).rstrip("/"), str(r.get("status_url"))) for r in rows} if isinstance(rows, list) else None
 
 
-def router_key(target: Target, env: Mapping[str, str]) -> tuple[str | None, str]:
-    """(the router's key from this machine's environment, where to find it)."""
-    ref = target.deploy_config().server.api_key.partition(":")[2]
+def operator_key(target: Target, env: Mapping[str, str]) -> tuple[str | None, str]:
+    """(the router's operator key from this machine's environment, where to find it). Only the operator
+    key changes where traffic goes (supervisor/router/control.py); the clients' key never does."""
+    ref = target.deploy_config().router.operator_key.partition(":")[2]
     secret = dict(target.runpod.secrets).get(ref)
-    where = f"export {ref} (the value of your RunPod secret {secret!r}, the key clients send)" if secret \
-        else f"export {ref} (the router's key, the one clients send)"
+    where = f"export {ref} (the value of your RunPod secret {secret!r}: the operator's key, not the one clients " \
+            "send)" if secret else f"export {ref} (the router's operator key, not the one clients send)"
     return (env.get(ref) or None), where
 
 
@@ -167,12 +169,12 @@ def up(api: RunPodAPI, req: UpRequest, *, replica_target: Target, replicas: list
         if now == entries(want):
             say(f"router {name} ({pod_id}): already live in front of these replicas")
         else:
-            key, where = router_key(req.target, os.environ if env is None else env)
+            key, where = operator_key(req.target, os.environ if env is None else env)
             if key is None:
                 raise KilnError(f"router {name} ({pod_id}) is live in front of other replicas: it takes the new list "
-                                f"in place, on its own URL, with its key: {where} and run this again (the replicas "
-                                f"are up). Or `python build.py pods down --pod {pod_id}` first: a new router, "
-                                "a new URL")
+                                f"in place, on its own URL, with its operator key: {where} and run this again (the "
+                                f"replicas are up). Or `python build.py pods down --pod {pod_id}` first: a new "
+                                "router, a new URL")
             push(proxy_url(pod_id, cfg.server.port, req.proxy), want, key, session)
             _wait_list(status_url, entries(want), req, session)
             say(f"router {name} ({pod_id}): its replicas changed in place ({len(replicas)} now); its URL stays "

@@ -34,7 +34,27 @@ def xz(out: Path) -> None:
 def untar(src: Path, dest: Path) -> None:
     dest.mkdir(parents=True, exist_ok=True)
     with tarfile.open(src, "r:*") as t:
-        t.extractall(dest, filter="data")
+        if hasattr(tarfile, "data_filter"):
+            t.extractall(dest, filter="data")
+        else:                     # CPython before 3.11.4 (Debian 12's python3 is 3.11.2) has no filters
+            t.extractall(dest, members=_inside(t, dest))
+
+
+def _inside(t: tarfile.TarFile, dest: Path) -> list[tarfile.TarInfo]:
+    """The members, when every one stays inside `dest` as the "data" filter requires: no absolute or
+    ../ name, no link out of it, no device or fifo; else ValueError naming the first that would not."""
+    root = dest.resolve()
+    for m in t.getmembers():
+        where = (root / m.name).resolve()
+        if m.name.startswith("/") or not where.is_relative_to(root):
+            raise ValueError(f"{m.name!r} would land outside {dest}")
+        if m.issym() or m.islnk():
+            target = (where.parent / m.linkname).resolve() if m.issym() else (root / m.linkname).resolve()
+            if m.linkname.startswith("/") or not target.is_relative_to(root):
+                raise ValueError(f"{m.name!r} links outside {dest} ({m.linkname!r})")
+        elif not (m.isfile() or m.isdir()):
+            raise ValueError(f"{m.name!r} is a device or fifo, not data")
+    return t.getmembers()
 
 
 def unzip(src: Path, pattern: str, dest: Path) -> list[str]:

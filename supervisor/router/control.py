@@ -3,14 +3,20 @@ survives a change of them (issue 37 item 9: `pods up --router` terminated the ro
 new one, a new URL, the old one 404, requests in flight cut).
 
 A RunPod pod's environment cannot be changed after it is created (the v2 API has no pod update), and
-the router pod's own RunPod key reaches only itself, so the CLI hands the router its new list: on
-the URL clients already use, with the key they already send (the router's server.api_key, compared
-in constant time). The body is the list in KILN_ROUTER_REPLICAS' form:
+the router pod's own RunPod key reaches only itself, so the CLI hands the router its new list on the
+URL clients already use. Changing where traffic goes is an operator's act, never a client's: it takes
+the OPERATOR key ([router] operator_key, a RunPod secret of its own, kiln_operator_key), never the key
+every client sends (issue 50: with the clients' key any client could point the router at its own
+server and read every other client's prompts). Keys are compared in constant time; each change is
+logged with who made it (the operator key's fingerprint and the peer's address) and what it was. The
+body is the list in KILN_ROUTER_REPLICAS' form:
 
-    PUT /kiln/router/replicas   Authorization: Bearer <key>
+    PUT /kiln/router/replicas   Authorization: Bearer <operator key>
     {"replicas": "http://203.0.113.7:40123|https://p1-8081.proxy.runpod.net/ready http://..."}
     -> 200 {"replicas": [{"url", "status_url"}, ...]}   the feeder's next round works with it
-       400 naming the bad entry, 401 without the key, 403 when the router has no key
+       400 naming the bad entry; 401 without a key or with a stranger's; 403 with the clients' key
+       (it can never change where traffic goes), or when the router has no operator key (then only its
+       deploy config changes its replicas)
 
 The front (front.py) hands such a request here before it relays anything to smg; any other request is
 smg's. Stdlib and Kiln's error base only; the validation and what is done with the list are the caller's (`apply`).
@@ -18,12 +24,16 @@ smg's. Stdlib and Kiln's error base only; the validation and what is done with t
 
 from __future__ import annotations
 
+import hashlib
 import hmac
 import json
+import logging
 import socket
-from typing import Any, Callable
+from typing import Any, Callable, Mapping
 
 from ..errors import KilnError
+
+log = logging.getLogger("kiln")
 
 PATH = "/kiln/router/replicas"
 PREFIX = f"PUT {PATH} ".encode()
@@ -79,19 +89,64 @@ def _send(client: socket.socket, status: int, payload: dict[str, Any]) -> None:
                    b"Content-Length: %d\r\n\r\n%s" % (status, reason.encode(), len(body), body))
 
 
-def serve(client: socket.socket, key: str | None, apply: Callable[[str], list[dict[str, str]]]) -> int:
-    """Answer one control request on `client` (its first bytes only peeked); the status sent.
+def read_operator_key(source: str, env: Mapping[str, str]) -> str | None:
+    """The operator key [router] operator_key names ("env:NAME", "file:/path", "none"); None when there is
+    none (then no list is taken: 403). Never generated: a key nobody holds would lock the operator out."""
+    kind, _, ref = source.partition(":")
+    if kind == "env":
+        return (env.get(ref) or "").strip() or None
+    if kind == "file":
+        try:
+            return open(ref, encoding="utf-8").read().strip() or None
+        except OSError:
+            return None
+    return None
+
+
+def fingerprint(key: str) -> str:
+    """Who a key is, in a log line: the first 12 hex digits of its sha256, never the key."""
+    return "sha256:" + hashlib.sha256(key.encode()).hexdigest()[:12]
+
+
+def _peer(client: socket.socket) -> str:
+    try:
+        host, port = client.getpeername()[:2]
+        return f"{host}:{port}"
+    except (OSError, ValueError, TypeError):
+        return "a local socket"
+
+
+def authorise(sent: str, operator: str | None, clients: str | None) -> None:
+    """Refused unless `sent` (the Authorization header) carries the operator key; in constant time."""
+    if not operator:
+        raise Refused(403, "the router has no operator key ([router] operator_key: a RunPod secret, "
+                      "kiln_operator_key): its replicas change with its deploy config only")
+    if clients and hmac.compare_digest(operator.encode(), clients.encode()):
+        raise Refused(403, "the router's operator key is the clients' key: anyone with a client key could change "
+                      "where traffic goes; give the operator key a value of its own")
+    if hmac.compare_digest(sent.encode(), f"Bearer {operator}".encode()):
+        return
+    if clients and hmac.compare_digest(sent.encode(), f"Bearer {clients}".encode()):
+        raise Refused(403, "the clients' key cannot change where traffic goes: send the operator key "
+                      "(Authorization: Bearer <operator key>)")
+    raise Refused(401, "send the router's operator key: Authorization: Bearer <operator key>")
+
+
+def serve(client: socket.socket, key: str | None, apply: Callable[[str], list[dict[str, str]]], *,
+          operator: str | None = None) -> int:
+    """Answer one control request on `client` (its first bytes only peeked); the status sent. `key`:
+    the clients' key (refused here), `operator`: the operator key (the only one taken).
     `apply(value)` validates and applies a KILN_ROUTER_REPLICAS value, raising ValueError naming the
-    bad entry. Never says the key."""
+    bad entry. Never says a key."""
+    peer = _peer(client)
     try:
         client.settimeout(10.0)
         headers, body = _read(client)
-        if not key:
-            raise Refused(403, "the router has no key (server.api_key = \"none\"): its replicas are changed by "
-                          "its deploy config only")
-        sent = headers.get("authorization", "")
-        if not hmac.compare_digest(sent.encode(), f"Bearer {key}".encode()):
-            raise Refused(401, "send the router's key: Authorization: Bearer <key>")
+        try:
+            authorise(headers.get("authorization", ""), operator, key)
+        except Refused as e:
+            log.warning("router: a replica list from %s refused (%d): %s", peer, e.status, e)
+            raise
         try:
             value = json.loads(body)["replicas"]
         except (ValueError, KeyError, TypeError):
@@ -102,6 +157,9 @@ def serve(client: socket.socket, key: str | None, apply: Callable[[str], list[di
             replicas = apply(value)
         except ValueError as e:
             raise Refused(400, str(e)) from None
+        assert operator is not None
+        log.info("router: replicas changed in place by the operator key %s from %s: %s", fingerprint(operator), peer,
+                 " ".join(r["url"] for r in replicas))
         _send(client, 200, {"replicas": replicas})
         return 200
     except Refused as e:

@@ -51,9 +51,11 @@ def probe(status_url: str, timeout_s: float) -> tuple[bool, str]:
 
 
 class Feeder:
-    def __init__(self, live: Callable[[], DeployConfig], key: Callable[[], str | None]):
+    def __init__(self, live: Callable[[], DeployConfig], key: Callable[[], str | None],
+                 operator_key: Callable[[], str | None] = lambda: None):
         self.live = live
         self.key = key
+        self.operator_key = operator_key      # the one key that may change the replicas (control.py)
         self._stop = threading.Event()
         self._wake = threading.Event()
         self._lock = threading.Lock()
@@ -77,7 +79,8 @@ class Feeder:
         """Clients' port: the gate in front of smg (front.py), open while a replica is routed."""
         cfg = self.live()
         front = Front(cfg.server.host, cfg.server.port, lambda: self.live().router.engine_port, self.routable,
-                      control=lambda client: control.serve(client, self.key(), self.push))
+                      control=lambda client: control.serve(client, self.key(), self.push,
+                                                           operator=self.operator_key()))
         try:
             front.start()
         except OSError as e:
@@ -116,7 +119,6 @@ class Feeder:
         ValueError names what is wrong with it."""
         new = pushed.parse(value)
         self._pushed.push(new, self.live().router.replicas)
-        log.info("router: replicas changed in place: %s", " ".join(r.url for r in new))
         self._wake.set()
         return [{"url": r.url, "status_url": r.status_url} for r in new]
 

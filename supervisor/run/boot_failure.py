@@ -52,7 +52,7 @@ __all__ = ["serve", "failure_record"]
 
 log = logging.getLogger("kiln")
 FROM_ENV = re.compile(r"(?P<field>.+) \(from env (?P<env>[A-Za-z_][A-Za-z0-9_]*)\)")
-SECRET_ENV = ("HF_TOKEN", "HUGGING_FACE_HUB_TOKEN", "RUNPOD_API_KEY", "KILN_API_KEY")
+SECRET_ENV = ("HF_TOKEN", "HUGGING_FACE_HUB_TOKEN", "RUNPOD_API_KEY", "KILN_API_KEY", "KILN_OPERATOR_KEY")
 # A value that may be a key pasted in the wrong place is not echoed on a page anyone may read.
 UNSHOWN = {"server.api_key": "not shown: it may be a key"}
 _WAKE_S = 1.0               # orphans reaped and the termination's progress shown at least this often

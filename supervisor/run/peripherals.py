@@ -73,9 +73,12 @@ class Peripherals:
         if cfg.server.tcp_port:
             self._start_tcp_relay(cfg.server.tcp_port)
         if cfg.engine == "router":
+            from ..router.control import read_operator_key
             from ..router.feeder import Feeder
 
-            self.feeder = Feeder(w.live or (lambda: cfg), w.api_key)
+            live = w.live or (lambda: cfg)
+            self.feeder = Feeder(live, w.api_key,
+                                 operator_key=lambda: read_operator_key(live().router.operator_key, w.env))
             self.feeder.router_state(w.snapshot().get("state") == State.SERVING.value)   # later: state_changed
             self.feeder.start()
 

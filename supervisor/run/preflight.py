@@ -78,6 +78,10 @@ def prepare(rt: Runtime, cfg: DeployConfig, memory: LadderMemory) -> tuple[Failu
         return Failure(FailureClass.CONFIG_REJECTED, str(e)), 0
     rt.api_key = key.value
     log.info("API key: %s", key.origin)
+    if cfg.engine == "router":           # the key that may change where traffic goes: masked like the others
+        from ..router.control import read_operator_key
+
+        rt.secrets.add(read_operator_key(cfg.router.operator_key, rt.env))
     if key.value is None:
         rt.rec.warn("the engine runs without an API key (server.api_key = \"none\")")
     # The driver before the hardware guard: a driver too old for this image's CUDA is the cause to

@@ -102,33 +102,50 @@ TARGET = "a40-vllm"
 API_KEY = "rpk-cluster-volume-canary-0001"
 
 
-def cli(standin: ClusterStandIn, *args: str) -> subprocess.CompletedProcess:
+# The deploy config the cluster's nodes serve: one vLLM group across the 2 nodes (-tp 2, one A40 each), so
+# the check before renting passes (a40-vllm's own config serves one GPU: refused for a 2-node cluster).
+GROUP = """engine = "vllm"
+state_dir = "/workspace/kiln"
+[model]
+source = "hf://kiln-test/tiny-llama"
+entry = "config.json"
+[[ladder.rungs]]
+name = "tp2"
+args = ["-tp", "2", "--max-model-len", "512"]
+[ladder.rungs.env]
+NCCL_P2P_DISABLE = "1"
+"""
+
+
+def cli(standin: ClusterStandIn, config: Path, *args: str) -> subprocess.CompletedProcess:
     env = {k: v for k, v in os.environ.items() if not k.startswith(("RUNPOD_", "KILN_", "HF_"))}
     env.update(RUNPOD_API_KEY=API_KEY, RUNPOD_API_URL=standin.url, RUNPOD_PROXY_URL=standin.proxy_url)
     return subprocess.run([sys.executable, str(ROOT / "build.py"), "cluster", *args, "--target", TARGET,
-                           "--nodes", "2", "--allow-floating"], capture_output=True, text=True, cwd=ROOT, env=env,
-                          timeout=120, check=False)
+                           "--config", str(config), "--nodes", "2", "--allow-floating"], capture_output=True,
+                          text=True, cwd=ROOT, env=env, timeout=120, check=False)
 
 
-def test_up_with_a_volume_places_the_cluster_in_its_data_center_and_refuses_one_missing_or_elsewhere():
+def test_up_with_a_volume_places_the_cluster_in_its_data_center_and_refuses_one_missing_or_elsewhere(tmp_path):
     two = (("EU-RO-1", "HIGH"), ("US-TX-3", "HIGH"))
+    config = tmp_path / "group.toml"
+    config.write_text(GROUP)
     with ClusterStandIn(API_KEY, catalog=[gpu_type("NVIDIA A40", data_centers=two)]) as standin:
         auth = {"Authorization": f"Bearer {API_KEY}"}
         vol = requests.post(standin.url + "/network-volumes", json={"name": "weights", "size": 20,
                                                                     "dataCenter": "US-TX-3"},
                             headers=auth, timeout=30).json()
-        missing = cli(standin, "up", "--volume", "vol-nope")
+        missing = cli(standin, config, "up", "--volume", "vol-nope")
         assert missing.returncode == 2 and "--volume vol-nope: no network volume with that id" in missing.stderr
         assert f"{vol['id']} (weights, US-TX-3)" in missing.stderr
-        elsewhere = cli(standin, "up", "--volume", vol["id"], "--data-center", "EU-RO-1")
+        elsewhere = cli(standin, config, "up", "--volume", vol["id"], "--data-center", "EU-RO-1")
         assert elsewhere.returncode == 2, elsewhere.stderr
         assert "is in US-TX-3, not in --data-center EU-RO-1" in elsewhere.stderr and "--data-center US-TX-3" \
             in elsewhere.stderr
         assert not [r for r in standin.requests if r["method"] == "POST" and r["path"] == "/v2/clusters"]
-        up = cli(standin, "up", "--volume", vol["id"], "--volume-path", "/runpod-volume", "--timeout", "1",
+        up = cli(standin, config, "up", "--volume", vol["id"], "--volume-path", "/runpod-volume", "--timeout", "1",
                  "--poll", "0.2")
         assert up.returncode == 1 and "NOT READY" in up.stdout, up.stderr            # its nodes run nothing
-        assert "has 20 GB, less than the 40 GB the target's [runpod] volume_gb asks for" in up.stderr
+        assert "has 20 GB, less than the 60 GB the target's [runpod] volume_gb asks for" in up.stderr
         (cluster,) = standin.clusters.values()
         assert cluster["dataCenterId"] == "US-TX-3"
         for pid in cluster["_pods"]:                                                  # every node mounts it

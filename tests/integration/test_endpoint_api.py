@@ -195,7 +195,8 @@ def test_an_api_error_is_one_line_without_the_key(standin):
     standin.fail_next = (403, "no access for $AUTH")
     r = endpoint_cli(standin, *UP)
     assert r.returncode == 2 and "HTTP 403" in r.stderr and "is RUNPOD_API_KEY valid" in r.stderr
-    assert len(r.stderr.strip().splitlines()) == 1
+    errors = [ln for ln in r.stderr.strip().splitlines() if ln.startswith("error:")]
+    assert len(errors) == 1 and r.stderr.strip().splitlines()[-1] == errors[0]     # the checks' lines, then one error
     no_canary(r.stdout, r.stderr)
     assert json.dumps(standin.requests).count(ACCOUNT_KEY) == 0
 

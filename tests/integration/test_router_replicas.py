@@ -16,14 +16,14 @@ import pytest
 from kiln_dev.engine import require_prefix
 from kiln_dev.llama_server import LlamaServer
 from kiln_dev.models import make_tiny_gguf
-from kiln_dev.router import KEY, router_config, router_python
+from kiln_dev.router import KEY, OPERATOR_KEY, router_config, router_python
 from kiln_dev.supervised import Supervised, free_port, http, wait_for
 
 pytestmark = [pytest.mark.llama, pytest.mark.slow]
 HEADERS = {"Authorization": f"Bearer {KEY}", "Content-Type": "application/json"}
 
 
-def put(url: str, value: object, key: str | None = KEY) -> tuple[int, dict]:
+def put(url: str, value: object, key: str | None = OPERATOR_KEY) -> tuple[int, dict]:
     req = urllib.request.Request(url + "/kiln/router/replicas", data=json.dumps({"replicas": value}).encode(),
                                  method="PUT", headers={"Content-Type": "application/json",
                                                         **({"Authorization": f"Bearer {key}"} if key else {})})
@@ -51,7 +51,7 @@ def test_the_router_takes_new_replicas_in_place_and_keeps_them(tmp_path):
         url = f"http://127.0.0.1:{port}"
         chat = json.dumps({"model": model_id, "messages": [{"role": "user", "content": "hi"}],
                            "max_tokens": 2}).encode()
-        with Supervised(tmp_path, text, env={"KILN_API_KEY": KEY}) as router:
+        with Supervised(tmp_path, text, env={"KILN_API_KEY": KEY, "KILN_OPERATOR_KEY": OPERATOR_KEY}) as router:
             wait_for(lambda: routed(router) == [a.url], 120, "a routed")
 
             long: dict = {}
@@ -73,9 +73,11 @@ def test_the_router_takes_new_replicas_in_place_and_keeps_them(tmp_path):
             t.start()
             wait_for(lambda: long.get("chunks", 0) > 20 or "error" in long, 60, "the stream under way")
 
-            # Refused without the key, with a wrong one, with a bad list: nothing changes
+            # Refused without a key, with a stranger's, with the clients' key, with a bad list: nothing changes
             assert put(url, f"{b.url}|{b.url}/health", key=None)[0] == 401
             assert put(url, f"{b.url}|{b.url}/health", key="WRONG")[0] == 401
+            code, out = put(url, f"{b.url}|{b.url}/health", key=KEY)
+            assert code == 403 and "the clients' key cannot change where traffic goes" in out["error"]["message"]
             code, out = put(url, "ftp://nowhere")
             assert code == 400 and "ftp://nowhere" in out["error"]["message"], out
             assert routed(router) == [a.url]
@@ -87,7 +89,8 @@ def test_the_router_takes_new_replicas_in_place_and_keeps_them(tmp_path):
             t.join(120)
             assert long.get("done") and "error" not in long, long           # a's stream drained, not cut
             assert router.status()["router"]["replicas_from"].startswith("pushed at ")
-            assert KEY not in router.log()
+            assert KEY not in router.log() and OPERATOR_KEY not in router.log()
+            assert "replicas changed in place by the operator key sha256:" in router.log()
             assert router.stop(signal.SIGTERM, timeout=120) == 0
 
         with Supervised(tmp_path, text, env={"KILN_API_KEY": KEY}) as again:      # the same config, restarted

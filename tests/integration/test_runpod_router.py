@@ -18,6 +18,8 @@ from kiln_dev.supervised import free_port, http
 
 from test_runpod_pods import ACCOUNT_KEY, CANARIES, SERVER_KEY, TARGET, container_config, no_canary, pods_cli
 
+OPERATOR_KEY = "kiln-operator-key-canary-6b1"
+
 pytestmark = [pytest.mark.llama, pytest.mark.slow]
 
 
@@ -52,7 +54,8 @@ def standin(tmp_path, prefix, tiny):
         return container_config(prefix, tiny, state)
 
     runner = SupervisorRunner(tmp_path / "pods", config_for)
-    with RunPodStandIn(ACCOUNT_KEY, runner=runner, secrets={"kiln_api_key": SERVER_KEY}) as s:
+    with RunPodStandIn(ACCOUNT_KEY, runner=runner, secrets={"kiln_api_key": SERVER_KEY,
+                                                             "kiln_operator_key": OPERATOR_KEY}) as s:
         s.runner_ = runner
         yield s
     assert s.faults == [], "the stand-in answered something RunPod's schema does not allow"
@@ -112,8 +115,10 @@ def test_the_router_target_is_not_deployed_alone(standin):
 def test_a_router_given_other_replicas_keeps_its_pod_and_its_url(standin, monkeypatch):
     """Issue 37 item 9: `up --router` again with another replica list terminated the router pod and made
     a new one (a new URL, the old one 404, requests in flight cut). Now the live router takes the new
-    list in place, with its key; without the key `up` stops and says how, the router untouched."""
-    monkeypatch.delenv("KILN_API_KEY", raising=False)
+    list in place, with its OPERATOR key (issue 50: never the clients'); without it `up` refuses before renting
+    a replica (was: the replica was rented first), the router untouched."""
+    monkeypatch.delenv("KILN_OPERATOR_KEY", raising=False)
+    monkeypatch.setenv("KILN_API_KEY", SERVER_KEY)           # the clients' key changes nothing
     first = pods_cli(standin, "up", "--target", TARGET, "--replicas", "1", "--router", "--poll", "0.2",
                      "--timeout", "180")
     assert first.returncode == 0, first.stdout + first.stderr
@@ -123,13 +128,15 @@ def test_a_router_given_other_replicas_keeps_its_pod_and_its_url(standin, monkey
     ask = json.dumps({"model": model, "messages": [{"role": "user", "content": "hi"}], "max_tokens": 4}).encode()
     headers = {"Content-Type": "application/json", "Authorization": f"Bearer {SERVER_KEY}"}
 
+    pods_before = set(standin.pods)
     refused = pods_cli(standin, "up", "--target", TARGET, "--replicas", "2", "--router", "--poll", "0.2",
                        "--timeout", "180")
     assert refused.returncode == 2, refused.stdout + refused.stderr
-    assert "export KILN_API_KEY" in refused.stderr and "kiln_api_key" in refused.stderr, refused.stderr
+    assert "export KILN_OPERATOR_KEY" in refused.stderr and "kiln_operator_key" in refused.stderr, refused.stderr
+    assert "Nothing was created" in refused.stderr and set(standin.pods) == pods_before
     assert router["id"] in standin.pods and standin.pods[router["id"]]["status"] == "RUNNING"
 
-    monkeypatch.setenv("KILN_API_KEY", SERVER_KEY)
+    monkeypatch.setenv("KILN_OPERATOR_KEY", OPERATOR_KEY)
     again = pods_cli(standin, "up", "--target", TARGET, "--replicas", "2", "--router", "--poll", "0.2",
                      "--timeout", "180")
     assert again.returncode == 0, again.stdout + again.stderr

@@ -125,7 +125,7 @@ def test_a_clean_upgrade_writes_the_lock_the_closure_and_the_target_and_they_ren
     target = load_target(TARGET, sandbox / "targets")
     assert target.source.version == "0.33.0"
     assert target.source.filename == "vllm-0.33.0-cp38-abi3-manylinux_2_28_x86_64.whl"
-    assert target.description.startswith("vLLM 0.33.0 serving")
+    assert target.description.startswith("vLLM 0.33.0 for the A40")
     lock = load_lock()
     pins = lock[TARGET]
     text = (sandbox / "closures" / "vllm-0.33.0-cp312.txt").read_text()

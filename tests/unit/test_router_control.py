@@ -1,6 +1,7 @@
-"""`PUT /kiln/router/replicas` (supervisor/router/control.py) on a socket pair, without smg: the key
-is required and compared whole, the body is checked, the list goes to `apply`, whose refusal is a 400
-naming it. The whole path, through the router's port and RunPod's stand-in: tests/integration/
+"""`PUT /kiln/router/replicas` (supervisor/router/control.py) on a socket pair, without smg: the OPERATOR
+key is required and compared whole (issue 50: the clients' key was enough, so any client could point the
+router at its own server), the body is checked, the list goes to `apply`, whose refusal is a 400 naming
+it. The whole path, through the router's port and RunPod's stand-in: tests/integration/
 test_router_replicas.py and test_runpod_router.py."""
 
 import json
@@ -9,11 +10,11 @@ import socket
 from supervisor.router import control
 
 
-def ask(request: bytes, key: str | None, apply) -> tuple[int, dict]:
+def ask(request: bytes, key: str | None, apply, operator: str | None = "0per") -> tuple[int, dict]:
     a, b = socket.socketpair()
     with a, b:
         a.sendall(request)
-        status = control.serve(b, key, apply)
+        status = control.serve(b, key, apply, operator=operator)
         b.shutdown(socket.SHUT_WR)
         answer = a.recv(65536).decode()
     head, _, body = answer.partition("\r\n\r\n")
@@ -21,7 +22,7 @@ def ask(request: bytes, key: str | None, apply) -> tuple[int, dict]:
     return status, json.loads(body)
 
 
-def put(body: bytes, auth: str | None = "Bearer k3y") -> bytes:
+def put(body: bytes, auth: str | None = "Bearer 0per") -> bytes:
     head = f"PUT {control.PATH} HTTP/1.1\r\nHost: x\r\nContent-Length: {len(body)}\r\n"
     return (head + (f"Authorization: {auth}\r\n" if auth else "") + "\r\n").encode() + body
 
@@ -37,13 +38,17 @@ def test_the_key_the_body_and_the_list_are_checked_before_anything_changes():
 
     good = json.dumps({"replicas": "http://a:1"}).encode()
     assert ask(put(good, None), "k3y", apply)[0] == 401
-    assert ask(put(good, "Bearer k3"), "k3y", apply)[0] == 401
-    assert ask(put(good), None, apply)[0] == 403                       # a router with no key takes no list
+    assert ask(put(good, "Bearer 0pe"), "k3y", apply)[0] == 401              # a stranger
+    code, out = ask(put(good, "Bearer k3y"), "k3y", apply)                  # a client: never
+    assert code == 403 and "the clients' key cannot change where traffic goes" in out["error"]["message"]
+    assert ask(put(good), "k3y", apply, operator=None)[0] == 403          # no operator key: no list taken
+    code, out = ask(put(good, "Bearer k3y"), "k3y", apply, operator="k3y")   # the operator key IS the clients'
+    assert code == 403 and "is the clients' key" in out["error"]["message"]
     assert ask(put(b"not json"), "k3y", apply)[0] == 400
     code, out = ask(put(json.dumps({"replicas": "ftp://x"}).encode()), "k3y", apply)
     assert code == 400 and "ftp://x" in out["error"]["message"]
     assert seen == []
     code, out = ask(put(good), "k3y", apply)
     assert code == 200 and seen == ["http://a:1"] and out["replicas"][0]["url"] == "http://a:1"
-    assert "k3y" not in json.dumps(out)
+    assert "k3y" not in json.dumps(out) and "0per" not in json.dumps(out)
     assert control.is_control(put(good)) and not control.is_control(b"POST /v1/chat/completions HTTP/1.1\r\n")
