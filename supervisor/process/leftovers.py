@@ -11,6 +11,11 @@ engine; a fetch child went on downloading unsupervised. Two guards:
     At boot, a recorded process still alive is ended only when its start time and command line
     are the ones recorded (a reused pid is someone else's, never touched); nothing is found by name.
 
+The journal forgets a child before the child counts as exited (managed.py), so a stop that returns
+has its write behind it: a supervisor exiting after a clean stop cut that write on the reaper's
+daemon thread, leaving `.children.json.<pid>.<tid>.tmp` and the ended child recorded (issue 50
+item 12). A temp file of that exact form that a killed supervisor left is removed at the next start.
+
 A journal that cannot be written (a full disk) never keeps a child from starting or from being
 tracked: the registry tracks it in memory as ever, the journal keeps every entry and writes them
 all at its next change, and /status warns meanwhile (statefile.py) that only the parent-death
@@ -28,7 +33,7 @@ from typing import Any
 
 import psutil
 
-from .statefile import Writes, write_atomic
+from .statefile import Writes, sweep_temps, write_atomic
 
 JOURNAL = "children.json"
 _TIME_SLACK_S = 0.05          # psutil's create_time is rounded to the clock tick
@@ -42,6 +47,7 @@ class ChildrenJournal:
         self.writes = writes or Writes()
         self._lock = threading.Lock()
         self._entries: dict[int, dict[str, Any]] = {}
+        sweep_temps(self.path)            # a killed supervisor's half-written journal: nothing writes it yet
 
     def add(self, pid: int, role: str, argv: list[str]) -> None:
         try:

@@ -440,11 +440,16 @@ class ManagedProcess:
     # -- threads -------------------------------------------------------------------------------
 
     def _wait_exit(self) -> None:
-        # The only place that reaps the leader: Popen keeps its exit status.
+        # The only place that reaps the leader: Popen keeps its exit status. The journal forgets it
+        # before `_exited` says so: stop() waits on that, and a supervisor that stops and exits must
+        # not cut this (daemon) thread in the middle of the journal's write, leaving its temp file
+        # and a child it already ended still recorded (issue 50 item 12).
         self._popen.wait()
         self.exited_at = time.monotonic()
-        self._exited.set()
-        REGISTRY.forget(self.pid)
+        try:
+            REGISTRY.forget(self.pid)
+        finally:
+            self._exited.set()
 
     def _read_loop(self) -> None:
         assert self._popen.stdout is not None

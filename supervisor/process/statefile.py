@@ -3,6 +3,8 @@
     write_atomic(path, data, mode)   temp file (created with `mode`), fsync, rename over the old one;
                                      when any step fails the temp file is removed, the old file stands,
                                      and the OSError is raised
+    sweep_temps(path)                the temp files of `path` a killed writer left (write_atomic's
+                                     name for them exactly, nothing else), removed; for an owner's start
     Writes.attempt(what, cost, fn)   one owner's write that may fail (ENOSPC, EDQUOT, EIO, a read-only
                                      remount): False instead of the error, and a warning for /status
                                      naming the file, the error and what it costs, said once and taken
@@ -19,11 +21,12 @@ from __future__ import annotations
 import contextlib
 import logging
 import os
+import re
 import threading
 from pathlib import Path
 from typing import Callable
 
-__all__ = ["Report", "Writes", "write_atomic"]
+__all__ = ["Report", "Writes", "sweep_temps", "write_atomic"]
 
 # (what, warning): a file that cannot be written, its warning; (what, None): it was written again.
 Report = Callable[[str, str | None], None]
@@ -45,6 +48,25 @@ def write_atomic(path: Path, data: bytes, mode: int = 0o644) -> None:
         with contextlib.suppress(OSError):
             tmp.unlink()
         raise
+
+
+def sweep_temps(path: Path) -> list[str]:
+    """Remove the temp files write_atomic left beside `path` when its writer was killed mid-write
+    (`.<name>.<pid>.<thread id>.tmp`, that exact form, plain files only); the names removed. Call it
+    where nothing of this process writes `path` yet: an owner's start."""
+    own = re.compile(rf"\.{re.escape(path.name)}\.[0-9]+\.[0-9]+\.tmp")
+    removed = []
+    try:
+        with os.scandir(path.parent) as it:
+            entries = list(it)
+    except OSError:
+        return removed
+    for e in entries:
+        if own.fullmatch(e.name) and e.is_file(follow_symlinks=False):
+            with contextlib.suppress(OSError):
+                os.unlink(e.path)
+                removed.append(e.name)
+    return removed
 
 
 def _log_only(what: str, warning: str | None) -> None:

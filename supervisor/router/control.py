@@ -28,7 +28,9 @@ import hashlib
 import hmac
 import json
 import logging
+import re
 import socket
+import time
 from typing import Any, Callable, Mapping
 
 from ..errors import KilnError
@@ -39,6 +41,10 @@ PATH = "/kiln/router/replicas"
 PREFIX = f"PUT {PATH} ".encode()
 MAX_HEAD = 16 * 1024
 MAX_BODY = 64 * 1024
+MAX_DEPTH = 32               # the list is one object of strings; json.loads recurses a level at a time
+MAX_DRAIN = 16 * 1024 * 1024  # of a body past MAX_BODY, read and dropped so the client reads its 413, not a reset
+DRAIN_S = 5.0
+_STRING = re.compile(rb'"(?:[^"\\]|\\.)*"', re.S)
 
 
 class Refused(KilnError):
@@ -79,6 +85,36 @@ def _read(client: socket.socket) -> tuple[dict[str, str], bytes]:
             raise Refused(400, "the request ended before its body did")
         body += chunk
     return headers, body[:length]
+
+
+def _depth(body: bytes) -> int:
+    """How deep `body` nests ([ and { outside JSON strings), counted without parsing it, up to MAX_DEPTH + 1."""
+    depth = deepest = 0
+    for c in _STRING.sub(b"", body):
+        if c in b"[{":
+            depth += 1
+            deepest = max(deepest, depth)
+            if deepest > MAX_DEPTH:
+                break
+        elif c in b"]}":
+            depth -= 1
+    return deepest
+
+
+def _discard(client: socket.socket) -> None:
+    """After a refusal that left the request unread (413, 431): the answer is sent, so say no more and
+    read what the client still sends, up to MAX_DRAIN or DRAIN_S, before the caller closes. A close with
+    bytes unread makes the kernel answer with a reset, which can reach the client before it reads the
+    answer (it is still sending)."""
+    deadline = time.monotonic() + DRAIN_S
+    client.shutdown(socket.SHUT_WR)
+    left = MAX_DRAIN
+    while left > 0 and (wait := deadline - time.monotonic()) > 0:
+        client.settimeout(wait)
+        chunk = client.recv(min(65536, left))
+        if not chunk:
+            return
+        left -= len(chunk)
 
 
 def _send(client: socket.socket, status: int, payload: dict[str, Any]) -> None:
@@ -147,9 +183,12 @@ def serve(client: socket.socket, key: str | None, apply: Callable[[str], list[di
         except Refused as e:
             log.warning("router: a replica list from %s refused (%d): %s", peer, e.status, e)
             raise
+        if _depth(body) > MAX_DEPTH:
+            raise Refused(400, f"the body nests deeper than {MAX_DEPTH} levels: it must be JSON: "
+                          '{"replicas": "URL|STATUS_URL URL|STATUS_URL ..."}')
         try:
             value = json.loads(body)["replicas"]
-        except (ValueError, KeyError, TypeError):
+        except (ValueError, KeyError, TypeError, RecursionError):
             raise Refused(400, 'the body must be JSON: {"replicas": "URL|STATUS_URL URL|STATUS_URL ..."}') from None
         if not isinstance(value, str):
             raise Refused(400, '"replicas" must be a string of entries URL|STATUS_URL, separated by spaces')
@@ -165,6 +204,8 @@ def serve(client: socket.socket, key: str | None, apply: Callable[[str], list[di
     except Refused as e:
         try:
             _send(client, e.status, {"error": {"message": str(e)}})
+            if e.status in (413, 431):
+                _discard(client)
         except OSError:
             pass
         return e.status

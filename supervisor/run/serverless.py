@@ -94,7 +94,10 @@ class ServerlessWorker:
         threading.Thread(target=self._heartbeat, name="kiln-heartbeat", daemon=True).start()
         workers = self.own.parent
         found = workdirs.dead(workers, self.own, now=now)
-        done = workdirs.Pruned(adopted=workdirs.adopt_jit_cache(found, self.own, image=image, gpus=gpus))
+        done = workdirs.Pruned()
+        done.adopted = workdirs.adopt_jit_cache(found, self.own, image=image, gpus=gpus, refused=done.refused)
+        for why in done.refused:
+            log.warning("%s; it is left where it is", why)
         if done.adopted:
             log.info("took over the driver JIT cache of worker %s (gone; same image and GPUs)", done.adopted)
         if not found:

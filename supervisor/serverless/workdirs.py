@@ -26,7 +26,10 @@ What is pruned and what is never touched:
   live writers (engines/caches.py: NVIDIA documents no cross-process locking; DeepEP#683), but one with
   no writer left is, so a PTX-only build pays its JIT once per chain of workers rather than once each.
   Another image's or GPU kind's entries would only miss, so those are deleted. vLLM's, Inductor's and
-  Triton's caches are shared already (under <shared>/cache, not in a worker's directory).
+  Triton's caches are shared already (under <shared>/cache, not in a worker's directory);
+- a JIT cache reached through a symbolic link (cache/ or cuda-jit), or holding one that leads out of
+  it, is never taken: a rename through the link moved whatever it led to, outside the volume too. It
+  is said (the log, /status serverless.pruned.jit_cache_refused) and the link pruned with its directory.
 """
 
 from __future__ import annotations
@@ -59,10 +62,11 @@ class Pruned:
     bytes: int = 0
     adopted: str | None = None                           # the worker whose JIT cache this one took
     errors: list[str] = field(default_factory=list)
+    refused: list[str] = field(default_factory=list)     # dead workers' JIT caches not taken: why (a link)
 
     def to_dict(self) -> dict[str, Any]:
         return {"removed": list(self.removed), "bytes": self.bytes, "adopted_jit_cache_of": self.adopted,
-                "errors": list(self.errors)}
+                "errors": list(self.errors), "jit_cache_refused": list(self.refused)}
 
 
 def mark(own: Path, *, worker: str, image: str, gpus: Sequence[str], now: float) -> Path:
@@ -108,9 +112,30 @@ def dead(workers: Path, own: Path, *, now: float, dead_after_s: float = DEAD_AFT
     return [d for _, d in sorted(found)]
 
 
-def adopt_jit_cache(dead_dirs: Sequence[Path], own: Path, *, image: str, gpus: Sequence[str]) -> str | None:
+def _linked(d: Path) -> str | None:
+    """Why the JIT cache under the worker directory `d` must not be handed over, or None: a link on
+    the way to it (cache/ or cuda-jit itself: renaming through it would move whatever it leads to, on
+    the volume or not), or a link in it that leads out of it. Looks, never follows."""
+    source = d / JIT_CACHE
+    for step in (source.parent, source):
+        if step.is_symlink():
+            return f"{step} is a symbolic link (to {os.readlink(step)})"
+    if not source.is_dir():
+        return None
+    top = os.path.realpath(source)
+    for root, dirs, files in os.walk(source):          # followlinks=False: a linked directory is in `dirs`
+        for name in dirs + files:
+            path = os.path.join(root, name)
+            if os.path.islink(path) and os.path.commonpath([top, os.path.realpath(path)]) != top:
+                return f"{path} is a symbolic link out of the cache (to {os.readlink(path)})"
+    return None
+
+
+def adopt_jit_cache(dead_dirs: Sequence[Path], own: Path, *, image: str, gpus: Sequence[str],
+                    refused: list[str] | None = None) -> str | None:
     """Rename the JIT cache of a dead worker of this image and GPU kind into `own` when `own` has none;
-    the id of the worker it came from, or None. A rename: atomic, one adopter wins."""
+    the id of the worker it came from, or None. A rename: atomic, one adopter wins. A cache reached
+    through a symbolic link, or holding one that leads out of it, is never taken: why goes to `refused`."""
     target = own / JIT_CACHE
     if target.exists():
         return None
@@ -119,7 +144,12 @@ def adopt_jit_cache(dead_dirs: Sequence[Path], own: Path, *, image: str, gpus: S
         if about.get("image") != image or sorted(about.get("gpus") or []) != sorted(gpus):
             continue
         source = d / JIT_CACHE
-        if not source.is_dir() or source.is_symlink():
+        why = _linked(d)
+        if why is not None:
+            if refused is not None:
+                refused.append(f"the JIT cache of worker {about.get('worker') or d.name} was not taken over: {why}")
+            continue
+        if not source.is_dir():
             continue
         target.parent.mkdir(parents=True, exist_ok=True)
         try:

@@ -6,6 +6,7 @@ smg under a real supervisor."""
 
 from __future__ import annotations
 
+import http.client as http_client
 import json
 import signal
 import threading
@@ -96,3 +97,36 @@ def test_the_router_takes_new_replicas_in_place_and_keeps_them(tmp_path):
         with Supervised(tmp_path, text, env={"KILN_API_KEY": KEY}) as again:      # the same config, restarted
             wait_for(lambda: routed(again) == [b.url], 120, "b routed after the restart")
             assert http(url + "/v1/chat/completions", headers=HEADERS, data=chat, timeout=60)[0] == 200
+
+
+def test_a_deeply_nested_or_oversized_body_is_answered_400_or_413_never_a_traceback_or_a_reset(tmp_path):
+    """Issue 50 item 10, through the router's own port (a real supervisor, the real smg; its one replica
+    answers nothing, which the control endpoint never needs): a 30,000-deep JSON array got no answer and
+    a RecursionError traceback in the log; a body over the limit got a connection reset, not its 413."""
+    router_python()
+    port, dead = free_port(), free_port()
+    text = router_config(tmp_path, port=port, status_port=free_port(), metrics_port=free_port(),
+                         replicas=[(f"http://127.0.0.1:{dead}", f"http://127.0.0.1:{dead}/ready")])
+
+    def send(body: bytes) -> tuple[int, str]:
+        conn = http_client.HTTPConnection("127.0.0.1", port, timeout=30)
+        try:
+            conn.request("PUT", "/kiln/router/replicas", body=body,
+                         headers={**HEADERS, "Authorization": f"Bearer {OPERATOR_KEY}"})
+            resp = conn.getresponse()
+            return resp.status, resp.read().decode()
+        finally:
+            conn.close()
+
+    with Supervised(tmp_path, text, env={"KILN_API_KEY": KEY, "KILN_OPERATOR_KEY": OPERATOR_KEY}) as router:
+        router.wait_state("SERVING", timeout=120)               # smg up; the replica unreachable, routed nothing
+        code, out = send(b"[" * 30_000 + b"]" * 30_000)
+        assert code == 400 and "nest" in json.loads(out)["error"]["message"], out
+        for size in (1 << 20, 8 << 20):
+            code, out = send(b"x" * size)
+            assert code == 413 and "at most" in json.loads(out)["error"]["message"], (size, out)
+        code, out = send(json.dumps({"replicas": "ftp://nowhere"}).encode())      # and it still answers
+        assert code == 400 and "ftp://nowhere" in out, out
+        assert router.stop(signal.SIGTERM, timeout=120) == 0
+        log = router.log()
+        assert "Traceback" not in log and "RecursionError" not in log, log[-3000:]

@@ -60,3 +60,32 @@ def test_a_new_worker_prunes_dead_workers_directories_keeps_the_rest_and_takes_o
         assert (own / workdirs.MARK).exists()
         assert sorted(p.name for p in workers.iterdir()) == ["alive", "fresh", "my-notes"]   # no tombstone
         assert sup.stop() == 0
+
+
+def test_a_dead_workers_jit_cache_linked_out_of_the_volume_is_never_moved_in(tmp_path, prefix, tiny):
+    """Issue 50 item 11: a dead worker's `cache/` was a symbolic link to a directory outside the volume,
+    and the hand-over renamed that directory into the new worker's own. Now it is refused, said on
+    /status and in the log, the link is pruned with the dead directory, and what it led to stays put."""
+    volume = tmp_path / "vol"
+    workers = volume / "workers"
+    outside = tmp_path / "not-the-volume"
+    (outside / "cuda-jit").mkdir(parents=True)
+    (outside / "cuda-jit/index").write_text("someone else's")
+    linked = left_behind(workers, "gone-linked", hours_ago=5)                      # this image, no GPU
+    for p in ((linked / "cache/cuda-jit/index"), (linked / "cache/cuda-jit"), (linked / "cache")):
+        p.unlink() if p.is_file() else p.rmdir()
+    (linked / "cache").symlink_to(outside)
+    sup = worker(tmp_path, prefix, str(tiny), state=volume, selftest=SELFTEST_OFF, name="fresh")
+    with sup:
+        sup.wait_state("SERVING", timeout=120)
+        pruned = wait_for(lambda: ((sup.status() or {}).get("serverless") or {}).get("pruned"), 60,
+                          "the worker to report its prune on /status")
+        assert pruned["adopted_jit_cache_of"] is None and pruned["removed"] == ["gone-linked"], pruned
+        assert len(pruned["jit_cache_refused"]) == 1, pruned
+        why = pruned["jit_cache_refused"][0]
+        assert "gone-linked" in why and "symbolic link" in why and str(outside) in why, why
+        assert why in sup.log()
+        assert (outside / "cuda-jit/index").read_text() == "someone else's"             # untouched, where it was
+        assert not (workers / "fresh/cache/cuda-jit").exists() and not linked.exists()
+        assert sorted(p.name for p in workers.iterdir()) == ["fresh"]
+        assert sup.stop() == 0

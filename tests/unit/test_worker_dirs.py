@@ -86,3 +86,39 @@ def test_a_symlink_in_a_dead_directory_is_removed_never_followed(tmp_path):
     (d / "link").symlink_to(outside)
     workdirs.prune(workers, own, workdirs.dead(workers, own, now=10 * DAY), pruner="me")
     assert not d.exists() and (outside / "precious").read_text() == "keep"
+
+
+def test_a_jit_cache_reached_through_a_link_is_never_handed_over_and_says_why(tmp_path):
+    """Issue 50 item 11: a dead worker's `cache/` linked to a directory outside the volume, and the
+    hand-over renamed that directory (a user's, anyone's) into the new worker's own. A cache reached
+    through a link, or holding one that leads out of it, is refused, said, and left where it is."""
+    workers = tmp_path / "vol/workers"
+    own = a_worker(workers, "me", seen=10 * DAY, jit=None)
+    outside = tmp_path / "outside"
+    (outside / "cuda-jit").mkdir(parents=True)
+    (outside / "cuda-jit/index").write_text("not Kiln's")
+    linked = a_worker(workers, "linked", seen=1.0, jit=None)
+    (linked / "cache").symlink_to(outside)
+    leaf = a_worker(workers, "leaf", seen=2.0, jit=None)
+    (leaf / "cache").mkdir()
+    (leaf / "cache/cuda-jit").symlink_to(outside / "cuda-jit")
+    inner = a_worker(workers, "inner", seen=3.0)
+    (inner / "cache/cuda-jit/entry").symlink_to(outside / "cuda-jit/index")
+    found = workdirs.dead(workers, own, now=10 * DAY)
+    assert found == [linked, leaf, inner]
+    refused: list[str] = []
+    assert workdirs.adopt_jit_cache(found, own, image="img", gpus=["NVIDIA A40"], refused=refused) is None
+    assert not (own / "cache/cuda-jit").exists()
+    assert (outside / "cuda-jit/index").read_text() == "not Kiln's"
+    assert len(refused) == 3 and all("link" in r for r in refused), refused
+    assert str(linked / "cache") in refused[0] and str(outside) in refused[0]
+    assert str(leaf / "cache/cuda-jit") in refused[1] and str(inner / "cache/cuda-jit/entry") in refused[2]
+    # a good cache further down the list is still handed over
+    good = a_worker(workers, "good", seen=4.0, jit=b"good entries")
+    assert workdirs.adopt_jit_cache(found + [good], own, image="img", gpus=["NVIDIA A40"]) == "good"
+    assert (own / "cache/cuda-jit/index").read_bytes() == b"good entries"
+    # and pruning the dead deletes the links, never what they lead to
+    workdirs.prune(workers, own, workdirs.dead(workers, own, now=10 * DAY), pruner="me")
+    assert sorted(p.name for p in workers.iterdir()) == ["me"]
+    assert (outside / "cuda-jit/index").read_text() == "not Kiln's"
+    assert workdirs.Pruned(refused=["x"]).to_dict()["jit_cache_refused"] == ["x"]
