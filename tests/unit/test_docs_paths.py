@@ -17,7 +17,8 @@ import pytest
 
 ROOT = Path(__file__).resolve().parents[2]
 DOCS = ("docs/architecture.md", "README.md", "docs/field-notes.md", "docs/images.md", "docs/plan.md", "docs/pods.md",
-        "docs/endpoints.md", "docs/router.md", "docs/clusters.md", "docs/supervisor.md", "docs/fleet-and-reload.md")
+        "docs/endpoints.md", "docs/router.md", "docs/clusters.md", "docs/supervisor.md", "docs/fleet-and-reload.md",
+        "docs/upgrade.md")
 SPAN = re.compile(r"`([^`\s]+)`")
 PATHLIKE = re.compile(r"[A-Za-z0-9_.-]+(/[A-Za-z0-9_.-]+)*(\.py|\.md|\.sh|\.toml|/)")
 BASES = ("", "supervisor/", "images/")     # never "../": a doc names nothing outside the clone
