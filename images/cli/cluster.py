@@ -190,7 +190,7 @@ def cmd_down(args: argparse.Namespace) -> int:
 COMMANDS = (
     Command("cluster", "a target as one RunPod Instant Cluster: plan, up, status, logs, down",
             description="A target served by vLLM across the nodes of one RunPod Instant Cluster (REST API v2 "
-            "/clusters, $RUNPOD_API_KEY). README: One model, several nodes.",
+            "/clusters, $RUNPOD_API_KEY). docs/clusters.md: One model, several nodes.",
             children=(
                 Command("plan", "print the CreateClusterRequest (schema-checked, secrets as references)",
                         cmd_plan, _plan_arguments),

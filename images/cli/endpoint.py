@@ -494,7 +494,7 @@ COMMANDS = (
     Command("endpoint", "RunPod Serverless load-balancing endpoints from a target: one URL that scales to zero",
             description="A target as a RunPod Serverless load-balancing endpoint (REST API v2, $RUNPOD_API_KEY): "
             "requests reach only workers whose selftest passed; workers scale on in-flight requests, down to "
-            "zero.\nREADME: One URL for a team.",
+            "zero.\ndocs/endpoints.md: One URL for a team.",
             children=(
                 Command("plan", "print the CreateEndpointRequest `up` would send (no key needed)", cmd_plan,
                         _plan_arguments),
@@ -507,6 +507,6 @@ COMMANDS = (
                 Command("down", "delete the endpoint and its workers (the network volume is kept unless asked)",
                         cmd_down, _down_arguments),
                 Command("failures", "the failure records its workers keep on the network volume; --clear lifts "
-                        "them (README: One URL for a team)", cmd_failures, _failures_arguments),
+                        "them (docs/endpoints.md: Failure records)", cmd_failures, _failures_arguments),
             )),
 )

@@ -66,7 +66,7 @@ COMMANDS = (
             "The token comes from $HF_TOKEN or a secret file (--token-file) and is never printed.\n"
             "Exit: 0 published, 1 the Hub refused or could not be reached, 2 refused here (nothing uploaded), "
             "3 a canary or pod rolled back, rejected or failed it, 4 timed out waiting for verdicts.\n"
-            "README: The supervisor (Hot reload, A fleet)."),
+            "docs/fleet-and-reload.md: Hot reload and fleets."),
     Command("fleet-status", "the pods reporting to a Hub repo: state, revision, last verdict, age of their last "
             "report", _status, _status_arguments,
             description="The pods reporting to a Hub repo, as their records on its kiln-fleet branch say: pod, "

@@ -397,7 +397,7 @@ def cmd_volumes(args: argparse.Namespace) -> int:
 COMMANDS = (
     Command("pods", "RunPod pods from a target's template: up, status, logs, down (terminate, never stop), volumes",
             description="RunPod pods from a target's template (REST API v2, $RUNPOD_API_KEY).\n"
-            "README: From zero to a serving pod.",
+            "docs/pods.md: From zero to a serving pod.",
             children=(
                 Command("up", "pods from the target's template, once the catalog offers a host its CUDA runs on; "
                         "waits until each supervisor is ready", cmd_up, _up_arguments),

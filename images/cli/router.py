@@ -59,5 +59,5 @@ COMMANDS = (
             "lists.\n"
             "It writes a deploy config (engine = \"router\") into --state-dir and runs `python -m supervisor run` "
             "with it, in this process: Ctrl-C stops it.\n"
-            "README: Several pods, one URL."),
+            "docs/router.md: Several pods, one URL."),
 )

@@ -63,5 +63,5 @@ COMMANDS = (
             _template, _template_arguments,
             description="Print the target's RunPod template (a CreateTemplateRequest of RunPod's REST API v2, "
             "checked against images/schemas/runpod-rest-v2.json before it is printed or sent), or with --upsert create or update it by "
-            "name and print its id.\nREADME: From zero to a serving pod."),
+            "name and print its id.\ndocs/pods.md: The template."),
 )

@@ -42,7 +42,7 @@ from .endpoint import HEALTH_CHECK_PATH
 Say = Callable[[str], None]
 READY = ("IDLE", "RUNNING")             # WorkerStatus: ready, or processing a request
 # A release is judged by two different workers: one that fails may owe it to its host (a GPU, a
-# download that stalled), two that fail with none healthy are the release's own (README: Releases
+# download that stalled), two that fail with none healthy are the release's own (docs/endpoints.md: Releases
 # that cannot take the endpoint down). Both are read at once; no timeout is waited out.
 FAILED_WORKERS = 2
 # Healthy is ready at every read for this long (`up --settle`): the first 200 alone took a worker

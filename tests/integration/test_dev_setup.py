@@ -1,4 +1,4 @@
-"""The README's setup on a newcomer's machine (issue 48, item 2): the distribution's own python3 first on
+"""The dev setup (docs/development.md) on a newcomer's machine (issue 48, item 2): the distribution's own python3 first on
 PATH (Debian 12's refuses `pip install` into the system: PEP 668), nothing else of Python installed.
 scripts/dev-setup.sh makes a virtual environment (.venv/ in the checkout) with that python3 and installs
 Kiln into it; a failed step stops the script there, naming the step and the cause, never later with a
