@@ -3,7 +3,7 @@ variables RunPod documents for a cluster (PRIMARY_/MASTER_ADDR and PORT, NODE_AD
 NUM_NODES, NUM_TRAINERS, WORLD_SIZE, HOST_NODE_ADDR; instant-clusters/configuration.mdx @0f215947)
 with every address 127.0.0.1 and RUNPOD_POD_ID (RunPod gives each pod its own; a node's own state
 directory is named by it: supervisor/runpod_env.py), plus what one host needs to hold several nodes:
-the interface `lo` (KILN_CLUSTER_IFNAME), the primary's status port (KILN_CLUSTER_STATUS_PORT), an
+the interface `lo` (KILN_CLUSTER_IFNAME), the group's port and secret (KILN_CLUSTER_PORT, KILN_CLUSTER_SECRET), an
 engine port of its own (KILN_SERVER_PORT) and `CUDA_VISIBLE_DEVICES` — one GPU per node by default,
 so the same group runs on a multi-GPU machine (issue 41) as on this CPU one. Used by the cluster tests and
 bench/cluster.py; a GPU run drives it the same way with its own deploy config."""
@@ -20,17 +20,23 @@ from .supervised import Supervised, free_port, http, wait_for
 __all__ = ["LoopbackCluster", "node_env"]
 
 
-def node_env(rank: int, *, nodes: int, master_port: int, primary_status: int, gpus_per_node: int = 1,
+# The seal key every node of a loopback group shares (supervisor/cluster/protocol.py Seal): test data,
+# as `cluster up` makes one per cluster. A stranger's beat is sealed with another one, or none.
+GROUP_SECRET = "loopback-group-secret-7f3c9a1e"
+
+
+def node_env(rank: int, *, nodes: int, master_port: int, group_port: int, gpus_per_node: int = 1,
              pod_id: str | None = None, extra: dict[str, str] | None = None) -> dict[str, str]:
     """What RunPod sets on node `rank` (its pod id: `pod_id`, else loopback-node<rank>), plus Kiln's
-    knobs for nodes that share one host."""
+    knobs for nodes that share one host: the group's port (rank 0 listens there) and its secret."""
     first = rank * gpus_per_node
     return {"PRIMARY_ADDR": "127.0.0.1", "MASTER_ADDR": "127.0.0.1", "PRIMARY_PORT": str(master_port),
             "MASTER_PORT": str(master_port), "NODE_ADDR": "127.0.0.1", "NODE_RANK": str(rank),
             "NUM_NODES": str(nodes), "NUM_TRAINERS": str(gpus_per_node), "WORLD_SIZE": str(nodes * gpus_per_node),
             "HOST_NODE_ADDR": f"127.0.0.1:{master_port}", "RUNPOD_POD_ID": pod_id or f"loopback-node{rank}",
             "CUDA_VISIBLE_DEVICES": ",".join(str(first + i) for i in range(gpus_per_node)),
-            "KILN_CLUSTER_IFNAME": "lo", "KILN_CLUSTER_STATUS_PORT": str(primary_status), **(extra or {})}
+            "KILN_CLUSTER_IFNAME": "lo", "KILN_CLUSTER_PORT": str(group_port), "KILN_CLUSTER_SECRET": GROUP_SECRET,
+            **(extra or {})}
 
 
 def node_deploy(tmp: Path, *, model: Path, binary: Path, snapshot: Path, port: int, sport: int, boot_s: float,
@@ -79,7 +85,7 @@ class LoopbackCluster:
                  gpus_per_node: int = 1, env: dict[str, str] | None = None, key: str | None = None):
         self.tmp, self.config, self.count, self.gpus = tmp, config, nodes, gpus_per_node
         self.env, self.key = dict(env or {}), key
-        self.port, self.master = free_port(), free_port()
+        self.port, self.master, self.group_port = free_port(), free_port(), free_port()
         self.sports = [free_port() for _ in range(nodes)]
         self.nodes: list[Supervised] = []
 
@@ -87,7 +93,7 @@ class LoopbackCluster:
         d = self.tmp / f"node{rank}"
         d.mkdir(exist_ok=True)
         port = self.port if rank == 0 else free_port()
-        env = node_env(rank, nodes=self.count, master_port=self.master, primary_status=self.sports[0],
+        env = node_env(rank, nodes=self.count, master_port=self.master, group_port=self.group_port,
                        gpus_per_node=self.gpus, extra={**self.env, "KILN_SERVER_PORT": str(port)})
         sup = Supervised(d, self.config(d, port, self.sports[rank]), env=env, status_port=self.sports[rank])
         self.nodes.append(sup)

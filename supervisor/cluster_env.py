@@ -16,8 +16,10 @@ A node is in a cluster when NUM_NODES is set and more than 1. Kiln's own variabl
 
     KILN_CLUSTER_IFNAME       the interface NCCL and Gloo use (default: NCCL_SOCKET_IFNAME, else ens1;
                               `lo` when the "nodes" are processes on one host, as the tests run them)
-    KILN_CLUSTER_STATUS_PORT  the primary's status port, where the other ranks report (default: this
-                              node's own status.port: every node of a real cluster has its own address)
+    KILN_CLUSTER_SECRET       required: the key the group's beats are sealed with (cluster/protocol.py);
+                              `build.py cluster up` makes one per cluster and gives it to every node
+    KILN_CLUSTER_PORT         the group's port on the cluster network, where rank 0 takes the other
+                              ranks' beats (cluster/listen.py; default 8091); never exposed by a template
     KILN_CLUSTER_ARRIVE_S     how long the group waits for a rank that never arrived (default 600)
     KILN_CLUSTER_LOST_S       silence after which a rank counts as dead or hung (default 5)
     KILN_CLUSTER_MIN_SHM_GIB  the /dev/shm a node must have (default 8: RunPod asks for 8-16 GB)
@@ -49,6 +51,8 @@ DEFAULT_LOST_S = 5.0
 DEFAULT_MIN_SHM_GIB = 8.0
 DEFAULT_PROBE_S = 15.0
 DEFAULT_PROBE_TIMEOUT_S = 60.0
+DEFAULT_GROUP_PORT = 8091        # no template exposes it: the beats stay on the cluster network
+SECRET_ENV = "KILN_CLUSTER_SECRET"
 
 
 @dataclass(frozen=True)
@@ -61,12 +65,16 @@ class Node:
     node_addr: str
     gpus_per_node: int | None
     ifname: str
-    status_port: int | None        # the primary's status port; None: the same as this node's
+    group_port: int = DEFAULT_GROUP_PORT    # rank 0's group port on the cluster network (KILN_CLUSTER_PORT)
     arrive_s: float = DEFAULT_ARRIVE_S
     lost_s: float = DEFAULT_LOST_S
     min_shm_gib: float = DEFAULT_MIN_SHM_GIB
     probe_s: float = DEFAULT_PROBE_S
     probe_timeout_s: float = DEFAULT_PROBE_TIMEOUT_S
+    secret: str = ""               # the beats' seal key (KILN_CLUSTER_SECRET): never logged or shown
+
+    def __repr__(self) -> str:     # never print the secret, even by accident
+        return f"Node({self.describe()}, group port {self.group_port})"
 
     @property
     def primary(self) -> bool:
@@ -151,7 +159,13 @@ def read(env: Mapping[str, str], problems: list[Problem]) -> Node | None:
     if not node_addr:
         problems.append(Problem("NODE_ADDR (env)", "is not set: vLLM would guess this node's address, possibly "
                                 "eth0's, which RunPod says times out", allowed="this node's address on ens1"))
-    status_port = _int(env, "KILN_CLUSTER_STATUS_PORT", problems, low=1, high=65535, required=False)
+    group_port = _int(env, "KILN_CLUSTER_PORT", problems, low=1, high=65535, required=False)
+    secret = (env.get(SECRET_ENV) or "").strip()
+    if len(secret) < 16:
+        problems.append(Problem(f"{SECRET_ENV} (env)", "is not set (or shorter than 16 characters): the group's "
+                                "beats are sealed with it, so no one outside the cluster can fail or fake a rank",
+                                "not shown", "`python build.py cluster up` makes one per cluster; on your own, "
+                                "the same random value of 16+ characters on every node"))
     ifname = (env.get("KILN_CLUSTER_IFNAME") or env.get("NCCL_SOCKET_IFNAME") or DEFAULT_IFNAME).strip()
     arrive = _float(env, "KILN_CLUSTER_ARRIVE_S", DEFAULT_ARRIVE_S, problems)
     lost = _float(env, "KILN_CLUSTER_LOST_S", DEFAULT_LOST_S, problems)
@@ -162,5 +176,5 @@ def read(env: Mapping[str, str], problems: list[Problem]) -> Node | None:
         return None
     assert nodes is not None and rank is not None and addr is not None and port is not None
     return Node(rank=rank, nodes=nodes, primary_addr=addr, primary_port=port, node_addr=node_addr,
-                gpus_per_node=gpus, ifname=ifname, status_port=status_port, arrive_s=arrive, lost_s=lost,
-                min_shm_gib=shm, probe_s=probe, probe_timeout_s=probe_timeout)
+                gpus_per_node=gpus, ifname=ifname, group_port=group_port or DEFAULT_GROUP_PORT, arrive_s=arrive,
+                lost_s=lost, min_shm_gib=shm, probe_s=probe, probe_timeout_s=probe_timeout, secret=secret)

@@ -10,9 +10,11 @@ stdout; exit 0, 1 when the group did not turn ready, 2 on a usage, configuration
 from __future__ import annotations
 
 import argparse
+import secrets
 
 import requests
 
+from supervisor.cluster_env import SECRET_ENV
 from supervisor.errors import KilnError
 
 from ..pins.lock import load_lock, pins_for
@@ -108,8 +110,12 @@ def _body(args: argparse.Namespace, *, check: bool = True):  # type: ignore[no-u
     return target, shape, clusters.cluster_body(target, tpl, shape, mount, dep.env())
 
 
+SECRET_SHOWN = "<made by `cluster up` for each cluster; never printed>"
+
+
 def cmd_plan(args: argparse.Namespace) -> int:
     _, shape, body = _body(args)
+    body["env"][SECRET_ENV] = SECRET_SHOWN
     print(dumps(body), end="")
     say(f"{shape.nodes} nodes x {shape.gpus_per_node} {shape.gpu_id}; POST /v2/clusters with this body is "
         "`cluster up` (checked against RunPod's CreateClusterRequest; secrets are RunPod secret references)")
@@ -129,6 +135,9 @@ def _found(api, name: str) -> dict:  # type: ignore[no-untyped-def]
 
 def cmd_up(args: argparse.Namespace) -> int:
     target, shape, body = _body(args)
+    # The group's beats are sealed with a key of this cluster's own (supervisor/cluster/protocol.py): made
+    # here, given to every node in the cluster's env, never printed or logged.
+    body["env"][SECRET_ENV] = secrets.token_urlsafe(32)
     api = _api(args)
     if args.volume:
         vol, body, shape = clusters.place_on_volume(api, body, shape)

@@ -35,7 +35,6 @@ from ..loopback_cluster import node_env
 from ..supervised import free_port
 from .api import Problem, RunPodStandIn, _now
 
-STATUS_PRIVATE = 8081        # Kiln's status port inside an image (containers.PORT_ENV)
 
 
 class ClusterStandIn(RunPodStandIn):
@@ -120,7 +119,7 @@ class ClusterStandIn(RunPodStandIn):
         master = free_port()
         cluster = {"id": cid, "name": body["name"], "type": body["type"], "compute": copy.deepcopy(compute),
                    "dataCenterId": placed[0], "network": {"cidr": "10.65.0.0/16"}, "createdAt": _now(),
-                   "_pods": [], "_master": master}
+                   "_pods": [], "_master": master, "_group_port": free_port()}
         price = round(entry["price"]["secure"] * compute["gpuCountPerPod"], 4)
         with self.lock:
             for rank in range(compute["podCount"]):
@@ -153,13 +152,16 @@ class ClusterStandIn(RunPodStandIn):
             return env
         cluster = self.clusters[member["id"]]
         compute = cluster["compute"]
-        head = self.containers.get(cluster["_pods"][0])
-        primary_status = head.mapped.get(STATUS_PRIVATE) if head is not None else None
+        # The cluster network: every node of one cluster reaches rank 0's group port (its own, on loopback).
+        # KILN_CLUSTER_SECRET comes with the cluster's env, as `cluster up` put it there (none: none here).
         env.update(node_env(member["rank"], nodes=compute["podCount"], master_port=cluster["_master"],
-                            primary_status=primary_status or 0, gpus_per_node=compute["gpuCountPerPod"],
+                            group_port=cluster["_group_port"], gpus_per_node=compute["gpuCountPerPod"],
                             pod_id=pod["id"], extra=self.node_extra))
-        if primary_status is None:      # rank 0 itself: its own status port (KILN_STATUS_PORT, mapped)
-            env.pop("KILN_CLUSTER_STATUS_PORT")
+        secret = (pod.get("env") or {}).get("KILN_CLUSTER_SECRET")
+        if secret is not None:
+            env["KILN_CLUSTER_SECRET"] = secret
+        else:
+            env.pop("KILN_CLUSTER_SECRET")
         return env
 
     def _boot_group(self, cid: str) -> None:

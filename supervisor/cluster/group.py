@@ -2,8 +2,10 @@
 
     rank r > 0                                     rank 0 (the primary)
     ──────────                                     ────────────────────
-    every 0.5 s: GET /cluster?beat={its beat} ───────▶ answer(): the beat kept, with when it came
-               ◀─────────────────────────────────  {the primary's own beat}
+    every 0.5 s: GET /cluster?beat={its beat} ───────▶ answer() on the group's port (listen.py, the
+                 (sealed: protocol.Seal)              cluster network only): the seal checked, the beat
+               ◀─────────────────────────────────     kept, with when it came; {the primary's own beat},
+                                                      sealed too
     launch gate: the primary runs an engine        launch gate: every other rank fresh, at its gate,
       of a newer epoch than the one it joined        with no engine (KILN_CLUSTER_ARRIVE_S, else a
       (else, after ARRIVE_S: never answered)         terminal failure naming the rank)
@@ -40,7 +42,8 @@ from typing import Any
 from urllib.parse import urlencode
 
 from ..cluster_env import Node
-from .protocol import GONE, PATH, UP, Beat, decode
+from .listen import GroupListener
+from .protocol import GONE, PATH, UP, Beat, Seal
 
 __all__ = ["BEAT_S", "Group"]
 
@@ -57,12 +60,15 @@ class _Seen:
 
 class Group:
     def __init__(self, node: Node, *, local: Callable[[], tuple[str, bool, str]], lost: Callable[[str], None],
-                 primary_status_port: int, clock: Callable[[], float] = time.monotonic, beat_s: float = BEAT_S,
+                 seal: Seal, clock: Callable[[], float] = time.monotonic, beat_s: float = BEAT_S,
                  probe: Callable[[], str | None] | None = None):
         self.node = node
         self._local = local                  # (state, an engine of ours runs, last failure class)
         self._lost = lost
-        self._port = primary_status_port
+        self._seal = seal                    # every beat out is sealed, every beat in opened (protocol.py)
+        self._port = node.group_port
+        self._listener: GroupListener | None = None
+        self.refused = 0                     # beats refused: forged, old or replayed (said on /status)
         self._clock = clock
         self._beat_s = beat_s
         self._lock = threading.Lock()
@@ -104,11 +110,18 @@ class Group:
                 s.joined = False
 
     def start(self) -> None:
+        """The primary listens for its ranks on the cluster network (OSError: the port or address is not
+        this node's to take; the caller says so); then the watcher runs."""
+        if self.node.primary:
+            self._listener = GroupListener(self.node.node_addr, self._port, self.answer)
+            self._listener.start()
         self._thread = threading.Thread(target=self._run, name="kiln-cluster", daemon=True)
         self._thread.start()
 
     def stop(self) -> None:
         self._stop.set()
+        if self._listener is not None:
+            self._listener.stop()
 
     # -- the primary's side of the protocol -----------------------------------------------------------
     def answer(self, body: bytes) -> tuple[int, bytes]:
@@ -116,14 +129,17 @@ class Group:
         if not self.node.primary:
             return 409, json.dumps({"error": f"this node is rank {self.node.rank}; beat to rank 0"}).encode()
         try:
-            beat = decode(body, self.node.nodes)
+            beat = self._seal.open(body, self.node.nodes)
         except (ValueError, UnicodeDecodeError) as e:
-            return 400, json.dumps({"error": f"bad beat: {e}"}).encode()
+            self.refused += 1
+            if self.refused in (1, 10) or self.refused % 100 == 0:
+                log.warning("cluster: a beat refused (%d so far): %s", self.refused, e)
+            return 403, json.dumps({"error": f"beat refused: {e}"}).encode()
         if beat.rank == 0:
             return 400, json.dumps({"error": "rank 0 is this node"}).encode()
         with self._lock:
             self._seen[beat.rank] = _Seen(beat, self._clock(), self._seen[beat.rank].joined)
-        return 200, self.me().encode()
+        return 200, self._seal.seal(self.me())
 
     def ready_gate(self, snap: dict[str, Any]) -> dict[str, Any]:
         """/ready on the primary: ready only with every other rank SERVING in this epoch, and fresh."""
@@ -181,10 +197,13 @@ class Group:
             self._waiting = False
 
     def _where(self) -> str:
+        refused = f"; {self.refused} beat(s) refused: does every node have the same KILN_CLUSTER_SECRET?" \
+            if self.refused else ""
         if self.node.primary:
             return (f"; check that every node runs this image and can reach {self.node.primary_addr}:{self._port} "
-                    "(the primary's status port)")
-        return f"; this node beats to {self.node.primary_addr}:{self._port} (PRIMARY_ADDR, the primary's status port)"
+                    f"(the group's port, KILN_CLUSTER_PORT){refused}")
+        return (f"; this node beats to {self.node.primary_addr}:{self._port} (PRIMARY_ADDR, the group's port "
+                f"KILN_CLUSTER_PORT){refused}")
 
     def _gone(self) -> str | None:
         with self._lock:
@@ -223,13 +242,18 @@ class Group:
         timeout = max(0.2, min(1.0, self.node.lost_s / 3))
         conn = http.client.HTTPConnection(self.node.primary_addr, self._port, timeout=timeout)
         try:
-            conn.request("GET", f"{PATH}?{urlencode({'beat': self.me().encode().decode()})}")
+            conn.request("GET", f"{PATH}?{urlencode({'beat': self._seal.seal(self.me()).decode()})}")
             resp = conn.getresponse()
             body = resp.read()
             if resp.status != 200:
+                if resp.status == 403 and self.refused == 0:
+                    log.warning("cluster: rank 0 refused this rank's beat: %s", body[:200].decode(errors="replace"))
+                self.refused += resp.status == 403
                 return
-            beat = decode(body, self.node.nodes)
-        except (OSError, ValueError, http.client.HTTPException):
+            beat = self._seal.open(body, self.node.nodes)
+        except (OSError, ValueError, http.client.HTTPException) as e:
+            if isinstance(e, ValueError):    # an answer not sealed by this cluster: not the primary's
+                self.refused += 1
             return                           # silence: _check counts it
         finally:
             conn.close()

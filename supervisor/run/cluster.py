@@ -26,6 +26,7 @@ from .. import cluster_env
 from ..cluster import engine as cluster_engine
 from ..cluster import node as node_checks
 from ..cluster.group import Group
+from ..cluster.protocol import Seal
 from ..config import DeployConfig
 from ..errors import Problem
 from ..failure import Failure, FailureClass
@@ -64,8 +65,9 @@ class ClusterNode:
 
             host = "127.0.0.1" if cfg.server.host in ("0.0.0.0", "::", "") else cfg.server.host
             group = Group(node, local=local, lost=lambda why: post(GroupLost(why)),
-                          primary_status_port=node.status_port or cfg.status.port,
+                          seal=Seal(node.secret, env.get(cluster_env.CLUSTER_NAME_ENV, "")),
                           probe=lambda: probe(host, cfg.server.port, rt.api_key, node.probe_timeout_s))
+            rt.secrets.add(node.secret)
             rt.node_argv, rt.node_env = cluster_engine.argv(node), cluster_engine.env_defaults(node)
             rt.rec.update(cluster={"rank": node.rank, "nodes": node.nodes, "primary": node.primary_addr})
         return cls(node, problems, group, show=lambda r: rt.rec.update(selftest=r))
@@ -76,7 +78,14 @@ class ClusterNode:
 
     def start(self) -> None:
         if self.group is not None and self.node is not None:
-            self.group.start()
+            try:
+                self.group.start()
+            except OSError as e:       # the group's port taken, or NODE_ADDR not this node's: refused at prepare
+                self.problems.append(Problem(
+                    "KILN_CLUSTER_PORT (env)", f"rank 0 cannot take its ranks' beats on {self.node.node_addr}:"
+                    f"{self.node.group_port}: {e.strerror or e}", self.node.group_port,
+                    "a free port on this node's cluster address (NODE_ADDR), the same on every node"))
+                return
             log.info("cluster: %s, interface %s", self.node.describe(), self.node.ifname)
 
     def launched(self) -> None:

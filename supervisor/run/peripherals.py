@@ -62,13 +62,12 @@ class Peripherals:
         if cfg.watch.enabled:       # first: once /status answers, a config published is seen
             self._start_watch()
         if w.status:
-            from ..cluster.protocol import PATH
             from ..status.server import StatusServer
 
             health = cfg.serverless.health_path if cfg.serverless.active else None   # RunPod's health check
-            beats = {PATH: w.group.answer} if w.group is not None else {}    # the group's beats
+            # No beat here: the group's beats have a port of their own on the cluster network (cluster/listen.py)
             self.status = StatusServer(cfg.status.host, cfg.status.port, self.snapshot, secrets=w.secrets,
-                                       health_path=health, probe=self.probe if w.probe else None, exchanges=beats)
+                                       health_path=health, probe=self.probe if w.probe else None)
             self.status.start()
         if cfg.server.tcp_port:
             self._start_tcp_relay(cfg.server.tcp_port)

@@ -29,10 +29,12 @@ def engine() -> dict[str, Path]:
 
 
 def primary(tmp: Path, engine: dict[str, Path], *, more: str = "", **extra: str) -> Supervised:
-    sport = free_port()
+    sport, group = free_port(), free_port()
     text = deploy(tmp, port=free_port(), sport=sport, **engine) + more
-    env = node_env(0, nodes=2, master_port=free_port(), primary_status=sport, extra=extra)
-    return Supervised(tmp, text, env=env)
+    env = node_env(0, nodes=2, master_port=free_port(), group_port=group, extra=extra)
+    sup = Supervised(tmp, text, env=env)
+    sup.group_port = group            # type: ignore[attr-defined]  (rank 0 takes beats there)
+    return sup
 
 
 def test_a_rank_that_never_arrives_fails_the_group_after_the_stated_timeout_naming_it(tmp_path, engine):
@@ -41,10 +43,37 @@ def test_a_rank_that_never_arrives_fails_the_group_after_the_stated_timeout_nami
         assert st["state"] == "FAILED" and st["last_failure"]["class"] == "node_missing", st["last_failure"]
         reason = st["last_failure"]["reason"]
         assert "rank 1 never arrived" in reason and "6 s (KILN_CLUSTER_ARRIVE_S)" in reason
-        assert "(the primary's status port)" in reason
+        assert "(the group's port, KILN_CLUSTER_PORT)" in reason
         assert st["launches"] == 0 if "launches" in st else True      # nothing launched without the group
         assert not (st.get("engine") or {}).get("pid")
         assert sup.stop() == 3                                         # FAILED before anything served
+
+
+def test_a_strangers_beat_is_never_taken_and_fails_nothing(tmp_path, engine):
+    """Issue 50 item 2: one unauthenticated GET of /cluster?beat={rank 1 FAILED} on rank 0's status port (which
+    RunPod's public proxy exposes) failed the group, and with terminate_on_terminal_failure rank 0 deleted the
+    cluster. Now the status port takes no beat at all, and the group's own port (the cluster network) takes
+    only beats sealed with the cluster's secret."""
+    from urllib.parse import urlencode
+
+    from supervisor.cluster.protocol import Beat, Seal
+
+    failed = Beat(1, "FAILED", False, 0, failure="crashed")
+    with primary(tmp_path, engine, KILN_CLUSTER_ARRIVE_S="600", KILN_CLUSTER_MIN_SHM_GIB="0.01") as sup:
+        sup.wait_state("FETCH", "LAUNCHING", "LOADING", timeout=120)
+        wait_for(lambda: http(f"http://127.0.0.1:{sup.group_port}/live")[0] == 404, 60, "the group's port")
+        asks = {"unsealed, on the status port": sup.url("/cluster?" + urlencode({"beat": failed.encode().decode()})),
+                "unsealed, on the group's port": f"http://127.0.0.1:{sup.group_port}/cluster?"
+                                                 + urlencode({"beat": failed.encode().decode()}),
+                "sealed with another secret": f"http://127.0.0.1:{sup.group_port}/cluster?" + urlencode(
+                    {"beat": Seal("not-this-clusters-secret-000").seal(failed).decode()})}
+        codes = {what: http(url)[0] for what, url in asks.items()}
+        assert codes == {"unsealed, on the status port": 404, "unsealed, on the group's port": 403,
+                         "sealed with another secret": 403}, codes
+        st = sup.status()
+        assert st["state"] != "FAILED" and not st.get("last_failure"), st.get("last_failure")
+        assert "beat refused" in sup.log() or "a beat refused" in sup.log()
+        sup.stop()
 
 
 def test_a_node_with_the_wrong_interface_or_too_little_shm_is_refused_with_the_fix(tmp_path, engine):

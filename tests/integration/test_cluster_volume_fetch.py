@@ -57,7 +57,7 @@ def test_two_nodes_on_one_volume_download_the_model_once_and_keep_their_own_stat
     hub.seed(REPO, files, storage="lfs")
     volume = tmp_path / "volume"
     volume.mkdir()
-    master, sports = free_port(), [free_port(), free_port()]
+    master, sports, group = free_port(), [free_port(), free_port()], free_port()
     # One connection at 1 MB/s (~28 s for the model) holds rank 0's download open while rank 1 starts.
     with Throttle(int(hub.url.rsplit(":", 1)[1]), bytes_per_s=1_000_000) as slow:
         common = {**hub.env, "HF_ENDPOINT": slow.url, "KILN_MODEL_FETCH_CONNECTIONS": "1", "KILN_API_KEY": KEY,
@@ -68,7 +68,7 @@ def test_two_nodes_on_one_volume_download_the_model_once_and_keep_their_own_stat
             home.mkdir()
             text = node_deploy(volume, model=f"hf://{REPO}", binary=vllm_cpu.require_vllm(),
                                snapshot=vllm_cpu.snapshot_file(), port=free_port(), sport=sports[rank], boot_s=60)
-            env = node_env(rank, nodes=3, master_port=master, primary_status=sports[0], extra=common)
+            env = node_env(rank, nodes=3, master_port=master, group_port=group, extra=common)
             return Supervised(home, text, env=env, status_port=sports[rank])
 
         with start(0) as rank0:

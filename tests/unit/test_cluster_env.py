@@ -11,7 +11,8 @@ from supervisor.cluster import engine, node
 # What RunPod sets on the second node of a 2 x 8 cluster (instant-clusters/configuration.mdx @0f215947)
 RUNPOD = {"PRIMARY_ADDR": "10.65.0.2", "MASTER_ADDR": "10.65.0.2", "PRIMARY_PORT": "29501", "MASTER_PORT": "29501",
           "NODE_ADDR": "10.65.0.3", "NODE_RANK": "1", "NUM_NODES": "2", "NUM_TRAINERS": "8", "WORLD_SIZE": "16",
-          "HOST_NODE_ADDR": "10.65.0.2:29501"}
+          "HOST_NODE_ADDR": "10.65.0.2:29501",
+          "KILN_CLUSTER_SECRET": "cluster-secret-made-by-cluster-up"}     # Kiln's, beside RunPod's own variables
 
 
 def read(env):
@@ -29,7 +30,7 @@ def test_runpods_variables_make_the_node_and_the_default_interface_is_ens1():
     assert problems == []
     assert (n.rank, n.nodes, n.primary_addr, n.primary_port, n.node_addr, n.gpus_per_node) == \
         (1, 2, "10.65.0.2", 29501, "10.65.0.3", 8)
-    assert n.ifname == "ens1" and not n.primary and n.status_port is None
+    assert n.ifname == "ens1" and not n.primary and n.group_port == 8091      # the default group port
     assert (n.lost_s, n.arrive_s, n.probe_s, n.probe_timeout_s, n.min_shm_gib) == (5.0, 600.0, 15.0, 60.0, 8.0)
     assert read({**RUNPOD, "NCCL_SOCKET_IFNAME": "ens2"})[0].ifname == "ens2"
     assert read({**RUNPOD, "NCCL_SOCKET_IFNAME": "ens2", "KILN_CLUSTER_IFNAME": "lo"})[0].ifname == "lo"
@@ -97,3 +98,15 @@ def test_a_rung_that_sets_the_node_flags_and_an_engine_that_cannot_span_nodes_ar
     assert node.rung_problems([("r", ["-tp", "2"])]) == []
     assert "cannot span nodes" in node.engine_problem("llamacpp")
     assert node.engine_problem("vllm") is None
+
+
+def test_a_node_without_the_clusters_secret_is_refused_and_the_secret_is_never_shown():
+    """Issue 50: beats are sealed with KILN_CLUSTER_SECRET; a node without it cannot join (nor fake one)."""
+    env = {k: v for k, v in RUNPOD.items() if k != "KILN_CLUSTER_SECRET"}
+    node, problems = read(env)
+    assert node is None and any("KILN_CLUSTER_SECRET (env): is not set" in p for p in problems)
+    node, _ = read({**env, "KILN_CLUSTER_SECRET": "short"})
+    assert node is None
+    node, problems = read(RUNPOD)
+    assert node is not None and problems == [] and node.secret == RUNPOD["KILN_CLUSTER_SECRET"]
+    assert RUNPOD["KILN_CLUSTER_SECRET"] not in repr(node) and node.group_port == 8091

@@ -8,8 +8,15 @@ import threading
 from urllib.parse import quote
 
 from supervisor.cluster.group import Group
-from supervisor.cluster.protocol import Beat, decode
+from supervisor.cluster.protocol import Beat, Seal
 from supervisor.cluster_env import Node
+
+SECRET = "test-cluster-secret-0123456789"
+SENDERS: dict[int, Seal] = {}              # each rank's own seal (its boot id and sequence)
+
+
+def sealed(beat: Beat) -> bytes:
+    return SENDERS.setdefault(beat.rank, Seal(SECRET)).seal(beat)
 
 
 class Clock:
@@ -25,16 +32,17 @@ def primary(nodes: int = 3, **kw):
     local = {"state": "LOADING", "running": False}
     lost: list[str] = []
     node = Node(rank=0, nodes=nodes, primary_addr="10.0.0.1", primary_port=29501, node_addr="10.0.0.1",
-                gpus_per_node=1, ifname="lo", status_port=None, arrive_s=kw.get("arrive_s", 30.0), lost_s=5.0)
+                gpus_per_node=1, ifname="lo", arrive_s=kw.get("arrive_s", 30.0), lost_s=5.0, secret=SECRET)
+    SENDERS.clear()
     g = Group(node, local=lambda: (local["state"], local["running"], ""), lost=lost.append,
-              primary_status_port=8081, clock=clock)
+              seal=Seal(SECRET), clock=clock)
     return g, clock, local, lost
 
 
 def beat(g: Group, rank: int, state: str, running: bool, epoch: int, waiting: bool = False) -> int:
-    code, body = g.answer(Beat(rank, state, running, epoch, waiting).encode())
+    code, body = g.answer(sealed(Beat(rank, state, running, epoch, waiting)))
     if code == 200:
-        decode(body, g.node.nodes)       # the answer is a beat too
+        SENDERS[rank].open(body, g.node.nodes)       # the answer is a sealed beat too
     return code
 
 
@@ -159,13 +167,37 @@ def test_a_silent_rank_is_dead_or_hung_and_nothing_is_lost_without_an_engine():
 
 def test_a_bad_beat_is_refused_and_another_rank_is_not_the_primary():
     g, *_ = primary()
-    assert g.answer(b"{")[0] == 400
-    assert g.answer(b'{"rank": 7, "epoch": 0}')[0] == 400
-    assert g.answer(b'{"rank": 0, "epoch": 0}')[0] == 400
-    assert g.answer(quote("x").encode())[0] == 400
-    other = Group(Node(1, 2, "10.0.0.1", 29501, "10.0.0.2", 1, "lo", None), local=lambda: ("FETCH", False, ""),
-                  lost=lambda _: None, primary_status_port=8081)
-    assert other.answer(Beat(1, "FETCH", False, 0).encode())[0] == 409
+    assert g.answer(b"{")[0] == 403
+    assert g.answer(sealed(Beat(7, "FETCH", False, 0)))[0] == 403          # no such rank
+    assert g.answer(sealed(Beat(0, "FETCH", False, 0)))[0] == 400          # rank 0 is the primary itself
+    assert g.answer(quote("x").encode())[0] == 403
+    other = Group(Node(1, 2, "10.0.0.1", 29501, "10.0.0.2", 1, "lo", secret=SECRET),
+                  local=lambda: ("FETCH", False, ""), lost=lambda _: None, seal=Seal(SECRET))
+    assert other.answer(sealed(Beat(1, "FETCH", False, 0)))[0] == 409
+
+
+def test_a_forged_an_old_or_a_replayed_beat_is_refused_and_changes_nothing():
+    """Issue 50: one unauthenticated GET failed a cluster group (a beat of a rank FAILED), and with
+    terminate_on_terminal_failure rank 0 then deleted the cluster. Beats are sealed now."""
+    import json
+    import time
+
+    g, clock, local, lost = primary(nodes=2)
+    forged = Beat(1, "FAILED", False, 0).encode()                              # the old, unsealed form
+    assert g.answer(forged)[0] == 403
+    stranger = Seal("another-clusters-secret-000000").seal(Beat(1, "FAILED", False, 0))
+    code, body = g.answer(stranger)
+    assert code == 403 and "seal is not this cluster's" in json.loads(body)["error"]
+    good = sealed(Beat(1, "FETCH", False, 0, waiting=True))
+    assert g.answer(good)[0] == 200
+    assert g.answer(good)[0] == 403                                            # the same beat again: a replay
+    tampered = json.loads(sealed(Beat(1, "FETCH", False, 0)))
+    tampered["state"] = "FAILED"                                               # the seal no longer fits
+    assert g.answer(json.dumps(tampered).encode())[0] == 403
+    old = Seal(SECRET, clock=lambda: time.time() - 3600).seal(Beat(1, "FAILED", False, 0))
+    code, body = g.answer(old)
+    assert code == 403 and "from this node's" in json.loads(body)["error"]
+    assert g._gone() is None and g.refused == 5                               # no rank counts as gone
 
 
 def other_rank():
@@ -173,9 +205,9 @@ def other_rank():
     local = {"state": "LOADING", "running": False}
     lost: list[str] = []
     node = Node(rank=1, nodes=2, primary_addr="10.0.0.1", primary_port=29501, node_addr="10.0.0.2",
-                gpus_per_node=1, ifname="lo", status_port=None, arrive_s=30.0, lost_s=5.0)
+                gpus_per_node=1, ifname="lo", arrive_s=30.0, lost_s=5.0, secret=SECRET)
     g = Group(node, local=lambda: (local["state"], local["running"], ""), lost=lost.append,
-              primary_status_port=8081, clock=clock)
+              seal=Seal(SECRET), clock=clock)
     return g, clock, local, lost
 
 

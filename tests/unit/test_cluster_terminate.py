@@ -39,7 +39,7 @@ def a_cluster(standin: ClusterStandIn, name: str) -> tuple[str, list[str]]:
 
 def node(standin: ClusterStandIn, rank: int, pod_id: str, key: str = ACCOUNT_KEY, **extra: str) -> dict[str, str]:
     """A cluster node's environment: RunPod's cluster variables, its pod id, a key, the stand-in's URL."""
-    return {**node_env(rank, nodes=2, master_port=29501, primary_status=8081), "RUNPOD_POD_ID": pod_id,
+    return {**node_env(rank, nodes=2, master_port=29501, group_port=8091), "RUNPOD_POD_ID": pod_id,
             "RUNPOD_API_KEY": key, "KILN_RUNPOD_API_URL": standin.url, **extra}
 
 

@@ -33,7 +33,7 @@ def node(tmp: Path, rank: int, **env: str) -> loop.Supervisor:
     text = node_deploy(tmp, model=model, binary=Path("/usr/bin/true"), snapshot=tmp / "help.txt", port=8000,
                        sport=8081, boot_s=60)
     cfg = parse_config(text, env={})
-    return loop.Supervisor(cfg, loop.Options(env={**node_env(rank, nodes=2, master_port=29501, primary_status=8081),
+    return loop.Supervisor(cfg, loop.Options(env={**node_env(rank, nodes=2, master_port=29501, group_port=8091),
                                                   **env}, status=False))
 
 
@@ -50,7 +50,7 @@ def test_a_cluster_node_keeps_its_own_state_in_a_directory_named_by_its_pod_id(t
 
 def test_two_nodes_on_one_host_get_two_directories():
     # The loopback cluster's nodes share a host (one hostname): each is given a pod id of its own.
-    ids = {node_env(r, nodes=2, master_port=1, primary_status=2)["RUNPOD_POD_ID"] for r in (0, 1)}
+    ids = {node_env(r, nodes=2, master_port=1, group_port=2)["RUNPOD_POD_ID"] for r in (0, 1)}
     assert len(ids) == 2
 
 

@@ -38,7 +38,7 @@ CONTRACTS = {
     "supervisor.model.gguf_layout": "the GGUF header reader, for `plan` from a prefix fetched by range",
     "supervisor.deploy_env": "the deploy config a deployment carries in its pods' environment (KILN_DEPLOY_CONFIG): "
                              "`up --config` writes it, the supervisor boots from it",
-    "supervisor.cluster_env": "the variable naming a node's cluster, which `cluster plan/up` sets and a FAILED "
+    "supervisor.cluster_env": "the variables naming a node's cluster and sealing its beats, which `cluster plan/up` sets and a FAILED "
                               "group's rank 0 reads to find its cluster",
 }
 LOOSE_MAX = 12

@@ -322,7 +322,8 @@ def test_the_fork_target_has_no_engine_facts_and_renders_as_before():
 def test_the_router_target_installs_smg_as_a_pinned_wheel_on_a_cpu(tmp_path):
     t = load_target("router")
     assert t.engine == "router" and not t.is_gpu and t.source.package == "smg" and t.source.version == "1.13.0"
-    assert t.deploy_config().engine == "router" and t.runpod.secrets == (("KILN_API_KEY", "kiln_api_key"),)
+    assert t.deploy_config().engine == "router" and t.runpod.secrets == (("KILN_API_KEY", "kiln_api_key"),
+                                                                        ("KILN_OPERATOR_KEY", "kiln_operator_key"))
     bad = (t.path.read_text().replace('kind = "pypi-wheel"', 'kind = "sdist"\nurl = "https://example.org/x.tgz"')
            .replace("[deploy]", '[cuda]\nversion = "12.8"\narchs = ["86"]\n\n[deploy]'))
     (tmp_path / "router.toml").write_text(bad)
