@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import json
 import re
+import struct
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -140,6 +141,26 @@ def _st(cfg: Any = None, index: bytes | None = None, **over: Any) -> Callable[[P
     return build
 
 
+def _safetensors(sizes: dict[str, int], *, header: bytes | None = None, cut: int = 0) -> bytes:
+    """A safetensors file of U8 tensors of these sizes (zeros), its last `cut` bytes gone; or `header` as
+    its header's bytes."""
+    head, off = {}, 0
+    for name, n in sizes.items():
+        head[name] = {"dtype": "U8", "shape": [n], "data_offsets": [off, off + n]}
+        off += n
+    raw = json.dumps(head).encode() if header is None else header
+    data = struct.pack("<Q", len(raw)) + raw + bytes(off)
+    return data[:len(data) - cut]
+
+
+def _st_single(body: bytes) -> Callable[[Path, HubServer], str]:
+    """A single-file safetensors repo: config.json + model.safetensors (its header read by range)."""
+    def build(tmp: Path, hub: HubServer) -> str:
+        hub.seed(REPO, {"config.json": json.dumps(LLAMA).encode(), "model.safetensors": body})
+        return f"hf://{REPO}"
+    return build
+
+
 def _hf(make: Callable[[Path], Path], *, only_first: bool = False) -> Callable[[Path, HubServer], str]:
     """A GGUF (every shard of a split set, or only its first) on the Hub: hf://REPO/<its name>."""
     def build(tmp: Path, hub: HubServer) -> str:
@@ -220,8 +241,8 @@ CASES: list[tuple[str, Callable[..., str], bool, list[str]]] = [
         "llama.context_length": (_vt("INT32"), -4096)})), False, ["llama.context_length -4096", "at least 0"]),
     ("config-not-json", _st(b"{not json"), True, ["config.json", "not JSON"]),
     ("config-a-list", _st([1, 2, 3]), True, ["config.json", "not a JSON object (an array)"]),
-    ("config-text-config-null", _st({**LLAMA, "text_config": None}), True,
-     ["config.json", "text_config null", "not a JSON object"]),
+    ("config-text-config-a-string", _st({**LLAMA, "text_config": "llama"}), True,
+     ["config.json", 'text_config "llama"', "not a JSON object"]),
     ("index-not-json", _st(index=b"<html>"), True, ["model.safetensors.index.json", "not JSON"]),
     ("index-a-list", _st(index=b"[]"), True, ["model.safetensors.index.json", "not a JSON object (an array)"]),
     ("index-no-total-size", _st(index=json.dumps({"weight_map": {}}).encode()), True,
@@ -230,9 +251,20 @@ CASES: list[tuple[str, Callable[..., str], bool, list[str]]] = [
      ["model.safetensors.index.json", 'metadata.total_size "12345"', "not an integer"]),
     ("index-total-size-negative", _st(index=_index(-5)), True,
      ["model.safetensors.index.json", "metadata.total_size -5", "at least 1"]),
+    ("single-safetensors-truncated", _st_single(_safetensors({"a": 4096, "b": 4096}, cut=100)), True,
+     ["model.safetensors", "past the end of the file", "truncated"]),
+    ("single-safetensors-no-tensors", _st_single(_safetensors({})), True, ["model.safetensors", "no weights"]),
+    ("single-safetensors-header-not-json", _st_single(_safetensors({}, header=b"{bad")), True,
+     ["model.safetensors header", "not JSON"]),
+    ("single-safetensors-header-past-end", _st_single(struct.pack("<Q", 10**6) + b"{}"), True,
+     ["model.safetensors", "a header of 1,000,000 bytes", "truncated"]),
+    ("single-safetensors-bad-offsets", _st_single(_safetensors({}, header=json.dumps(
+        {"w": {"dtype": "U8", "shape": [16], "data_offsets": [16, 0]}}).encode())), True,
+     ["model.safetensors", "data_offsets [16, 0]", "not two byte offsets"]),
     ("config-layers-string", _st(num_hidden_layers="abc"), True,
      ["config.json", 'num_hidden_layers "abc"', "not an integer"]),
-    ("config-layers-null", _st(num_hidden_layers=None), True, ["config.json", "num_hidden_layers null", "not an integer"]),
+    ("config-layers-null", _st(num_hidden_layers=None), True,
+     ["config.json", "num_hidden_layers null", "not an integer"]),
     ("config-layers-negative", _st(num_hidden_layers=-3), True,
      ["config.json", "num_hidden_layers -3", "between 1 and 100,000"]),
     ("config-layers-1e9", _st(num_hidden_layers=10**9), True,
@@ -319,3 +351,8 @@ def test_the_seeds_and_good_ggufs_still_plan(runpod, tmp_path, capsys):
             rc = main(["plan", "--model", f"hf://kiln-test/{name}"])
             err = capsys.readouterr().err
             assert rc == 0, (name, err)
+        hub.seed("kiln-test/single", {"config.json": json.dumps(LLAMA).encode(),
+                                      "model.safetensors": _safetensors({"a": 4096, "b": 8192})})
+        rc = main(["plan", "--model", "hf://kiln-test/single", "--json"])
+        out = capsys.readouterr()
+        assert rc == 0 and json.loads(out.out)["model"]["weights_bytes"] == 4096 + 8192, out.err
