@@ -72,19 +72,36 @@ def _read(src: str) -> Source:
         if path and path.endswith(".gguf"):
             files = [str(p) for p in shards(PurePosixPath(path))]          # type: ignore[arg-type]
             table = {**hf, "entry": path} | ({"allow_patterns": files} if len(files) > 1 else {"allow_patterns": [path]})
-            return Source(_weighed(src, _hub_errors(src, lambda: _hf_gguf(repo, path, rev))), f"{repo}/{path}",
+            return Source(_weighed(src, _hub_errors(src, lambda: _hf_gguf(src, repo, path, rev))), f"{repo}/{path}",
                           "llamacpp", table)
         if path:
             raise SourceError(f"--model {src}: an hf:// file must be a .gguf; a safetensors repo is hf://OWNER/REPO")
-        return Source(_hub_errors(src, lambda: _hf_safetensors(repo, rev)), repo, "vllm", {**hf, "entry": "config.json"})
+        return Source(_hub_errors(src, lambda: _hf_safetensors(src, repo, rev)), repo, "vllm",
+                      {**hf, "entry": "config.json"})
     p = Path(src)
     if not p.is_file():
         raise SourceError(f"--model {src}: no such file (a local GGUF, hf://OWNER/REPO/FILE.gguf or hf://OWNER/REPO)")
+    files = shards(p)
+    headers = []
+    for i, s in enumerate(files, 1):
+        where = f"--model {src}: " + (f"{s.name} (shard {i} of {len(files)}): " if len(files) > 1 else "")
+        try:
+            headers.append(read_header(s))
+        except FileNotFoundError:
+            raise SourceError(f"{where}missing: a split model needs every shard beside the first "
+                              f"(download all {len(files)} into {s.parent})") from None
+        except GGUFError as e:
+            raise SourceError(f"{where}{e}") from e
+    return Source(_weighed(src, _shaped(src, lambda: shape.from_gguf(headers))), p.name, "llamacpp",
+                  {"source": str(p.resolve())})
+
+
+def _shaped(src: str, fn: Callable[[], shape.Shape]) -> shape.Shape:
+    """fn()'s Shape; what the header or config holds that no model has, one line naming `src` and the field."""
     try:
-        headers = [read_header(s) for s in shards(p)]
-    except (GGUFError, FileNotFoundError) as e:
+        return fn()
+    except shape.ShapeError as e:
         raise SourceError(f"--model {src}: {e}") from e
-    return Source(_weighed(src, shape.from_gguf(headers)), p.name, "llamacpp", {"source": str(p.resolve())})
 
 
 def _weighed(src: str, s: shape.Shape) -> shape.Shape:
@@ -135,7 +152,8 @@ def _hub_errors(src: str, fn: Callable[[], Any]) -> Any:
 
 
 def header_by_range(read_range: Callable[[int, int], bytes], name: str, size: int) -> FileHeader:
-    """A GGUF header from a file of `size` bytes, reading [0, n) and doubling n until the header ends."""
+    """A GGUF header from a file of `size` bytes, reading [0, n) and doubling n until the header ends
+    (GGUFError when it does not: not GGUF, or the file ends inside its header)."""
     n = min(size, FIRST_RANGE)
     while True:
         buf = read_range(0, n)
@@ -143,7 +161,9 @@ def header_by_range(read_range: Callable[[int, int], bytes], name: str, size: in
             return parse_header(buf, Path(name), size)
         except GGUFError as e:
             if "truncated" not in str(e) or n >= size or n >= MAX_HEADER:
-                raise SourceError(f"{name}: {e}") from e
+                if "truncated" in str(e) and n >= size:
+                    raise GGUFError(f"{e}: the file ({size:,} bytes) ends inside its header") from e
+                raise
             n = min(size, n * 4)
 
 
@@ -155,32 +175,88 @@ def _ranged(fs: Any, path: str) -> Callable[[int, int], bytes]:
     return read_range
 
 
-def _hf_gguf(repo: str, path: str, rev: str | None) -> shape.Shape:
+def _hf_gguf(src: str, repo: str, path: str, rev: str | None) -> shape.Shape:
     fs = _fs()
     at = f"@{rev}" if rev else ""
     headers = []
-    for shard in shards(PurePosixPath(path)):        # type: ignore[arg-type] - shards only uses .name / with_name
+    files = shards(PurePosixPath(path))              # type: ignore[arg-type] - shards only uses .name / with_name
+    for i, shard in enumerate(files, 1):
         full = f"{repo}{at}/{shard}"
-        size = int(_hub_errors(f"hf://{full}", lambda f=full: fs.info(f))["size"])
-        headers.append(header_by_range(_ranged(fs, full), f"hf://{full}", size))
-    return shape.from_gguf(headers)
+        label = f"{src}: {shard.name} (shard {i} of {len(files)})" if len(files) > 1 else src
+        size = int(_hub_errors(label, lambda f=full: fs.info(f))["size"])
+        try:
+            headers.append(header_by_range(_ranged(fs, full), f"hf://{full}", size))
+        except GGUFError as e:
+            raise SourceError(f"--model {label}: {e}") from e
+    return _shaped(src, lambda: shape.from_gguf(headers))
 
 
-def _hf_safetensors(repo: str, rev: str | None) -> shape.Shape:
+def _json(src: str, name: str, raw: bytes) -> Any:
+    try:
+        return json.loads(raw)
+    except (ValueError, RecursionError) as e:            # JSONDecodeError, UnicodeDecodeError, nesting
+        why = (str(e).splitlines() or [type(e).__name__])[0][:120]
+        raise SourceError(f"--model {src}: {name}: not JSON ({why})") from None
+
+
+def _total_size(src: str, index: Any) -> int:
+    """The index's metadata.total_size: the weights' bytes, at least one."""
+    name = "model.safetensors.index.json"
+    if not isinstance(index, dict):
+        raise SourceError(f"--model {src}: {name}: not a JSON object ({shape.json_kind(index)})")
+    meta = index.get("metadata")
+    if not isinstance(meta, dict) or "total_size" not in meta:
+        raise SourceError(f"--model {src}: {name}: metadata.total_size: missing (the weights' size in bytes, which "
+                          "the plan needs)")
+    try:
+        return shape.checked_int("metadata.total_size", meta["total_size"], 1)
+    except shape.ShapeError as e:
+        raise SourceError(f"--model {src}: {name}: {e}") from None
+
+
+def _hf_safetensors(src: str, repo: str, rev: str | None) -> shape.Shape:
     fs = _fs()
     at = f"{repo}@{rev}" if rev else repo
-    cfg = json.loads(_hub_errors(f"hf://{at}/config.json", lambda: fs.cat_file(f"{at}/config.json")))
+    cfg = _json(src, "config.json", _hub_errors(f"hf://{at}/config.json", lambda: fs.cat_file(f"{at}/config.json")))
     if fs.exists(f"{at}/model.safetensors.index.json"):
-        index = json.loads(fs.cat_file(f"{at}/model.safetensors.index.json"))
-        total = (index.get("metadata") or {}).get("total_size")
-        if not isinstance(total, int):
-            raise SourceError(f"hf://{at}: model.safetensors.index.json has no metadata.total_size")
-        return shape.from_config(cfg, weights_bytes=total, source=f"hf://{at} config.json + index")
+        total = _total_size(src, _json(src, "model.safetensors.index.json",
+                                       fs.cat_file(f"{at}/model.safetensors.index.json")))
+        return _shaped(src, lambda: shape.from_config(cfg, weights_bytes=total,
+                                                      source=f"hf://{at} config.json + index"))
     single = f"{at}/model.safetensors"
-    read_range = _ranged(fs, single)
-    (n,) = struct.unpack("<Q", _hub_errors(f"hf://{single}", lambda: read_range(0, 8)))
-    if n > MAX_HEADER:
-        raise SourceError(f"hf://{single}: a safetensors header of {n} bytes is not a header")
-    head = json.loads(read_range(8, 8 + n))
-    total = sum(v["data_offsets"][1] - v["data_offsets"][0] for k, v in head.items() if k != "__metadata__")
-    return shape.from_config(cfg, weights_bytes=total, source=f"hf://{at} config.json + safetensors header")
+    size = int(_hub_errors(f"hf://{single}", lambda: fs.info(single))["size"])
+    return _shaped(src, lambda: shape.from_config(cfg, weights_bytes=_safetensors_bytes(src, _ranged(fs, single), size),
+                                                  source=f"hf://{at} config.json + safetensors header"))
+
+
+def _safetensors_bytes(src: str, read_range: Callable[[int, int], bytes], size: int) -> int:
+    """The tensors' bytes of one safetensors file of `size` bytes, from its header (8 bytes of length, then
+    JSON); a header or tensor data past the file's end is a truncated file, no plan."""
+    where = f"--model {src}: model.safetensors"
+    if size < 8:
+        raise SourceError(f"{where}: {size} bytes is no safetensors file")
+    (n,) = struct.unpack("<Q", read_range(0, 8))
+    if n > MAX_HEADER or 8 + n > size:
+        raise SourceError(f"{where}: a header of {n:,} bytes in a file of {size:,} is no safetensors header "
+                          "(truncated, or not safetensors)")
+    head = _json(src, "model.safetensors header", read_range(8, 8 + n))
+    if not isinstance(head, dict):
+        raise SourceError(f"{where}: the header is not a JSON object ({shape.json_kind(head)})")
+    total = end = 0
+    for k, v in head.items():
+        if k == "__metadata__":
+            continue
+        offsets = v.get("data_offsets") if isinstance(v, dict) else None
+        if (not isinstance(offsets, list) or len(offsets) != 2 or not all(isinstance(o, int) and not isinstance(o, bool)
+                                                                          for o in offsets)
+                or not 0 <= offsets[0] <= offsets[1]):
+            raise SourceError(f"{where}: tensor {k!r} data_offsets {shape.shown(offsets)}: not two byte offsets "
+                              "[begin, end]")
+        total += offsets[1] - offsets[0]
+        end = max(end, offsets[1])
+    if total <= 0:
+        raise SourceError(f"{where}: the file holds no weights (no tensor with data): give the model's weights")
+    if 8 + n + end > size:
+        raise SourceError(f"{where}: the tensors end at byte {8 + n + end:,}, past the end of the file ({size:,} "
+                          "bytes): the file is truncated (an interrupted upload?)")
+    return total

@@ -183,7 +183,7 @@ def _splits(first: FileHeader) -> tuple[list[FileHeader] | None, list[ModelProbl
 
 def _bounds(h: FileHeader, facts: EngineFacts | None) -> list[ModelProblem]:
     problems: list[ModelProblem] = []
-    past = [t.name for t in h.tensors if h.data_start + t.offset + (t.nbytes or 0) > h.size]
+    past = [t.name for t in h.past_end()]
     if past:
         problems.append(ModelProblem(
             str(h.path), "truncated",

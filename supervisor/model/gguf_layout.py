@@ -16,6 +16,7 @@ checks names, keys and bounds against what the engine build knows.
 
 from __future__ import annotations
 
+import json
 import mmap
 import re
 import struct
@@ -89,6 +90,14 @@ class FileHeader:
     @property
     def architecture(self) -> str:
         return str(self.metadata.get("general.architecture", ""))
+
+    def tensor_end(self, t: TensorInfo) -> int:
+        """The absolute offset where `t`'s data ends (its type's size; 0 bytes for a type not listed)."""
+        return self.data_start + t.offset + (t.nbytes or 0)
+
+    def past_end(self) -> list[TensorInfo]:
+        """The tensors whose data ends past the file's size: a truncated or incomplete file."""
+        return [t for t in self.tensors if self.tensor_end(t) > self.size]
 
     def has(self, key: str) -> bool:
         return key in self.metadata or key in self.arrays
@@ -244,11 +253,22 @@ def parse_header(buf: Any, path: Path, size: int) -> FileHeader:
                 raise GGUFError(f"{path}: tensor {name!r} claims {n_dims} dimensions")
             dims = tuple(c.u64() for _ in range(n_dims))
             tensors.append(TensorInfo(name, dims, c.u32(), c.u64()))
-        align = int(metadata.get("general.alignment", 32))
+        align = _alignment(metadata.get("general.alignment", 32))
         data_start = (c.off + align - 1) // align * align
     finally:
         c.buf.release()
     return FileHeader(path, version, metadata, arrays, tensors, data_start, size)
+
+
+def _alignment(value: Any) -> int:
+    """general.alignment as the GGUF spec has it: an integer power of two (default 32). llama.cpp refuses
+    the file otherwise ("alignment ... is not a power of 2"); 0 was a ZeroDivisionError here."""
+    if isinstance(value, bool) or not isinstance(value, int):
+        shown = json.dumps(value)[:40] if isinstance(value, (str, float)) else repr(value)[:40]
+        raise GGUFError(f"general.alignment {shown}: not an integer (the GGUF spec: a u32 power of two, default 32)")
+    if value <= 0 or value & (value - 1):
+        raise GGUFError(f"general.alignment {value}: not a power of two (the GGUF spec: default 32)")
+    return value
 
 
 def _add_to_layout(h: FileHeader, layout: Layout) -> None:

@@ -98,6 +98,31 @@ def test_a_file_cut_inside_its_header_is_unreadable(models, facts, tmp_path):
     assert [p.kind for p in check_model(cut, facts)] == ["unreadable"]
 
 
+@pytest.mark.parametrize("alignment", [0, 3, 48])
+def test_a_general_alignment_that_is_no_power_of_two_is_unreadable_not_a_crash(facts, tmp_path, alignment):
+    # llama.cpp refuses it ("alignment ... is not a power of 2"); 0 was a ZeroDivisionError in the preflight.
+    import gguf
+    import numpy as np
+
+    path = tmp_path / "aligned.gguf"
+    w = gguf.GGUFWriter(str(path), "llama")
+    w.add_custom_alignment(64)
+    w.add_block_count(1)
+    w.add_tensor("token_embd.weight", np.zeros((8, 16), np.float32))
+    w.write_header_to_file()
+    w.write_kv_data_to_file()
+    w.write_tensors_to_file()
+    w.close()
+    assert [p.kind for p in check_model(path, facts) if p.kind in ("unreadable", "truncated")] == []
+    data = bytearray(path.read_bytes())
+    key = b"general.alignment"
+    at = data.index(key) + len(key) + 4                 # past the key and its u32 type
+    data[at:at + 4] = alignment.to_bytes(4, "little")
+    path.write_bytes(bytes(data))
+    (problem,) = check_model(path, facts)
+    assert problem.kind == "unreadable" and f"general.alignment {alignment}: not a power of two" in problem.message
+
+
 def test_a_missing_split_is_refused(models, facts, tmp_path):
     first = models["llama_split"]
     for shard in first.parent.glob("llama_split-*-of-*.gguf"):
