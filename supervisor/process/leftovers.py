@@ -3,13 +3,19 @@ and the next supervisor ends what is left of them before it starts anything.
 
 A SIGKILLed supervisor cannot stop its children, and a child in its own session (every engine
 is) does not die with it: the engine kept its port and the next supervisor took it for its own
-engine; a fetch child went on downloading unsupervised. Two guards:
+engine; a fetch child went on downloading unsupervised. Three guards:
 
   * children get a parent-death signal where the platform has one (managed.py, through
     util-linux's `setpriv --pdeathsig KILL`), so the kernel ends them with the supervisor;
   * this journal, `<state_dir>/run/children.json`: pid, start time and command line of each child.
     At boot, a recorded process still alive is ended only when its start time and command line
-    are the ones recorded (a reused pid is someone else's, never touched); nothing is found by name.
+    are the ones recorded (a reused pid is someone else's, never touched); nothing is found by name;
+  * a mark in every child's environment, KILN_CHILD_OF=<this run directory>, which what the child
+    starts inherits. The parent-death signal reaches only the process Kiln started: vLLM's EngineCore
+    and Worker_TP* processes outlived a SIGKILLed supervisor, held torch's rendezvous port, and every
+    relaunch failed EADDRINUSE (issue 50 item 6); and a child started just before its journal entry
+    was written was recorded nowhere. At boot every process carrying this run directory's mark (never
+    this supervisor or its ancestors) is ended with the recorded ones.
 
 The journal forgets a child before the child counts as exited (managed.py), so a stop that returns
 has its write behind it: a supervisor exiting after a clean stop cut that write on the reaper's
@@ -26,6 +32,7 @@ from __future__ import annotations
 
 import json
 import logging
+import os
 import signal
 import threading
 from pathlib import Path
@@ -36,6 +43,7 @@ import psutil
 from .statefile import Writes, sweep_temps, write_atomic
 
 JOURNAL = "children.json"
+MARK = "KILN_CHILD_OF"             # in every child's environment: the run directory of the supervisor that started it
 _TIME_SLACK_S = 0.05          # psutil's create_time is rounded to the clock tick
 
 
@@ -94,14 +102,52 @@ def _recorded(entry: dict[str, Any]) -> psutil.Process | None:
     return p if _same(p, entry) else None
 
 
+def mark_of(run_dir: Path) -> str:
+    return str(Path(run_dir).resolve())
+
+
+def _marked(run_dir: Path) -> list[psutil.Process]:
+    """Live processes whose environment carries this run directory's mark, but this process and its
+    ancestors (a supervisor started by another keeps its parent's mark, of another directory)."""
+    mark = mark_of(run_dir)
+    mine = {os.getpid(), *(p.pid for p in _ancestors())}
+    out = []
+    for p in psutil.process_iter(["pid"]):
+        if p.pid in mine:
+            continue
+        try:
+            if p.environ().get(MARK) == mark and p.status() != psutil.STATUS_ZOMBIE:
+                out.append(p)
+        except (psutil.Error, OSError):
+            continue                    # gone, or not ours to read
+    return out
+
+
+def _ancestors() -> list[psutil.Process]:
+    try:
+        return psutil.Process().parents()
+    except psutil.Error:
+        return []
+
+
 def end_leftovers(run_dir: Path, log: logging.Logger, grace_s: float = 5.0) -> list[int]:
-    """End the recorded children of an earlier supervisor that are still alive; the pids ended."""
+    """End the recorded children of an earlier supervisor that are still alive, and every process
+    carrying this run directory's mark (what they started, and a child its journal never named);
+    the pids ended."""
     path = run_dir / JOURNAL
     try:
         entries = json.loads(path.read_text(encoding="utf-8"))
     except (OSError, ValueError):
-        return []
+        entries = []
     found = [(p, e) for e in entries if isinstance(e, dict) and (p := _recorded(e)) is not None]
+    seen = {p.pid for p, _ in found}
+    for p in _marked(run_dir):
+        if p.pid not in seen:
+            seen.add(p.pid)
+            try:
+                found.append((p, {"role": "process", "cmdline": p.cmdline()}))
+            except psutil.Error:
+                continue
     ended: list[int] = []
     for p, entry in found:
         tree = [p]

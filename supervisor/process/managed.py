@@ -29,7 +29,7 @@ from collections.abc import Callable, Iterable, Mapping, Sequence
 from pathlib import Path
 import psutil
 
-from .leftovers import ChildrenJournal
+from .leftovers import MARK, ChildrenJournal, mark_of
 from .statefile import Writes
 from .logfile import RotatingFile
 from ..redact import ordered
@@ -206,6 +206,9 @@ class ManagedProcess:
             raise TypeError("redact must be a sequence of strings, not a string")
         if pdeathsig and _SETPRIV:
             args = [_SETPRIV, "--pdeathsig", "KILL", "--", *args]
+        mark = REGISTRY.mark
+        if mark is not None:            # what the child starts inherits it: a restart finds them (leftovers.py)
+            env = {**(os.environ if env is None else env), MARK: mark}
         # Opened before the child exists, so a bad path cannot leave an orphan behind.
         log = RotatingFile(log_file, max_bytes=log_max_bytes, keep=log_keep) if log_file else None
         try:
@@ -615,11 +618,13 @@ class ProcessRegistry:
         self._procs: list[ManagedProcess] = []
         self._journal: ChildrenJournal | None = None
         self._roles: dict[int, str] = {}
+        self.mark: str | None = None          # KILN_CHILD_OF's value for every child (leftovers.py)
 
     def journal_to(self, run_dir: Path, writes: Writes | None = None) -> None:
-        """Record every child started from now on in run_dir (supervisor/process/leftovers.py); `writes`
-        hears when the journal cannot be written (statefile.py)."""
+        """Record every child started from now on in run_dir (supervisor/process/leftovers.py), and mark
+        each one's environment with it; `writes` hears when the journal cannot be written (statefile.py)."""
         self._journal = ChildrenJournal(run_dir, writes)
+        self.mark = mark_of(run_dir)
 
     def track(self, p: ManagedProcess, role: str = "child", argv: Sequence[str] = ()) -> None:
         with self._lock:
