@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import http.client
 import logging
+import socket
 import threading
 import time
 import urllib.parse
@@ -67,6 +68,8 @@ class Feeder:
         self.front: Front | None = None
         self.front_error: str | None = None
         self._serving = False                    # the supervisor's word: the router process is SERVING
+        self._leaving = False                    # ... and it is on its way out (stopping, stopped, failed)
+        self._draining = False                   # stopping from SERVING: smg takes requests while it accepts
         self._pushed = pushed.Pushed(lambda: self.live().state_dir)
 
     def start(self) -> None:
@@ -80,7 +83,8 @@ class Feeder:
         cfg = self.live()
         front = Front(cfg.server.host, cfg.server.port, lambda: self.live().router.engine_port, self.routable,
                       control=lambda client: control.serve(client, self.key(), self.push,
-                                                           operator=self.operator_key()))
+                                                           operator=self.operator_key()),
+                      hold=self.worth_holding)
         try:
             front.start()
         except OSError as e:
@@ -99,11 +103,16 @@ class Feeder:
         if self.front is not None:
             self.front.stop()
 
-    def router_state(self, serving: bool) -> None:
+    def router_state(self, serving: bool, leaving: bool = False) -> None:
         """The router process changed state (the loop's news): out of SERVING, what the feeder saw of
         the old process no longer holds (a new smg starts with no workers); into SERVING, a round now,
         so the replicas are back in the new process within one round instead of one poll."""
+        # Stopping from SERVING: smg finishes what it has and, for load balancers, keeps taking requests
+        # for a few seconds after TERM; while it still accepts, new clients go to it too (issue 50 item 7:
+        # the gate answered 503 from the first moment of a stop, ~5 s of failed requests a restart).
+        self._draining = leaving and (self._serving or self._draining) and self.routable()
         self._serving = serving
+        self._leaving = leaving
         if not serving:
             with self._lock:
                 self._status = {**self._status, "routed": 0,
@@ -130,22 +139,39 @@ class Feeder:
             out["error"] = self.front_error
         if self.front is not None:
             st = self.front.status()
-            out["front"] = {k: st[k] for k in ("port", "open", "connections", "answered_503_total")}
+            out["front"] = {k: st[k] for k in ("port", "open", "connections", "answered_503_total", "held_total")}
         since = self._pushed.since(self.live().router.replicas)
         out["replicas_from"] = "config" if since is None else \
             f"pushed at {time.strftime('%Y-%m-%dT%H:%M:%SZ', time.gmtime(since))}"
         return out
 
+    def worth_holding(self) -> bool:
+        """A client at the closed gate may wait for it to open (front.py): the router is starting,
+        restarting its smg or reloading, not on its way out."""
+        return not (self._leaving or self._stop.is_set())
+
     def routable(self) -> bool:
         """The router SERVING (not starting, reloading or stopping), at least one replica routed, seen
         recently (a feeder that stopped looking knows nothing), and the clients' port open."""
-        if self.front_error or not self._serving:
+        if self.front_error:
+            return False
+        if self._draining:
+            return self._smg_accepts()
+        if not self._serving:
             return False
         cfg = self.live().router
         with self._lock:
             fresh = self._checked_mono is not None and \
                 time.monotonic() - self._checked_mono <= 3 * cfg.poll_s + 2 * cfg.probe_timeout_s + 2.0
             return fresh and self._status["routed"] > 0
+
+    def _smg_accepts(self) -> bool:
+        """smg's own port still takes a connection (it holds its listener a while after TERM)."""
+        try:
+            with socket.create_connection(("127.0.0.1", self.live().router.engine_port), timeout=0.2):
+                return True
+        except OSError:
+            return False
 
     # -- the rounds -----------------------------------------------------------------------------------
     def _run(self) -> None:

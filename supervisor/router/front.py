@@ -5,7 +5,11 @@ smg answers `404 model_not_found` ("No worker available for model ...") while it
 replicas, and a client reads a 404 as final. So smg listens on 127.0.0.1:[router] engine_port and
 clients reach it through this relay on [server] host:port (issue 37 item 16):
 
-    no replica routed (starting, restarting, stopping, every replica out)
+    no replica routed while the router starts, restarts its smg or reloads
+        -> the connection is held, its request unread, until a replica is routed (then relayed) or
+           HOLD_S passes (then 503): a router that comes back within it fails no request (issue 50
+           item 7: a restart failed every request for ~5.5 s)
+    no replica routed while it stops, or every replica out of service past HOLD_S
         -> 503 with Retry-After: 1, which clients and load balancers retry, then a close
     a replica routed -> the connection is relayed to smg byte for byte (streams, keep-alive)
 
@@ -78,16 +82,28 @@ def _peek(client: socket.socket, prefix: bytes, wait_s: float = 2.0) -> bytes:
     return seen
 
 
+HOLD_S = 15.0            # how long a client waits at a closed gate that may open (see above)
+MAX_HELD = 256           # clients held at once; more get the 503 at once
+_LOOK_S = 0.05           # how often a held client's gate is looked at
+
+
 class Front(TcpRelay):
-    """A TcpRelay whose admission asks `gate()` first: closed, the client gets CLOSED and a close.
-    `control(client)` answers a request for control.PATH on the socket."""
+    """A TcpRelay whose admission asks `gate()` first: closed, the client is held while `hold()` says the
+    gate may open (at most HOLD_S), else it gets CLOSED and a close. `control(client)` answers a request
+    for control.PATH on the socket."""
 
     def __init__(self, listen_host: str, listen_port: int, engine_port: int | Callable[[], int],
-                 gate: Callable[[], bool], control: Callable[[socket.socket], int] | None = None):
+                 gate: Callable[[], bool], control: Callable[[socket.socket], int] | None = None,
+                 hold: Callable[[], bool] = lambda: False, hold_s: float = HOLD_S):
         super().__init__(listen_host, listen_port, "127.0.0.1", engine_port)
         self.gate = gate
         self.control = control
+        self.hold = hold
+        self.hold_s = hold_s
         self.closed_total = 0
+        self.held_total = 0
+        self._held = 0
+        self._held_lock = threading.Lock()
 
     def _admit(self, client: socket.socket) -> None:
         try:          # in a thread of its own: a client slow to send its request never holds accept()
@@ -106,11 +122,30 @@ class Front(TcpRelay):
                 except OSError:
                     pass
             return
-        if self.gate():
+        if self.gate() or self._wait_open():
             TcpRelay._admit(self, client)
             return
         self.closed_total += 1
         _answer_closed(client)
 
+    def _wait_open(self) -> bool:
+        """Hold this client (its request unread) while the gate may still open; whether it did."""
+        with self._held_lock:
+            if self._held >= MAX_HELD or not self.hold():
+                return False
+            self._held += 1
+            self.held_total += 1
+        try:
+            deadline = time.monotonic() + self.hold_s
+            while time.monotonic() < deadline and self.hold() and not self._stopped.is_set():
+                if self.gate():
+                    return True
+                self._stopped.wait(_LOOK_S)      # the polling interval of a condition wait with a deadline
+            return self.gate()
+        finally:
+            with self._held_lock:
+                self._held -= 1
+
     def status(self) -> dict[str, object]:
-        return {**super().status(), "open": self.gate(), "answered_503_total": self.closed_total}
+        return {**super().status(), "open": self.gate(), "answered_503_total": self.closed_total,
+                "held_total": self.held_total}

@@ -43,6 +43,10 @@ class Wiring:
     group: Any = None                               # a cluster's rank: supervisor/cluster/group.py Group
 
 
+# The states a router goes through only on its way out: a client held at its closed gate would be cut.
+LEAVING = (State.STOPPING, State.STOPPED, State.FAILED)
+
+
 class Peripherals:
     def __init__(self, cfg: DeployConfig, wiring: Wiring):
         self.cfg = cfg                    # the boot config: reloads do not move the ports or the watch
@@ -132,7 +136,7 @@ class Peripherals:
         """A settled state is news for the fleet record (the reporter paces the writes); any state is
         news for the router's feeder (a restarted router starts with no workers)."""
         if self.feeder is not None:
-            self.feeder.router_state(state == State.SERVING)
+            self.feeder.router_state(state == State.SERVING, leaving=state in LEAVING)
         if state in SETTLED:
             self.report()
 
