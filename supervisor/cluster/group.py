@@ -97,8 +97,10 @@ class Group:
         # never say "joined the new epoch, no engine" about a launch landing between the two reads.
         epoch = self.epoch
         state, running, failure = self._local()
+        awaiting = "; ".join(self._behind(lambda b: b.waiting and not b.running)) \
+            if self.node.primary and self._waiting else ""
         return Beat(rank=self.node.rank, state=state, running=running, epoch=epoch, waiting=self._waiting,
-                    failure=failure if state in GONE else "")
+                    failure=failure if state in GONE else "", awaiting=awaiting)
 
     def launched(self) -> None:
         """This rank's engine was just started: the primary's epoch moves on, another rank joins the
@@ -141,8 +143,26 @@ class Group:
             self._seen[beat.rank] = _Seen(beat, self._clock(), self._seen[beat.rank].joined)
         return 200, self._seal.seal(self.me())
 
+    def forming(self) -> str | None:
+        """While this rank waits at its launch gate: who the group waits for, else None."""
+        if not self._waiting:
+            return None
+        if self.node.primary:
+            behind = self._behind(lambda b: b.waiting and not b.running)
+            return "the group is forming: waiting for " + "; ".join(behind) if behind else None
+        with self._lock:
+            s = self._seen[0]
+        if s.beat is None:
+            return f"the group is forming: rank 0 (the primary, {self.node.primary_addr}:{self._port}) never answered"
+        return (f"the group is forming: rank 0 (the primary) is {s.beat.state}"
+                + (f", waiting for {s.beat.awaiting}" if s.beat.awaiting else ""))
+
     def ready_gate(self, snap: dict[str, Any]) -> dict[str, Any]:
-        """/ready on the primary: ready only with every other rank SERVING in this epoch, and fresh."""
+        """/ready on the primary: ready only with every other rank SERVING in this epoch, and fresh. Any
+        rank at its launch gate says who the group waits for (not just its own state)."""
+        forming = self.forming()
+        if forming and snap.get("ready") is not True:
+            return dict(snap, not_ready=forming)
         if not self.node.primary or snap.get("ready") is not True:
             return snap
         behind = self._behind(lambda b: b.state == "SERVING" and b.running and b.epoch == self.epoch)
@@ -187,7 +207,8 @@ class Group:
                             self._pending = s.beat.epoch
                             return None
                         behind = ["rank 0 (the primary) never answered" if s.beat is None else
-                                  f"rank 0 (the primary) is {s.beat.state} in epoch {s.beat.epoch}"]
+                                  f"rank 0 (the primary) is {s.beat.state} in epoch {s.beat.epoch}"
+                                  + (f", waiting for {s.beat.awaiting}" if s.beat.awaiting else "")]
                 if self._clock() - start > self.node.arrive_s:
                     return (f"the group did not form within {self.node.arrive_s:g} s (KILN_CLUSTER_ARRIVE_S): "
                             + "; ".join(behind) + self._where())

@@ -36,6 +36,7 @@ class Beat:
     epoch: int            # the primary: its engine's launch count; another rank: the one its engine joined
     waiting: bool = False  # at its launch gate, with no engine: ready to launch in order
     failure: str = ""     # the class of its last failure, when FAILED
+    awaiting: str = ""    # the primary at its gate: the ranks it waits for ("rank 2 never arrived")
 
     def encode(self) -> bytes:
         return json.dumps(asdict(self), sort_keys=True).encode()
@@ -107,4 +108,5 @@ def decode(body: bytes, nodes: int) -> Beat:
     if not isinstance(epoch, int) or isinstance(epoch, bool) or epoch < 0:
         raise ValueError(f"epoch {epoch!r} is not a whole number")
     return Beat(rank=rank, state=str(data.get("state", "?"))[:20], running=data.get("running") is True, epoch=epoch,
-                waiting=data.get("waiting") is True, failure=str(data.get("failure") or "")[:40])
+                waiting=data.get("waiting") is True, failure=str(data.get("failure") or "")[:40],
+                awaiting=str(data.get("awaiting") or "")[:300])

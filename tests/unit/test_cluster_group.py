@@ -7,7 +7,7 @@ from __future__ import annotations
 import threading
 from urllib.parse import quote
 
-from supervisor.cluster.group import Group
+from supervisor.cluster.group import Group, _Seen
 from supervisor.cluster.protocol import Beat, Seal
 from supervisor.cluster_env import Node
 
@@ -213,8 +213,6 @@ def other_rank():
 
 def primary_says(g: Group, state: str, running: bool, epoch: int) -> None:
     """What the other rank's beat brings back (Group._beat keeps the primary's answer this way)."""
-    from supervisor.cluster.group import _Seen
-
     g._seen[0] = _Seen(Beat(0, state, running, epoch), g._clock())
 
 
@@ -280,3 +278,32 @@ def test_a_failed_probe_is_a_loss_once_the_beats_had_their_say():
     beat(g, 1, "SERVING", True, 1)
     g._check()
     assert lost == ["the group's probe: no answer within 30 s (a hung rank)"]
+
+
+def test_while_the_group_forms_every_rank_says_who_it_waits_for():
+    """Issue 50 item 13: with rank 2 missing, rank 0 named it, but rank 1's failure blamed "rank 0 (the primary)
+    is FETCH" and /ready said only "state=FETCH" while the group waited."""
+    g, clock, local, _ = primary(nodes=3, arrive_s=30)
+    cancelled = threading.Event()
+    t = threading.Thread(target=g.launch_gate, args=(cancelled,))
+    t.start()
+    try:
+        beat(g, 1, "FETCH", False, 0, waiting=True)
+        said = g.me()
+        assert said.awaiting == "rank 2 never arrived", said
+        assert g.ready_gate({"ready": False, "state": "FETCH"})["not_ready"] == \
+            "the group is forming: waiting for rank 2 never arrived"
+        other, _, _, _ = other_rank()
+        other._seen[0] = _Seen(said, other._clock())
+        other._waiting = True
+        assert other.forming() == "the group is forming: rank 0 (the primary) is LOADING, waiting for rank 2 " \
+                                  "never arrived"
+        other._waiting = False
+        ticking = Ticking()
+        other._clock = ticking
+        other._seen[0] = _Seen(Beat(0, "FETCH", False, 0, awaiting="rank 2 never arrived"), ticking.t + 1e9)
+        why = other.launch_gate(threading.Event())
+        assert why and "waiting for rank 2 never arrived" in why, why
+    finally:
+        cancelled.set()
+        t.join(5)
