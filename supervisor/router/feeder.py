@@ -33,6 +33,7 @@ from .plan import Worker, reconcile, routed
 from .smg import RouterUnavailable, Smg
 
 log = logging.getLogger("kiln")
+ADOPT_ROUNDS = 3          # rounds in a row a ready replica is added without smg taking it, before it is said
 
 
 def probe(status_url: str, timeout_s: float) -> tuple[bool, str]:
@@ -71,6 +72,8 @@ class Feeder:
         self._leaving = False                    # ... and it is on its way out (stopping, stopped, failed)
         self._draining = False                   # stopping from SERVING: smg takes requests while it accepts
         self._pushed = pushed.Pushed(lambda: self.live().state_dir)
+        self._adds: dict[str, int] = {}          # replica -> rounds in a row smg was told to add it
+        self._unadopted: dict[str, str] = {}     # replica -> why smg has not taken it, after ADOPT_ROUNDS
 
     def start(self) -> None:
         self._pushed.load()
@@ -219,19 +222,32 @@ class Feeder:
         for w in plan.remove:
             ok, said = smg.remove(w.id)
             log.info("router: %s is not a ready replica: removed (%s)", w.url, said if not ok else "draining")
+        for url in set(self._adds) - set(plan.add):
+            self._adds.pop(url, None)              # taken (or no longer ready): counted afresh next time
+            self._unadopted.pop(url, None)
         for url in plan.add:
             ok, said = smg.add(url, key)
-            if ok:
-                log.info("router: replica %s is ready: added", url)
-            else:
-                log.warning("router: adding replica %s failed: %s", url, said)
+            n = self._adds[url] = self._adds.get(url, 0) + 1
+            if n == 1:
+                log.info("router: replica %s is ready: added", url) if ok else \
+                    log.warning("router: adding replica %s failed: %s", url, said)
+            elif n == ADOPT_ROUNDS:                # said once, on /status too, not at every poll
+                why = (f"smg was told to add it {n} rounds in a row and has not taken it (its last answer: "
+                       f"{said if not ok else 'accepted'}): check that the replica's API answers at {url} with "
+                       "the router's key, and that it serves the model the others do")
+                self._unadopted[url] = why
+                log.warning("router: replica %s is ready but not routed: %s", url, why)
 
     def _record(self, replicas: tuple[ReplicaSpec, ...], answers: list[tuple[bool, str]], ready: dict[str, bool],
                 workers: list[Worker] | None, error: str | None) -> None:
         live = set(routed(ready, workers or []))
         by_url = {w.url.rstrip("/"): w.status for w in workers or []}
         rows = [{"url": r.url, "status_url": r.status_url, "ready": ok, "answer": said, "routed": r.url in live,
-                 "worker": by_url.get(r.url)} for r, (ok, said) in zip(replicas, answers)]
+                 "worker": by_url.get(r.url), **({"not_taken": self._unadopted[r.url]} if r.url in self._unadopted
+                                                 and r.url not in live else {})}
+                for r, (ok, said) in zip(replicas, answers)]
+        if error is None and any("not_taken" in row for row in rows):
+            error = "; ".join(f"replica {row['url']}: {row['not_taken']}" for row in rows if "not_taken" in row)
         for row in rows:
             if self._was.get(row["url"], False) != row["routed"]:
                 log.info("router: replica %s %s (%s)", row["url"], "routed" if row["routed"] else "not routed",

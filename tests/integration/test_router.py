@@ -27,8 +27,9 @@ import pytest
 
 from kiln_dev.engine import require_prefix
 from kiln_dev.models import make_tiny_gguf, smollm2_gguf
-from kiln_dev.router import KEY, Fleet, router_python
-from kiln_dev.supervised import http, wait_for
+from kiln_dev.llama_server import LlamaServer
+from kiln_dev.router import KEY, Fleet, router_config, router_python
+from kiln_dev.supervised import Supervised, free_port, http, wait_for
 
 pytestmark = [pytest.mark.llama, pytest.mark.slow]
 GOOD, RELOADS, BAD = 0, 1, 2
@@ -246,3 +247,27 @@ def test_a_replica_whose_selftest_fails_is_never_routed_to(fleet):
     assert {r.url for r in fleet.replicas[:BAD]} <= fleet.sampler.ever
     row = next(r for r in fleet.router.status()["router"]["replicas"] if r["url"] == bad.url)
     assert row["ready"] is False and row["answer"].startswith("503")
+
+
+def test_a_ready_replica_smg_never_takes_is_said_once_on_status_not_logged_every_poll(tmp_path):
+    """Issue 50 item 5: a replica smg never adopts was logged "is ready: added" at every poll, with /ready 503 and
+    nothing on /status. Here its readiness (a live llama-server's /health) says 200 while its API address has
+    no server at all: smg cannot take it."""
+    from supervisor.router.feeder import ADOPT_ROUNDS
+
+    router_python()
+    model = make_tiny_gguf(tmp_path / "tiny.gguf")
+    with LlamaServer(require_prefix(), model, api_key=KEY) as live:
+        nowhere = f"http://127.0.0.1:{free_port()}"
+        text = router_config(tmp_path, port=free_port(), status_port=free_port(), metrics_port=free_port(),
+                             replicas=[(nowhere, live.url + "/health")], poll_s=0.3)
+        with Supervised(tmp_path, text, env={"KILN_API_KEY": KEY}) as router:
+            st = wait_for(lambda: (s := router.status()) and "has not taken it" in str((s.get("router") or {})
+                                                                                      .get("error")) and s, 90,
+                          "the router to say why the replica is not routed")
+            row = st["router"]["replicas"][0]
+            assert row["ready"] is True and row["routed"] is False and f"{ADOPT_ROUNDS} rounds" in row["not_taken"]
+            n = router.log().count(f"replica {nowhere} is ready: added")
+            assert n <= 1, n                                   # said once, not at every poll
+            assert router.log().count(f"replica {nowhere} is ready but not routed") == 1
+            router.stop()
