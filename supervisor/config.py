@@ -387,6 +387,18 @@ PREFETCH_AT = ("start", "preflight")
 
 
 @dataclass(frozen=True)
+class CacheSpec:
+    """[cache]: the engine's prompt cache kept across the restarts Kiln makes (supervisor/promptcache/):
+    saved before a planned stop, restored before /ready. llama.cpp only (vLLM: docs/supervisor.md)."""
+    keep: bool = True
+    max_bytes: int = 8 * 2**30          # the whole store, every key: the oldest entries go first
+    max_entries: int = 8
+    min_tokens: int = 256               # a slot holding fewer is not worth a file
+    save_s: float = 30.0                # a save before a stop never takes longer (then the stop goes on)
+    restore_s: float = 60.0             # nor a restore before /ready
+
+
+@dataclass(frozen=True)
 class PlanSpec:
     """[plan]: what `build.py plan` predicted for the pod this config runs on (issue 39). After the
     selftest the supervisor sets beside each what it measured (supervisor/plan/check.py) on /status
@@ -416,6 +428,7 @@ NOT_HASHED: dict[str, str] = {
     "startup.prefetch_at": "how the model's files are read, not what runs",
     "plan": "what a plan predicted for this pod, compared with what runs, not what runs",
     "router.operator_key": "who may change the router's replicas, not what runs",
+    "cache": "what is kept of the prompt cache across restarts, not what runs",
 }
 # Tables and fields added after configs were first hashed: left out while they hold their defaults,
 # so a config that does not set them keeps the hash it always had.
@@ -435,6 +448,7 @@ BOOT_ONLY: dict[str, str] = {
     "plan": "the predictions are the ones the pod was booted from, checked once after its selftest",
     "router.operator_key": "who may change where traffic goes is set when the router starts, never by a "
                            "published config",
+    "cache": "where and how much of the prompt cache is kept is set for the container's life",
 }
 
 
@@ -470,6 +484,7 @@ class DeployConfig:
     startup: StartupSpec = StartupSpec()
     router: RouterSpec = RouterSpec()
     plan: PlanSpec = PlanSpec()
+    cache: CacheSpec = CacheSpec()
     state_dir: str = DEFAULT_STATE_DIR
     source: str = "<memory>"        # where it was read from (not hashed)
 
@@ -637,12 +652,13 @@ def _build(r: Reader, source: str, runpod_url_env: str | None = None,
     serverless = _serverless(r.table("serverless"), health_path)
     startup = _startup(r.table("startup"), engine)
     plan = _plan(r.table("plan"))
+    cache = _cache(r.table("cache"))
     state_dir = r.str("state_dir", DEFAULT_STATE_DIR, pattern=r"/.*", pattern_hint="an absolute path")
     r.finish()
     cfg = DeployConfig(engine=engine, model=model, ladder=ladder, server=server, sampler=sampler,
                         selftest=selftest, hardware=hardware, health=health, restart=restart, status=status,
                         watch=watch, runpod=runpod, serverless=serverless, startup=startup, router=router, plan=plan,
-                        state_dir=state_dir, source=source)
+                        cache=cache, state_dir=state_dir, source=source)
     for prob in cross_problems(cfg):
         r.problems.append(prob)
     return cfg
@@ -1035,6 +1051,17 @@ def _startup(r: Reader, engine: str) -> StartupSpec:
     values["prefetch_at"] = r.str("prefetch_at", StartupSpec.prefetch_at, choices=PREFETCH_AT)
     r.finish()
     return StartupSpec(**values)
+
+
+def _cache(r: Reader) -> CacheSpec:
+    d = CacheSpec()
+    spec = CacheSpec(keep=r.bool("keep", d.keep), max_bytes=r.int("max_bytes", d.max_bytes, min=0, max=1 << 46),
+                     max_entries=r.int("max_entries", d.max_entries, min=0, max=1024),
+                     min_tokens=r.int("min_tokens", d.min_tokens, min=1, max=1 << 30),
+                     save_s=r.float("save_s", d.save_s, min=0.0, max=3600.0),
+                     restore_s=r.float("restore_s", d.restore_s, min=0.0, max=3600.0))
+    r.finish()
+    return spec
 
 
 def _plan(r: Reader) -> PlanSpec:

@@ -18,6 +18,7 @@ this tree and listed here.
     ├── ClientError              (supervisor.selftest.client) a request to the engine failed
     │   └── RequestCancelled     the selftest was told to stop (also a Cancelled)
     ├── GGUFError                (supervisor.model.gguf_layout) a model file's header cannot be read
+    ├── SlotError                (supervisor.promptcache.slots) the engine's slot API refused or did not answer
     ├── DoesNotFit               (supervisor.ladder.balanced) no split of the model fits the free VRAM
     ├── IllegalTransition        (supervisor.lifecycle.state) a lifecycle transition the state machine forbids (a bug)
     ├── CannotListen             (supervisor.status.listen) a port the supervisor serves on cannot be bound

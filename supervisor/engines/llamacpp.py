@@ -358,8 +358,9 @@ def _num(v: float | int) -> str:
 
 
 def build_argv(cfg: DeployConfig, rung: Rung, *, model_path: str, api_key_file: str | None,
-               port: int | None = None, vcpus: float | None = None) -> list[str]:
-    """The exact argument list for one rung. No shell ever sees it."""
+               port: int | None = None, vcpus: float | None = None, slot_save_path: str | None = None) -> list[str]:
+    """The exact argument list for one rung. No shell ever sees it. `slot_save_path`: where the prompt
+    cache's slots are saved and restored ([cache] keep; default <state_dir>/prompt-cache)."""
     argv = [cfg.server.binary, "--model", model_path, "--host", cfg.server.host,
             "--port", str(port or cfg.server.port)]
     if api_key_file:
@@ -376,6 +377,8 @@ def build_argv(cfg: DeployConfig, rung: Rung, *, model_path: str, api_key_file: 
         # llama.cpp counts the host's cores; a pod's cgroup quota may allow far fewer.
         argv += ["--threads", str(max(1, int(vcpus)))]
     argv += startup.args(cfg, "llamacpp", user_flags)     # [startup] levers the rung does not set itself
+    if cfg.cache.keep and "--slot-save-path" not in user_flags:    # the prompt cache kept across restarts
+        argv += ["--slot-save-path", slot_save_path or f"{cfg.state_dir.rstrip('/')}/prompt-cache"]
     return argv + user
 
 

@@ -200,9 +200,19 @@ def start(rt: Runtime, cfg: DeployConfig, index: int, model: Path | None,
         except KilnError as e:                   # DoesNotFit, GGUFError
             return Failure(FailureClass.CONFIG_REJECTED, f"balanced placement: {e}", rung=rung.name)
     assert rt.engine is not None
+    extra: dict[str, str] = {}
+    if cfg.engine == "llamacpp":            # the prompt cache's slots (supervisor/promptcache/)
+        extra["slot_save_path"] = str(rt.prompt_cache_dir)
+        what = "the prompt cache's directory"
+        try:
+            rt.prompt_cache_dir.mkdir(parents=True, exist_ok=True)
+            rt.unwritten(what, None)
+        except OSError as e:
+            rt.unwritten(what, f"cannot create {rt.prompt_cache_dir}: {e.strerror or e}; the prompt cache is not "
+                         "kept across restarts")
     argv = rt.engine.build_argv(cfg, rung, model_path=str(model) if model is not None else None,
                                 api_key_file=str(rt.key_file) if rt.key_file else None,
-                                vcpus=rt.hw.vcpus if rt.hw else None)
+                                vcpus=rt.hw.vcpus if rt.hw else None, **extra)
     argv += _boot_args(rt, cfg, rung, model) + rt.node_argv           # a cluster's rank: its node flags
     env = {**rt.node_env, **engine_environment(rt.engine, cfg, rung, rt.env, rt.api_key, own_dir=rt.state_dir)}
     env.update(rt.relaunch_env.get(rung.name, {}))   # what an earlier failure of this rung asked for

@@ -1,14 +1,8 @@
-"""The loop: wait for an event, let the machine decide, run the effects (run/__init__.py maps them).
-
-    signal / child exit / task answer / published config / timer
-        -> Machine.step (lifecycle/machine.py: pure; its questions in policy.py and reload.py)
-        -> effects: each a `_do_<Effect>` of a line or a few here, calling the file that does its work
-
-One thread (the main one) owns the engine process and the state; downloads, health waits,
-selftests and the reclaim barrier run as tasks (tasks.py) and answer with events, so the loop
-keeps watching the engine while they run. No effect body is handed the loop: each gets values
-and callbacks.
-"""
+"""The loop: wait for an event (a signal, a child's exit, a task's answer, a published config, the timer),
+let the machine decide (lifecycle/machine.py: pure), run the effects: each a `_do_<Effect>` of a line or
+a few here, calling the file that does its work (run/__init__.py maps them). One thread owns the engine
+process and the state; downloads, health waits, selftests and the reclaim barrier run as tasks (tasks.py)
+and answer with events. No effect body is handed the loop: each gets values and callbacks."""
 
 from __future__ import annotations
 
@@ -42,6 +36,7 @@ from .fetch import fetch_model
 from .prefetch import WalkPrefetch
 from .record import Record
 from .reload import ReloadTracker
+from .promptcache import PromptCache
 from .runtime import Runtime, own_state_dir
 from .tasks import Tasks
 from .terminate import Terminator
@@ -79,6 +74,7 @@ class _Engine:
     live: Live
     index: int
     stopping: bool = False         # we stopped it: its exit is not news
+    served: bool = False           # it reached SERVING: its prompt cache is worth saving before a stop
 
 
 class Supervisor:
@@ -104,6 +100,7 @@ class Supervisor:
         self.reloads = ReloadTracker(ReloadBook(self.state_dir / "reload", self.rt.writes), self.rec, self.rt.secrets)
         self.peripherals: Any = None                # run/peripherals.py, started once the engine is on its way
         self.terminator = Terminator(self.rt.env, self.rec)    # run/terminate.py: a pod that can never serve
+        self.prompt_cache = PromptCache(self.rt)                # run/promptcache.py: kept across the stops we make
         self.model_records: dict[str, dict[str, Any]] = {}   # model path -> its /status record, shown once it serves
         self.worker: Any = None                     # run/serverless.py ServerlessWorker, on a Serverless worker
         # the model prefetch of this walk (run/prefetch.py); the read in force is rt.prefetch
@@ -320,6 +317,7 @@ class Supervisor:
         if eng is None:
             return
         eng.stopping = True
+        self.prompt_cache.before_stop(eng, planned=fx.stall_reason is None)
         eng.proc.stop(eng.live.cfg.health.stop_grace_s)   # reaps and drains the rest of the output
         if fx.stall_reason is not None:
             self.last_exit_at = eng.proc.exited_at
@@ -357,6 +355,7 @@ class Supervisor:
         assert self.machine is not None
         self.terminator.serving()                   # a published config brought it back: keep the pod
         eng = self.engines.get(self.machine.engine) if self.machine.engine is not None else None
+        self.prompt_cache.before_ready(eng)         # the last stop's prompt cache, before /ready says 200
         serving.serving(self.rt, self.machine.live, fx.index, self.memory, eng.proc if eng else None,
                         self.model_records)
 
@@ -375,6 +374,7 @@ class Supervisor:
         rc = 0
         for token, eng in list(self.engines.items()):
             eng.stopping = True
+            self.prompt_cache.before_stop(eng, planned=fx.grace)       # TERM: scale-down, a replaced pod
             rc = eng.proc.stop(eng.live.cfg.health.stop_grace_s)
             del self.engines[token]
         if not self.engines and self.last_engine is not None and fx.code is None:

@@ -81,6 +81,12 @@ class Runtime:
     def run_dir(self) -> Path:
         return self.state_dir / "run"
 
+    @property
+    def prompt_cache_dir(self) -> Path:
+        """Where saved slots live (supervisor/promptcache/): shared, so a Serverless worker restores what an
+        earlier worker of its endpoint saved, and a pod's next boot what its last one did."""
+        return self.shared / "prompt-cache"
+
     def gpu_used_visible(self) -> list[int] | None:
         """Used MiB on the GPUs the engine can see, in the probe's order (the baseline's order)."""
         used = self.gpu_used()

@@ -152,6 +152,16 @@ def render_metrics(snap: Snapshot) -> str:
     m.one("model_prefetch_seconds", "gauge", "Seconds the model prefetch took (0 while it reads).",
           prefetch.get("seconds"))  # fmt: skip
 
+    cache = _section(snap, "prompt_cache")  # run/promptcache.py: the prompt cache across restarts
+    m.family("prompt_cache_slots_total", "counter", "Prompt-cache slots saved before a stop and restored after one.",
+             [({"action": a}, cache.get(f"{a}_slots")) for a in ("saved", "restored")])  # fmt: skip
+    m.family("prompt_cache_bytes_total", "counter", "Bytes of prompt-cache slots saved and restored.",
+             [({"action": a}, cache.get(f"{a}_bytes")) for a in ("saved", "restored")])  # fmt: skip
+    m.one("prompt_cache_skipped_total", "counter", "Slots or files the prompt cache skipped (see /status for why).",
+          cache.get("skipped"))  # fmt: skip
+    m.family("prompt_cache_seconds", "gauge", "Seconds the last save or restore took.",
+             [({"action": a}, _section(cache, a).get("seconds")) for a in ("saved", "restored")])  # fmt: skip
+
     m.one("engine_pid", "gauge", "PID of the engine process.", _section(snap, "engine").get("pid"))
     config_hash = _section(snap, "config").get("hash")
     if config_hash is not None:

@@ -210,7 +210,7 @@ SUPERVISOR_LAYERS = {
              "cluster_env", "deploy_env", "levers", "process"},
     "decisions": {"lifecycle"},
     "libraries": {"host", "model", "plan", "engines", "ladder", "selftest", "fleet", "reload", "serverless",
-                  "cluster", "status", "router"},
+                  "cluster", "status", "router", "promptcache"},
     "shell": {"run"},
     "entry": {"__main__"},
 }
