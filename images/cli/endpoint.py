@@ -14,12 +14,14 @@ one's configuration was restored; 130 or 143 on Ctrl-C or TERM during the wait, 
 restore; 2 on a usage, configuration or API error (one line; an option a command does not take,
 an unknown target or endpoint, a body that breaks RunPod's schema: nothing is sent after it).
 `up` on an error or a signal before the endpoint is written deletes a network volume it created.
+Every command it prints names the endpoint as this one was asked for (`--name`, `--api`).
 """
 
 from __future__ import annotations
 
 import argparse
 import os
+import shlex
 import sys
 
 from supervisor.errors import KilnError
@@ -48,6 +50,17 @@ def _api(args: argparse.Namespace):
     from ..runpod.api import RunPodAPI
 
     return RunPodAPI(_key(), args.api)
+
+
+def command(args: argparse.Namespace, sub: str, *extra: str) -> str:
+    """`python build.py endpoint SUB` with the options that identify this endpoint as this command was
+    given them (--target, --name, --api), so a printed command finds the same one."""
+    parts = ["python", "build.py", "endpoint", sub, "--target", args.target]
+    if getattr(args, "name", None):
+        parts += ["--name", args.name]
+    if getattr(args, "api", None):
+        parts += ["--api", args.api]
+    return "`" + shlex.join([*parts, *extra]) + "`"
 
 
 # -- arguments -----------------------------------------------------------------------------
@@ -239,7 +252,7 @@ def cmd_up(args: argparse.Namespace) -> int:
     vol = _volume(api, args, target)
     plan = _plan(args, target, pins, compute, (vol.id, vol.data_center) if vol else None)
     try:
-        change = endpoints.upsert(api, plan)
+        change = endpoints.upsert(api, plan, down=command(args, "down"))
     except BaseException:             # an API error, Ctrl-C or TERM: only what this command created goes
         endpoints.drop_created(api, vol, say)
         raise
@@ -257,19 +270,19 @@ def cmd_up(args: argparse.Namespace) -> int:
                                            settle_s=rollout.SETTLE_S if args.settle is None else args.settle,
                                            latest_only=change.new_release)
         except (KeyboardInterrupt, SystemExit):  # Ctrl-C, or TERM (app.py raises SystemExit for it)
-            _interrupted(api, plan, change, target.name)
+            _interrupted(api, plan, change, args)
             raise
         if not outcome.healthy:
-            code = _not_healthy(api, plan, change, outcome, key, target.name)
+            code = _not_healthy(api, plan, change, outcome, key, args)
         else:
             # Read after the wait: an interrupt from here on leaves the release it proved in place.
             say(f"worker {outcome.worker} of release v{outcome.version} is healthy: ready, and still ready "
                 f"{outcome.settled_s:g} s later at every read; {rollout.checked(api, str(e['id']), str(outcome.worker))}")
-    _print_endpoint(api, e, code, target.name)
+    _print_endpoint(api, e, code, args)
     return code
 
 
-def _not_healthy(api, plan: ep.EndpointPlan, change, outcome, key: str, target_name: str) -> int:
+def _not_healthy(api, plan: ep.EndpointPlan, change, outcome, key: str, args: argparse.Namespace) -> int:
     from ..runpod.rollout import masked
 
     secrets = [key, os.environ.get("HF_TOKEN")]
@@ -285,8 +298,7 @@ def _not_healthy(api, plan: ep.EndpointPlan, change, outcome, key: str, target_n
         print(f"restored the previous release's {', '.join(sorted(restore))} (a new release of the old "
               "configuration); the failed one takes no more traffic once its workers are replaced")
         return EXIT_ROLLED_BACK
-    print(f"nothing to restore (the endpoint was {change.action}); `python build.py endpoint down --target "
-          f"{target_name}` deletes it")
+    print(f"nothing to restore (the endpoint was {change.action}); {command(args, 'down')} deletes it")
     return EXIT_NOT_HEALTHY
 
 
@@ -299,14 +311,14 @@ def _restore_body(plan: ep.EndpointPlan, change) -> dict:
     return endpoints.restore_body(change, plan.secret_keys, {k: plan.body["env"][k] for k in plan.secret_keys})
 
 
-def _interrupted(api, plan: ep.EndpointPlan, change, target_name: str) -> None:
+def _interrupted(api, plan: ep.EndpointPlan, change, args: argparse.Namespace) -> None:
     """Ctrl-C or TERM before the new release proved healthy: put the previous one back, as `pods up`
     accounts for its pods, or print the command that does it. A second signal while restoring
     ends the attempt and prints the command too."""
     restore = _restore_body(plan, change)
     if not restore:
         print(f"interrupted before a worker proved healthy; the endpoint was {change.action}, nothing to restore: "
-              f"`python build.py endpoint down --target {target_name}` deletes it", flush=True)
+              f"{command(args, 'down')} deletes it", flush=True)
         return
     if _put_back(api, str(change.endpoint["id"]), restore, "the new release, interrupted before it proved healthy,"):
         print(f"interrupted before the new release proved healthy: restored the previous release's "
@@ -330,7 +342,7 @@ def _put_back(api, endpoint_id: str, restore: dict, what: str) -> bool:
         return False
 
 
-def _print_endpoint(api, e: dict, code: int, target_name: str) -> None:
+def _print_endpoint(api, e: dict, code: int, args: argparse.Namespace) -> None:
     from ..runpod import endpoints, rollout
 
     url = rollout.base_url(e)
@@ -346,7 +358,10 @@ def _print_endpoint(api, e: dict, code: int, target_name: str) -> None:
               f"{workers.get('max')}, an idle one is released after {workers.get('idleTimeout')} s")
     else:
         print(f"  price: {source}")
-    print(f"  `python build.py endpoint status --target {target_name}` shows its workers; `endpoint down` deletes it")
+    print(f"  {command(args, 'status')}: its workers, its release's rollout, the cost; {command(args, 'logs')}: a "
+          f"worker's log (add the worker's id when it has several); {command(args, 'failures')}: its workers' "
+          f"failure records")
+    print(f"  {command(args, 'down')} deletes it (the network volume is kept unless --delete-volume)")
 
 
 def _existing(api, args: argparse.Namespace) -> dict:
@@ -426,11 +441,12 @@ def cmd_down(args: argparse.Namespace) -> int:
 
     api = _api(args)
     e = _existing(api, args)
-    kept = endpoints.delete(api, e, say, delete_volumes=args.delete_volume)
+    kept = endpoints.delete(api, e, say, delete_volumes=args.delete_volume, down=command(args, "down"))
     print(f"endpoint {e.get('name')} ({e.get('id')}): deleted")
     if kept:
-        print(f"network volume(s) kept (they bill while they exist): {', '.join(kept)}; `endpoint down "
-              "--delete-volume` or `python build.py pods volumes --delete ID` removes one")
+        api_opt = f" --api {shlex.quote(args.api)}" if args.api else ""
+        print(f"network volume(s) kept (they bill while they exist): {', '.join(kept)}; "
+              + "; ".join(f"`python build.py pods volumes --delete {v}{api_opt}`" for v in kept) + " removes it")
     return 0
 
 

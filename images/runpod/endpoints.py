@@ -198,19 +198,20 @@ def differences(existing: dict[str, Any], body: dict[str, Any], secret_keys: fro
     return patch
 
 
-def upsert(api: RunPodAPI, plan: EndpointPlan) -> Change:
-    """Create the endpoint named like the plan, or PATCH the one with that name to it."""
+def upsert(api: RunPodAPI, plan: EndpointPlan, *, down: str = "`endpoint down`") -> Change:
+    """Create the endpoint named like the plan, or PATCH the one with that name to it. `down`: the
+    command that deletes it, for a refusal to say."""
     body = plan.body
     existing = find(api, plan.name)
     if existing is None:
         return Change("created", api.create_endpoint(body), {}, {})
     if existing.get("type") not in (None, "LOAD_BALANCER"):
         raise KilnError(f"endpoint {plan.name!r} ({existing.get('id')}) is a {existing.get('type')} endpoint and an "
-                        "endpoint's type cannot change: `endpoint down` it, or choose another --name")
+                        f"endpoint's type cannot change: {down} deletes it, or choose another --name")
     if ("gpu" in body) != bool(existing.get("gpu")):
         family = "GPU" if existing.get("gpu") else "CPU"
         raise KilnError(f"endpoint {plan.name!r} ({existing.get('id')}) is a {family} endpoint and its compute "
-                        "family cannot change: `endpoint down` it, or choose another --name")
+                        f"family cannot change: {down} deletes it, or choose another --name")
     patch = differences(existing, body, plan.secret_keys)
     if not patch:
         return Change("unchanged", existing, {}, existing)
@@ -302,10 +303,11 @@ def drop_created(api: RunPodAPI, vol: volumes.Volume | None, say: Say) -> None:
         "which was not written)")
 
 
-def delete(api: RunPodAPI, endpoint: dict[str, Any], say: Say, *, delete_volumes: bool = False) -> list[str]:
+def delete(api: RunPodAPI, endpoint: dict[str, Any], say: Say, *, delete_volumes: bool = False,
+           down: str = "`endpoint down`") -> list[str]:
     """Delete the endpoint (its workers end with it); its network volumes too when asked, and only
     when nothing else mounts them: otherwise nothing is deleted and the users are named. Returns
-    the ids of the volumes kept."""
+    the ids of the volumes kept. `down`: the command that deletes it, for a refusal to name."""
     eid = str(endpoint["id"])
     if delete_volumes:
         shared = {str(v): volumes.users(api, str(v), besides=eid) for v in endpoint.get("networkVolumes") or []}
@@ -313,7 +315,7 @@ def delete(api: RunPodAPI, endpoint: dict[str, Any], say: Say, *, delete_volumes
         if shared:
             named = "; ".join(f"{v} is mounted by {', '.join(users)}" for v, users in shared.items())
             raise KilnError(f"--delete-volume: {named}: deleting it would take their weights and caches away. "
-                            f"Nothing was deleted; `endpoint down` without --delete-volume deletes endpoint "
+                            f"Nothing was deleted; {down} (without --delete-volume) deletes endpoint "
                             f"{endpoint.get('name')} and keeps the volume")
     if api.delete_endpoint(eid):
         say(f"endpoint {endpoint.get('name')} ({eid}): deleted, with its workers")

@@ -7,6 +7,8 @@ status, logs and down name what exists when asked for what does not."""
 from __future__ import annotations
 
 import json
+import re
+import shlex
 import signal
 import os
 import subprocess
@@ -369,3 +371,30 @@ def test_pods_volumes_delete_refuses_a_volume_an_endpoint_or_a_pod_still_mounts(
     assert r.returncode == 0 and f"network volume {vol}: deleted" in r.stdout, r.stderr
     assert standin.volumes == {}
     no_canary(r.stdout, r.stderr)
+
+
+def printed_commands(text: str) -> list[str]:
+    return [m for m in re.findall(r"`(python build\.py endpoint [^`]+)`", text)]
+
+
+def test_every_command_up_prints_names_the_endpoint_it_made(standin):
+    # issue 50 item 5a: `up --name X` printed `endpoint status --target T`, which finds kiln-T, not X.
+    up = endpoint_cli(standin, "up", "--target", TARGET, "--no-network-volume", "--name", "kiln-team-x")
+    assert up.returncode == 0, up.stdout + up.stderr
+    commands = printed_commands(up.stdout)
+    assert {c.split()[3] for c in commands} >= {"status", "logs", "down", "failures"}, up.stdout
+    for c in commands:
+        assert "--name kiln-team-x" in c, c
+    (status,) = [c for c in commands if c.split()[3] == "status"]
+    shown = subprocess.run([sys.executable, *shlex.split(status)[1:]], capture_output=True, text=True, cwd=ROOT,
+                           env=cli_env(standin), timeout=120)          # run as printed
+    assert shown.returncode == 0 and "endpoint kiln-team-x (" in shown.stdout, shown.stdout + shown.stderr
+    # the command a release that never turned healthy prints (nothing to restore: it was created)
+    failed = endpoint_cli(standin, "up", "--target", TARGET, "--no-network-volume", "--name", "kiln-team-y",
+                          "--wait", "--timeout", "1", "--poll", "0.2")
+    assert failed.returncode == 1, failed.stdout + failed.stderr
+    commands = printed_commands(failed.stdout)
+    assert any(c.split()[3] == "down" for c in commands), failed.stdout
+    for c in commands:
+        assert "--name kiln-team-y" in c, c
+
