@@ -8,13 +8,14 @@ wait rollout.py.
 `plan` needs no key. The others read RUNPOD_API_KEY from the environment (never an argument:
 argv is visible to every process on the machine); `--api` / $RUNPOD_API_URL points at another
 API (tests: the stand-in in kiln_dev/runpod). Progress goes to stderr, results to stdout. Exit 0;
-1 when no worker turned healthy (`up --wait`) and nothing was restored (nothing to restore, or the
-restore failed: the command that does it is printed); 3 when a new release failed and the previous
-one's configuration was restored; 130 or 143 on Ctrl-C or TERM during the wait, after the
-restore; 2 on a usage, configuration or API error (one line; an option a command does not take,
-an unknown target or endpoint, a body that breaks RunPod's schema: nothing is sent after it).
-`up` on an error or a signal before the endpoint is written deletes a network volume it created.
-Every command it prints names the endpoint as this one was asked for (`--name`, `--api`).
+1 when no worker of the release it made turned healthy (`up --wait`) and
+nothing was restored (nothing to restore, the restore failed: the command that does it is printed,
+or another release replaced this one's: it is named and never rolled back); 3 when a new release
+failed and the previous one's configuration was restored; 130 or 143 on Ctrl-C or TERM during the
+wait, after the restore; 2 on a usage, configuration or API error (one line; an option a command
+does not take, an unknown target or endpoint, a body that breaks RunPod's schema: nothing is sent
+after it). `up` on an error or a signal before the endpoint is written deletes a network volume it
+created. Every command it prints names the endpoint as this one was asked for (`--name`, `--api`).
 """
 
 from __future__ import annotations
@@ -115,8 +116,14 @@ def _up_arguments(p: argparse.ArgumentParser) -> None:
                    "detached): every cold start downloads the model again")
     p.add_argument("--data-center", action="append", default=[], metavar="DC", help="data center to create the "
                    "network volume in (exactly one; an existing volume decides where workers run)")
-    p.add_argument("--wait", action="store_true", help="wait until a worker of the latest release reports healthy "
-                   "(one request wakes it from zero); a new release that never does is undone")
+    _wait_options(p, "wait until a worker of the release this `up` made reports healthy (one request wakes it "
+                  "from zero); a new release that never does is undone, unless a newer release (a teammate's, "
+                  "CI's) replaced it: that one is named and left live")
+    _api_option(p)
+
+
+def _wait_options(p: argparse.ArgumentParser, wait_help: str) -> None:
+    p.add_argument("--wait", action="store_true", help=wait_help)
     p.add_argument("--timeout", type=float, metavar="S", help="with --wait: seconds to wait (default: 1800: a cold "
                    "start downloads or loads the model and runs the selftest)")
     p.add_argument("--poll", type=float, metavar="S", help="with --wait: seconds between reads of the workers "
@@ -124,7 +131,23 @@ def _up_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--settle", type=float, metavar="S", help="with --wait: a worker is healthy once it was read "
                    "ready for this long, at every read (default: 30: a crash a moment after it turned ready fails "
                    "the release)")
-    _api_option(p)
+
+
+def _check_wait(args: argparse.Namespace) -> None:
+    if not args.wait and (args.timeout is not None or args.poll is not None or args.settle is not None):
+        raise KilnError("--timeout, --poll and --settle only go with --wait")
+    for name, value in (("--timeout", args.timeout), ("--poll", args.poll), ("--settle", args.settle)):
+        if value is not None and not value > 0:           # 0 meant the default before (`or`), a negative ran
+            raise KilnError(f"{name} {value:g}: seconds, more than 0 (leave it out for the default)")
+
+
+def _wait(api, e: dict, args: argparse.Namespace, key: str, release: int | None, latest_only: bool = True):
+    from ..runpod import rollout
+
+    return rollout.wait_healthy(api, e, say, api_key=key, timeout_s=1800.0 if args.timeout is None else args.timeout,
+                                poll_s=5.0 if args.poll is None else args.poll,
+                                settle_s=rollout.SETTLE_S if args.settle is None else args.settle,
+                                latest_only=latest_only, release=release)
 
 
 def _status_arguments(p: argparse.ArgumentParser) -> None:
@@ -220,11 +243,7 @@ def cmd_up(args: argparse.Namespace) -> int:
     from ..runpod import endpoints, rollout
     from ..runpod.cuda import cuda_floor
 
-    if not args.wait and (args.timeout is not None or args.poll is not None or args.settle is not None):
-        raise KilnError("--timeout, --poll and --settle only go with --wait")
-    for name, value in (("--timeout", args.timeout), ("--poll", args.poll), ("--settle", args.settle)):
-        if value is not None and not value > 0:           # 0 meant the default before (`or`), a negative ran
-            raise KilnError(f"{name} {value:g}: seconds, more than 0 (leave it out for the default)")
+    _check_wait(args)
     if args.no_network_volume and (args.network_volume or args.network_volume_gb or args.data_center):
         raise KilnError("--no-network-volume cannot be combined with --network-volume, --network-volume-gb or "
                         "--data-center")
@@ -261,28 +280,90 @@ def cmd_up(args: argparse.Namespace) -> int:
         (f"; changed: {', '.join(sorted(change.patch))}" if change.patch else ""))
     if change.action == "updated" and change.new_release:
         say("a new release: workers on the previous one are replaced as they finish their requests")
+    if change.ours.version is not None:
+        say(f"release v{change.ours.version}: this up's" + ("" if change.action != "unchanged" else
+                                                            " (unchanged: the endpoint's latest)"))
     code = 0
     if args.wait:
-        try:
-            outcome = rollout.wait_healthy(api, e, say, api_key=key,
-                                           timeout_s=1800.0 if args.timeout is None else args.timeout,
-                                           poll_s=5.0 if args.poll is None else args.poll,
-                                           settle_s=rollout.SETTLE_S if args.settle is None else args.settle,
-                                           latest_only=change.new_release)
-        except (KeyboardInterrupt, SystemExit):  # Ctrl-C, or TERM (app.py raises SystemExit for it)
-            _interrupted(api, plan, change, args)
-            raise
-        if not outcome.healthy:
-            code = _not_healthy(api, plan, change, outcome, key, args)
+        if change.ours.version is None:
+            _untold(change.ours, args)
+            code = EXIT_NOT_HEALTHY
         else:
-            # Read after the wait: an interrupt from here on leaves the release it proved in place.
-            say(f"worker {outcome.worker} of release v{outcome.version} is healthy: ready, and still ready "
-                f"{outcome.settled_s:g} s later at every read; {rollout.checked(api, str(e['id']), str(outcome.worker))}")
+            try:
+                outcome = _wait(api, e, args, key, change.ours.version, latest_only=change.new_release)
+            except (KeyboardInterrupt, SystemExit):  # Ctrl-C, or TERM (app.py raises SystemExit for it)
+                _interrupted(api, plan, change, args)
+                raise
+            if outcome.replaced_by:
+                code = _replaced(api, change, outcome, args)
+            elif not outcome.healthy:
+                code = _not_healthy(api, plan, change, outcome, key, args)
+            else:
+                # Read after the wait: an interrupt from here on leaves the release it proved in place.
+                _healthy(api, str(e["id"]), outcome)
     _print_endpoint(api, e, code, args)
     return code
 
 
+def _healthy(api, endpoint_id: str, outcome) -> None:
+    from ..runpod import rollout
+
+    say(f"worker {outcome.worker} of release v{outcome.version} is healthy: ready, and still ready "
+        f"{outcome.settled_s:g} s later at every read; {rollout.checked(api, endpoint_id, str(outcome.worker))}")
+
+
+def _untold(mine, args: argparse.Namespace) -> None:
+    """No wait when it cannot tell which release is its own: it would follow one that may be another's."""
+    from ..runpod.endpoints import describe
+
+    among = f" among {'; '.join(describe(r) for r in mine.unsure)} (released at the same time)" if mine.unsure else \
+        " (the endpoint's releases could not be read)"
+    print(f"NOT WAITED: which release is this command's could not be told{among}; waiting on one that may be "
+          f"another's would report it as this one's. {command(args, 'status')} shows which release its workers run")
+
+
+def _replaced(api, change, outcome, args: argparse.Namespace) -> int:
+    """A newer release (a teammate's, CI's) replaced this up's before it proved healthy: name it, leave it."""
+    print(f"NOT HEALTHY: {outcome.cause}")
+    print(f"  nothing was rolled back: putting back what this up replaced would undo "
+          f"v{outcome.replaced_by[-1].get('version')}, which is live now{_image_now(api, change)}")
+    print(f"  {command(args, 'status')} shows which release its workers run; run this `up --wait` again to "
+          "release this configuration over it, or leave the newer release live")
+    return EXIT_NOT_HEALTHY
+
+
+def _image_now(api, change) -> str:
+    try:
+        return f" (image {api.endpoint(str(change.endpoint['id'])).get('image')})"
+    except Exception:  # noqa: BLE001 - a read for the message only
+        return ""
+
+
+def _live_check(api, change) -> tuple[str, bool] | None:
+    """Why a restore must not run, and whether the restore command may still be printed for the user
+    to run after checking; None when this up's release is still the endpoint's latest and nobody
+    released between its read of the endpoint and its PATCH."""
+    from ..runpod import endpoints
+    from ..runpod.api import RunPodAPIError
+
+    mine = change.ours
+    if mine.version is None:
+        return "which release is this up's could not be told, so whether it is still the live one cannot be", True
+    try:
+        newer = endpoints.after(api, str(change.endpoint["id"]), mine.version)
+    except (RunPodAPIError, OSError) as err:
+        return f"what is live could not be read ({err})", True
+    if newer:
+        return (f"release v{mine.version} (this up's) was replaced by {'; '.join(endpoints.describe(r) for r in newer)}"
+                f"; putting back what this up replaced would undo it", False)
+    if mine.earlier:
+        return (f"{'; '.join(endpoints.describe(r) for r in mine.earlier)} came between this up's read of the endpoint "
+                f"and its own release v{mine.version}; putting back what it read would undo that too", False)
+    return None
+
+
 def _not_healthy(api, plan: ep.EndpointPlan, change, outcome, key: str, args: argparse.Namespace) -> int:
+    from ..runpod import endpoints
     from ..runpod.rollout import masked
 
     secrets = [key, os.environ.get("HF_TOKEN")]
@@ -293,6 +374,14 @@ def _not_healthy(api, plan: ep.EndpointPlan, change, outcome, key: str, args: ar
             print(f"    {line}")
     restore = _restore_body(plan, change)
     if restore:
+        refused = _live_check(api, change)
+        if refused:
+            why, show = refused
+            print(f"nothing was rolled back: {why}. {command(args, 'status')} shows which release its workers run"
+                  + (f"; once release v{change.ours.version} is the latest, this restores its "
+                     f"{', '.join(sorted(restore))}:\n  "
+                     f"{endpoints.restore_command(api, str(change.endpoint['id']), restore)}" if show else ""))
+            return EXIT_NOT_HEALTHY
         if not _put_back(api, str(change.endpoint["id"]), restore, "the failed release"):
             return EXIT_NOT_HEALTHY
         print(f"restored the previous release's {', '.join(sorted(restore))} (a new release of the old "
@@ -313,12 +402,23 @@ def _restore_body(plan: ep.EndpointPlan, change) -> dict:
 
 def _interrupted(api, plan: ep.EndpointPlan, change, args: argparse.Namespace) -> None:
     """Ctrl-C or TERM before the new release proved healthy: put the previous one back, as `pods up`
-    accounts for its pods, or print the command that does it. A second signal while restoring
+    accounts for its pods, or print the command that does it; unless it is no longer the live one
+    (a newer release replaced it: putting back would undo that). A second signal while restoring
     ends the attempt and prints the command too."""
+    from ..runpod import endpoints
+
     restore = _restore_body(plan, change)
     if not restore:
         print(f"interrupted before a worker proved healthy; the endpoint was {change.action}, nothing to restore: "
               f"{command(args, 'down')} deletes it", flush=True)
+        return
+    refused = _live_check(api, change)
+    if refused:
+        why, show = refused
+        print(f"interrupted before release v{change.ours.version} proved healthy; nothing was put back: {why}. "
+              f"{command(args, 'status')} shows which release its workers run"
+              + (f"; this restores its {', '.join(sorted(restore))}:\n  "
+                 f"{endpoints.restore_command(api, str(change.endpoint['id']), restore)}" if show else ""), flush=True)
         return
     if _put_back(api, str(change.endpoint["id"]), restore, "the new release, interrupted before it proved healthy,"):
         print(f"interrupted before the new release proved healthy: restored the previous release's "
@@ -515,7 +615,7 @@ COMMANDS = (
                 Command("plan", "print the CreateEndpointRequest `up` would send (no key needed)", cmd_plan,
                         _plan_arguments),
                 Command("up", "create or update the endpoint by name, once the serverless catalog offers a GPU its "
-                        "CUDA runs on; --wait follows the release and undoes one that never turns healthy",
+                        "CUDA runs on; --wait follows the release it made and undoes one that never turns healthy",
                         cmd_up, _up_arguments),
                 Command("status", "the endpoint's workers, the rollout of its latest release, what it costs",
                         cmd_status, _status_arguments),
