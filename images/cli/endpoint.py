@@ -200,6 +200,7 @@ def _deployment(args: argparse.Namespace, *, check: bool):  # type: ignore[no-un
 
     dep = deployment.load(args.target, args.config, count=args.gpu_count)
     args.deploy_env_ = dep.env()
+    args.server_key_ = dep.config.server.api_key
     target, pins = _one_node(dep.target, pins_for(dep.target, load_lock()))
     if check and target.is_gpu:
         shape = precheck.PodShape(target.runpod.gpu_type, target.runpod.gpu_count, 1, dep.gpu_from, dep.count_from)
@@ -301,7 +302,7 @@ def cmd_up(args: argparse.Namespace) -> int:
             else:
                 # Read after the wait: an interrupt from here on leaves the release it proved in place.
                 _healthy(api, str(e["id"]), outcome)
-    _print_endpoint(api, e, code, args)
+    _print_endpoint(api, e, code, args, target)
     return code
 
 
@@ -442,16 +443,35 @@ def _put_back(api, endpoint_id: str, restore: dict, what: str) -> bool:
         return False
 
 
-def _print_endpoint(api, e: dict, code: int, args: argparse.Namespace) -> None:
+def _server_key(args: argparse.Namespace, target) -> str:
+    """What becomes of the deploy config's own server key on an endpoint: nothing (endpoint.py)."""
+    kind, _, ref = str(getattr(args, "server_key_", "") or "").partition(":")
+    if kind != "env":
+        return ""
+    secret = dict(target.runpod.secrets).get(ref)
+    named = f"RunPod secret {secret!r}" if secret else f"${ref}"
+    return (f"; the deploy config's server key ({named}, what `pods up` clients send) is not used here: its "
+            "reference is not sent to the workers")
+
+
+def _print_endpoint(api, e: dict, code: int, args: argparse.Namespace, target) -> None:
+    """The URL, the key its clients send, the price, and the commands that watch and delete it. The
+    key: RunPod's load balancer admits only requests that carry a RunPod API key and the workers
+    check none (KILN_API_KEY_SOURCE=none, endpoint.py), so a client needs a RunPod API key; the one
+    to hand out is one restricted to this endpoint, never the account-wide key `up` ran with."""
     from ..runpod import endpoints, rollout
 
     url = rollout.base_url(e)
     rate, source = endpoints.price(api, e)
     print(f"endpoint {e.get('name')} ({e.get('id')}): {url}" + ("" if code == 0 else " (not healthy)"))
-    print(f"  OpenAI API: {url}/v1 (streaming included); send `Authorization: Bearer <a RunPod API key>`: your "
-          "account's, or a key restricted to this endpoint (RunPod console: Settings > API Keys). The workers "
-          "check no key of their own: RunPod's load balancer admits only requests that carry one")
-    print(f"  e.g. curl -H \"Authorization: Bearer $RUNPOD_API_KEY\" {url}/v1/models")
+    print(f"  OpenAI API: {url}/v1 (streaming included). RunPod's load balancer admits only requests that carry "
+          "`Authorization: Bearer <a RunPod API key>`; the workers check no key of their own (KILN_API_KEY_SOURCE="
+          f"none){_server_key(args, target)}")
+    print(f"  clients: give each a RunPod API key restricted to this endpoint ({e.get('id')}): RunPod console > "
+          "API Keys > Create API Key, permission Restricted, this endpoint only; e.g. with it in $ENDPOINT_KEY:")
+    print(f"    curl -H \"Authorization: Bearer $ENDPOINT_KEY\" {url}/v1/models")
+    print("  not $RUNPOD_API_KEY, the key this command ran with: a key with the All permission can also create and "
+          "delete pods, endpoints and network volumes on the account")
     workers = e.get("workers") or {}
     if rate is not None:
         print(f"  one worker: ${rate:.2f}/h (${rate / 3600:.5f}/s), {source}; workers {workers.get('min')}.."

@@ -458,6 +458,20 @@ def test_every_command_up_prints_names_the_endpoint_it_made(standin):
         assert "--name kiln-team-y" in c, c
 
 
+def test_up_shows_a_key_restricted_to_the_endpoint_as_the_client_key_never_the_account_key(standin):
+    # issue 50 item 5b: every `up` printed `curl -H "Authorization: Bearer $RUNPOD_API_KEY"` as the
+    # client's example: that key can delete pods and volumes.
+    up = endpoint_cli(standin, *UP)
+    assert up.returncode == 0, up.stderr
+    (e,) = standin.endpoints.values()
+    assert "Bearer $RUNPOD_API_KEY" not in up.stdout, up.stdout
+    assert f"a RunPod API key restricted to this endpoint ({e['id']})" in up.stdout, up.stdout
+    assert "RUNPOD_API_KEY" in up.stdout and "can also create and delete pods, endpoints and network volumes" \
+        in up.stdout, up.stdout
+    assert "server key (RunPod secret 'kiln_api_key'" in up.stdout, up.stdout
+    no_canary(up.stdout, up.stderr)
+
+
 class Racing(ServerlessStandIn):
     """A teammate's PATCH of the image lands between `up`'s read of the endpoint and its own PATCH."""
 
