@@ -8,7 +8,7 @@ wait rollout.py.
 `plan` needs no key. The others read RUNPOD_API_KEY from the environment (never an argument:
 argv is visible to every process on the machine); `--api` / $RUNPOD_API_URL points at another
 API (tests: the stand-in in kiln_dev/runpod). Progress goes to stderr, results to stdout. Exit 0;
-1 when no worker of the release it made turned healthy (`up --wait`) and
+1 when no worker of the release it made turned healthy (`up --wait`, `failures --clear --wait`) and
 nothing was restored (nothing to restore, the restore failed: the command that does it is printed,
 or another release replaced this one's: it is named and never rolled back); 3 when a new release
 failed and the previous one's configuration was restored; 130 or 143 on Ctrl-C or TERM during the
@@ -572,8 +572,11 @@ def cmd_down(args: argparse.Namespace) -> int:
 
 def _failures_arguments(p: argparse.ArgumentParser) -> None:
     _which(p)
-    p.add_argument("--clear", action="store_true", help="set the endpoint's clear mark (a new release): its "
-                   "workers ignore and delete every failure record written before now")
+    p.add_argument("--clear", action="store_true", help="set the endpoint's clear mark: a new release that "
+                   "replaces every worker (each new one cold-starts); its workers ignore and delete every failure "
+                   "record written before now")
+    _wait_options(p, "with --clear: wait until a worker of that release reports healthy (as `up --wait`; a clear "
+                  "is never undone)")
     _api_option(p)
 
 
@@ -582,11 +585,14 @@ def cmd_failures(args: argparse.Namespace) -> int:
     see of them, and --clear (images/runpod/failures.py says why this is the way)."""
     import time
 
-    from ..runpod import failures
+    from ..runpod import endpoints, failures
     from ..runpod.rollout import masked
     from ..runpod.template import secret_ref
     from ..target import load_target
 
+    _check_wait(args)
+    if args.wait and not args.clear:
+        raise KilnError("--wait only goes with --clear (showing the records makes no release)")
     api = _api(args)
     e = api.endpoint(str(_existing(api, args)["id"]))
     eid, secrets = str(e["id"]), [_key(), os.environ.get("HF_TOKEN")]
@@ -620,10 +626,33 @@ def cmd_failures(args: argparse.Namespace) -> int:
                         f"back whole): {err}; delete the records with the S3 command above instead") from None
     refs = {key: secret_ref(name) for key, name in target.runpod.secrets}
     body = failures.clear_body(e, refs)
-    api.update_endpoint(eid, body)
-    print(f"cleared: {failures.CLEARED_ENV}={body['env'][failures.CLEARED_ENV]} is set (a new release): its workers "
-          "ignore every failure record written before it and delete it; the next request starts one")
-    return 0
+    print(f"--clear is a new release of endpoint {e.get('name')}: every worker is replaced ({len(listed)} listed "
+          "now: an idle one at once, a busy one after its requests), and each new one cold-starts: it loads the "
+          "model and runs its selftest again, billed", flush=True)
+    before = endpoints.read_version(api, eid)
+    after, mine = endpoints.patch_release(api, eid, body, before)
+    release = f"v{mine.version}, whose" if mine.version is not None else "its"
+    print(f"cleared: {failures.CLEARED_ENV}={body['env'][failures.CLEARED_ENV]} is set (a new release): {release} "
+          "workers ignore every failure record written before it and delete it; the next request starts one")
+    if not args.wait:
+        print(f"  {command(args, 'status')} shows its workers move to it (`--clear --wait` waits for a healthy "
+              "worker of the release it makes)")
+        return 0
+    if mine.version is None:
+        _untold(mine, args)
+        return EXIT_NOT_HEALTHY
+    outcome = _wait(api, after, args, _key(), mine.version)
+    if outcome.healthy:
+        _healthy(api, eid, outcome)
+        return 0
+    print(f"NOT HEALTHY: {masked([outcome.cause or 'unknown'], secrets)[0]}")
+    if outcome.worker:
+        print(f"  worker {outcome.worker}" + (", its log ends:" if outcome.log_tail else ""))
+        for line in masked(outcome.log_tail, secrets):
+            print(f"    {line}")
+    print(f"  the clear mark stays (a clear is not undone: it lifts records, it changes nothing a worker runs); "
+          f"{command(args, 'status')} and {command(args, 'logs')} show what its workers do")
+    return EXIT_NOT_HEALTHY
 
 
 COMMANDS = (

@@ -169,3 +169,15 @@ def test_a_teammates_release_during_the_wait_is_never_reported_as_ours(tmp_path,
         assert standin.endpoints[e["id"]]["image"] == TEAM, "the teammate's release was rolled back"
         assert ACCOUNT_KEY not in out + err
 
+
+def test_failures_clear_wait_follows_its_release_until_a_worker_of_it_is_healthy(tmp_path, tiny):
+    # issue 50 item 5d: --clear replaces every worker; --wait follows that release as `up --wait` does
+    with standin_with(tmp_path, crashy_config_for(tiny, tmp_path)) as standin:
+        first = endpoint_cli(standin, "up", "--target", TARGET, "--image-ref", GOOD, "--no-network-volume")
+        assert first.returncode == 0, first.stderr
+        r = endpoint_cli(standin, "failures", "--target", TARGET, "--clear", "--wait", "--poll", "0.2", "--settle", "2",
+                         "--timeout", "180")
+        assert r.returncode == 0, r.stdout + r.stderr
+        assert "of release v2 is healthy" in r.stderr, r.stderr
+        (w,) = [w for w in standin.started_workers]
+        assert w.version == 2
