@@ -8,18 +8,21 @@ wait rollout.py.
 `plan` needs no key. The others read RUNPOD_API_KEY from the environment (never an argument:
 argv is visible to every process on the machine); `--api` / $RUNPOD_API_URL points at another
 API (tests: the stand-in in kiln_dev/runpod). Progress goes to stderr, results to stdout. Exit 0;
-1 when no worker turned healthy (`up --wait`) and nothing was restored (nothing to restore, or the
-restore failed: the command that does it is printed); 3 when a new release failed and the previous
-one's configuration was restored; 130 or 143 on Ctrl-C or TERM during the wait, after the
-restore; 2 on a usage, configuration or API error (one line; an option a command does not take,
-an unknown target or endpoint, a body that breaks RunPod's schema: nothing is sent after it).
-`up` on an error or a signal before the endpoint is written deletes a network volume it created.
+1 when no worker of the release it made turned healthy (`up --wait`, `failures --clear --wait`) and
+nothing was restored (nothing to restore, the restore failed: the command that does it is printed,
+or another release replaced this one's: it is named and never rolled back); 3 when a new release
+failed and the previous one's configuration was restored; 130 or 143 on Ctrl-C or TERM during the
+wait, after the restore; 2 on a usage, configuration or API error (one line; an option a command
+does not take, an unknown target or endpoint, a body that breaks RunPod's schema: nothing is sent
+after it). `up` on an error or a signal before the endpoint is written deletes a network volume it
+created. Every command it prints names the endpoint as this one was asked for (`--name`, `--api`).
 """
 
 from __future__ import annotations
 
 import argparse
 import os
+import shlex
 import sys
 
 from supervisor.errors import KilnError
@@ -48,6 +51,17 @@ def _api(args: argparse.Namespace):
     from ..runpod.api import RunPodAPI
 
     return RunPodAPI(_key(), args.api)
+
+
+def command(args: argparse.Namespace, sub: str, *extra: str) -> str:
+    """`python build.py endpoint SUB` with the options that identify this endpoint as this command was
+    given them (--target, --name, --api), so a printed command finds the same one."""
+    parts = ["python", "build.py", "endpoint", sub, "--target", args.target]
+    if getattr(args, "name", None):
+        parts += ["--name", args.name]
+    if getattr(args, "api", None):
+        parts += ["--api", args.api]
+    return "`" + shlex.join([*parts, *extra]) + "`"
 
 
 # -- arguments -----------------------------------------------------------------------------
@@ -102,8 +116,14 @@ def _up_arguments(p: argparse.ArgumentParser) -> None:
                    "detached): every cold start downloads the model again")
     p.add_argument("--data-center", action="append", default=[], metavar="DC", help="data center to create the "
                    "network volume in (exactly one; an existing volume decides where workers run)")
-    p.add_argument("--wait", action="store_true", help="wait until a worker of the latest release reports healthy "
-                   "(one request wakes it from zero); a new release that never does is undone")
+    _wait_options(p, "wait until a worker of the release this `up` made reports healthy (one request wakes it "
+                  "from zero); a new release that never does is undone, unless a newer release (a teammate's, "
+                  "CI's) replaced it: that one is named and left live")
+    _api_option(p)
+
+
+def _wait_options(p: argparse.ArgumentParser, wait_help: str) -> None:
+    p.add_argument("--wait", action="store_true", help=wait_help)
     p.add_argument("--timeout", type=float, metavar="S", help="with --wait: seconds to wait (default: 1800: a cold "
                    "start downloads or loads the model and runs the selftest)")
     p.add_argument("--poll", type=float, metavar="S", help="with --wait: seconds between reads of the workers "
@@ -111,7 +131,23 @@ def _up_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--settle", type=float, metavar="S", help="with --wait: a worker is healthy once it was read "
                    "ready for this long, at every read (default: 30: a crash a moment after it turned ready fails "
                    "the release)")
-    _api_option(p)
+
+
+def _check_wait(args: argparse.Namespace) -> None:
+    if not args.wait and (args.timeout is not None or args.poll is not None or args.settle is not None):
+        raise KilnError("--timeout, --poll and --settle only go with --wait")
+    for name, value in (("--timeout", args.timeout), ("--poll", args.poll), ("--settle", args.settle)):
+        if value is not None and not value > 0:           # 0 meant the default before (`or`), a negative ran
+            raise KilnError(f"{name} {value:g}: seconds, more than 0 (leave it out for the default)")
+
+
+def _wait(api, e: dict, args: argparse.Namespace, key: str, release: int | None, latest_only: bool = True):
+    from ..runpod import rollout
+
+    return rollout.wait_healthy(api, e, say, api_key=key, timeout_s=1800.0 if args.timeout is None else args.timeout,
+                                poll_s=5.0 if args.poll is None else args.poll,
+                                settle_s=rollout.SETTLE_S if args.settle is None else args.settle,
+                                latest_only=latest_only, release=release)
 
 
 def _status_arguments(p: argparse.ArgumentParser) -> None:
@@ -164,6 +200,7 @@ def _deployment(args: argparse.Namespace, *, check: bool):  # type: ignore[no-un
 
     dep = deployment.load(args.target, args.config, count=args.gpu_count)
     args.deploy_env_ = dep.env()
+    args.server_key_ = dep.config.server.api_key
     target, pins = _one_node(dep.target, pins_for(dep.target, load_lock()))
     if check and target.is_gpu:
         shape = precheck.PodShape(target.runpod.gpu_type, target.runpod.gpu_count, 1, dep.gpu_from, dep.count_from)
@@ -207,11 +244,7 @@ def cmd_up(args: argparse.Namespace) -> int:
     from ..runpod import endpoints, rollout
     from ..runpod.cuda import cuda_floor
 
-    if not args.wait and (args.timeout is not None or args.poll is not None or args.settle is not None):
-        raise KilnError("--timeout, --poll and --settle only go with --wait")
-    for name, value in (("--timeout", args.timeout), ("--poll", args.poll), ("--settle", args.settle)):
-        if value is not None and not value > 0:           # 0 meant the default before (`or`), a negative ran
-            raise KilnError(f"{name} {value:g}: seconds, more than 0 (leave it out for the default)")
+    _check_wait(args)
     if args.no_network_volume and (args.network_volume or args.network_volume_gb or args.data_center):
         raise KilnError("--no-network-volume cannot be combined with --network-volume, --network-volume-gb or "
                         "--data-center")
@@ -239,7 +272,7 @@ def cmd_up(args: argparse.Namespace) -> int:
     vol = _volume(api, args, target)
     plan = _plan(args, target, pins, compute, (vol.id, vol.data_center) if vol else None)
     try:
-        change = endpoints.upsert(api, plan)
+        change = endpoints.upsert(api, plan, down=command(args, "down"))
     except BaseException:             # an API error, Ctrl-C or TERM: only what this command created goes
         endpoints.drop_created(api, vol, say)
         raise
@@ -248,28 +281,90 @@ def cmd_up(args: argparse.Namespace) -> int:
         (f"; changed: {', '.join(sorted(change.patch))}" if change.patch else ""))
     if change.action == "updated" and change.new_release:
         say("a new release: workers on the previous one are replaced as they finish their requests")
+    if change.ours.version is not None:
+        say(f"release v{change.ours.version}: this up's" + ("" if change.action != "unchanged" else
+                                                            " (unchanged: the endpoint's latest)"))
     code = 0
     if args.wait:
-        try:
-            outcome = rollout.wait_healthy(api, e, say, api_key=key,
-                                           timeout_s=1800.0 if args.timeout is None else args.timeout,
-                                           poll_s=5.0 if args.poll is None else args.poll,
-                                           settle_s=rollout.SETTLE_S if args.settle is None else args.settle,
-                                           latest_only=change.new_release)
-        except (KeyboardInterrupt, SystemExit):  # Ctrl-C, or TERM (app.py raises SystemExit for it)
-            _interrupted(api, plan, change, target.name)
-            raise
-        if not outcome.healthy:
-            code = _not_healthy(api, plan, change, outcome, key, target.name)
+        if change.ours.version is None:
+            _untold(change.ours, args)
+            code = EXIT_NOT_HEALTHY
         else:
-            # Read after the wait: an interrupt from here on leaves the release it proved in place.
-            say(f"worker {outcome.worker} of release v{outcome.version} is healthy: ready, and still ready "
-                f"{outcome.settled_s:g} s later at every read; {rollout.checked(api, str(e['id']), str(outcome.worker))}")
-    _print_endpoint(api, e, code, target.name)
+            try:
+                outcome = _wait(api, e, args, key, change.ours.version, latest_only=change.new_release)
+            except (KeyboardInterrupt, SystemExit):  # Ctrl-C, or TERM (app.py raises SystemExit for it)
+                _interrupted(api, plan, change, args)
+                raise
+            if outcome.replaced_by:
+                code = _replaced(api, change, outcome, args)
+            elif not outcome.healthy:
+                code = _not_healthy(api, plan, change, outcome, key, args)
+            else:
+                # Read after the wait: an interrupt from here on leaves the release it proved in place.
+                _healthy(api, str(e["id"]), outcome)
+    _print_endpoint(api, e, code, args, target)
     return code
 
 
-def _not_healthy(api, plan: ep.EndpointPlan, change, outcome, key: str, target_name: str) -> int:
+def _healthy(api, endpoint_id: str, outcome) -> None:
+    from ..runpod import rollout
+
+    say(f"worker {outcome.worker} of release v{outcome.version} is healthy: ready, and still ready "
+        f"{outcome.settled_s:g} s later at every read; {rollout.checked(api, endpoint_id, str(outcome.worker))}")
+
+
+def _untold(mine, args: argparse.Namespace) -> None:
+    """No wait when it cannot tell which release is its own: it would follow one that may be another's."""
+    from ..runpod.endpoints import describe
+
+    among = f" among {'; '.join(describe(r) for r in mine.unsure)} (released at the same time)" if mine.unsure else \
+        " (the endpoint's releases could not be read)"
+    print(f"NOT WAITED: which release is this command's could not be told{among}; waiting on one that may be "
+          f"another's would report it as this one's. {command(args, 'status')} shows which release its workers run")
+
+
+def _replaced(api, change, outcome, args: argparse.Namespace) -> int:
+    """A newer release (a teammate's, CI's) replaced this up's before it proved healthy: name it, leave it."""
+    print(f"NOT HEALTHY: {outcome.cause}")
+    print(f"  nothing was rolled back: putting back what this up replaced would undo "
+          f"v{outcome.replaced_by[-1].get('version')}, which is live now{_image_now(api, change)}")
+    print(f"  {command(args, 'status')} shows which release its workers run; run this `up --wait` again to "
+          "release this configuration over it, or leave the newer release live")
+    return EXIT_NOT_HEALTHY
+
+
+def _image_now(api, change) -> str:
+    try:
+        return f" (image {api.endpoint(str(change.endpoint['id'])).get('image')})"
+    except Exception:  # noqa: BLE001 - a read for the message only
+        return ""
+
+
+def _live_check(api, change) -> tuple[str, bool] | None:
+    """Why a restore must not run, and whether the restore command may still be printed for the user
+    to run after checking; None when this up's release is still the endpoint's latest and nobody
+    released between its read of the endpoint and its PATCH."""
+    from ..runpod import endpoints
+    from ..runpod.api import RunPodAPIError
+
+    mine = change.ours
+    if mine.version is None:
+        return "which release is this up's could not be told, so whether it is still the live one cannot be", True
+    try:
+        newer = endpoints.after(api, str(change.endpoint["id"]), mine.version)
+    except (RunPodAPIError, OSError) as err:
+        return f"what is live could not be read ({err})", True
+    if newer:
+        return (f"release v{mine.version} (this up's) was replaced by {'; '.join(endpoints.describe(r) for r in newer)}"
+                f"; putting back what this up replaced would undo it", False)
+    if mine.earlier:
+        return (f"{'; '.join(endpoints.describe(r) for r in mine.earlier)} came between this up's read of the endpoint "
+                f"and its own release v{mine.version}; putting back what it read would undo that too", False)
+    return None
+
+
+def _not_healthy(api, plan: ep.EndpointPlan, change, outcome, key: str, args: argparse.Namespace) -> int:
+    from ..runpod import endpoints
     from ..runpod.rollout import masked
 
     secrets = [key, os.environ.get("HF_TOKEN")]
@@ -280,13 +375,20 @@ def _not_healthy(api, plan: ep.EndpointPlan, change, outcome, key: str, target_n
             print(f"    {line}")
     restore = _restore_body(plan, change)
     if restore:
+        refused = _live_check(api, change)
+        if refused:
+            why, show = refused
+            print(f"nothing was rolled back: {why}. {command(args, 'status')} shows which release its workers run"
+                  + (f"; once release v{change.ours.version} is the latest, this restores its "
+                     f"{', '.join(sorted(restore))}:\n  "
+                     f"{endpoints.restore_command(api, str(change.endpoint['id']), restore)}" if show else ""))
+            return EXIT_NOT_HEALTHY
         if not _put_back(api, str(change.endpoint["id"]), restore, "the failed release"):
             return EXIT_NOT_HEALTHY
         print(f"restored the previous release's {', '.join(sorted(restore))} (a new release of the old "
               "configuration); the failed one takes no more traffic once its workers are replaced")
         return EXIT_ROLLED_BACK
-    print(f"nothing to restore (the endpoint was {change.action}); `python build.py endpoint down --target "
-          f"{target_name}` deletes it")
+    print(f"nothing to restore (the endpoint was {change.action}); {command(args, 'down')} deletes it")
     return EXIT_NOT_HEALTHY
 
 
@@ -299,14 +401,25 @@ def _restore_body(plan: ep.EndpointPlan, change) -> dict:
     return endpoints.restore_body(change, plan.secret_keys, {k: plan.body["env"][k] for k in plan.secret_keys})
 
 
-def _interrupted(api, plan: ep.EndpointPlan, change, target_name: str) -> None:
+def _interrupted(api, plan: ep.EndpointPlan, change, args: argparse.Namespace) -> None:
     """Ctrl-C or TERM before the new release proved healthy: put the previous one back, as `pods up`
-    accounts for its pods, or print the command that does it. A second signal while restoring
+    accounts for its pods, or print the command that does it; unless it is no longer the live one
+    (a newer release replaced it: putting back would undo that). A second signal while restoring
     ends the attempt and prints the command too."""
+    from ..runpod import endpoints
+
     restore = _restore_body(plan, change)
     if not restore:
         print(f"interrupted before a worker proved healthy; the endpoint was {change.action}, nothing to restore: "
-              f"`python build.py endpoint down --target {target_name}` deletes it", flush=True)
+              f"{command(args, 'down')} deletes it", flush=True)
+        return
+    refused = _live_check(api, change)
+    if refused:
+        why, show = refused
+        print(f"interrupted before release v{change.ours.version} proved healthy; nothing was put back: {why}. "
+              f"{command(args, 'status')} shows which release its workers run"
+              + (f"; this restores its {', '.join(sorted(restore))}:\n  "
+                 f"{endpoints.restore_command(api, str(change.endpoint['id']), restore)}" if show else ""), flush=True)
         return
     if _put_back(api, str(change.endpoint["id"]), restore, "the new release, interrupted before it proved healthy,"):
         print(f"interrupted before the new release proved healthy: restored the previous release's "
@@ -330,23 +443,45 @@ def _put_back(api, endpoint_id: str, restore: dict, what: str) -> bool:
         return False
 
 
-def _print_endpoint(api, e: dict, code: int, target_name: str) -> None:
+def _server_key(args: argparse.Namespace, target) -> str:
+    """What becomes of the deploy config's own server key on an endpoint: nothing (endpoint.py)."""
+    kind, _, ref = str(getattr(args, "server_key_", "") or "").partition(":")
+    if kind != "env":
+        return ""
+    secret = dict(target.runpod.secrets).get(ref)
+    named = f"RunPod secret {secret!r}" if secret else f"${ref}"
+    return (f"; the deploy config's server key ({named}, what `pods up` clients send) is not used here: its "
+            "reference is not sent to the workers")
+
+
+def _print_endpoint(api, e: dict, code: int, args: argparse.Namespace, target) -> None:
+    """The URL, the key its clients send, the price, and the commands that watch and delete it. The
+    key: RunPod's load balancer admits only requests that carry a RunPod API key and the workers
+    check none (KILN_API_KEY_SOURCE=none, endpoint.py), so a client needs a RunPod API key; the one
+    to hand out is one restricted to this endpoint, never the account-wide key `up` ran with."""
     from ..runpod import endpoints, rollout
 
     url = rollout.base_url(e)
     rate, source = endpoints.price(api, e)
     print(f"endpoint {e.get('name')} ({e.get('id')}): {url}" + ("" if code == 0 else " (not healthy)"))
-    print(f"  OpenAI API: {url}/v1 (streaming included); send `Authorization: Bearer <a RunPod API key>`: your "
-          "account's, or a key restricted to this endpoint (RunPod console: Settings > API Keys). The workers "
-          "check no key of their own: RunPod's load balancer admits only requests that carry one")
-    print(f"  e.g. curl -H \"Authorization: Bearer $RUNPOD_API_KEY\" {url}/v1/models")
+    print(f"  OpenAI API: {url}/v1 (streaming included). RunPod's load balancer admits only requests that carry "
+          "`Authorization: Bearer <a RunPod API key>`; the workers check no key of their own (KILN_API_KEY_SOURCE="
+          f"none){_server_key(args, target)}")
+    print(f"  clients: give each a RunPod API key restricted to this endpoint ({e.get('id')}): RunPod console > "
+          "API Keys > Create API Key, permission Restricted, this endpoint only; e.g. with it in $ENDPOINT_KEY:")
+    print(f"    curl -H \"Authorization: Bearer $ENDPOINT_KEY\" {url}/v1/models")
+    print("  not $RUNPOD_API_KEY, the key this command ran with: a key with the All permission can also create and "
+          "delete pods, endpoints and network volumes on the account")
     workers = e.get("workers") or {}
     if rate is not None:
         print(f"  one worker: ${rate:.2f}/h (${rate / 3600:.5f}/s), {source}; workers {workers.get('min')}.."
               f"{workers.get('max')}, an idle one is released after {workers.get('idleTimeout')} s")
     else:
         print(f"  price: {source}")
-    print(f"  `python build.py endpoint status --target {target_name}` shows its workers; `endpoint down` deletes it")
+    print(f"  {command(args, 'status')}: its workers, its release's rollout, the cost; {command(args, 'logs')}: a "
+          f"worker's log (add the worker's id when it has several); {command(args, 'failures')}: its workers' "
+          f"failure records")
+    print(f"  {command(args, 'down')} deletes it (the network volume is kept unless --delete-volume)")
 
 
 def _existing(api, args: argparse.Namespace) -> dict:
@@ -426,18 +561,22 @@ def cmd_down(args: argparse.Namespace) -> int:
 
     api = _api(args)
     e = _existing(api, args)
-    kept = endpoints.delete(api, e, say, delete_volumes=args.delete_volume)
+    kept = endpoints.delete(api, e, say, delete_volumes=args.delete_volume, down=command(args, "down"))
     print(f"endpoint {e.get('name')} ({e.get('id')}): deleted")
     if kept:
-        print(f"network volume(s) kept (they bill while they exist): {', '.join(kept)}; `endpoint down "
-              "--delete-volume` or `python build.py pods volumes --delete ID` removes one")
+        api_opt = f" --api {shlex.quote(args.api)}" if args.api else ""
+        print(f"network volume(s) kept (they bill while they exist): {', '.join(kept)}; "
+              + "; ".join(f"`python build.py pods volumes --delete {v}{api_opt}`" for v in kept) + " removes it")
     return 0
 
 
 def _failures_arguments(p: argparse.ArgumentParser) -> None:
     _which(p)
-    p.add_argument("--clear", action="store_true", help="set the endpoint's clear mark (a new release): its "
-                   "workers ignore and delete every failure record written before now")
+    p.add_argument("--clear", action="store_true", help="set the endpoint's clear mark: a new release that "
+                   "replaces every worker (each new one cold-starts); its workers ignore and delete every failure "
+                   "record written before now")
+    _wait_options(p, "with --clear: wait until a worker of that release reports healthy (as `up --wait`; a clear "
+                  "is never undone)")
     _api_option(p)
 
 
@@ -446,11 +585,14 @@ def cmd_failures(args: argparse.Namespace) -> int:
     see of them, and --clear (images/runpod/failures.py says why this is the way)."""
     import time
 
-    from ..runpod import failures
+    from ..runpod import endpoints, failures
     from ..runpod.rollout import masked
     from ..runpod.template import secret_ref
     from ..target import load_target
 
+    _check_wait(args)
+    if args.wait and not args.clear:
+        raise KilnError("--wait only goes with --clear (showing the records makes no release)")
     api = _api(args)
     e = api.endpoint(str(_existing(api, args)["id"]))
     eid, secrets = str(e["id"]), [_key(), os.environ.get("HF_TOKEN")]
@@ -484,10 +626,33 @@ def cmd_failures(args: argparse.Namespace) -> int:
                         f"back whole): {err}; delete the records with the S3 command above instead") from None
     refs = {key: secret_ref(name) for key, name in target.runpod.secrets}
     body = failures.clear_body(e, refs)
-    api.update_endpoint(eid, body)
-    print(f"cleared: {failures.CLEARED_ENV}={body['env'][failures.CLEARED_ENV]} is set (a new release): its workers "
-          "ignore every failure record written before it and delete it; the next request starts one")
-    return 0
+    print(f"--clear is a new release of endpoint {e.get('name')}: every worker is replaced ({len(listed)} listed "
+          "now: an idle one at once, a busy one after its requests), and each new one cold-starts: it loads the "
+          "model and runs its selftest again, billed", flush=True)
+    before = endpoints.read_version(api, eid)
+    after, mine = endpoints.patch_release(api, eid, body, before)
+    release = f"v{mine.version}, whose" if mine.version is not None else "its"
+    print(f"cleared: {failures.CLEARED_ENV}={body['env'][failures.CLEARED_ENV]} is set (a new release): {release} "
+          "workers ignore every failure record written before it and delete it; the next request starts one")
+    if not args.wait:
+        print(f"  {command(args, 'status')} shows its workers move to it (`--clear --wait` waits for a healthy "
+              "worker of the release it makes)")
+        return 0
+    if mine.version is None:
+        _untold(mine, args)
+        return EXIT_NOT_HEALTHY
+    outcome = _wait(api, after, args, _key(), mine.version)
+    if outcome.healthy:
+        _healthy(api, eid, outcome)
+        return 0
+    print(f"NOT HEALTHY: {masked([outcome.cause or 'unknown'], secrets)[0]}")
+    if outcome.worker:
+        print(f"  worker {outcome.worker}" + (", its log ends:" if outcome.log_tail else ""))
+        for line in masked(outcome.log_tail, secrets):
+            print(f"    {line}")
+    print(f"  the clear mark stays (a clear is not undone: it lifts records, it changes nothing a worker runs); "
+          f"{command(args, 'status')} and {command(args, 'logs')} show what its workers do")
+    return EXIT_NOT_HEALTHY
 
 
 COMMANDS = (
@@ -499,7 +664,7 @@ COMMANDS = (
                 Command("plan", "print the CreateEndpointRequest `up` would send (no key needed)", cmd_plan,
                         _plan_arguments),
                 Command("up", "create or update the endpoint by name, once the serverless catalog offers a GPU its "
-                        "CUDA runs on; --wait follows the release and undoes one that never turns healthy",
+                        "CUDA runs on; --wait follows the release it made and undoes one that never turns healthy",
                         cmd_up, _up_arguments),
                 Command("status", "the endpoint's workers, the rollout of its latest release, what it costs",
                         cmd_status, _status_arguments),

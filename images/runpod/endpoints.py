@@ -8,7 +8,11 @@ rollout.py.
                        reports a CUDA version the image runs (cuda_floor). Nothing is written before.
     upsert             the endpoint named like the plan: created, or PATCHed with only the fields
                        that differ (a second run writes nothing). The previous values of what the
-                       PATCH changes are kept, so a failed release can be undone.
+                       PATCH changes are kept, so a failed release can be undone; and which release
+                       it made (its version, `ours`), so the wait judges that release and no other.
+    ours / after       which of the endpoint's releases (GET .../releases) a PATCH made, and the
+                       releases made after a given one (by anyone: a teammate, CI); `describe` says
+                       one in a line (version, source, build, who, when, what changed).
     restore_body       the PATCH that puts those values back (never a secret's value: a variable
                        Kiln sends as a secret reference goes back as the reference);
                        restore_command the same PATCH as a command a user runs when Kiln could not.
@@ -31,7 +35,7 @@ from supervisor.errors import KilnError
 from supervisor.serverless.failures import CLEARED_ENV
 
 from . import volumes
-from .api import RunPodAPI
+from .api import RunPodAPI, RunPodAPIError
 from .cuda import compatible
 from .endpoint import RELEASE_FIELDS, Compute, EndpointPlan
 
@@ -136,6 +140,98 @@ def resolve(api: RunPodAPI, name: str) -> dict[str, Any]:
     return found
 
 
+# -- releases: which one is this command's ------------------------------------------------------
+# An Endpoint carries no version (the vendored schema's Endpoint); its releases do (Release.version,
+# "the endpoint configuration version this release produced"), as does each worker (Worker.version,
+# compared with the listing's endpointVersion). So a command that makes a release reads the
+# endpoint's version before its PATCH and the releases after it: the one it made is the release
+# after that version, and when others released in between, the one whose diff carries what it sent.
+def version_now(listing: dict[str, Any]) -> int | None:
+    """The endpoint's current version in a GET .../releases (or .../workers) answer."""
+    v = listing.get("endpointVersion")
+    if isinstance(v, int):
+        return v
+    vs = [r["version"] for r in listing.get("releases") or [] if isinstance(r, dict) and isinstance(r.get("version"), int)]
+    return max(vs) if vs else None
+
+
+def _releases(listing: dict[str, Any]) -> list[dict[str, Any]]:
+    """The releases that carry a version, oldest first."""
+    rs = [r for r in listing.get("releases") or [] if isinstance(r, dict) and isinstance(r.get("version"), int)]
+    return sorted(rs, key=lambda r: r["version"])
+
+
+def _carries(release: dict[str, Any], patch: dict[str, Any]) -> int:
+    """How many of the values a PATCH sent are among a release's diff's new values."""
+    news = [d.get("new") for d in release.get("diff") or [] if isinstance(d, dict)]
+    return sum(1 for value in patch.values() if any(n == value for n in news))
+
+
+@dataclass(frozen=True)
+class Ours:
+    version: int | None                          # the release this command made; None: it cannot tell
+    earlier: tuple[dict[str, Any], ...] = ()     # releases others made after it read the endpoint, before its own
+    unsure: tuple[dict[str, Any], ...] = ()      # the releases it could not tell apart (version None)
+
+
+def ours(listing: dict[str, Any], before: int | None, patch: dict[str, Any]) -> Ours:
+    """Which release in `listing` (GET .../releases after the PATCH) the PATCH made: the one release
+    after `before`, else the one whose diff carries the most of what was sent (a tie: it cannot tell)."""
+    newer = [r for r in _releases(listing) if before is None or r["version"] > before]
+    if not newer:                                # no release listed for it (yet): the version it is at
+        return Ours(version_now(listing))
+    if len(newer) == 1:
+        return Ours(newer[0]["version"])
+    scores = [_carries(r, patch) for r in newer]
+    best = max(scores)
+    if best == 0 or scores.count(best) > 1:
+        return Ours(None, unsure=tuple(newer))
+    mine = newer[scores.index(best)]
+    return Ours(mine["version"], earlier=tuple(r for r in newer if r["version"] < mine["version"]))
+
+
+def after(api: RunPodAPI, endpoint_id: str, version: int | None) -> list[dict[str, Any]]:
+    """The releases made after `version` (by anyone), oldest first; [] when none or it cannot be read."""
+    if version is None:
+        return []
+    listing = api.endpoint_releases(endpoint_id)
+    newer = [r for r in _releases(listing) if r["version"] > version]
+    now = version_now(listing)
+    if not newer and now is not None and now > version:          # versions listed without their releases
+        newer = [{"version": now}]
+    return newer
+
+
+def describe(release: dict[str, Any]) -> str:
+    """A release in one line: version, what made it (source, build), who, when, what changed."""
+    made = str(release.get("source") or "source unknown")
+    if release.get("buildId"):
+        made += f" build {release['buildId']}"
+    if release.get("createdByUserId"):
+        made += f" by user {release['createdByUserId']}"
+    if release.get("createdAt"):
+        made += f", {release['createdAt']}"
+    fields = ", ".join(str(d.get("field")) for d in release.get("diff") or [] if isinstance(d, dict))
+    return f"v{release.get('version')} ({made}, changed: {fields or 'not listed'})"
+
+
+def patch_release(api: RunPodAPI, endpoint_id: str, patch: dict[str, Any], before: int | None) \
+        -> tuple[dict[str, Any], Ours]:
+    """PATCH the endpoint and tell which release that made (`before`: its version when it was read)."""
+    e = api.update_endpoint(endpoint_id, patch)
+    try:
+        return e, ours(api.endpoint_releases(endpoint_id), before, patch)
+    except RunPodAPIError:
+        return e, Ours(None)
+
+
+def read_version(api: RunPodAPI, endpoint_id: str) -> int | None:
+    try:
+        return version_now(api.endpoint_releases(endpoint_id))
+    except RunPodAPIError:
+        return None
+
+
 # -- create or update -----------------------------------------------------------------------------
 @dataclass(frozen=True)
 class Change:
@@ -143,6 +239,7 @@ class Change:
     endpoint: dict[str, Any]             # RunPod's Endpoint after the change
     patch: dict[str, Any]                # what was sent ({} when created or unchanged)
     previous: dict[str, Any]             # the endpoint before (empty when created)
+    ours: Ours = Ours(None)              # the release it made (created, updated), or the one it found (unchanged)
 
     @property
     def new_release(self) -> bool:
@@ -198,23 +295,35 @@ def differences(existing: dict[str, Any], body: dict[str, Any], secret_keys: fro
     return patch
 
 
-def upsert(api: RunPodAPI, plan: EndpointPlan) -> Change:
-    """Create the endpoint named like the plan, or PATCH the one with that name to it."""
+def upsert(api: RunPodAPI, plan: EndpointPlan, *, down: str = "`endpoint down`") -> Change:
+    """Create the endpoint named like the plan, or PATCH the one with that name to it. `down`: the
+    command that deletes it, for a refusal to say."""
     body = plan.body
-    existing = find(api, plan.name)
-    if existing is None:
-        return Change("created", api.create_endpoint(body), {}, {})
-    if existing.get("type") not in (None, "LOAD_BALANCER"):
-        raise KilnError(f"endpoint {plan.name!r} ({existing.get('id')}) is a {existing.get('type')} endpoint and an "
-                        "endpoint's type cannot change: `endpoint down` it, or choose another --name")
-    if ("gpu" in body) != bool(existing.get("gpu")):
-        family = "GPU" if existing.get("gpu") else "CPU"
-        raise KilnError(f"endpoint {plan.name!r} ({existing.get('id')}) is a {family} endpoint and its compute "
-                        "family cannot change: `endpoint down` it, or choose another --name")
+    found = find(api, plan.name)
+    if found is None:
+        e = api.create_endpoint(body)
+        try:                                         # the endpoint's first release: nobody else's yet
+            first = _releases(api.endpoint_releases(str(e["id"])))
+        except RunPodAPIError:
+            first = []
+        return Change("created", e, {}, {}, Ours(first[0]["version"] if first else None))
+    if found.get("type") not in (None, "LOAD_BALANCER"):
+        raise KilnError(f"endpoint {plan.name!r} ({found.get('id')}) is a {found.get('type')} endpoint and an "
+                        f"endpoint's type cannot change: {down} deletes it, or choose another --name")
+    if ("gpu" in body) != bool(found.get("gpu")):
+        family = "GPU" if found.get("gpu") else "CPU"
+        raise KilnError(f"endpoint {plan.name!r} ({found.get('id')}) is a {family} endpoint and its compute "
+                        f"family cannot change: {down} deletes it, or choose another --name")
+    eid = str(found["id"])
+    # The version first, then the endpoint: what a restore would put back is that version's, or a
+    # later one's (then the releases listed after the PATCH name the one between: `earlier`).
+    before = read_version(api, eid)
+    existing = api.endpoint(eid) if before is not None else found
     patch = differences(existing, body, plan.secret_keys)
     if not patch:
-        return Change("unchanged", existing, {}, existing)
-    return Change("updated", api.update_endpoint(str(existing["id"]), patch), patch, existing)
+        return Change("unchanged", existing, {}, existing, Ours(before))
+    e, mine = patch_release(api, eid, patch, before)
+    return Change("updated", e, patch, existing, mine)
 
 
 def restore_body(change: Change, secret_keys: frozenset[str], refs: dict[str, str]) -> dict[str, Any]:
@@ -302,10 +411,11 @@ def drop_created(api: RunPodAPI, vol: volumes.Volume | None, say: Say) -> None:
         "which was not written)")
 
 
-def delete(api: RunPodAPI, endpoint: dict[str, Any], say: Say, *, delete_volumes: bool = False) -> list[str]:
+def delete(api: RunPodAPI, endpoint: dict[str, Any], say: Say, *, delete_volumes: bool = False,
+           down: str = "`endpoint down`") -> list[str]:
     """Delete the endpoint (its workers end with it); its network volumes too when asked, and only
     when nothing else mounts them: otherwise nothing is deleted and the users are named. Returns
-    the ids of the volumes kept."""
+    the ids of the volumes kept. `down`: the command that deletes it, for a refusal to name."""
     eid = str(endpoint["id"])
     if delete_volumes:
         shared = {str(v): volumes.users(api, str(v), besides=eid) for v in endpoint.get("networkVolumes") or []}
@@ -313,7 +423,7 @@ def delete(api: RunPodAPI, endpoint: dict[str, Any], say: Say, *, delete_volumes
         if shared:
             named = "; ".join(f"{v} is mounted by {', '.join(users)}" for v, users in shared.items())
             raise KilnError(f"--delete-volume: {named}: deleting it would take their weights and caches away. "
-                            f"Nothing was deleted; `endpoint down` without --delete-volume deletes endpoint "
+                            f"Nothing was deleted; {down} (without --delete-volume) deletes endpoint "
                             f"{endpoint.get('name')} and keeps the volume")
     if api.delete_endpoint(eid):
         say(f"endpoint {endpoint.get('name')} ({eid}): deleted, with its workers")

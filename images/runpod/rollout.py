@@ -1,26 +1,33 @@
-"""`endpoint up --wait`: until a worker of the endpoint's latest release reports healthy, and what
-went wrong when none does.
+"""`endpoint up --wait`: until a worker of the release `up` made reports healthy, and what went
+wrong when none does.
 
-    wait_healthy   poll GET /v2/serverless/{id}/workers: a worker that is not stale (isStale, the
-                   authoritative flag) and IDLE or RUNNING passed its health path (200: the
+    wait_healthy   poll GET /v2/serverless/{id}/workers: a worker of the release it follows (its
+                   `version` that release's; one listed without a version: not stale, isStale the
+                   authoritative flag, while that release is the endpoint's latest) and IDLE or
+                   RUNNING passed its health path (200: the
                    supervisor serves, its selftest passed or is off); it is healthy once it was
                    read so at every read for the settle window (SETTLE_S), not at its first 200:
                    one that falls out of ready within it failed. While it waits, one request at a
                    time goes to the endpoint's URL (RunPod's key in Authorization, as its docs
                    show), because a load-balancing endpoint at zero workers starts one only for a
-                   request in flight. A worker of the latest release fails when it turns UNHEALTHY
+                   request in flight. A worker of the release fails when it turns UNHEALTHY
                    or leaves the list before it turned healthy (its process ended); its log is read
                    at once (GET .../workers/{workerId}/logs; whether a log outlives its worker is not
                    documented: it is asked for anyway), where the supervisor's one failure line
                    names the class and cause whatever the phase. FAILED_WORKERS failed workers and
                    none healthy end the wait at once: the release is rolled back, no timeout is
-                   waited out (a bad config woke ~95 billed workers in 20 s that way).
+                   waited out (a bad config woke ~95 billed workers in 20 s that way). A release
+                   made after it (a teammate's, CI's: the listing's endpointVersion moved on) ends
+                   the wait at once: its workers are never taken for the followed release's, and
+                   Outcome.replaced_by names it.
     failure_line   that line, out of a worker's log.
     checked        what a healthy worker's 200 vouched for, out of its log: the selftest's PASSED
                    line (probe set, time), or that none ran (the selftest off: nothing checked the
                    model's answers).
 
-The caller (images/cli/endpoint.py) restores the previous release when a new one fails.
+The caller (images/cli/endpoint.py) restores the previous release when a new one fails and is
+still the endpoint's latest; a release that was replaced is never rolled back (that would undo the
+newer one).
 """
 
 from __future__ import annotations
@@ -36,6 +43,7 @@ import requests
 from supervisor.redact import redact
 from supervisor.runpod_env import RELEASE_LINE
 
+from . import endpoints
 from .api import RunPodAPI, RunPodAPIError
 from .endpoint import HEALTH_CHECK_PATH
 
@@ -92,6 +100,7 @@ class Outcome:
     log_tail: list[str] = field(default_factory=list)
     failed: int = 0                         # workers of the release that failed
     settled_s: float = 0.0                  # the healthy worker was read ready this long, at every read
+    replaced_by: list[dict[str, Any]] = field(default_factory=list)   # releases made after it, oldest first
 
 
 class Waker:
@@ -129,20 +138,66 @@ def _log_lines(api: RunPodAPI, endpoint_id: str, worker_id: str) -> list[str]:
     return [str(e.get("line", "")) for e in events]
 
 
-def _describe(workers: list[dict[str, Any]]) -> str:
+def _describe(workers: list[dict[str, Any]], version: int | None) -> str:
     if not workers:
         return "no worker yet"
-    return ", ".join(f"{w.get('id')} {w.get('status')}{' (old release)' if w.get('isStale') else ''}"
-                     for w in workers)
+
+    def other(w: dict[str, Any]) -> str:
+        v = w.get("version")
+        if isinstance(v, int) and version is not None and v != version:
+            return f" (v{v}, another release)"
+        return " (old release)" if w.get("isStale") else ""
+    return ", ".join(f"{w.get('id')} {w.get('status')}{other(w)}" for w in workers)
+
+
+def _of(w: dict[str, Any], version: int | None, current: int | None, latest_only: bool) -> bool:
+    """Whether a listed worker runs the release followed. Its `version` says; without one (RunPod:
+    "null if unknown"), a worker not stale while that release is the endpoint's latest. Without
+    `latest_only` (a change that replaced no container), one of that release or an older one."""
+    v = w.get("version")
+    if isinstance(v, int) and version is not None:
+        return v == version if latest_only else v <= version
+    if version is not None and current is not None and current != version:
+        return False
+    return not w.get("isStale") or not latest_only
+
+
+def _current(api: RunPodAPI, eid: str, listing: dict[str, Any]) -> int | None:
+    v = listing.get("endpointVersion")
+    if isinstance(v, int):
+        return v
+    try:                                     # the listing did not say ("null if unknown"): the releases do
+        return endpoints.version_now(api.endpoint_releases(eid))
+    except RunPodAPIError:
+        return None
+
+
+def _replaced(api: RunPodAPI, eid: str, version: int, current: int, failed: dict[str, list[str]],
+              ready_since: dict[str, float], now: float) -> Outcome:
+    """A later release replaced the one followed before a worker of it proved healthy."""
+    try:
+        newer = endpoints.after(api, eid, version)
+    except RunPodAPIError:
+        newer = []
+    newer = newer or [{"version": current}]
+    ready = [t for wid, t in ready_since.items() if wid not in failed]
+    state = (f"a worker of it was ready for {now - min(ready):.0f} s, short of the settle window" if ready
+             else "no worker of it had turned healthy")
+    if failed:
+        state += f"; {len(failed)} of its workers failed ({', '.join(failed)})"
+    return Outcome(False, version, cause=f"release v{version} (the one this command made) was replaced by "
+                   f"{'; '.join(endpoints.describe(r) for r in newer)} before it proved healthy ({state})",
+                   failed=len(failed), replaced_by=newer)
 
 
 def wait_healthy(api: RunPodAPI, endpoint: dict[str, Any], say: Say, *, api_key: str, timeout_s: float,
                  poll_s: float = 5.0, settle_s: float = SETTLE_S, wake: bool = True, latest_only: bool = True,
-                 session: requests.Session | None = None) -> Outcome:
-    """Until a worker of the latest release has been ready for `settle_s` at every read, FAILED_WORKERS
-    of them failed, or `timeout_s` passes (a worker settling then may finish its window). Without
-    `latest_only` (a change that replaces no container: workers, scaling) any worker will do: whether
-    RunPod marks the running ones stale then is not documented."""
+                 release: int | None = None, session: requests.Session | None = None) -> Outcome:
+    """Until a worker of release `release` (the caller's own; None: the version first listed) has
+    been ready for `settle_s` at every read, FAILED_WORKERS of them failed, a later release replaced
+    it, or `timeout_s` passes (a worker settling then may finish its window). Without `latest_only`
+    (a change that replaces no container: workers, scaling) a worker of an older release will do
+    too: whether RunPod marks the running ones stale then is not documented."""
     eid = str(endpoint["id"])
     session = session or requests.Session()
     deadline = time.monotonic() + timeout_s
@@ -152,21 +207,27 @@ def wait_healthy(api: RunPodAPI, endpoint: dict[str, Any], say: Say, *, api_key:
     ready_since: dict[str, float] = {}       # worker id -> when it was first read ready (monotonic)
     left: set[str] = set()                   # ready, then stopped by RunPod with nothing wrong in its log
     last = ""
-    version: int | None = None
+    version = release
     waker = Waker(health_url(endpoint), api_key, session) if wake else None
     if waker:
         waker.__enter__()
     try:
         while True:
             listing = api.endpoint_workers(eid)
-            version = listing.get("endpointVersion")
+            current = _current(api, eid, listing)
+            if version is None:
+                version = current
             workers = [w for w in listing.get("workers") or [] if isinstance(w, dict)]
-            latest = [w for w in workers if not w.get("isStale") or not latest_only]
-            line = f"release v{version}: {_describe(workers)}"
+            line = f"release v{version}: {_describe(workers, version)}"
             if line != last:
                 say(line)
                 last = line
             now = time.monotonic()
+            if version is not None and current is not None and current > version:
+                # Released over: the newer release's workers are not this one's to judge, healthy or
+                # not, and this one no longer serves (its workers are replaced, or move on).
+                return _replaced(api, eid, version, current, failed, ready_since, now)
+            latest = [w for w in workers if _of(w, version, current, latest_only)]
             listed = {str(w.get("id")): str(w.get("status")) for w in latest}
             # Failed: UNHEALTHY (its health path said it can never serve), gone from the list before
             # it was ever ready (the process ended: "only active workers" are listed), or ready once
@@ -203,7 +264,7 @@ def wait_healthy(api: RunPodAPI, endpoint: dict[str, Any], say: Say, *, api_key:
                     return _failed(version, failed, why, f"{len(failed)} workers of release v{version} failed and "
                                    "none turned healthy")
                 return _failed(version, failed, why, f"no worker of release v{version} turned healthy within "
-                               f"{timeout_s:.0f} s (last: {_describe(workers)})")
+                               f"{timeout_s:.0f} s (last: {_describe(workers, version)})")
             time.sleep(poll_s)               # the polling interval of a condition wait with a deadline
     finally:
         if waker:

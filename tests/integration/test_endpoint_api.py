@@ -7,6 +7,8 @@ status, logs and down name what exists when asked for what does not."""
 from __future__ import annotations
 
 import json
+import re
+import shlex
 import signal
 import os
 import subprocess
@@ -369,3 +371,129 @@ def test_pods_volumes_delete_refuses_a_volume_an_endpoint_or_a_pod_still_mounts(
     assert r.returncode == 0 and f"network volume {vol}: deleted" in r.stdout, r.stderr
     assert standin.volumes == {}
     no_canary(r.stdout, r.stderr)
+
+
+def waiting_up(standin, *extra: str) -> tuple[dict, subprocess.Popen]:
+    """An endpoint on r.example/k:old, then `up --wait` of r.example/k:new over it, started and waiting
+    on the new release's workers (none can start on this stand-in: no WorkerRunner)."""
+    first = endpoint_cli(standin, "up", "--target", TARGET, "--no-network-volume", "--image-ref", "r.example/k:old")
+    assert first.returncode == 0, first.stderr
+    (e,) = standin.endpoints.values()
+    cli = subprocess.Popen([sys.executable, str(ROOT / "build.py"), "endpoint", "up", "--target", TARGET,
+                            "--no-network-volume", "--image-ref", "r.example/k:new", "--wait", *extra],
+                           cwd=ROOT, env=cli_env(standin), text=True, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                           preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
+    wait_for(lambda: any(q["method"] == "GET" and q["path"].endswith("/workers") for q in standin.requests),
+             60, "the CLI waiting on the new release's workers")
+    assert standin.endpoints[e["id"]]["image"] == "r.example/k:new" and standin.endpoints[e["id"]]["_version"] == 2
+    return e, cli
+
+
+def teammate_releases(standin, e: dict, image: str = "r.example/k:team") -> None:
+    """What a teammate (or CI) does meanwhile: a PATCH of the endpoint through RunPod's API, a release."""
+    RunPodAPI(ACCOUNT_KEY, standin.url).update_endpoint(e["id"], {"image": image})
+    assert standin.endpoints[e["id"]]["_version"] == 3
+
+
+def test_a_release_made_during_up_wait_is_named_and_never_rolled_back(standin):
+    # issue 50 item 3: the wait followed the endpoint's latest release (the teammate's), then its
+    # rollback PATCHed the image it had read before its own release over the teammate's.
+    e, cli = waiting_up(standin, "--poll", "0.2", "--timeout", "30")
+    try:
+        teammate_releases(standin, e)
+        out, err = cli.communicate(timeout=120)
+    finally:
+        if cli.poll() is None:
+            cli.kill()
+    assert cli.returncode == 1, out + err
+    assert standin.endpoints[e["id"]]["image"] == "r.example/k:team", "the teammate's release was rolled back"
+    assert [q["body"] for q in standin.requests if q["method"] == "PATCH"] == [{"image": "r.example/k:new"},
+                                                                               {"image": "r.example/k:team"}]
+    assert "release v2 (the one this command made) was replaced by v3 (MANUAL by user user_standin" in out, out + err
+    assert "changed: template.imageName" in out and "nothing was rolled back" in out, out
+    assert "release v3:" not in err and "of release v3" not in out + err, err
+    no_canary(out, err)
+
+
+def test_ctrl_c_after_another_release_replaced_ours_puts_nothing_back(standin):
+    # issue 50 item 3: the restore on Ctrl-C PATCHed "the previous image" without reading what is live.
+    e, cli = waiting_up(standin, "--poll", "120", "--timeout", "600")     # no read of the workers in between
+    try:
+        teammate_releases(standin, e)
+        cli.send_signal(signal.SIGINT)
+        out, err = cli.communicate(timeout=60)
+    finally:
+        if cli.poll() is None:
+            cli.kill()
+    assert cli.returncode == 130, out + err
+    assert standin.endpoints[e["id"]]["image"] == "r.example/k:team", "the teammate's release was rolled back"
+    assert len([q for q in standin.requests if q["method"] == "PATCH"]) == 2, standin.requests
+    assert "v3 (MANUAL by user user_standin" in out and "nothing was put back" in out, out + err
+    no_canary(out, err)
+
+
+def printed_commands(text: str) -> list[str]:
+    return [m for m in re.findall(r"`(python build\.py endpoint [^`]+)`", text)]
+
+
+def test_every_command_up_prints_names_the_endpoint_it_made(standin):
+    # issue 50 item 5a: `up --name X` printed `endpoint status --target T`, which finds kiln-T, not X.
+    up = endpoint_cli(standin, "up", "--target", TARGET, "--no-network-volume", "--name", "kiln-team-x")
+    assert up.returncode == 0, up.stdout + up.stderr
+    commands = printed_commands(up.stdout)
+    assert {c.split()[3] for c in commands} >= {"status", "logs", "down", "failures"}, up.stdout
+    for c in commands:
+        assert "--name kiln-team-x" in c, c
+    (status,) = [c for c in commands if c.split()[3] == "status"]
+    shown = subprocess.run([sys.executable, *shlex.split(status)[1:]], capture_output=True, text=True, cwd=ROOT,
+                           env=cli_env(standin), timeout=120)          # run as printed
+    assert shown.returncode == 0 and "endpoint kiln-team-x (" in shown.stdout, shown.stdout + shown.stderr
+    # the command a release that never turned healthy prints (nothing to restore: it was created)
+    failed = endpoint_cli(standin, "up", "--target", TARGET, "--no-network-volume", "--name", "kiln-team-y",
+                          "--wait", "--timeout", "1", "--poll", "0.2")
+    assert failed.returncode == 1, failed.stdout + failed.stderr
+    commands = printed_commands(failed.stdout)
+    assert any(c.split()[3] == "down" for c in commands), failed.stdout
+    for c in commands:
+        assert "--name kiln-team-y" in c, c
+
+
+def test_up_shows_a_key_restricted_to_the_endpoint_as_the_client_key_never_the_account_key(standin):
+    # issue 50 item 5b: every `up` printed `curl -H "Authorization: Bearer $RUNPOD_API_KEY"` as the
+    # client's example: that key can delete pods and volumes.
+    up = endpoint_cli(standin, *UP)
+    assert up.returncode == 0, up.stderr
+    (e,) = standin.endpoints.values()
+    assert "Bearer $RUNPOD_API_KEY" not in up.stdout, up.stdout
+    assert f"a RunPod API key restricted to this endpoint ({e['id']})" in up.stdout, up.stdout
+    assert "RUNPOD_API_KEY" in up.stdout and "can also create and delete pods, endpoints and network volumes" \
+        in up.stdout, up.stdout
+    assert "server key (RunPod secret 'kiln_api_key'" in up.stdout, up.stdout
+    no_canary(up.stdout, up.stderr)
+
+
+class Racing(ServerlessStandIn):
+    """A teammate's PATCH of the image lands between `up`'s read of the endpoint and its own PATCH."""
+
+    def _update(self, eid, body):
+        if body.get("image") == "r.example/k:new":
+            super()._update(eid, {"image": "r.example/k:team"})
+        return super()._update(eid, body)
+
+
+def test_a_release_between_ups_read_and_its_patch_is_not_undone_by_its_rollback():
+    # issue 50 item 3: the rollback PATCHed the image `up` had read, undoing the release made meanwhile.
+    with Racing(ACCOUNT_KEY, secrets={"hf_token": HF_CANARY, "kiln_api_key": SERVER_KEY}) as standin:
+        first = endpoint_cli(standin, "up", "--target", TARGET, "--no-network-volume", "--image-ref", "r.example/k:old")
+        assert first.returncode == 0, first.stderr
+        (e,) = standin.endpoints.values()
+        r = endpoint_cli(standin, "up", "--target", TARGET, "--no-network-volume", "--image-ref", "r.example/k:new",
+                         "--wait", "--timeout", "1", "--poll", "0.2")
+        assert r.returncode == 1, r.stdout + r.stderr
+        assert [x["version"] for x in standin.releases[e["id"]]] == [3, 2, 1]
+        assert "release v3: this up's" in r.stderr and "no worker of release v3 turned healthy" in r.stdout, r.stdout
+        assert "nothing was rolled back: v2 (MANUAL by user user_standin" in r.stdout, r.stdout
+        assert "came between this up's read of the endpoint and its own release v3" in r.stdout, r.stdout
+        assert standin.endpoints[e["id"]]["image"] == "r.example/k:new", "put back the image from before v2"
+        no_canary(r.stdout, r.stderr)
+    assert standin.faults == []

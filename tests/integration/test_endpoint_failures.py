@@ -11,12 +11,14 @@ import json
 import os
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
 
 from images.runpod import failures
 from kiln_dev.runpod import ServerlessStandIn
+from kiln_dev.supervised import wait_for
 
 ROOT = Path(__file__).resolve().parents[2]
 TARGET = "a40-vllm"
@@ -86,3 +88,39 @@ def test_clear_on_an_endpoint_whose_target_is_gone_is_refused_pointing_at_the_vo
     assert "aws s3 rm --recursive" in r.stdout
     (e,) = standin.endpoints.values()
     assert failures.CLEARED_ENV not in e["env"]
+
+
+def test_clear_says_it_replaces_every_worker_before_it_does_and_how_to_watch_or_waits(standin):
+    # issue 50 item 5d: --clear made a release (every worker replaced) without saying so or waiting.
+    up = endpoint_cli(standin, "up", "--target", TARGET, "--no-network-volume", "--name", "kiln-f")
+    assert up.returncode == 0, up.stderr
+    (e,) = standin.endpoints.values()
+    standin.fail_on[("PATCH", f"/v2/serverless/{e['id']}")] = (503, "service unavailable")
+    refused = endpoint_cli(standin, "failures", "--target", TARGET, "--name", "kiln-f", "--clear")
+    assert refused.returncode == 2, refused.stdout + refused.stderr
+    # said before the PATCH was sent (this one failed): a release, and what it does to the workers
+    assert "--clear is a new release of endpoint kiln-f: every worker is replaced" in refused.stdout, refused.stdout
+    assert failures.CLEARED_ENV not in standin.endpoints[e["id"]]["env"]
+
+    cleared = endpoint_cli(standin, "failures", "--target", TARGET, "--name", "kiln-f", "--clear")
+    assert cleared.returncode == 0, cleared.stdout + cleared.stderr
+    assert "(a new release): v2, whose workers ignore" in cleared.stdout, cleared.stdout
+    assert f"`python build.py endpoint status --target {TARGET} --name kiln-f`" in cleared.stdout, cleared.stdout
+    assert "--wait" in cleared.stdout
+
+    # --wait follows its release as `up --wait` does; no worker can start here, so it is not healthy:
+    # exit 1, and the mark stays (a clear is never undone). The mark is a time in seconds: a second
+    # clear within the same second would change nothing.
+    mark = standin.endpoints[e["id"]]["env"][failures.CLEARED_ENV]
+    wait_for(lambda: int(time.time()) > int(mark), 5, "the next second, for a clear mark that differs")
+    waited = endpoint_cli(standin, "failures", "--target", TARGET, "--name", "kiln-f", "--clear", "--wait",
+                          "--timeout", "1", "--poll", "0.2")
+    assert waited.returncode == 1, waited.stdout + waited.stderr
+    assert "no worker of release v3 turned healthy within 1 s" in waited.stdout, waited.stdout
+    after = standin.endpoints[e["id"]]
+    assert after["_version"] == 3 and after["env"][failures.CLEARED_ENV].isdigit()
+    assert len([q for q in standin.requests if q["method"] == "PATCH"]) == 3     # the refused one, two clears
+    assert endpoint_cli(standin, "failures", "--target", TARGET, "--timeout", "1").returncode == 2   # only with --wait
+    for text in (refused.stdout, cleared.stdout, waited.stdout, waited.stderr):
+        for canary in (ACCOUNT_KEY, HF_CANARY, SERVER_KEY):
+            assert canary not in text

@@ -125,3 +125,59 @@ def test_a_healthy_release_says_what_its_health_check_vouched_for(tmp_path, tiny
         assert "is healthy: ready, and still ready 2 s later" in up.stderr, up.stderr
         assert "its selftest passed" not in up.stderr
         assert "no selftest ran on it" in up.stderr, up.stderr
+
+
+SLOW, TEAM = "r.example/kiln:slow", "r.example/kiln:team"
+
+
+def slow_config_for(tiny: Path, tmp_path: Path):
+    """SLOW's workers load for ten minutes (initializing all along); every other image's serve at once."""
+    def config_for(endpoint, worker_id, volume):
+        slow = str(endpoint.get("image", "")).endswith(":slow")
+        env = {"KILN_FAKE_SCENARIO": "slow-loading-progress", "KILN_FAKE_LOAD_S": "600",
+               "KILN_FAKE_DOT_S": "1"} if slow else None
+        return worker_config(tiny, tmp_path / "disk" / worker_id / "kiln", rung_env=env)
+    return config_for
+
+
+def test_a_teammates_release_during_the_wait_is_never_reported_as_ours(tmp_path, tiny):
+    # issue 50 item 3: `up --wait` followed the endpoint's latest release: a teammate's release made
+    # during the wait turned healthy, and `up` said "release v3 is healthy" and exited 0 for a release
+    # of its own (v2) that never served.
+    from kiln_dev.supervised import wait_for
+    from images.runpod.api import RunPodAPI
+
+    with standin_with(tmp_path, slow_config_for(tiny, tmp_path)) as standin:
+        first = endpoint_cli(standin, "up", "--target", TARGET, "--image-ref", GOOD, "--no-network-volume")
+        assert first.returncode == 0, first.stderr
+        (e,) = standin.endpoints.values()
+        env = {**os.environ, "RUNPOD_API_KEY": ACCOUNT_KEY, "RUNPOD_API_URL": standin.url}
+        cli = subprocess.Popen([sys.executable, str(ROOT / "build.py"), "endpoint", "up", "--target", TARGET,
+                                "--image-ref", SLOW, "--no-network-volume", "--wait", "--poll", "0.2", "--settle", "2",
+                                "--timeout", "300"], cwd=ROOT, env=env, text=True, stdout=subprocess.PIPE,
+                               stderr=subprocess.PIPE)
+        try:
+            wait_for(lambda: any(w.image == SLOW for w in standin.started_workers), 120,
+                     "a worker of this up's release (v2) started")
+            RunPodAPI(ACCOUNT_KEY, standin.url).update_endpoint(e["id"], {"image": TEAM})     # the teammate
+            out, err = cli.communicate(timeout=300)
+        finally:
+            if cli.poll() is None:
+                cli.kill()
+        assert cli.returncode == 1, out + err
+        assert "is healthy" not in err and "release v2 (the one this command made) was replaced by v3 (MANUAL" in out, out + err
+        assert standin.endpoints[e["id"]]["image"] == TEAM, "the teammate's release was rolled back"
+        assert ACCOUNT_KEY not in out + err
+
+
+def test_failures_clear_wait_follows_its_release_until_a_worker_of_it_is_healthy(tmp_path, tiny):
+    # issue 50 item 5d: --clear replaces every worker; --wait follows that release as `up --wait` does
+    with standin_with(tmp_path, crashy_config_for(tiny, tmp_path)) as standin:
+        first = endpoint_cli(standin, "up", "--target", TARGET, "--image-ref", GOOD, "--no-network-volume")
+        assert first.returncode == 0, first.stderr
+        r = endpoint_cli(standin, "failures", "--target", TARGET, "--clear", "--wait", "--poll", "0.2", "--settle", "2",
+                         "--timeout", "180")
+        assert r.returncode == 0, r.stdout + r.stderr
+        assert "of release v2 is healthy" in r.stderr, r.stderr
+        (w,) = [w for w in standin.started_workers]
+        assert w.version == 2

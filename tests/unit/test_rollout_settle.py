@@ -52,3 +52,48 @@ def test_a_worker_that_leaves_with_a_failure_in_its_log_still_fails_it() -> None
     api = ScriptedListings(crashed, {"a": lines, "b": lines})
     out, said = wait(api, settle_s=60)
     assert not out.healthy and out.failed == 2, (out, said)
+
+
+class Releasing(ScriptedListings):
+    """The endpoint's version moves from 2 to 3 (someone else's release) after `at` polls: its workers
+    carry their version, as GET /v2/serverless/{id}/workers lists them."""
+
+    def __init__(self, listings, at: int):
+        super().__init__(listings, {})
+        self.at = at
+
+    def endpoint_workers(self, eid: str) -> dict[str, Any]:
+        out = super().endpoint_workers(eid)
+        return {**out, "endpointVersion": 2 if self.polls <= self.at else 3}
+
+    def endpoint_releases(self, eid: str) -> dict[str, Any]:
+        diff = [{"field": "template.imageName", "old": "r/k:ours", "new": "r/k:theirs"}]
+        return {"endpointVersion": 3, "rollout": {}, "releases": [
+            {"id": "rel_3", "version": 3, "source": "GIT_BUILD", "buildId": "build_9", "createdByUserId": "user_ci",
+             "workerCount": 1, "createdAt": "2026-12-05T10:00:00Z", "diff": diff},
+            {"id": "rel_2", "version": 2, "source": "MANUAL", "createdByUserId": "user_me", "workerCount": 0,
+             "createdAt": "2026-12-05T09:59:00Z", "diff": []}]}
+
+
+def v(wid: str, status: str, version: int, stale: bool = False) -> dict[str, Any]:
+    return {"id": wid, "status": status, "isStale": stale, "version": version}
+
+
+def test_a_release_made_by_someone_else_during_the_wait_is_never_reported_as_ours() -> None:
+    # issue 50 item 3: the wait followed the endpoint's latest release and called CI's worker ours.
+    listings = [[v("a", "INITIALIZING", 2)], [v("a", "INITIALIZING", 2, stale=True), v("b", "INITIALIZING", 3)]] \
+        + [[v("b", "IDLE", 3)]]
+    api = Releasing(listings, at=1)
+    out, said = wait(api, settle_s=0.05)
+    assert not out.healthy and out.version == 2, (out, said)
+    assert [r["version"] for r in out.replaced_by] == [3], out
+    assert "v3 (GIT_BUILD build build_9 by user user_ci" in (out.cause or ""), out.cause
+    assert not any("b of release" in line or "is healthy" in line for line in said), said
+
+
+def test_workers_of_another_release_neither_settle_nor_fail_ours() -> None:
+    # a worker of version 1 (an old release still draining) turning ready is not ours; ours (2) settles
+    listings = [[v("old", "IDLE", 1, stale=True), v("a", "INITIALIZING", 2)]] + [[v("old", "IDLE", 1, stale=True),
+                                                                                 v("a", "IDLE", 2)]]
+    out, said = wait(ScriptedListings(listings, {}), settle_s=0.05)
+    assert out.healthy and out.worker == "a" and out.version == 2, (out, said)

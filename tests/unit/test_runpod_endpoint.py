@@ -196,3 +196,29 @@ def test_an_unhealthy_worker_bills_until_it_is_stopped():
 
     workers = [{"status": s} for s in ("RUNNING", "IDLE", "INITIALIZING", "UNHEALTHY", "UNHEALTHY", "THROTTLED")]
     assert billed(workers) == 5
+
+
+def release(version, image=None, by="user_a"):
+    diff = [{"field": "template.imageName", "old": "r/k:before", "new": image}] if image else []
+    return {"id": f"rel_{version}", "version": version, "source": "MANUAL", "createdByUserId": by, "workerCount": 0,
+            "createdAt": "2026-12-05T10:00:00Z", "diff": diff}
+
+
+def test_the_release_a_patch_made_is_told_from_one_made_at_the_same_time():
+    # issue 50 item 3: `up` followed whatever release was latest; it tells its own by version.
+    patch = {"image": "r/k:ours"}
+    alone = {"endpointVersion": 3, "releases": [release(3, "r/k:ours"), release(2), release(1)]}
+    assert endpoints.ours(alone, 2, patch) == endpoints.Ours(3)
+    # a teammate's release landed between the read (v2) and the PATCH: ours is the one carrying our image
+    raced = {"endpointVersion": 4, "releases": [release(4, "r/k:ours"), release(3, "r/k:team", by="user_b"), release(2)]}
+    mine = endpoints.ours(raced, 2, patch)
+    assert mine.version == 4 and [r["version"] for r in mine.earlier] == [3]
+    # ... or right after ours: ours is v3, and the wait sees v4 replace it
+    after = {"endpointVersion": 4, "releases": [release(4, "r/k:team", by="user_b"), release(3, "r/k:ours"), release(2)]}
+    assert endpoints.ours(after, 2, patch) == endpoints.Ours(3)
+    # two releases neither of which carries what was sent: it cannot tell, and says so
+    blind = {"endpointVersion": 4, "releases": [release(4), release(3), release(2)]}
+    unsure = endpoints.ours(blind, 2, patch)
+    assert unsure.version is None and [r["version"] for r in unsure.unsure] == [3, 4]
+    assert endpoints.describe(raced["releases"][1]) == ("v3 (MANUAL by user user_b, 2026-12-05T10:00:00Z, changed: "
+                                                         "template.imageName)")
