@@ -33,3 +33,16 @@ def test_a_flag_the_config_gives_itself_is_the_configs_not_kilns():
     given = parse_config(text.replace('args = [', 'args = ["--served-model-name", "mine", ', 1), env={})
     assert "--served-model-name" in kiln_flags(registry.get("vllm"), cfg, mine)
     assert "--served-model-name" not in kiln_flags(registry.get("vllm"), given, given.ladder.rungs[0])
+
+
+def test_a_cluster_configs_node_flags_are_read_from_the_cluster_builder_for_rank_0_and_a_headless_rank():
+    from images.upgrade.kiln_argv import NODE_BUILDER, node_flags
+
+    cluster = load_config(ROOT / "images/deploy/kimi-k3-nvfp4-b200-cluster.toml", env={})
+    assert node_flags(registry.get("vllm"), cluster, nodes=2) == [
+        "--nnodes", "--node-rank", "--master-addr", "--master-port", "--headless"]
+    assert NODE_BUILDER == "supervisor/cluster/engine.py argv"
+    single = load_config(ROOT / "images/deploy/qwen3-coder-a40.toml", env={})
+    assert node_flags(registry.get("vllm"), single, nodes=1) == []               # one pod: no node argv
+    llama = load_config(ROOT / "images/deploy/cpu-small.toml", env={})
+    assert node_flags(registry.get("llamacpp"), llama, nodes=2) == []            # clusters are vLLM's only
