@@ -353,6 +353,68 @@ def test_a_worker_that_finds_the_download_taken_waits_saying_for_whom_then_takes
     other.release()
 
 
+def test_three_waiters_that_judge_a_hung_holder_stalled_take_over_once_and_the_others_wait_on_the_taker(tmp_path):
+    # Issue 50 item 8b: each waiter that judged the holder stalled downloaded beside it (three waiters, three
+    # downloads). Now one wins the takeover's lock; the others wait on it. Each waiter's stall window runs
+    # on its own clock, advanced by its own polls: the same window for all three, whatever the threads do.
+    import threading
+
+    from supervisor.errors import Cancelled
+    from supervisor.model.fetch.parent import WAIT_POLL_S, turn
+    from supervisor.model.fetch.stall import HolderWatch
+    from supervisor.model.fetch.volume_lock import VolumeLock, lock_file
+
+    cache = tmp_path / "hf"
+    path = lock_file(cache, "owner/model")
+    hung = VolumeLock(path, "wa")
+    assert hung.try_acquire()                     # it never moves a byte nor lets go
+    seen: dict[str, list[dict]] = {}
+    held: dict[str, VolumeLock] = {}
+
+    def wait(name: str) -> None:
+        t = [0.0]
+        lock = VolumeLock(path, name)
+        watch = HolderWatch(cache, "owner/model", 2.0, WAIT_POLL_S, lock.held_by, now=lambda: t[0])
+        seen[name] = events = []
+
+        def sleep(s: float) -> None:
+            t[0] += s
+
+        def on_the_taker() -> bool:               # waiting on another waiter: what this test is about
+            return any(e["event"] == "waiting" and not e["for"].startswith("worker wa ") for e in events)
+        try:
+            held[name] = turn(lock, should_stop=on_the_taker, sleep=sleep, report=events.append, holder=watch)
+        except Cancelled:
+            pass
+
+    threads = [threading.Thread(target=wait, args=(n,)) for n in ("wb", "wc", "wd")]
+    for th in threads:
+        th.start()
+    for th in threads:
+        th.join(30)
+    assert len(held) == 1, seen                   # one takes over ...
+    (taker, lock), = held.items()
+    assert lock.generation == 1 and lock.path.name == "models--owner--model.take-over-1.lock"
+    assert [e["event"] for e in seen[taker]][-1] == "take_over" and lock.held_by()["worker"] == taker
+    for name, events in seen.items():             # ... the others wait on it, and never take over themselves
+        if name != taker:
+            assert not any(e["event"] == "take_over" for e in events)
+            assert events[-1]["event"] == "waiting" and events[-1]["for"].startswith(f"worker {taker} ")
+            assert "another waiter took over from worker wa " in events[-1]["why"]
+    # The taker done (its lock let go), a waiter takes its place: the files are there, a listing costs no bytes.
+    lock.release()
+    t = [0.0]
+    late = VolumeLock(path, "we")
+    watch = HolderWatch(cache, "owner/model", 2.0, WAIT_POLL_S, late.held_by, now=lambda: t[0])
+    again = turn(late, should_stop=lambda: False, sleep=lambda s: t.__setitem__(0, t[0] + s),
+                 report=lambda e: None, holder=watch)
+    assert again.generation == 1 and again.held_by()["worker"] == "we"
+    # A taker that hangs in turn is taken over from by the next generation.
+    assert again.successor().path.name == "models--owner--model.take-over-2.lock"
+    again.release()
+    hung.release()
+
+
 def test_the_one_failure_line_is_what_the_cli_reads_whatever_the_phase():
     # issue 37 item 3: a config that did not parse ended the worker before any line `up --wait` knew
     from images.runpod.rollout import failure_line
