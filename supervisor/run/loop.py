@@ -359,6 +359,8 @@ class Supervisor:
         eng = self.engines.get(self.machine.engine) if self.machine.engine is not None else None
         serving.serving(self.rt, self.machine.live, fx.index, self.memory, eng.proc if eng else None,
                         self.model_records)
+        if self.worker is not None:                 # it served: the key's failure witnesses were their hosts'
+            self.worker.served(self.machine.live.cfg)
 
     def _do_Failed(self, fx: E.Failed) -> None:
         """FAILED: nothing retries it but a published config (run/terminate.py: a pod may end itself)."""

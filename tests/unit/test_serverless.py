@@ -215,6 +215,32 @@ def test_a_clear_mark_lifts_every_witness_written_before_it(tmp_path):
     assert failures.recall(tmp_path, "k1", ttl_s=600, now=1030.0, cleared_at=1001.5).workers == ("w3", "w4")
 
 
+def test_a_worker_that_served_clears_the_witnesses_written_before_it(tmp_path):
+    # Issue 50 item 8a: two transient OOMs on two workers blocked the key for the whole TTL although two
+    # other workers served with that key in between. Serving (SERVING, the selftest passed) proves the
+    # image, config and GPU kind can serve: the witnesses before it were their hosts', not the key's.
+    witness(tmp_path, "w1", 1000.0, FailureClass.OOM)
+    failures.served(tmp_path, "k1", worker="w2", now=1100.0)
+    failures.served(tmp_path, "k1", worker="w3", now=1200.0)
+    witness(tmp_path, "w4", 1300.0, FailureClass.OOM)
+    assert failures.recall(tmp_path, "k1", ttl_s=1800, now=1301.0) is None     # before: w1 and w4, 1800 s
+    assert not (tmp_path / "serverless/failures/k1/w1.json").exists()         # deleted, not only ignored
+    # A witness written late (its worker failed before the serve, its file landed after) counts no more.
+    witness(tmp_path, "w0", 1150.0, FailureClass.OOM)
+    assert failures.recall(tmp_path, "k1", ttl_s=1800, now=1302.0) is None
+    # Two workers failing the same way since the last serve still block, and another key is not touched.
+    witness(tmp_path, "w5", 1400.0, FailureClass.OOM)
+    assert failures.recall(tmp_path, "k1", ttl_s=1800, now=1401.0).workers == ("w4", "w5")
+    witness(tmp_path, "x1", 1000.0, key="k2")
+    witness(tmp_path, "x2", 1001.0, key="k2")
+    assert failures.served(tmp_path, "k1", worker="w6", now=1500.0) == 3       # w0, w4, w5
+    assert failures.recall(tmp_path, "k1", ttl_s=1800, now=1501.0) is None
+    assert failures.recall(tmp_path, "k2", ttl_s=1800, now=1501.0).workers == ("x1", "x2")
+    # The serve mark is no witness: `forget` (the clear mark) and recall read witnesses only.
+    assert [p.name for p in (tmp_path / "serverless/failures/k1").iterdir()] == [failures.SERVED_MARK]
+    assert failures.forget(tmp_path, 2000.0) == 2                               # k2's two
+
+
 def test_the_clear_mark_is_read_from_the_releases_env_and_a_bad_one_is_named():
     assert failures.cleared_at({}) == (None, None)
     assert failures.cleared_at({failures.CLEARED_ENV: "1764900000"}) == (1764900000.0, None)
