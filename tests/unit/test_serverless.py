@@ -350,7 +350,7 @@ def test_a_generated_key_is_created_once_for_every_worker(tmp_path):
 
 def test_a_worker_that_finds_the_download_taken_waits_saying_for_whom_then_takes_its_turn(tmp_path):
     from supervisor.errors import Cancelled
-    from supervisor.model.fetch.parent import wait_turn
+    from supervisor.model.fetch.parent import turn
     from supervisor.model.fetch.volume_lock import VolumeLock, lock_file
 
     path = lock_file(tmp_path / "hf", "owner/model")
@@ -367,13 +367,13 @@ def test_a_worker_that_finds_the_download_taken_waits_saying_for_whom_then_takes
             holder.release()
 
     waiter = VolumeLock(path, "wb")
-    waited = wait_turn(waiter, should_stop=lambda: False, sleep=sleep, report=seen.append)
-    assert waited >= 0 and len(slept) == 4
+    assert turn(waiter, should_stop=lambda: False, sleep=sleep, report=seen.append) is waiter
+    assert len(slept) == 4
     assert seen[0]["event"] == "waiting" and seen[0]["for"].startswith("worker wa (host ")
     assert waiter.held_by()["worker"] == "wb"
     other = VolumeLock(path, "wc")
     with pytest.raises(Cancelled):
-        wait_turn(other, should_stop=lambda: True, sleep=lambda s: None, report=seen.append)
+        turn(other, should_stop=lambda: True, sleep=lambda s: None, report=seen.append)
     waiter.release()
     assert other.try_acquire()                    # a holder that lets go (or dies) frees it
     other.release()

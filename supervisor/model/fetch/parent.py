@@ -7,9 +7,9 @@ loop) watches those events: a download that moves no byte on any connection for
 moving is fine; counted in time this process could run, stall.py: a frozen container thawed does
 not fail its own healthy download), and a stop request kills it at once. Another worker holding
 the volume's lock is waited for while it moves anything on the volume, and taken over once it
-moved nothing for the stall window, by one waiter: the others wait on that one (volume_lock.py). A transient failure (no network, 429, 5xx)
-that ends an attempt, with no complete cached copy to serve, is retried with backoff, resuming,
-for as long as the stall deadline allows.
+moved nothing for the stall window, by one waiter: the others wait on that one (volume_lock.py).
+A transient failure (no network, 429, 5xx) that ends an attempt, with no complete cached copy to
+serve, is retried with backoff, resuming, for as long as the stall deadline allows.
 
 The child gets only the environment it needs (`child_env`): never the engine's API key, the
 RunPod key or anything else the supervisor holds; the Hub token travels as HF_TOKEN.
@@ -109,14 +109,6 @@ def fetch(cfg: DeployConfig, env: Mapping[str, str], *, token: str | None, shoul
 WAIT_REPORT_S = 1.0           # a waiting worker says so on /status this often
 WAIT_POLL_S = 0.25
 LOOK_S = 0.1                  # the fetch's watch loop looks at the child's events this often
-
-
-def wait_turn(lock: VolumeLock, *, should_stop: Callable[[], bool], sleep: Callable[[float], None],
-              report: Callable[[dict[str, Any]], None], holder: HolderWatch | None = None) -> float:
-    """`turn`, for the seconds waited."""
-    t0 = time.monotonic()
-    turn(lock, should_stop=should_stop, sleep=sleep, report=report, holder=holder)
-    return time.monotonic() - t0
 
 
 def turn(lock: VolumeLock, *, should_stop: Callable[[], bool], sleep: Callable[[float], None],
