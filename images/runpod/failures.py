@@ -28,7 +28,8 @@ __all__ = ["CLEARED_ENV", "RECORDS_PATH", "MARKERS", "clear_body", "mark_of", "s
 
 RECORDS_PATH = "kiln/serverless/failures/"      # under the volume's root (/runpod-volume on a worker)
 # What a worker logs about the records (supervisor/run/serverless.py, serverless/failures.py as_failure).
-MARKERS = ("failure recorded at ", "recorded on the shared volume by workers ", "failure record(s) written before")
+MARKERS = ("failure recorded at ", "recorded on the shared volume by workers ", "failure record(s) written before",
+           "failure witness(es) of this image")
 
 
 def mark_of(endpoint: dict[str, Any]) -> str | None:

@@ -10,7 +10,8 @@ anything is written.
     here           every deploy config of every target on that engine, and the published configs given,
                    linted against both snapshots: a rung the new version would refuse where the pinned
                    one did not refuses the whole upgrade (file, rung, flag, fix); so does a flag the
-                   supervisor itself puts on every rung's argv that the new version lacks (kiln_argv.py);
+                   supervisor itself puts on every rung's argv that the new version lacks (kiln_argv.py),
+                   and, for a config that runs as a cluster, on every node's (supervisor/cluster/engine.py);
                    then the writes
 
 Nothing is written until everything above is known and clean, and with --dry-run nothing at all: the
@@ -44,6 +45,7 @@ from ..pins.pyclosure import walk
 from ..pins.resolve import closure_source
 from ..paths import REPO_ROOT, ROUTER_REQUIREMENTS, SUPERVISOR_REQUIREMENTS, TARGETS_DIR
 from ..pins import requirements
+from ..deployment import nodes_of
 from ..target import Target, load_target
 
 Log = Callable[[str], None]
@@ -191,8 +193,9 @@ def plan(name: str, to: str | None = None, *, index: str = "https://pypi.org/sim
              unresolved=unresolved, files=files)
     if unresolved and closure_name:          # a closure walked on the index (vLLM); the router's is pip's
         p.resolvable = newest_resolvable(target, release.version, index=index, log=log)
-    configs = _configs(target.engine, targets_dir) + [path.resolve() for path in published or []]
-    _lint_all(p, engine, snaps[str(src.version)], snaps[release.version], configs)
+    hosts = _configs(target.engine, targets_dir)
+    configs = list(hosts) + [path.resolve() for path in published or []]
+    _lint_all(p, engine, snaps[str(src.version)], snaps[release.version], configs, hosts)
     return p
 
 
@@ -232,18 +235,31 @@ def newest_resolvable(target: Target, above: str, *, index: str, log: Log, tries
     return None
 
 
-def _configs(engine: str, targets_dir: Path) -> list[Path]:
-    """Every deploy config (default and profiles) of every target on this engine."""
-    out: list[Path] = []
+def _configs(engine: str, targets_dir: Path) -> dict[Path, Target]:
+    """Every deploy config (default and profiles) of every target on this engine, with the (first)
+    target that bakes it."""
+    out: dict[Path, Target] = {}
     for path in sorted(targets_dir.glob("*.toml")):
         t = load_target(path.stem, targets_dir)
         if t.engine == engine:
-            out += [t.deploy_config_path, *t.profiles.values()]
-    return list(dict.fromkeys(out))
+            for cfg_path in (t.deploy_config_path, *t.profiles.values()):
+                out.setdefault(cfg_path, t)
+    return out
 
 
-def _lint_all(p: Plan, engine: Any, old: Any, new: Any, paths: list[Path]) -> None:
-    own: dict[str, list[str]] = {}        # a flag Kiln adds -> "file: rung" of each rung it is added to
+def _nodes(cfg: Any, host: Target) -> int:
+    """How many nodes a config runs on: its target's [runpod] nodes (a cluster target bakes only configs
+    that span them, images/target.py), or as many as its rungs span over the GPUs a node has (a config
+    given with `cluster up --config`: images/deployment.py nodes_of, with the same shape)."""
+    per_node = cfg.plan.cards or cfg.hardware.gpu_count or host.runpod.gpu_count
+    return max(host.runpod.nodes, nodes_of(cfg, per_node))
+
+
+def _lint_all(p: Plan, engine: Any, old: Any, new: Any, paths: list[Path],
+              hosts: dict[Path, Target] | None = None) -> None:
+    """`hosts`: the target that bakes each config (a published one's is the target being moved)."""
+    own: dict[tuple[str, str], list[str]] = {}   # (builder, a flag Kiln adds) -> "file: rung" of each rung
+    hosts = hosts or {}
     for path in paths:
         rel = rel_path(path)
         try:
@@ -255,6 +271,7 @@ def _lint_all(p: Plan, engine: Any, old: Any, new: Any, paths: list[Path]) -> No
             p.notes.append(f"{rel}: engine {cfg.engine}, not {p.target.engine}: not linted")
             continue
         p.linted.append((rel, len(cfg.ladder.rungs)))
+        per_node = kiln_argv.node_flags(engine, cfg, _nodes(cfg, hosts.get(path, p.target)))
         for i, rung in enumerate(cfg.ladder.rungs):
             args = list(cfg.server.extra_args) + list(rung.args)
             before = {x.where for x in engine.lint_rung(cfg, i, rung, old) if x.severity == "error"}
@@ -269,7 +286,9 @@ def _lint_all(p: Plan, engine: Any, old: Any, new: Any, paths: list[Path]) -> No
                 p.refusals.append(Refusal(rel, rung.name, _short_where(issue.where), flag, fix or issue.message))
             p.refusals += _lost_values(p, rel, rung.name, i, args, new)
             for flag in kiln_argv.kiln_flags(engine, cfg, rung):
-                own.setdefault(flag, []).append(f"{rel}: {rung.name}")
+                own.setdefault((kiln_argv.builder(engine), flag), []).append(f"{rel}: {rung.name}")
+            for flag in per_node:              # a cluster's: on every node's argv (supervisor/run/launch.py)
+                own.setdefault((kiln_argv.NODE_BUILDER, flag), []).append(f"{rel}: {rung.name}")
             deprecated = {n for ch in p.diff.deprecated for n in ch.flag.split(", ")}
             for k, tok in enumerate(args):
                 if tok.split("=", 1)[0] in deprecated:
@@ -280,11 +299,11 @@ def _lint_all(p: Plan, engine: Any, old: Any, new: Any, paths: list[Path]) -> No
     p.refusals += _lost_own(p, engine, old, new, own)
 
 
-def _lost_own(p: Plan, engine: Any, old: Any, new: Any, own: dict[str, list[str]]) -> list[Refusal]:
+def _lost_own(p: Plan, engine: Any, old: Any, new: Any, own: dict[tuple[str, str], list[str]]) -> list[Refusal]:
     """A flag the supervisor itself puts on the command line (kiln_argv.py) that the new parser lacks:
-    one refusal per flag, naming the builder to change and the rungs it breaks."""
+    one refusal per flag and builder, naming the builder to change and the rungs it breaks."""
     out = []
-    for flag, rungs in own.items():
+    for (builder, flag), rungs in own.items():
         now = new.get(flag)
         if now is not None and not now.removed:
             continue
@@ -296,10 +315,12 @@ def _lost_own(p: Plan, engine: Any, old: Any, new: Any, own: dict[str, list[str]
         fix = p.diff.replacement(flag)
         total = sum(n for _, n in p.linted)
         scope = f"all {total} linted" if len(rungs) == total else f"{len(rungs)} of {total} linted"
-        out.append(Refusal(kiln_argv.builder(engine), f"* ({scope}, e.g. {rungs[0]})", "Kiln's own argv, in no config",
-                           flag, f"the supervisor adds {flag} to every command line it builds for these rungs and "
+        where = "every cluster node's command line (rank 0's or a headless rank's)" \
+            if builder == kiln_argv.NODE_BUILDER else "every command line"
+        out.append(Refusal(builder, f"* ({scope}, e.g. {rungs[0]})", "Kiln's own argv, in no config",
+                           flag, f"the supervisor adds {flag} to {where} it builds for these rungs and "
                            f"{p.new_version} {said}" + (f"; its flag diff: {fix}" if fix else "") + f". Change "
-                           f"{kiln_argv.builder(engine)} before moving the pin: no deploy config can fix this"))
+                           f"{builder} before moving the pin: no deploy config can fix this"))
     return out
 
 

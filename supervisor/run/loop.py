@@ -358,6 +358,8 @@ class Supervisor:
         self.prompt_cache.before_ready(eng)         # the last stop's prompt cache, before /ready says 200
         serving.serving(self.rt, self.machine.live, fx.index, self.memory, eng.proc if eng else None,
                         self.model_records)
+        if self.worker is not None:                 # it served: the key's failure witnesses were their hosts'
+            self.worker.served(self.machine.live.cfg)
 
     def _do_Failed(self, fx: E.Failed) -> None:
         """FAILED: nothing retries it but a published config (run/terminate.py: a pod may end itself)."""

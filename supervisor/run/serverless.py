@@ -9,6 +9,9 @@
                 recall()   a fresh failure two other workers recorded for this image, config and GPU
                            kind: the loop answers Prepare with it, so nothing is fetched or loaded;
                            witnesses older than the endpoint's clear mark are ignored and deleted
+    SERVING     served()   this image, config and GPU kind served (the selftest passed): the key's
+                           witnesses so far were their hosts', so they are deleted and the time
+                           marked (in the background: /ready does not wait on the volume)
     FAILED      failed()   one log line with the class and the masked cause, then this worker's
                            witness on the volume when another worker would meet it again (never
                            after it served)
@@ -131,11 +134,31 @@ class ServerlessWorker:
             gone = failures.forget(shared, self.cleared_at)       # what it cannot delete it leaves: recall ignores it
             if gone:
                 log.info("deleted %d failure record(s) written before the endpoint's %s", gone, failures.CLEARED_ENV)
+        self.rec.merge("serverless", failure_key=key)
         rec = failures.recall(shared, key, ttl_s=self.spec.failure_ttl_s, now=time.time(), cleared_at=self.cleared_at)
         if rec is None:
             return None
         self.recalled = True
         return failures.as_failure(rec, ttl_s=self.spec.failure_ttl_s, now=time.time())
+
+    def served(self, cfg: DeployConfig) -> None:
+        """SERVING: clear the witnesses of this image, config and GPU kind written so far (a worker
+        that served proves they were their hosts'), on a thread of its own."""
+        key, _ = self.key(cfg)
+        now = time.time()
+
+        def clear() -> None:
+            try:
+                gone = failures.served(Path(cfg.state_dir), key, worker=self.id, now=now)
+            except OSError as e:
+                self.warn(f"the failure records of this image and config could not be cleared on the volume "
+                          f"({e.strerror or e}): failures before this serve may still block the next workers")
+                return
+            self.rec.merge("serverless", witnesses_cleared=gone)
+            if gone:
+                log.info("this worker served: deleted %d failure witness(es) of this image, config and GPU kind "
+                         "written before it (their hosts', not the config's)", gone)
+        threading.Thread(target=clear, name="kiln-served", daemon=True).start()
 
     def failed(self, why: str, failure: Failure | None, cfg: DeployConfig, *, served: bool = False) -> None:
         """FAILED: say why once (`why` is masked already), and record the failure for the next workers

@@ -12,6 +12,7 @@ and sends you an email" (runpod/docs serverless/troubleshooting.mdx @a900806e, l
 
     <shared>/serverless/failures/<key>/<worker>.json   one witness: class, reason (masked), at, rung,
                                                        what the key is of
+    <shared>/serverless/failures/<key>/served          the last time a worker of the key served: worker, at
 
 One file per witness, never one shared file rewritten: two workers failing at once on a network
 volume would otherwise each read the record, add themselves and replace it, and one would be lost.
@@ -41,6 +42,14 @@ OOM beside a leaked process, a throughput floor on a throttled card), and the sa
 different workers within the TTL is what makes it the key's. The second worker pays the load the
 first did; every worker after it is spared.
 
+A worker that served (SERVING: its selftest passed, where the config has one) clears its key's
+witnesses (`served`): it proved this image, config and GPU kind can serve, so the failures before it
+were their hosts'. It deletes them and marks the time, and a witness written before the mark counts
+no more (one whose worker failed before the serve but whose file landed after, or one it could not
+delete). Without that, two transient OOMs on two workers blocked the key for the whole TTL although
+other workers served with it in between (issue 50 item 8). Two failures after the last serve block
+as before.
+
 ## The key, the TTL, clearing
 
 The key is (image identity, config, GPU kind): the GPU kind is added because one endpoint's pools mix
@@ -69,7 +78,7 @@ from ..failure import Failure, FailureClass
 from ..process.statefile import write_atomic
 
 __all__ = ["Recorded", "config_identity", "failure_key", "recordable", "record", "recall", "as_failure",
-           "records_dir", "cleared_at", "forget", "RECORDED", "WITNESSES", "CLEARED_ENV"]
+           "records_dir", "cleared_at", "forget", "served", "RECORDED", "WITNESSES", "CLEARED_ENV", "SERVED_MARK"]
 
 REASON_MAX = 600          # characters of the (masked) reason kept in a witness
 WITNESSES = 2             # different workers that must fail the same way before the key blocks
@@ -78,6 +87,7 @@ RECORDED = frozenset({FailureClass.CONFIG_REJECTED, FailureClass.MODEL_INCOMPATI
 # The endpoint's env: a Unix time; witnesses written before it are ignored and deleted.
 CLEARED_ENV = "KILN_SERVERLESS_FAILURES_CLEARED_AT"
 FORGET_MAX = 256          # witness files one worker deletes at most (bounded work at boot)
+SERVED_MARK = "served"    # <key>/served: when a worker of the key last served (not a witness: no .json)
 
 
 @dataclass(frozen=True)
@@ -155,13 +165,40 @@ def _witnesses(directory: Path, now: float) -> list[tuple[float, FailureClass, s
     return out
 
 
+def _served_at(directory: Path) -> float | None:
+    """When a worker of this key last served (its mark); None when none did, or the mark is unreadable."""
+    try:
+        at = float(json.loads((directory / SERVED_MARK).read_text(encoding="utf-8"))["at"])
+    except (OSError, ValueError, KeyError, TypeError):
+        return None
+    return at if math.isfinite(at) else None
+
+
+def served(shared: Path, key: str, *, worker: str, now: float) -> int:
+    """A worker of `key` served: mark the time (a witness written before it counts no more, wherever
+    it is read) and delete the witnesses before it; returns how many it deleted. OSError when the
+    volume cannot be written (the caller warns)."""
+    directory = records_dir(shared) / key
+    write_atomic(directory / SERVED_MARK, json.dumps({"worker": worker, "at": round(now, 3)}).encode())
+    gone = 0
+    for at, _, name, _ in _witnesses(directory, now):
+        if at < now:
+            try:
+                (directory / f"{name}.json").unlink()
+                gone += 1
+            except OSError:
+                continue                          # ignored by recall all the same: it is before the mark
+    return gone
+
+
 def recall(shared: Path, key: str, *, ttl_s: float, now: float, cleared_at: float | None = None,
            witnesses: int = WITNESSES) -> Recorded | None:
     """The block on `key`: when `witnesses` different workers recorded the same class within `ttl_s`
-    (and after `cleared_at`); None otherwise."""
+    (and after `cleared_at`, and after the last time a worker of the key served); None otherwise."""
     directory = records_dir(shared) / key
+    since = max((t for t in (cleared_at, _served_at(directory)) if t is not None), default=None)
     fresh = [w for w in _witnesses(directory, now)
-             if now - w[0] < ttl_s and (cleared_at is None or w[0] >= cleared_at)]
+             if now - w[0] < ttl_s and (since is None or w[0] >= since)]
     by_class: dict[FailureClass, dict[str, tuple[float, str]]] = {}
     for at, cls, worker, reason in fresh:
         seen = by_class.setdefault(cls, {})

@@ -189,6 +189,42 @@ def test_a_worker_that_can_never_serve_is_unhealthy_exits_after_its_grace_and_on
     assert CANARY not in first.log() + second.log() + third.log() + fourth.log()
 
 
+def test_a_worker_that_served_clears_the_failures_before_it_so_two_transient_ones_block_nobody(tmp_path, prefix):
+    # Issue 50 item 8a: an OOM on one worker, then workers serving with the same image, config and GPU kind,
+    # then an OOM on another: the two witnesses blocked the key for the whole failure_ttl_s (1800 s) and
+    # every later worker failed at once. A worker that served (its selftest passed) clears them.
+    from supervisor.failure import Failure, FailureClass
+    from supervisor.serverless import failures as records
+
+    volume, model = tmp_path / "vol", str(smollm2_gguf())
+
+    def oom(key: str, name: str) -> Path:         # a transient OOM, as the failing worker writes it
+        return records.record(volume, key, Failure(FailureClass.OOM, "CUDA out of memory", rung="cpu"),
+                              reason="CUDA out of memory (a leaked process beside it)", worker=name,
+                              now=time.time(), about={"image": "dev"})
+
+    with worker(tmp_path, prefix, model, state=volume, selftest=SELFTEST_SMALL, name="wa") as wa:
+        st = wa.wait_state("SERVING", timeout=180)
+        key = st["serverless"]["failure_key"]       # this image, config and GPU kind (none here: CPU)
+        assert wa.stop() == 0
+    first = oom(key, "w1")
+    with worker(tmp_path, prefix, model, state=volume, selftest=SELFTEST_SMALL, name="wb") as wb:
+        st = wb.wait_state("SERVING", timeout=180)
+        assert st["selftest"]["passed"] is True
+        wait_for(lambda: not first.exists(), 30, "wb's serve to clear w1's witness")
+        wait_for(lambda: (wb.status() or {}).get("serverless", {}).get("witnesses_cleared") == 1, 10,
+                 "wb to say on /status that it cleared one witness")
+        assert any("deleted 1 failure witness(es)" in x for x in records_said(wb))   # what `endpoint failures` shows
+        assert wb.stop() == 0
+    second = oom(key, "w3")
+    with worker(tmp_path, prefix, model, state=volume, selftest=SELFTEST_SMALL, name="wc") as wc:
+        st = wc.wait_state("SERVING", "FAILED", timeout=180)
+        assert st["state"] == "SERVING", st["last_failure"]      # before: "by workers w1 and w3", for 1800 s
+        wait_for(lambda: not second.exists(), 30, "wc's serve to clear w3's witness")
+        assert wc.stop() == 0
+    assert [p.name for p in (volume / "serverless/failures" / key).iterdir()] == [records.SERVED_MARK]
+
+
 def records_said(sup: Supervised) -> list[str]:
     return failures.worker_lines({"line": line} for line in sup.log().splitlines())
 

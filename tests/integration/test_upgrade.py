@@ -210,3 +210,74 @@ def test_a_release_that_removed_a_flag_kiln_itself_passes_refuses_the_upgrade_th
     assert len(lines) == 1, err                                 # one line for the flag, not one per rung
     assert lines[0].startswith("supervisor/engines/llamacpp.py build_argv: rung * (all ") and "linted" in lines[0]
     assert "no deploy config can fix this" in lines[0]
+
+
+CLUSTER = "b200-vllm"          # its baked config (kimi-k3-nvfp4-b200-cluster.toml) spans 2 nodes x 8 B200
+NEW_HELP = ROOT / "images" / "engine-flags" / "vllm-0.33.0.txt"
+
+
+def _vllm_without(text: str, *flags: str) -> str:
+    """A `vllm serve --help=all` text with each flag's entry (its option line, indented 2, and the deeper
+    indented lines of its description) taken out."""
+    out, skipping = [], False
+    for line in text.splitlines(keepends=True):
+        head = line[2:].split(" ", 1)[0].rstrip(",\n") if line.startswith("  --") else ""
+        if head in flags:
+            skipping = True
+            continue
+        if skipping and line.startswith("   "):
+            continue
+        skipping = False
+        out.append(line)
+    return "".join(out)
+
+
+def cluster_sandbox(tmp_path, monkeypatch, cache) -> Path:
+    """The repository's targets, the cluster target put back on 0.27.1 (the real help of both versions
+    is committed), with the lock and the closures copied."""
+    targets = tmp_path / "targets"
+    shutil.copytree(ROOT / "images" / "targets", targets)
+    path = targets / f"{CLUSTER}.toml"
+    now = load_target(CLUSTER).source
+    path.write_text(path.read_text().replace(f'version = "{now.version}"', 'version = "0.27.1"')
+                    .replace(f'filename = "{now.filename}"', f'filename = "{OLD_WHEEL}"'))
+    return isolate(tmp_path, monkeypatch, cache, targets)
+
+
+def upgrade_cluster(capsys, new_help: Path) -> tuple[int, str, str]:
+    rc = app.main(["upgrade", "--target", CLUSTER, "--to", "0.33.0", "--dry-run",
+                   "--snapshot", f"0.27.1={LOGS / 'vllm-0.27.1-serve-help-all.txt'}",
+                   "--snapshot", f"0.33.0={new_help}"])
+    out, err = capsys.readouterr()
+    return rc, out, err
+
+
+@pytest.mark.parametrize("gone", [("--nnodes",), ("--headless",)])
+def test_a_release_without_the_flags_kiln_adds_per_cluster_node_refuses_a_cluster_targets_upgrade(
+        tmp_path, monkeypatch, cache, capsys, gone):
+    # Issue 50 item 4: the lint read the rungs' flags and build_argv's, never the per-node flags the
+    # supervisor adds on a cluster (supervisor/cluster/engine.py argv: --nnodes --node-rank --master-addr
+    # --master-port on every rank, --headless off rank 0), so a vLLM without them was "Clean" for b200-vllm.
+    # The new version's parser: the real 0.33.0 help with the flag's entry taken out.
+    cluster_sandbox(tmp_path, monkeypatch, cache)
+    new_help = tmp_path / "vllm-0.33.0-without.txt"
+    new_help.write_text(_vllm_without(NEW_HELP.read_text(), *gone))
+    assert all(f"  {flag} " not in new_help.read_text() for flag in gone)
+    assert "  --node-rank NODE_RANK" in new_help.read_text()
+    before = state(tmp_path)
+    rc, out, err = upgrade_cluster(capsys, new_help)
+    assert rc == 2, out + err
+    assert state(tmp_path) == before
+    assert "Clean" not in out
+    lines = [line.strip() for line in err.splitlines() if f" {gone[0]}: " in line]
+    assert len(lines) == 1, err                                  # one line for the flag, not one per rung
+    assert lines[0].startswith("supervisor/cluster/engine.py argv: rung * (")
+    assert "kimi-k3-nvfp4-b200-cluster.toml: tp8-pp2" in lines[0] and "no deploy config can fix this" in lines[0]
+
+
+def test_the_cluster_targets_upgrade_with_every_node_flag_there_lints_clean(tmp_path, monkeypatch, cache, capsys):
+    cluster_sandbox(tmp_path, monkeypatch, cache)
+    rc, out, err = upgrade_cluster(capsys, NEW_HELP)
+    assert rc == 0, out + err
+    assert "Clean: no deploy config uses what 0.33.0 removed." in out
+    assert "supervisor/cluster/engine.py" not in out + err

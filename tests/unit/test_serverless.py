@@ -215,6 +215,32 @@ def test_a_clear_mark_lifts_every_witness_written_before_it(tmp_path):
     assert failures.recall(tmp_path, "k1", ttl_s=600, now=1030.0, cleared_at=1001.5).workers == ("w3", "w4")
 
 
+def test_a_worker_that_served_clears_the_witnesses_written_before_it(tmp_path):
+    # Issue 50 item 8a: two transient OOMs on two workers blocked the key for the whole TTL although two
+    # other workers served with that key in between. Serving (SERVING, the selftest passed) proves the
+    # image, config and GPU kind can serve: the witnesses before it were their hosts', not the key's.
+    witness(tmp_path, "w1", 1000.0, FailureClass.OOM)
+    failures.served(tmp_path, "k1", worker="w2", now=1100.0)
+    failures.served(tmp_path, "k1", worker="w3", now=1200.0)
+    witness(tmp_path, "w4", 1300.0, FailureClass.OOM)
+    assert failures.recall(tmp_path, "k1", ttl_s=1800, now=1301.0) is None     # before: w1 and w4, 1800 s
+    assert not (tmp_path / "serverless/failures/k1/w1.json").exists()         # deleted, not only ignored
+    # A witness written late (its worker failed before the serve, its file landed after) counts no more.
+    witness(tmp_path, "w0", 1150.0, FailureClass.OOM)
+    assert failures.recall(tmp_path, "k1", ttl_s=1800, now=1302.0) is None
+    # Two workers failing the same way since the last serve still block, and another key is not touched.
+    witness(tmp_path, "w5", 1400.0, FailureClass.OOM)
+    assert failures.recall(tmp_path, "k1", ttl_s=1800, now=1401.0).workers == ("w4", "w5")
+    witness(tmp_path, "x1", 1000.0, key="k2")
+    witness(tmp_path, "x2", 1001.0, key="k2")
+    assert failures.served(tmp_path, "k1", worker="w6", now=1500.0) == 3       # w0, w4, w5
+    assert failures.recall(tmp_path, "k1", ttl_s=1800, now=1501.0) is None
+    assert failures.recall(tmp_path, "k2", ttl_s=1800, now=1501.0).workers == ("x1", "x2")
+    # The serve mark is no witness: `forget` (the clear mark) and recall read witnesses only.
+    assert [p.name for p in (tmp_path / "serverless/failures/k1").iterdir()] == [failures.SERVED_MARK]
+    assert failures.forget(tmp_path, 2000.0) == 2                               # k2's two
+
+
 def test_the_clear_mark_is_read_from_the_releases_env_and_a_bad_one_is_named():
     assert failures.cleared_at({}) == (None, None)
     assert failures.cleared_at({failures.CLEARED_ENV: "1764900000"}) == (1764900000.0, None)
@@ -324,7 +350,7 @@ def test_a_generated_key_is_created_once_for_every_worker(tmp_path):
 
 def test_a_worker_that_finds_the_download_taken_waits_saying_for_whom_then_takes_its_turn(tmp_path):
     from supervisor.errors import Cancelled
-    from supervisor.model.fetch.parent import wait_turn
+    from supervisor.model.fetch.parent import turn
     from supervisor.model.fetch.volume_lock import VolumeLock, lock_file
 
     path = lock_file(tmp_path / "hf", "owner/model")
@@ -341,16 +367,78 @@ def test_a_worker_that_finds_the_download_taken_waits_saying_for_whom_then_takes
             holder.release()
 
     waiter = VolumeLock(path, "wb")
-    waited = wait_turn(waiter, should_stop=lambda: False, sleep=sleep, report=seen.append)
-    assert waited >= 0 and len(slept) == 4
+    assert turn(waiter, should_stop=lambda: False, sleep=sleep, report=seen.append) is waiter
+    assert len(slept) == 4
     assert seen[0]["event"] == "waiting" and seen[0]["for"].startswith("worker wa (host ")
     assert waiter.held_by()["worker"] == "wb"
     other = VolumeLock(path, "wc")
     with pytest.raises(Cancelled):
-        wait_turn(other, should_stop=lambda: True, sleep=lambda s: None, report=seen.append)
+        turn(other, should_stop=lambda: True, sleep=lambda s: None, report=seen.append)
     waiter.release()
     assert other.try_acquire()                    # a holder that lets go (or dies) frees it
     other.release()
+
+
+def test_three_waiters_that_judge_a_hung_holder_stalled_take_over_once_and_the_others_wait_on_the_taker(tmp_path):
+    # Issue 50 item 8b: each waiter that judged the holder stalled downloaded beside it (three waiters, three
+    # downloads). Now one wins the takeover's lock; the others wait on it. Each waiter's stall window runs
+    # on its own clock, advanced by its own polls: the same window for all three, whatever the threads do.
+    import threading
+
+    from supervisor.errors import Cancelled
+    from supervisor.model.fetch.parent import WAIT_POLL_S, turn
+    from supervisor.model.fetch.stall import HolderWatch
+    from supervisor.model.fetch.volume_lock import VolumeLock, lock_file
+
+    cache = tmp_path / "hf"
+    path = lock_file(cache, "owner/model")
+    hung = VolumeLock(path, "wa")
+    assert hung.try_acquire()                     # it never moves a byte nor lets go
+    seen: dict[str, list[dict]] = {}
+    held: dict[str, VolumeLock] = {}
+
+    def wait(name: str) -> None:
+        t = [0.0]
+        lock = VolumeLock(path, name)
+        watch = HolderWatch(cache, "owner/model", 2.0, WAIT_POLL_S, lock.held_by, now=lambda: t[0])
+        seen[name] = events = []
+
+        def sleep(s: float) -> None:
+            t[0] += s
+
+        def on_the_taker() -> bool:               # waiting on another waiter: what this test is about
+            return any(e["event"] == "waiting" and not e["for"].startswith("worker wa ") for e in events)
+        try:
+            held[name] = turn(lock, should_stop=on_the_taker, sleep=sleep, report=events.append, holder=watch)
+        except Cancelled:
+            pass
+
+    threads = [threading.Thread(target=wait, args=(n,)) for n in ("wb", "wc", "wd")]
+    for th in threads:
+        th.start()
+    for th in threads:
+        th.join(30)
+    assert len(held) == 1, seen                   # one takes over ...
+    (taker, lock), = held.items()
+    assert lock.generation == 1 and lock.path.name == "models--owner--model.take-over-1.lock"
+    assert [e["event"] for e in seen[taker]][-1] == "take_over" and lock.held_by()["worker"] == taker
+    for name, events in seen.items():             # ... the others wait on it, and never take over themselves
+        if name != taker:
+            assert not any(e["event"] == "take_over" for e in events)
+            assert events[-1]["event"] == "waiting" and events[-1]["for"].startswith(f"worker {taker} ")
+            assert "another waiter took over from worker wa " in events[-1]["why"]
+    # The taker done (its lock let go), a waiter takes its place: the files are there, a listing costs no bytes.
+    lock.release()
+    t = [0.0]
+    late = VolumeLock(path, "we")
+    watch = HolderWatch(cache, "owner/model", 2.0, WAIT_POLL_S, late.held_by, now=lambda: t[0])
+    again = turn(late, should_stop=lambda: False, sleep=lambda s: t.__setitem__(0, t[0] + s),
+                 report=lambda e: None, holder=watch)
+    assert again.generation == 1 and again.held_by()["worker"] == "we"
+    # A taker that hangs in turn is taken over from by the next generation.
+    assert again.successor().path.name == "models--owner--model.take-over-2.lock"
+    again.release()
+    hung.release()
 
 
 def test_the_one_failure_line_is_what_the_cli_reads_whatever_the_phase():

@@ -7,9 +7,9 @@ loop) watches those events: a download that moves no byte on any connection for
 moving is fine; counted in time this process could run, stall.py: a frozen container thawed does
 not fail its own healthy download), and a stop request kills it at once. Another worker holding
 the volume's lock is waited for while it moves anything on the volume, and taken over once it
-moved nothing for the stall window (volume_lock.py). A transient failure (no network, 429, 5xx)
-that ends an attempt, with no complete cached copy to serve, is retried with backoff, resuming,
-for as long as the stall deadline allows.
+moved nothing for the stall window, by one waiter: the others wait on that one (volume_lock.py).
+A transient failure (no network, 429, 5xx) that ends an attempt, with no complete cached copy to
+serve, is retried with backoff, resuming, for as long as the stall deadline allows.
 
 The child gets only the environment it needs (`child_env`): never the engine's API key, the
 RunPod key or anything else the supervisor holds; the Hub token travels as HF_TOKEN.
@@ -96,14 +96,14 @@ def fetch(cfg: DeployConfig, env: Mapping[str, str], *, token: str | None, shoul
     # or take over from one that moves nothing (its blob locks are then not waited for either).
     lock = VolumeLock(lock_file(cache_dir(cfg), spec.hf_repo), worker_id(env))
     holder = HolderWatch(cache_dir(cfg), spec.hf_repo, spec.fetch_stall_s, WAIT_POLL_S, lock.held_by)
-    wait_turn(lock, should_stop=should_stop, sleep=sleep, report=report, holder=holder)
-    if not lock.held:
+    held = turn(lock, should_stop=should_stop, sleep=sleep, report=report, holder=holder)
+    if held.generation:                 # a stalled holder's (or taker's) blob locks are not waited for
         argv.append("--take-over")
     try:
         return _attempts(cfg, spec, revision, argv, env_for_child, should_stop=should_stop, sleep=sleep,
-                         report=report, secrets=secrets, lock=lock)
+                         report=report, secrets=secrets, lock=held)
     finally:
-        lock.release()
+        held.release()
 
 
 WAIT_REPORT_S = 1.0           # a waiting worker says so on /status this often
@@ -111,36 +111,49 @@ WAIT_POLL_S = 0.25
 LOOK_S = 0.1                  # the fetch's watch loop looks at the child's events this often
 
 
-def wait_turn(lock: VolumeLock, *, should_stop: Callable[[], bool], sleep: Callable[[float], None],
-              report: Callable[[dict[str, Any]], None], holder: HolderWatch | None = None) -> float:
+def turn(lock: VolumeLock, *, should_stop: Callable[[], bool], sleep: Callable[[float], None],
+         report: Callable[[dict[str, Any]], None], holder: HolderWatch | None = None) -> VolumeLock:
     """Take the volume's lock for this model, waiting (and saying whom for) while another worker
-    holds it; the seconds waited. A stop request ends the wait (Cancelled). With `holder`, a holder
-    that moves nothing on the volume for its stall window is taken over: the wait ends without the
-    lock (`lock.held` is False), said in a `take_over` event."""
+    holds it; the lock now held. A stop request ends the wait (Cancelled). With `holder`, a holder
+    that moves nothing on the volume for its stall window is taken over, by one waiter only: each
+    tries the lock's `successor`, and the one that wins it holds that (generation > 0), said in a
+    `take_over` event; the others wait on the winner as on any holder, and take its lock when it
+    lets go (or take over from it in turn)."""
     t0 = time.monotonic()
     said = -WAIT_REPORT_S
-    while not lock.try_acquire():
+    current = lock                      # the lock whose holder this worker waits on
+    why = ("another worker is downloading this model into the shared volume; its files are reused once it is "
+           "done")
+    while not current.try_acquire():
         if should_stop():
             raise Cancelled("stop requested while waiting for another worker's download")
         now = time.monotonic()
-        held = lock.held_by() or {}
+        held = current.held_by() or {}
         whom = f"worker {held.get('worker', '?')} (host {held.get('host', '?')})"
         if holder is not None and holder.stalled():
-            report({"event": "take_over", "from": whom, "since": held.get("since"), "waited_s": round(now - t0, 1),
-                    "why": f"it moved nothing on the volume for {holder.stall_s:g} s (model.fetch_stall_s): "
-                           "downloading beside it"})
-            return now - t0
+            nxt = current.successor()
+            if nxt.try_acquire():
+                report({"event": "take_over", "from": whom, "since": held.get("since"),
+                        "waited_s": round(now - t0, 1),
+                        "why": f"it moved nothing on the volume for {holder.stall_s:g} s (model.fetch_stall_s): "
+                               "downloading beside it"})
+                return nxt
+            # Another waiter took over first: wait on it, its window from now.
+            current, said = nxt, -WAIT_REPORT_S
+            holder.watch(current.held_by)
+            why = (f"another waiter took over from {whom}, which moved nothing on the volume for "
+                   f"{holder.stall_s:g} s; its files are reused once it is done")
+            continue
         if now - said >= WAIT_REPORT_S:
             said = now
-            report({"event": "waiting", "for": whom,
-                    "why": "another worker is downloading this model into the shared volume; its files are "
-                           "reused once it is done", "since": held.get("since"), "waited_s": round(now - t0, 1),
+            report({"event": "waiting", "for": whom, "why": why, "since": held.get("since"),
+                    "waited_s": round(now - t0, 1),
                     **({"holder_idle_s": round(holder.clock.idle, 1)} if holder is not None else {})})
         sleep(WAIT_POLL_S)
     waited = time.monotonic() - t0
     if waited >= WAIT_POLL_S:
         report({"event": "turn", "waited_s": round(waited, 1)})
-    return waited
+    return current
 
 
 def _attempts(cfg: DeployConfig, spec: Any, revision: str, argv: list[str], env_for_child: dict[str, str], *,

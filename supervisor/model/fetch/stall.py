@@ -60,6 +60,12 @@ class HolderWatch:
         self.clock = StallClock(interval, now)
         self._seen: tuple[Any, ...] | None = None
 
+    def watch(self, held_by: Callable[[], dict[str, Any] | None]) -> None:
+        """Judge another holder from now on (a waiter that took over first): its window starts afresh."""
+        self.held_by = held_by
+        self.clock = StallClock(self.clock.interval, self.clock.now)
+        self._seen = None
+
     def signature(self) -> tuple[Any, ...]:
         """What changes while a download moves: the blobs' allocated and apparent bytes, their names
         (a partial renamed to its blob), and the holder's own note of its progress."""

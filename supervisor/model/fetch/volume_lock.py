@@ -15,8 +15,18 @@ over, downloading beside it, once it moved nothing for the waiter's `model.fetch
 the waiter could run. A holder thawed later goes on: both write the same bytes at the same offsets,
 and whichever verifies a file second finds the blob already there (download.py).
 
+A takeover is exclusive: waiters that judge the holder stalled at once (they started waiting
+together, so their windows end together) each try the flock of the next generation's lock
+(`successor`: generation 1 for the first holder, 2 for a stalled taker, ...); one wins and downloads,
+the others wait on it as on any holder (its note, its bytes on the volume), take its place when it
+lets go (its files complete by then: a listing, no bytes), or take over from it in turn should it
+stall too. Before, every one of them downloaded beside the holder: three waiters fetched the model
+three times over (issue 50 item 8).
+
     <state_dir>/hf/.locks/kiln-fetch/models--<owner>--<name>.lock     holder: worker, host, pid, since,
                                                                       moved (bytes, while it progresses)
+    <state_dir>/hf/.locks/kiln-fetch/models--<owner>--<name>.take-over-<n>.lock
+                                                                      the n-th taker's, the same note
 
 Across hosts: Linux gives flock on NFS whole-file fcntl semantics (since 2.6.12), which the server
 arbitrates; which filesystem RunPod's network volumes are, and whether they honour such locks, is
@@ -47,11 +57,18 @@ def lock_file(cache: Path, repo: str) -> Path:
 class VolumeLock:
     """An exclusive flock on `path`, taken without blocking; the holder's name written inside."""
 
-    def __init__(self, path: Path, holder: str):
+    def __init__(self, path: Path, holder: str, generation: int = 0):
         self.path = path
         self.holder = holder
+        self.generation = generation    # 0: the lock itself; n: the n-th takeover's (`successor`)
         self._fd: int | None = None
         self._note: dict[str, Any] = {}
+
+    def successor(self) -> "VolumeLock":
+        """The lock a waiter takes to take over from this one's stalled holder: one waiter wins it."""
+        base = self.path.name.removesuffix(".lock").split(".take-over-")[0]
+        n = self.generation + 1
+        return VolumeLock(self.path.with_name(f"{base}.take-over-{n}.lock"), self.holder, n)
 
     def try_acquire(self) -> bool:
         self.path.parent.mkdir(parents=True, exist_ok=True)
