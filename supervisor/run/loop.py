@@ -356,8 +356,7 @@ class Supervisor:
         self.terminator.serving()                   # a published config brought it back: keep the pod
         eng = self.engines.get(self.machine.engine) if self.machine.engine is not None else None
         self.prompt_cache.before_ready(eng)         # the last stop's prompt cache, before /ready says 200
-        serving.serving(self.rt, self.machine.live, fx.index, self.memory, eng.proc if eng else None,
-                        self.model_records)
+        serving.serving(self.rt, self.machine.live, fx.index, self.memory, eng and eng.proc, self.model_records)
         if self.worker is not None:                 # it served: the key's failure witnesses were their hosts'
             self.worker.served(self.machine.live.cfg)
 

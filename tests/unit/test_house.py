@@ -40,6 +40,9 @@ CONTRACTS = {
                              "`up --config` writes it, the supervisor boots from it",
     "supervisor.cluster_env": "the variables naming a node's cluster and sealing its beats, which `cluster plan/up` sets and a FAILED "
                               "group's rank 0 reads to find its cluster",
+    "supervisor.cluster.engine": "the flags a cluster node adds to the engine's argv, which `upgrade` lints against a new "
+                                 "engine's flags before it changes a pinned version",
+    "supervisor.cluster.node": "which engines can span nodes (SPANS_NODES), so `upgrade` lints cluster flags only where they apply",
 }
 LOOSE_MAX = 12
 
