@@ -100,3 +100,51 @@ def test_a_reload_keeps_the_cache_and_another_computation_never_loads_it(tmp_pat
     # Nothing but Kiln's own files in the cache directory; within its bounds.
     names = os.listdir(pod.state / "prompt-cache")
     assert all(n.endswith((".bin", ".json")) for n in names), names
+
+
+def test_a_rollback_restores_what_the_replaced_engine_saved(tmp_path, prefix):
+    pod = Pod(tmp_path, prefix)
+    with _supervised(pod, tmp_path, "first", pod.text()) as sup:
+        first = sup.wait_state("SERVING", timeout=120)
+        cold = pod.ask()
+        # A published config whose engine exits at start (a value llama-server refuses): the old engine is
+        # stopped (its slot saved), the new one fails, the last good config comes back and restores it.
+        pod.published.mkdir(parents=True, exist_ok=True)
+        (pod.published / "deploy.toml").write_text(
+            pod.text().replace('"-np", "1"]', '"-np", "1", "--rope-scaling", "no-such-scaling"]'))
+        st = wait_for(lambda: (s := sup.status()) and s["state"] == "SERVING"
+                      and (s.get("reload") or {}).get("last_rollback") and s, 120, "the rollback serving")
+        assert st["reload"]["last_rollback"]["outcome"] == "rolled_back", st["reload"]
+        assert st["engine"]["pid"] != first["engine"]["pid"]                 # the old engine really stopped
+        assert st["prompt_cache"]["saved"]["slots"] == 1 and st["prompt_cache"]["restored"]["slots"] == 1, \
+            st["prompt_cache"]
+        warm = pod.ask()
+        assert warm["timings"]["prompt_n"] <= 4 and warm["content"] == cold["content"]
+        assert sup.stop() == 0
+
+
+def test_a_fresh_serverless_worker_restores_what_an_earlier_worker_of_its_endpoint_saved(tmp_path, prefix):
+    """Scale to zero and back: worker one serves, is scaled down (TERM), worker two starts on the same
+    network volume (the shared state dir) with another pod id and restores worker one's slot."""
+    pod = Pod(tmp_path, prefix)
+
+    def worker(name: str) -> Supervised:
+        d = tmp_path / name
+        d.mkdir()
+        return Supervised(d, pod.text(), env={"KILN_API_KEY": Pod.key, "PORT": str(pod.port),
+                                              "PORT_HEALTH": str(pod.sport), "RUNPOD_ENDPOINT_ID": "ep-cache",
+                                              "RUNPOD_POD_ID": name})
+
+    with worker("worker-one") as one:
+        one.wait_state("SERVING", timeout=120)
+        cold = pod.ask()
+        assert cold["timings"]["prompt_n"] > 1000
+        assert one.stop() == 0                                       # scaled down: RunPod sends TERM
+    with worker("worker-two") as two:
+        st = two.wait_state("SERVING", timeout=120)
+        assert st["prompt_cache"]["restored_slots"] == 1, st["prompt_cache"]
+        warm = pod.ask()
+        assert warm["timings"]["prompt_n"] <= 4 and warm["content"] == cold["content"]
+        assert two.stop() == 0
+    # One shared directory on the volume; each worker's own state apart from it.
+    assert any(n.endswith(".bin") and "worker-one" in n for n in os.listdir(pod.state / "prompt-cache"))
