@@ -209,7 +209,8 @@ def run(args: argparse.Namespace) -> int:
         print(json.dumps({
             "model": {"src": args.model, "engine": engine, "kv_type": kv, "ctx": args.ctx, "streams": args.streams,
                       "trained_ctx": src.shape.trained_ctx, "trained_ctx_from": src.shape.trained_ctx_from,
-                      "weights_bytes": src.shape.weights_bytes, "kv_bytes_per_token": float(per_token),
+                      "weights_bytes": src.shape.weights_bytes, "active_bytes": src.shape.active_bytes,
+                      "kv_bytes_per_token": float(per_token),
                       "weights_by_kind": dict(src.shape.weights_by_kind), "n_layers": src.shape.n_layers,
                       "cache_layers": src.shape.cache_layers, "notes": list(src.shape.notes)},
             "plans": [_plan_json(p) for p in plans], "no_fit": no_fit, "notes": notes,

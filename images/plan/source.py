@@ -215,34 +215,71 @@ def _total_size(src: str, index: Any) -> int:
 
 
 def _hf_safetensors(src: str, repo: str, rev: str | None) -> shape.Shape:
+    """config.json, and the weights by kind from every shard's header (by range): a MoE's routed experts
+    apart, so a token's bytes count only the experts it uses. A repo whose headers cannot be read is
+    weighed by its index's total_size, every byte counted as read per token (said in the shape's notes)."""
     fs = _fs()
     at = f"{repo}@{rev}" if rev else repo
     cfg = _json(src, "config.json", _hub_errors(f"hf://{at}/config.json", lambda: fs.cat_file(f"{at}/config.json")))
     if fs.exists(f"{at}/model.safetensors.index.json"):
-        total = _total_size(src, _json(src, "model.safetensors.index.json",
-                                       fs.cat_file(f"{at}/model.safetensors.index.json")))
-        return _shaped(src, lambda: shape.from_config(cfg, weights_bytes=total,
-                                                      source=f"hf://{at} config.json + index"))
+        index = _json(src, "model.safetensors.index.json", fs.cat_file(f"{at}/model.safetensors.index.json"))
+        total = _total_size(src, index)
+        shards = sorted({str(v) for v in (index.get("weight_map") or {}).values()}) \
+            if isinstance(index.get("weight_map"), dict) else []
+        kinds, note = None, "the shards' headers were not read: every weight counted as read per token"
+        if shards and all("/" not in f and f.endswith(".safetensors") for f in shards):
+            try:
+                kinds = _shards_by_kind(src, fs, at, shards)
+            except SourceError as e:
+                note = f"the shards' headers could not be read ({e}): every weight counted as read per token"
+        made = _shaped(src, lambda: shape.from_config(cfg, weights_bytes=total, weights_by_kind=kinds,
+                                                      source=f"hf://{at} config.json + index"
+                                                             + (" + shard headers" if kinds else "")))
+        return made if kinds else replace(made, notes=(*made.notes, note))
     single = f"{at}/model.safetensors"
     size = int(_hub_errors(f"hf://{single}", lambda: fs.info(single))["size"])
-    return _shaped(src, lambda: shape.from_config(cfg, weights_bytes=_safetensors_bytes(src, _ranged(fs, single), size),
+    kinds = _safetensors_kinds(src, _ranged(fs, single), size, "model.safetensors")
+    return _shaped(src, lambda: shape.from_config(cfg, weights_bytes=sum(kinds.values()), weights_by_kind=kinds,
                                                   source=f"hf://{at} config.json + safetensors header"))
 
 
-def _safetensors_bytes(src: str, read_range: Callable[[int, int], bytes], size: int) -> int:
-    """The tensors' bytes of one safetensors file of `size` bytes, from its header (8 bytes of length, then
-    JSON); a header or tensor data past the file's end is a truncated file, no plan."""
-    where = f"--model {src}: model.safetensors"
+def _shards_by_kind(src: str, fs: Any, at: str, shards: list[str]) -> dict[str, int]:
+    """Every shard's tensors by kind (shape.hf_tensor_kind), read four shards at a time."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    def one(name: str) -> dict[str, int]:
+        path = f"{at}/{name}"
+        size = int(_hub_errors(f"hf://{path}", lambda: fs.info(path))["size"])
+        return _safetensors_kinds(src, _ranged(fs, path), size, name)
+
+    out: dict[str, int] = {}
+    with ThreadPoolExecutor(max_workers=4) as pool:
+        for kinds in pool.map(one, shards):
+            for k, v in kinds.items():
+                out[k] = out.get(k, 0) + v
+    return out
+
+
+HEADER_PREFETCH = 256 << 10        # most headers fit: one request for the length and the header together
+
+
+def _safetensors_kinds(src: str, read_range: Callable[[int, int], bytes], size: int, name: str) -> dict[str, int]:
+    """The tensors' bytes of one safetensors file of `size` bytes by kind, from its header (8 bytes of length,
+    then JSON); a header or tensor data past the file's end is a truncated file, no plan."""
+    where = f"--model {src}: {name}"
     if size < 8:
         raise SourceError(f"{where}: {size} bytes is no safetensors file")
-    (n,) = struct.unpack("<Q", read_range(0, 8))
+    first = read_range(0, min(size, HEADER_PREFETCH))
+    (n,) = struct.unpack("<Q", first[:8])
     if n > MAX_HEADER or 8 + n > size:
         raise SourceError(f"{where}: a header of {n:,} bytes in a file of {size:,} is no safetensors header "
                           "(truncated, or not safetensors)")
-    head = _json(src, "model.safetensors header", read_range(8, 8 + n))
+    raw = first[8:8 + n] if 8 + n <= len(first) else read_range(8, 8 + n)
+    head = _json(src, f"{name} header", raw)
     if not isinstance(head, dict):
         raise SourceError(f"{where}: the header is not a JSON object ({shape.json_kind(head)})")
-    total = end = 0
+    kinds: dict[str, int] = {}
+    end = 0
     for k, v in head.items():
         if k == "__metadata__":
             continue
@@ -252,11 +289,12 @@ def _safetensors_bytes(src: str, read_range: Callable[[int, int], bytes], size: 
                 or not 0 <= offsets[0] <= offsets[1]):
             raise SourceError(f"{where}: tensor {k!r} data_offsets {shape.shown(offsets)}: not two byte offsets "
                               "[begin, end]")
-        total += offsets[1] - offsets[0]
+        kind = shape.hf_tensor_kind(k)
+        kinds[kind] = kinds.get(kind, 0) + offsets[1] - offsets[0]
         end = max(end, offsets[1])
-    if total <= 0:
+    if sum(kinds.values()) <= 0 and name == "model.safetensors":
         raise SourceError(f"{where}: the file holds no weights (no tensor with data): give the model's weights")
     if 8 + n + end > size:
         raise SourceError(f"{where}: the tensors end at byte {8 + n + end:,}, past the end of the file ({size:,} "
                           "bytes): the file is truncated (an interrupted upload?)")
-    return total
+    return kinds

@@ -102,6 +102,27 @@ def tensor_kind(name: str) -> str:
     return "other"
 
 
+_HF_ROUTED = re.compile(r"(^|\.)(experts|block_sparse_moe\.experts|moe\.experts)(\.|$)")
+
+
+def hf_tensor_kind(name: str) -> str:
+    """Which of KINDS a Hugging Face checkpoint's tensor is, by its module path (a quantized module's
+    qweight, scales and zeros go with it): `mlp.experts.N.*` (or stacked `mlp.experts.*`) are routed
+    experts, `shared_expert(s)` shared ones, the router and everything unnamed `other`."""
+    low = name.lower()
+    if any(e in low for e in ("embed_tokens", "lm_head", "word_embeddings", "wte.", "embeddings.")):
+        return "embeddings"
+    if "shared_expert" in low:
+        return "shared_experts"
+    if _HF_ROUTED.search(low):
+        return "routed_experts"
+    if any(a in low for a in ("self_attn", ".attention.", ".attn.", "linear_attn", ".mixer.")):
+        return "attention"
+    if ".mlp." in low or ".feed_forward." in low:
+        return "other" if low.endswith(("mlp.gate.weight", ".router.weight")) else "dense_ffn"
+    return "other"
+
+
 def shown(value: Any) -> str:
     """A value read from a file, for a one-line message: as JSON ("abc", null, -1), cut short."""
     try:
