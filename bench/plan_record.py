@@ -5,7 +5,8 @@
 Reads the supervisor's /status once its selftest has passed: the `plan` section (the GPU kind and
 count the pod was planned for, each prediction beside its measurement) and the selftest's decode.
 Prints predicted against measured for every quantity (the measurement is the baseline of the ratio)
-and the load average, then appends a one-stream row to images/plan/measured.json (or --data), which
+and the load average, then appends a one-stream row to images/plan/measured.json (or --data; a vLLM
+pod's row carries the KV cache tokens and GiB vLLM said it has), which
 `build.py plan` prefers to a bandwidth bound from then on for models whose source names every --match.
 """
 
@@ -33,13 +34,14 @@ def main() -> int:
         status = json.loads(r.read())
     print(f"# bench/plan_record.py  load {os.getloadavg()[0]:.2f}")
     for name, row in ((status.get("plan") or {}).get("checks") or {}).items():
-        m = row.get("measured")
-        ratio = f"{row['predicted'] / m:.3f}" if m else "n/a"
-        print(f"  {name:14} predicted {row['predicted']}  measured {m}  predicted/measured {ratio}  ({row['source']})")
+        m, p = row.get("measured"), row.get("predicted")
+        ratio = f"{p / m:.3f}" if m and p is not None else "n/a"
+        print(f"  {name:14} predicted {p}  measured {m}  predicted/measured {ratio}  ({row['source']})")
     row = measured.row_from_status(status, match=tuple(t.strip().lower() for t in a.match.split(",") if t.strip()),
                                    where=a.status)
     measured.append(row, a.data)
-    print(f"appended: {row.count}x {row.gpu} {row.engine} decode {row.decode_tok_s} tok/s ({row.source})")
+    kv = f", KV cache {row.kv_tokens} tokens / {row.kv_cache_gib} GiB" if row.kv_tokens or row.kv_cache_gib else ""
+    print(f"appended: {row.count}x {row.gpu} {row.engine} decode {row.decode_tok_s} tok/s{kv} ({row.source})")
     return 0
 
 

@@ -3,7 +3,9 @@
 A pod booted from a plan reports on /status what it measured after its selftest (the `plan` section:
 supervisor/plan/check.py; the `selftest` section's decode tok/s). `bench/plan_record.py` turns one
 such /status into a row here; speed.py then prefers it to a bandwidth bound for that model, engine,
-GPU kind and count. Each row names where it came from and when.
+GPU kind and count. Each row names where it came from and when. A vLLM pod's row also carries the KV
+cache vLLM said it has at boot (plan.checks kv_tokens and kv_cache_gib: supervisor/plan/engine_log.py),
+where /status has it; rows without them load as before.
 """
 
 from __future__ import annotations
@@ -28,7 +30,13 @@ def load(path: Path | None = None) -> tuple[SpeedRow, ...]:
     rows = json.loads(path.read_text())
     return tuple(SpeedRow(match=tuple(r["match"]), engine=r["engine"], gpu=r["gpu"], count=r["count"],
                           resident=r["resident"], streams=r["streams"], decode_tok_s=r["decode_tok_s"],
-                          prefill_tok_s=r.get("prefill_tok_s"), source=r["source"]) for r in rows)
+                          prefill_tok_s=r.get("prefill_tok_s"), source=r["source"], kv_tokens=r.get("kv_tokens"),
+                          kv_cache_gib=r.get("kv_cache_gib")) for r in rows)
+
+
+def _measured(checks: Any, name: str) -> Any:
+    row = checks.get(name) if isinstance(checks, dict) else None
+    return row.get("measured") if isinstance(row, dict) else None
 
 
 def row_from_status(status: dict[str, Any], *, match: tuple[str, ...], where: str) -> SpeedRow:
@@ -42,9 +50,12 @@ def row_from_status(status: dict[str, Any], *, match: tuple[str, ...], where: st
         raise KilnError(f"{where}: the selftest has not passed with a decode measured (selftest: {selftest})")
     engine = plan.get("engine") or ""
     day = datetime.datetime.now(datetime.UTC).strftime("%Y-%m-%d")
+    tokens, gib = _measured(plan.get("checks"), "kv_tokens"), _measured(plan.get("checks"), "kv_cache_gib")
     return SpeedRow(match=match, engine=str(engine), gpu=str(plan["gpu"]), count=int(plan["cards"]), resident=True,
                     streams=1, decode_tok_s=float(decode), prefill_tok_s=selftest.get("prefill_cold_tok_s"),
-                    source=f"Kiln's measurement: the selftest of {where}, {day}")
+                    source=f"Kiln's measurement: the selftest of {where}, {day}",
+                    kv_tokens=int(tokens) if tokens is not None else None,
+                    kv_cache_gib=float(gib) if gib is not None else None)
 
 
 def append(row: SpeedRow, path: Path | None = None) -> None:
@@ -52,7 +63,9 @@ def append(row: SpeedRow, path: Path | None = None) -> None:
     rows = json.loads(path.read_text()) if path.is_file() else []
     rows.append({"match": list(row.match), "engine": row.engine, "gpu": row.gpu, "count": row.count,
                  "resident": row.resident, "streams": row.streams, "decode_tok_s": row.decode_tok_s,
-                 "prefill_tok_s": row.prefill_tok_s, "source": row.source})
+                 "prefill_tok_s": row.prefill_tok_s, "source": row.source,
+                 **{k: v for k, v in (("kv_tokens", row.kv_tokens), ("kv_cache_gib", row.kv_cache_gib))
+                    if v is not None}})
     tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
     tmp.write_text(json.dumps(rows, indent=1) + "\n")
     os.replace(tmp, path)

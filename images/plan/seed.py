@@ -35,6 +35,8 @@ class SpeedRow:
     decode_tok_s: float
     prefill_tok_s: float | None
     source: str
+    kv_tokens: int | None = None         # vLLM's KV cache as it said at boot (Kiln's measured rows), tokens
+    kv_cache_gib: float | None = None    # and its memory, GiB
 
 
 _QWEN = "field notes § \"Qwen3-Coder-30B-A3B on one A40\" (Qwen3-Coder-30B-A3B AWQ, vLLM 0.27.1, 1x A40)"

@@ -31,6 +31,7 @@ from typing import Any, Sequence
 
 from ..config import DeployConfig, Rung
 from ..failure import CUDA_DRIVER_SIGNATURES, FailureClass as F, Signature, sig
+from ..plan.engine_log import VLLM_SIZING_LINE
 from . import startup
 from .caches import CUDA_JIT, TORCH_COMPILE, cache_env
 from .flags import FlagSnapshot, load_argparse_snapshot
@@ -152,6 +153,11 @@ PHASES = (
     # "(APIServer pid=8736) INFO:     Application startup complete.": uvicorn listens; /health answers
     ("health", re.compile(r"Application startup complete\.")),
 )
+
+# vLLM's own sizing lines (its KV cache in tokens and GiB, its CUDA graphs' memory against its estimate,
+# the --kv-cache-memory it suggests), kept from the boot for the plan's self-check: plan/engine_log.py
+# quotes each from the source that prints it.
+SIZING = VLLM_SIZING_LINE
 
 
 def _canonical(name: str, snapshot: FlagSnapshot | None) -> tuple[str, str | None]:

@@ -249,8 +249,10 @@ def _log_file(rt: Runtime, path: Path) -> str | None:
 
 def launch_rung(rt: Runtime, live: Live, index: int, *, last_exit_at: float | None) -> ManagedProcess | Failure:
     """Launch: the rung's engine started (start()), the boot timeline watching its own lines from its
-    exec, and the time since the failed rung's exit when one fell through (P6)."""
-    watch = rt.rec.boot.engine(getattr(rt.engine, "PHASES", ()), live.cfg.ladder.rungs[index].name)
+    exec (and keeping the sizing lines the engine names: SIZING), and the time since the failed rung's
+    exit when one fell through (P6)."""
+    watch = rt.rec.boot.engine(getattr(rt.engine, "PHASES", ()), live.cfg.ladder.rungs[index].name,
+                               getattr(rt.engine, "SIZING", None))
     proc = start(rt, live.cfg, index, live.model_path, on_line=_widening(rt, live.cfg, watch.line),
                  on_lines=engine_lines)
     if isinstance(proc, Failure):

@@ -86,12 +86,13 @@ def run_stage(rt: Runtime, cfg: DeployConfig, rung: Rung, proc: ManagedProcess, 
 
 
 def plan_check(rt: Runtime, cfg: DeployConfig, proc: ManagedProcess, decode_tok_s: float | None) -> None:
-    """/status's `plan`: the deploy config's [plan] predictions beside what this boot measured."""
+    """/status's `plan`: the deploy config's [plan] predictions beside what this boot measured, and the
+    engine's own sizing lines, kept from its boot by the timeline's watch (or else its output's tail)."""
     from ..host.hardware import gpu_memory_used_mib
     from ..plan.check import check
 
     result = check(cfg.plan, engine=cfg.engine, gpu_used_mib=gpu_memory_used_mib() if cfg.plan.card_mib else None,
-                   engine_lines=proc.tail(), decode_tok_s=decode_tok_s)
+                   engine_lines=rt.rec.boot.kept() or proc.tail(), decode_tok_s=decode_tok_s)
     rt.rec.update(plan=result)
     for name, row in result["checks"].items():
         log.info("plan: %s predicted %s, measured %s (%s)", name, row["predicted"], row["measured"], row["source"])

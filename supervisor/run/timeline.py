@@ -14,6 +14,10 @@ boot. Three sources mark them, each where it already is:
                                  served from its cache, is simply not there), until the timeline
                                  closes: a serving engine's lines cost one flag test each
 
+The same watch keeps the boot's lines that an engine's SIZING pattern names (vLLM's own sizing:
+plan/engine_log.py), for the plan's self-check after the selftest (run/selftest.py): read from the
+boot as it prints them, not from a tail the selftest's own requests may have pushed them out of.
+
 Each phase: `phase`, `start_s` (seconds since the supervisor process started: its exec, read
 from /proc, when `python -m supervisor run` is the process; else since the Record was made),
 `start` (wall clock), `seconds` (so far, for the open one), `source` (supervisor | engine), and
@@ -34,6 +38,7 @@ Markers = Sequence[tuple[str, "re.Pattern[str]"]]
 
 _LINE_SHOWN = 160          # an engine phase shows the start of the line that began it
 _PENDING_MAX = 256         # engine lines held until the launch is armed (the first few, at most)
+_KEPT_MAX = 64             # sizing lines kept from one launch (a line per worker, a few kinds)
 
 # state -> what entering it does to the timeline
 _PHASE_OF_STATE = {"FETCH": "fetch", "LAUNCHING": "launch", "SELFTEST": "selftest", "ROLLBACK": "rollback"}
@@ -175,10 +180,16 @@ class Timelines:
                 self.current.rung = rung
             self.current.mark(name, t, rung=rung)
 
-    def engine(self, markers: Markers, rung: str) -> "EngineWatch":
+    def engine(self, markers: Markers, rung: str, keep: "re.Pattern[str] | None" = None) -> "EngineWatch":
         """The watch for a launch about to start: give its `line` as the process's line callback,
-        then `arm(started_at)` once the process runs (lines before that are held, not lost)."""
-        return EngineWatch(self, tuple(markers), rung)
+        then `arm(started_at)` once the process runs (lines before that are held, not lost). Lines
+        `keep` finds, until the boot is done, are kept (`kept`)."""
+        return EngineWatch(self, tuple(markers), rung, keep)
+
+    def kept(self) -> list[str]:
+        """The kept lines of the launch watched now (none between a restart and its launch)."""
+        with self.lock:
+            return list(self.watch.kept) if self.watch is not None else []
 
     def to_dict(self) -> dict[str, Any]:
         with self.lock:
@@ -193,13 +204,16 @@ class EngineWatch:
     """One launch's engine lines against its engine's markers; inert once the timeline it belongs
     to has closed or moved on (another launch, a restart), so serving costs a flag test a line."""
 
-    def __init__(self, timelines: Timelines, markers: tuple[tuple[str, "re.Pattern[str]"], ...], rung: str):
+    def __init__(self, timelines: Timelines, markers: tuple[tuple[str, "re.Pattern[str]"], ...], rung: str,
+                 keep: "re.Pattern[str] | None" = None):
         self.timelines = timelines
         self.markers = markers
         self.rung = rung
+        self.keep = keep
+        self.kept: list[str] = []
         self.next = 0                 # the first marker not yet seen
         self.armed = False
-        self.done = not markers
+        self.done = not markers and keep is None
         self.timeline: Timeline | None = None
         self.pending: list[tuple[float, str]] = []
 
@@ -231,11 +245,13 @@ class EngineWatch:
         if tl is None or not tl.open or self.timelines.current is not tl or self.timelines.watch is not self:
             self.done = True
             return
+        if self.keep is not None and len(self.kept) < _KEPT_MAX and self.keep.search(line):
+            self.kept.append(line.strip())
         for i in range(self.next, len(self.markers)):
             name, pattern = self.markers[i]
             if pattern.search(line):
                 tl.mark(name, t, "engine", rung=self.rung, line=line.strip()[:_LINE_SHOWN])
                 self.next = i + 1
                 break
-        if self.next >= len(self.markers):
+        if self.markers and self.next >= len(self.markers):
             self.done = True

@@ -205,8 +205,11 @@ def render_metrics(snap: Snapshot) -> str:
     rows = [(name, row) for name, row in checks.items() if isinstance(row, Mapping)]
     m.family("plan_predicted", "gauge", "What the deploy config's [plan] predicted, per quantity.",
              [({"quantity": name}, row.get("predicted")) for name, row in rows])
-    m.family("plan_measured", "gauge", "What this boot measured of each quantity the plan predicted.",
-             [({"quantity": name}, row.get("measured")) for name, row in rows])
+    m.family("plan_measured", "gauge", "What this boot measured of each quantity the plan predicted, and what "
+             "the engine said of its own sizing.", [({"quantity": name}, row.get("measured")) for name, row in rows])
+    m.family("plan_engine_estimate", "gauge", "The engine's own estimate of a quantity it then measured "
+             "(vLLM's CUDA graph memory, GiB).",
+             [({"quantity": name}, row.get("engine_estimate")) for name, row in rows])
     return "\n".join(m.lines) + "\n"
 
 
