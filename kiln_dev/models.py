@@ -206,12 +206,14 @@ def make_tiny_gguf(path: str | os.PathLike[str], *, seed: int = 0, n_layers: int
                    n_ff: int | None = None, n_vocab: int = 900, n_heads: int | None = None,
                    n_kv_heads: int | None = None, ctx_len: int = 4096,
                    dtype: Literal["f16", "f32"] = "f16", name: str = "kiln-tiny",
-                   n_expert: int = 0, n_expert_used: int = 2) -> Path:
+                   n_expert: int = 0, n_expert_used: int = 2, data: bool = True) -> Path:
     """Write a random llama-architecture GGUF that a real llama-server loads and runs.
 
     Same params and seed -> same bytes. n_ff defaults to 4*width, n_heads to width//64
     (head_dim 64), n_kv_heads to n_heads. See the module docstring for sizes. n_expert > 0 makes
-    every layer's feed-forward a Mixtral-style MoE of n_expert experts of width n_ff.
+    every layer's feed-forward a Mixtral-style MoE of n_expert experts of width n_ff. data=False writes
+    the header and leaves the tensors' bytes a sparse hole of zeros (the same size, no disk, no time): a
+    file for what reads only the header (`plan`), never for an engine.
     """
     import gguf
     import numpy as np
@@ -248,6 +250,16 @@ def make_tiny_gguf(path: str | os.PathLike[str], *, seed: int = 0, n_layers: int
         w.write_header_to_file()
         w.write_kv_data_to_file()
         w.write_ti_data_to_file()
+        if not data:
+            w.close()
+            size = tmp.stat().st_size
+            pad = -size % w.data_alignment
+            total = size + pad + sum(-(-n // w.data_alignment) * w.data_alignment for n in
+                                     (math.prod(t.shape) * (4 if t.kind == "norm" else np.dtype(np_dtype).itemsize)
+                                      for t in plan))
+            os.truncate(tmp, total)
+            os.replace(tmp, path)
+            return path
         for i, t in enumerate(plan):
             # One generator per tensor: the bytes depend only on (seed, tensor index).
             w.write_tensor_data(_make_tensor(t, np.random.default_rng([seed, i]), np_dtype))

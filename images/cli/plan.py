@@ -82,7 +82,8 @@ def _plan_json(p: rank.Plan) -> dict[str, Any]:
             "cuda": list(p.cuda), "resident": p.resident, "per_card_bytes": list(p.placement.per_card_bytes),
             "host_layers": list(p.placement.host_layers), "host_bytes": p.placement.host_bytes,
             "why": p.placement.why, "decode_tok_s_1": p.speed.decode_1, "decode_tok_s": p.speed.decode_n,
-            "streams": p.speed.streams, "prefill_tok_s": p.speed.prefill, "speed_basis": p.speed.basis,
+            "streams": p.speed.streams, "decode_tok_s_1_at_ctx": p.speed.decode_1_at_ctx,
+            "bound_tok_s_1": p.speed.bound_1, "prefill_tok_s": p.speed.prefill, "speed_basis": p.speed.basis,
             "speed_measured": p.speed.measured, "usd_per_1m": p.usd_per_m, "command": p.command,
             "commands": list(p.commands), "deploy_config": p.deploy_config, "notes": list(p.notes)}
 
@@ -91,7 +92,11 @@ def _line(i: int, p: rank.Plan) -> str:
     cards = " ".join(f"{b / 2**30:.1f}" for b in p.placement.per_card_bytes)
     where = "resident" if p.resident else f"OFFLOADED: {len(p.placement.host_layers)} layers on the host"
     cost = f"${p.usd_per_m:.3f}/1M" if p.usd_per_m is not None else "$/1M unknown"
-    rate = f"{p.speed.decode_n:g} tok/s at {p.speed.streams} streams" if p.speed.decode_n else "speed unknown"
+    if p.speed.decode_n and not p.speed.measured and p.speed.decode_1 and p.speed.bound_1:
+        rate = (f"~{p.speed.decode_n:.0f} tok/s at {p.speed.streams} stream(s), ~{p.speed.decode_1:.0f} for one"
+                + (f" (~{p.speed.decode_1_at_ctx:.0f} at the full context)" if p.speed.decode_1_at_ctx else ""))
+    else:
+        rate = f"{p.speed.decode_n:g} tok/s at {p.speed.streams} streams" if p.speed.decode_n else "speed unknown"
     out = [f"{i}. {p.count}x {p.gpu}  ${p.usd_h:.2f}/h  {where}  GiB per card: {cards}",
            f"   {rate}, {cost}  ({p.speed.basis})"]
     if p.placement.why:

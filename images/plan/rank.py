@@ -47,8 +47,24 @@ class Plan:
 
 
 def _estimate(shape: Shape, engine: str, ctx: int, streams: int, kv_type: str) -> memory.Estimate:
-    return memory.llamacpp(shape, ctx, streams=streams, kv_type=kv_type) if engine == "llamacpp" else \
-        memory.vllm(shape, ctx, streams=streams, kv_type=kv_type)
+    """llama.cpp: `streams` slots of `ctx` tokens each (-c streams x ctx over --parallel streams: the cache
+    is allocated whole at start). vLLM: one sequence of `ctx` (what it refuses to start without); its
+    paged cache holds as many more as fit, said in the plan's notes (_concurrency)."""
+    if engine == "llamacpp":
+        return memory.llamacpp(shape, ctx * streams, streams=streams, kv_type=kv_type)
+    return memory.vllm(shape, ctx, streams=streams, kv_type=kv_type)
+
+
+def _concurrency(kv_tokens: int, ctx: int, streams: int) -> tuple[str, ...]:
+    """vLLM's paged KV cache: how many whole contexts it holds at once, against the asked streams."""
+    if streams <= 1 or kv_tokens <= 0:
+        return ()
+    whole = kv_tokens // ctx
+    if whole >= streams:
+        return (f"vLLM's KV cache holds {whole} sequences of the full {ctx:,} tokens: {streams} streams fit at any "
+                "length",)
+    return (f"vLLM's KV cache holds {whole} sequence(s) of the full {ctx:,} tokens ({kv_tokens:,} tokens): "
+            f"{streams} streams all run while they average under {kv_tokens // streams:,} tokens; longer ones wait",)
 
 
 def _toml(value: Any) -> str:
@@ -56,12 +72,18 @@ def _toml(value: Any) -> str:
 
 
 def deploy_config(model: dict[str, Any], engine: str, *, ctx: int, count: int, kv_type: str,
-                  predictions: dict[str, Any] | None = None) -> str:
+                  predictions: dict[str, Any] | None = None, streams: int = 1) -> str:
     """A deploy config whose ladder is the plan: autofit with no placement flag (a pinned -ngl,
     --tensor-split or -ot turns autofit off: field notes § "Autofit and placement flags"), then half the
     context; vLLM at the plan's utilization and tensor parallelism, then half the context. Never past
     `ctx` (which `plan` checked against the model's trained context). [hardware] gpu_count is the
-    plan's: the supervisor refuses a pod of another count, and `pods up` before renting it."""
+    plan's: the supervisor refuses a pod of another count, and `pods up` before renting it.
+    With `streams` > 1, llama.cpp gets that many slots of `ctx` each (-c streams x ctx, --parallel,
+    --kv-unified-per-slot ctx) and keeps one unified KV cache (--kv-unified: an explicit --parallel turns it
+    off in the pinned build, and
+    the server then splits a step into one micro-batch per run of consecutive slot ids, each reading
+    every weight again: measured up to 2x slower steps at 2 and 4 streams, docs/benchmarks.md P19).
+    vLLM batches continuously; its slot count stays its own."""
     half = min(ctx, max(4096, ctx // 2))
     lines = [f"# written by `python build.py plan` for {count} GPU(s); review before publishing",
              f'engine = "{engine}"', 'state_dir = "/workspace/kiln"', "", "[model]",
@@ -70,8 +92,10 @@ def deploy_config(model: dict[str, Any], engine: str, *, ctx: int, count: int, k
              "[ladder]", 'fall_through = ["oom", "config_rejected"]', ""]
     for name, c in ((f"plan-{ctx}", ctx), (f"plan-{half}", half)):
         if engine == "llamacpp":
-            args = ["--ctx-size", str(c)] + (["--cache-type-k", kv_type, "--cache-type-v", kv_type]
-                                              if kv_type != "f16" else [])
+            args = ["--ctx-size", str(c * streams)] + (["--cache-type-k", kv_type, "--cache-type-v", kv_type]
+                                                        if kv_type != "f16" else [])
+            if streams > 1:         # each slot up to the context (server-context.cpp n_ctx_slot()), in one pool
+                args += ["--parallel", str(streams), "--kv-unified", "--kv-unified-per-slot", str(c)]
             lines += ["[[ladder.rungs]]", f'name = "{name}"', 'placement = "autofit"',
                       "args = [" + ", ".join(f'"{a}"' for a in args) + "]", ""]
         else:
@@ -123,7 +147,7 @@ def plans(shape: Shape, name: str, model: dict[str, Any], catalog: list[dict[str
             else:
                 placed = fit.vllm(shape, est, count=n, card_bytes=card, utilization=VLLM_UTILIZATION)
             sp = speeds.estimate(shape, name, engine=engine, gpu=g["id"], count=n, resident=placed.resident,
-                                 streams=streams)
+                                 streams=streams, kv_bytes_per_token=float(est.kv_bytes_per_token), ctx=ctx)
             # vLLM takes gpu_memory_utilization of every card whatever the model needs (the rest is KV cache).
             card_mib = int(VLLM_UTILIZATION * card) if engine == "vllm" else max(placed.per_card_bytes)
             predictions: dict[str, Any] = {"gpu": g["id"], "cards": n}
@@ -131,19 +155,24 @@ def plans(shape: Shape, name: str, model: dict[str, Any], catalog: list[dict[str
                 predictions |= {"card_mib": card_mib // 2**20,
                                 "kv_tokens": memory.vllm_kv_tokens(shape, card_bytes=card, utilization=VLLM_UTILIZATION,
                                                                    kv_type=kv_type, tp=n) if engine == "vllm" else 0,
-                                # a measured figure only: a bound is no prediction to check a pod against
-                                "decode_tok_s": round(sp.decode_1, 2) if sp.decode_1 and sp.measured else 0,
-                                "basis": sp.basis if sp.measured else ""}
+                                # measured or estimated (a bound is no prediction to check a pod against)
+                                "decode_tok_s": round(sp.decode_1, 2) if sp.decode_1 and not _bound(sp) else 0,
+                                "basis": sp.basis if sp.decode_1 and not _bound(sp) else ""}
             plan = Plan(gpu=g["id"], count=n, usd_h=usd_h, availability=str(g.get("availability", "")),
                         cuda=tuple(v["version"] for v in g.get("cudaVersions", []) if v.get("available")),
                         engine=engine, placement=placed, speed=sp, usd_per_m=speeds.usd_per_million(usd_h, sp.decode_n),
                         command=command(targets.get(g["id"]), config_file, cloud),
                         deploy_config=deploy_config(model, engine, ctx=ctx, count=n, kv_type=kv_type,
-                                                    predictions=predictions),
-                        notes=tuple(shape.notes) + placed.notes)
+                                                    predictions=predictions, streams=streams),
+                        notes=tuple(shape.notes) + placed.notes
+                        + (_concurrency(predictions.get("kv_tokens", 0), ctx, streams) if engine == "vllm" else ()))
             kept.append(plan)
         out += _keep(kept)
     return sorted(out, key=_rank)
+
+
+def _bound(sp: speeds.Speed) -> bool:
+    return sp.basis.startswith("upper bound")
 
 
 def _keep(per_count: list[Plan]) -> list[Plan]:
