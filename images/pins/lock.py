@@ -154,6 +154,24 @@ def missing(target: Target, pins: Mapping[str, Pin]) -> list[str]:
             for k, p in pins.items() if not p.resolved]
 
 
+def source_date_epoch(target: Target, pins: Mapping[str, Pin]) -> int:
+    """SOURCE_DATE_EPOCH for a build of the target: 00:00 UTC of the day the lock last changed its source
+    pin (``resolved_on`` of source.sha256, or source.commit for a git source).
+
+    A re-lock that finds the same source leaves ``resolved_on`` as it was (refresh()), so the value moves
+    only when the source does. 0 when the pin has no date (unresolved: a floating build promises no
+    rebuild). Compilers, tar and Python's bytecode compiler read it instead of the clock."""
+    pin = pins.get("source.commit" if target.source.kind == "git" else "source.sha256")
+    if pin is None or not pin.resolved or not pin.resolved_on:
+        return 0
+    try:
+        day = _dt.date.fromisoformat(pin.resolved_on)
+    except ValueError:
+        raise ConfigError(str(LOCK_PATH), [Problem(f'{target.name}."{pin.key}".resolved_on',
+                                                   "must be a date YYYY-MM-DD", pin.resolved_on)]) from None
+    return int(_dt.datetime(day.year, day.month, day.day, tzinfo=_dt.timezone.utc).timestamp())
+
+
 # -- writing ------------------------------------------------------------------
 def _q(s: str) -> str:
     return '"' + s.replace("\\", "\\\\").replace('"', '\\"') + '"'

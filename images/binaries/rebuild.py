@@ -1,0 +1,139 @@
+"""Rebuild and compare: does compiling the same locked inputs again give the same tarball, byte for byte?
+
+    fresh_compile(target, pins, out)  compile in a new work directory (never the cache) and pack
+    differences(a, b)                 every way two tarballs differ: the gzip header, each member's
+                                      header (mode, owner, mtime, size, link) and content sha256
+    check_same(a, b)                  raises RebuildMismatch naming both sha256s and each difference
+    leaks(prefix, needles)            build paths (the work directory) that landed in the files
+    toolchain()                       the compiler and CMake a host compile uses, as they print it
+
+The work directory of each fresh compile has its own name and length (`label`), so a build path that
+reaches the binary shows up as a difference here, not later on someone else's machine.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import shutil
+import subprocess
+import tarfile
+import tempfile
+from pathlib import Path
+from typing import Mapping
+
+from . import artifacts
+from .artifacts import ArtifactError, ArtifactSpec, Packed
+from ..digest import sha256_file
+from ..pins.lock import Pin
+from ..target import Target
+
+__all__ = ["RebuildMismatch", "check_same", "differences", "fresh_compile", "leaks", "toolchain"]
+
+
+class RebuildMismatch(ArtifactError):
+    """Two compiles of the same locked inputs gave different tarballs: the build is not reproducible."""
+
+    def __init__(self, first: Path, first_sha: str, second: Path, second_sha: str, diffs: list[str]) -> None:
+        self.first_sha256, self.second_sha256, self.differences = first_sha, second_sha, diffs
+        shown = diffs[:40] + ([f"... and {len(diffs) - 40} more"] if len(diffs) > 40 else [])
+        super().__init__(
+            f"the rebuild differs: {first.name} has sha256 {first_sha}, the rebuild {second_sha}; not publishing.\n"
+            + "\n".join(f"  - {d}" for d in shown)
+            + "\nFix the cause at its source (docs/images.md, 'Rebuild and compare' names the known ones).")
+
+
+def fresh_compile(target: Target, pins: Mapping[str, Pin], spec: ArtifactSpec, out: Path, *, label: str,
+                  patch_files: Mapping[str, Path] | None = None, jobs: int | None = None) -> tuple[Packed, Path]:
+    """Compile in a new temporary work directory named after `label` and pack into out/packed.
+
+    Returns (packed, work directory it used: deleted by now, but its path is what to look for)."""
+    from .obtain import BinariesError, compile_args
+
+    out = Path(out)
+    prefix = out / "prefix"
+    if prefix.exists():
+        shutil.rmtree(prefix)
+    with tempfile.TemporaryDirectory(prefix=f"kiln-rebuild-{label}-") as work:
+        argv = compile_args(target, pins, prefix, Path(work), patch_files=patch_files or {}, jobs=jobs)
+        r = subprocess.run(argv, check=False)
+        if r.returncode != 0:
+            raise BinariesError(f"compile ({label}) failed (exit {r.returncode}); see the output above")
+        used = Path(work)
+    return artifacts.pack(prefix, spec, out / "packed"), used
+
+
+def _members(tarball: Path) -> tuple[dict[str, dict[str, object]], dict[str, object]]:
+    """({name: header fields + content sha256}, gzip header fields) of a tar.gz."""
+    with tarball.open("rb") as raw:
+        head = raw.read(10)
+    if len(head) < 10 or head[:2] != b"\x1f\x8b":
+        raise ArtifactError(f"{tarball} is not a gzip file")
+    gz = {"gzip mtime": int.from_bytes(head[4:8], "little"), "gzip flags": head[3], "gzip os": head[9]}
+    out: dict[str, dict[str, object]] = {}
+    order = []
+    with tarfile.open(tarball, "r:gz") as tar:
+        for m in tar:
+            order.append(m.name)
+            row: dict[str, object] = {"type": m.type, "mode": oct(m.mode), "uid": m.uid, "gid": m.gid,
+                                      "uname": m.uname, "gname": m.gname, "mtime": m.mtime, "size": m.size,
+                                      "linkname": m.linkname, "pax": dict(sorted(m.pax_headers.items()))}
+            if m.isreg():
+                f = tar.extractfile(m)
+                assert f is not None
+                row["sha256"] = hashlib.file_digest(f, "sha256").hexdigest()
+            out[m.name] = row
+    gz["member order"] = order
+    return out, gz
+
+
+def differences(first: Path, second: Path) -> list[str]:
+    """Every way two packed tarballs differ, one line each; [] when their members and headers agree."""
+    a, gza = _members(first)
+    b, gzb = _members(second)
+    diffs = [f"{k}: {gza[k]} vs {gzb[k]}" for k in gza if gza[k] != gzb[k] and k != "member order"]
+    for name in sorted(set(a) | set(b)):
+        if name not in a or name not in b:
+            diffs.append(f"{name}: only in the {'first' if name in a else 'rebuild'}")
+            continue
+        for field in a[name]:
+            if a[name][field] != b[name].get(field):
+                diffs.append(f"{name}: {field} {a[name][field]} vs {b[name].get(field)}")
+    if not diffs and gza["member order"] != gzb["member order"]:
+        diffs.append("member order differs")
+    if not diffs and sha256_file(first) != sha256_file(second):
+        diffs.append("same members and headers, different bytes (tar padding or compression)")
+    return diffs
+
+
+def check_same(first: Path, second: Path) -> str:
+    """The sha256 both tarballs share, or RebuildMismatch naming both and every difference."""
+    sa, sb = sha256_file(first), sha256_file(second)
+    if sa != sb:
+        raise RebuildMismatch(first, sa, second, sb, differences(first, second) or ["(no member differs)"])
+    return sa
+
+
+def leaks(root: Path, needles: list[str]) -> list[str]:
+    """'<file>: <needle>' for each file under root whose bytes hold a needle (a build path)."""
+    found = []
+    encoded = [(n, n.encode()) for n in needles if n]
+    for path in sorted(p for p in Path(root).rglob("*") if p.is_file() and not p.is_symlink()):
+        data = path.read_bytes()
+        found += [f"{path.relative_to(root).as_posix()}: {n}" for n, b in encoded if b in data]
+    return found
+
+
+def toolchain() -> dict[str, str]:
+    """The first line of `cc --version`, `c++ --version` and `cmake --version`: what CMake compiles with."""
+    out = {}
+    for tool in ("cc", "c++", "cmake"):
+        path = shutil.which(tool)
+        if path is None:
+            out[tool] = "absent"
+            continue
+        r = subprocess.run([path, "--version"], capture_output=True, text=True, check=False,
+                           env={**os.environ, "LC_ALL": "C"})
+        out[tool] = (r.stdout.splitlines() or ["(no output)"])[0].strip()
+    return out
+
