@@ -42,6 +42,7 @@ from ..digest import sha256_file
 MANIFEST_SCHEMA = 1
 SMOKE_ARGV = ("--version",)
 VERSION_FILE = "share/kiln/llama-server.version.txt"
+BUILD_INFO_FILE = "share/kiln/build-info.env"
 BINARY = "bin/llama-server"
 
 # The binary each engine's tarball carries; the name starts with it. Only llama.cpp is built today.
@@ -217,8 +218,9 @@ def patch_set_hash(patches: Mapping[str, str]) -> str:
     return "sha256:" + hashlib.sha256(text.encode()).hexdigest()
 
 
-def build_config_hash(cmake_flags: Sequence[str], script_sha256: str) -> str:
-    """sha256 over the cmake flags (sorted, so order does not matter) and the compile script's sha256."""
+def build_config_hash(cmake_flags: Sequence[str], script_sha256: str, source_date_epoch: int | None = None) -> str:
+    """sha256 over the cmake flags (sorted, so order does not matter), the compile script's sha256 and,
+    when given, the SOURCE_DATE_EPOCH the compile and the tarball's mtimes use."""
     if isinstance(cmake_flags, str):  # a lone string would hash its characters
         raise TypeError("cmake_flags must be a sequence of flags, not a string")
     if not _HEX64.fullmatch(script_sha256):
@@ -227,6 +229,10 @@ def build_config_hash(cmake_flags: Sequence[str], script_sha256: str) -> str:
         if "\n" in flag:
             raise ValueError(f"cmake flag {flag!r} holds a newline")
     text = "".join(f"flag:{flag}\n" for flag in sorted(cmake_flags)) + f"script:{script_sha256}\n"
+    if source_date_epoch is not None:
+        if isinstance(source_date_epoch, bool) or not isinstance(source_date_epoch, int) or source_date_epoch < 0:
+            raise ValueError(f"source_date_epoch must be whole seconds since 1970 (an int >= 0), got {source_date_epoch!r}")
+        text += f"epoch:{source_date_epoch}\n"
     return "sha256:" + hashlib.sha256(text.encode()).hexdigest()
 
 
@@ -292,9 +298,10 @@ class Packed:
 def pack(prefix: Path, spec: ArtifactSpec, out_dir: Path) -> Packed:
     """Tar a compiled prefix deterministically and write its manifest and sha256 file.
 
-    Same binaries, same sha256: entries sorted, mtime 0, uid/gid 0, no user names, modes reduced
-    to 0755/0644, gzip header without name or mtime. (The gzip bytes also depend on zlib's version,
-    so identical sha256s are promised for one build machine, not across zlib releases.)
+    Same binaries, same sha256: entries sorted, every mtime the SOURCE_DATE_EPOCH the compile
+    recorded (share/kiln/build-info.env; 0 when it recorded none), uid/gid 0, no user names, modes
+    reduced to 0755/0644, gzip header without name or mtime. (The gzip bytes also depend on zlib's
+    version, so identical sha256s are promised for one build machine, not across zlib releases.)
     """
     prefix = Path(prefix)
     out_dir = Path(out_dir)
@@ -302,6 +309,7 @@ def pack(prefix: Path, spec: ArtifactSpec, out_dir: Path) -> Packed:
     if binary.is_symlink() or not binary.is_file() or not os.access(binary, os.X_OK):
         raise ArtifactError(f"{binary} is missing, a link or not executable: {prefix} is not a compiled prefix")
     version = _version_line(prefix / VERSION_FILE)
+    mtime = recorded_epoch(prefix)
     entries = _prefix_entries(prefix)
     name = spec.name()
     out_dir.mkdir(parents=True, exist_ok=True)
@@ -314,7 +322,7 @@ def pack(prefix: Path, spec: ArtifactSpec, out_dir: Path) -> Packed:
                 tarfile.open(fileobj=gz, mode="w", format=tarfile.PAX_FORMAT) as tar:
             for rel, path in entries:
                 info = tarfile.TarInfo(rel)
-                info.mtime = 0
+                info.mtime = mtime
                 info.uid = info.gid = 0
                 info.uname = info.gname = ""
                 st = path.lstat()
@@ -371,6 +379,22 @@ class _HashingReader:
 
     def hexdigest(self) -> str:
         return self._h.hexdigest()
+
+
+def recorded_epoch(prefix: Path) -> int:
+    """KILN_SOURCE_DATE_EPOCH from the prefix's build-info.env (the compile script writes it); 0 if absent."""
+    path = Path(prefix) / BUILD_INFO_FILE
+    try:
+        lines = path.read_text(encoding="utf-8").splitlines()
+    except FileNotFoundError:
+        return 0
+    for line in lines:
+        key, _, value = line.partition("=")
+        if key == "KILN_SOURCE_DATE_EPOCH":
+            if not value.isdigit():
+                raise ArtifactError(f"{path}: KILN_SOURCE_DATE_EPOCH={value!r} is not whole seconds since 1970")
+            return int(value)
+    return 0
 
 
 def _version_line(path: Path) -> str:

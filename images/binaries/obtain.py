@@ -27,7 +27,7 @@ from supervisor.errors import KilnError
 from . import artifacts
 from .artifacts import ArtifactSpec, Packed
 from ..digest import sha256_file
-from ..pins.lock import Pin
+from ..pins.lock import Pin, source_date_epoch
 from ..paths import COMPILE_SCRIPT, IMAGES_DIR
 from .stores import Store
 from ..target import Target
@@ -60,7 +60,8 @@ def expected_spec(target: Target, pins: Mapping[str, Pin], base: str) -> Artifac
         patch_set=artifacts.patch_set_hash(patches) if patches else "none",
         cuda=target.cuda_version or "none",
         archs="-".join(target.cuda_archs) or "cpu",
-        build_config=artifacts.build_config_hash(target.cmake_flags, sha256_file(COMPILE_SCRIPT)),
+        build_config=artifacts.build_config_hash(target.cmake_flags, sha256_file(COMPILE_SCRIPT),
+                                                 source_date_epoch(target, pins)),
         base=base,
     )
 
@@ -118,6 +119,7 @@ def compile_args(target: Target, pins: Mapping[str, Pin], prefix: Path, work: Pa
         argv += ["--cuda-archs", ";".join(target.cuda_archs)]
     for f in target.cmake_flags:
         argv += ["--cmake-flag", f]
+    argv += ["--source-date-epoch", str(source_date_epoch(target, pins))]
     if jobs:
         argv += ["--jobs", str(jobs)]
     return argv
@@ -199,12 +201,15 @@ EXPORT_STAGE = "engine-prefix"   # images/templates/llamacpp.Dockerfile.j2: the 
 
 
 def compile_in_build(target: Target, pins: Mapping[str, Pin], *, patch_files: Mapping[str, Path] | None = None,
-                     allow_floating: bool = False, network: str = "host") -> Packed:
+                     allow_floating: bool = False, network: str = "host", no_cache: bool = False,
+                     out: Path | None = None) -> Packed:
     """Compile in the Dockerfile's engine-compile stage, on the target's pinned build base, and pack
     the exported prefix under the spec an image build of the target expects (base = that pin).
 
     A host compile is keyed by the host's OS and fits builds with --base-image; this one is what a
-    plain `build.py build --target T --binaries auto` fetches, and it needs no CUDA toolkit on the host."""
+    plain `build.py build --target T --binaries auto` fetches, and it needs no CUDA toolkit on the host.
+    no_cache compiles again whatever the builder's cache holds; out packs somewhere other than the cache
+    (both for a rebuild to compare against the first)."""
     from ..build import docker as docker_build, render
 
     base = pins["base.build"].value
@@ -218,6 +223,7 @@ def compile_in_build(target: Target, pins: Mapping[str, Pin], *, patch_files: Ma
         context, prefix = Path(tmp) / "context", Path(tmp) / "prefix"
         render.write_context(ctx, context, patch_files=dict(patch_files or {}))
         docker_build.build(docker_build.BuildRequest(
-            context=context, tags=[], target_stage=EXPORT_STAGE, output_dir=prefix, network=network))
-        out = cache_dir() / "binaries" / spec.name().removesuffix(".tar.gz") / "packed"
+            context=context, tags=[], target_stage=EXPORT_STAGE, output_dir=prefix, network=network,
+            build_args={"SOURCE_DATE_EPOCH": str(ctx.source_date_epoch)}, no_cache=no_cache))
+        out = out or cache_dir() / "binaries" / spec.name().removesuffix(".tar.gz") / "packed"
         return artifacts.pack(prefix, spec, out)

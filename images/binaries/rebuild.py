@@ -1,8 +1,8 @@
 """Rebuild and compare: does compiling the same locked inputs again give the same tarball, byte for byte?
 
     fresh_compile(target, pins, out)  compile in a new work directory (never the cache) and pack
-    differences(a, b)                 every way two tarballs differ: the gzip header, each member's
-                                      header (mode, owner, mtime, size, link) and content sha256
+    differences(a, b)                 every way two tarballs differ (images/tarcompare.py): the gzip
+                                      header, each member's header and content sha256
     check_same(a, b)                  raises RebuildMismatch naming both sha256s and each difference
     leaks(prefix, needles)            build paths (the work directory) that landed in the files
     toolchain()                       the compiler and CMake a host compile uses, as they print it
@@ -13,11 +13,9 @@ reaches the binary shows up as a difference here, not later on someone else's ma
 
 from __future__ import annotations
 
-import hashlib
 import os
 import shutil
 import subprocess
-import tarfile
 import tempfile
 from pathlib import Path
 from typing import Mapping
@@ -25,6 +23,7 @@ from typing import Mapping
 from . import artifacts
 from .artifacts import ArtifactError, ArtifactSpec, Packed
 from ..digest import sha256_file
+from ..tarcompare import differences
 from ..pins.lock import Pin
 from ..target import Target
 
@@ -61,49 +60,6 @@ def fresh_compile(target: Target, pins: Mapping[str, Pin], spec: ArtifactSpec, o
             raise BinariesError(f"compile ({label}) failed (exit {r.returncode}); see the output above")
         used = Path(work)
     return artifacts.pack(prefix, spec, out / "packed"), used
-
-
-def _members(tarball: Path) -> tuple[dict[str, dict[str, object]], dict[str, object]]:
-    """({name: header fields + content sha256}, gzip header fields) of a tar.gz."""
-    with tarball.open("rb") as raw:
-        head = raw.read(10)
-    if len(head) < 10 or head[:2] != b"\x1f\x8b":
-        raise ArtifactError(f"{tarball} is not a gzip file")
-    gz = {"gzip mtime": int.from_bytes(head[4:8], "little"), "gzip flags": head[3], "gzip os": head[9]}
-    out: dict[str, dict[str, object]] = {}
-    order = []
-    with tarfile.open(tarball, "r:gz") as tar:
-        for m in tar:
-            order.append(m.name)
-            row: dict[str, object] = {"type": m.type, "mode": oct(m.mode), "uid": m.uid, "gid": m.gid,
-                                      "uname": m.uname, "gname": m.gname, "mtime": m.mtime, "size": m.size,
-                                      "linkname": m.linkname, "pax": dict(sorted(m.pax_headers.items()))}
-            if m.isreg():
-                f = tar.extractfile(m)
-                assert f is not None
-                row["sha256"] = hashlib.file_digest(f, "sha256").hexdigest()
-            out[m.name] = row
-    gz["member order"] = order
-    return out, gz
-
-
-def differences(first: Path, second: Path) -> list[str]:
-    """Every way two packed tarballs differ, one line each; [] when their members and headers agree."""
-    a, gza = _members(first)
-    b, gzb = _members(second)
-    diffs = [f"{k}: {gza[k]} vs {gzb[k]}" for k in gza if gza[k] != gzb[k] and k != "member order"]
-    for name in sorted(set(a) | set(b)):
-        if name not in a or name not in b:
-            diffs.append(f"{name}: only in the {'first' if name in a else 'rebuild'}")
-            continue
-        for field in a[name]:
-            if a[name][field] != b[name].get(field):
-                diffs.append(f"{name}: {field} {a[name][field]} vs {b[name].get(field)}")
-    if not diffs and gza["member order"] != gzb["member order"]:
-        diffs.append("member order differs")
-    if not diffs and sha256_file(first) != sha256_file(second):
-        diffs.append("same members and headers, different bytes (tar padding or compression)")
-    return diffs
 
 
 def check_same(first: Path, second: Path) -> str:

@@ -14,6 +14,7 @@ and a newline (which could start a new instruction) is refused:
 from __future__ import annotations
 
 import json
+import os
 import shutil
 from dataclasses import dataclass
 from pathlib import Path
@@ -30,7 +31,7 @@ from ..pins.requirements import router_pin_problem
 from .engine_facts import FACTS_FILE, facts_path
 from ..paths import (COMPILE_SCRIPT, CUDA_FLOOR_SCRIPT, IMAGES_DIR, ROUTER_REQUIREMENTS, SUPERVISOR_DIR,
                      SUPERVISOR_REQUIREMENTS, TEMPLATES_DIR, VLLM_SNAPSHOT_SCRIPT)
-from ..pins.lock import Pin, missing
+from ..pins.lock import Pin, missing, source_date_epoch
 from ..target import Target
 
 KILN_VERSION = supervisor.__version__
@@ -112,6 +113,7 @@ class RenderContext:
     closure_file: str = ""           # images/closures/ file a wheel engine installs hash-locked; "" none
     closure_sha256: str = ""         # its sha256, the lock's engine.closure
     closure_count: int = 0           # how many packages it pins
+    source_date_epoch: int = 0       # SOURCE_DATE_EPOCH (images/pins/lock.py): file mtimes in Kiln's layers
 
 
 def pinned_ref(tag_ref: str, pin: Pin) -> str:
@@ -156,7 +158,8 @@ def make_context(target: Target, pins: dict[str, Pin], *, allow_floating: bool =
                          cmake_flags=target.cmake_flags, runtime_packages=target.runtime_packages,
                          labels=labels, ports=ports, floating=bool(floating_keys),
                          engine_facts=str(facts) if facts and facts.is_file() else "",
-                         closure_file=closure_name, closure_sha256=closure_sha, closure_count=closure_count)
+                         closure_file=closure_name, closure_sha256=closure_sha, closure_count=closure_count,
+                         source_date_epoch=source_date_epoch(target, pins))
 
 
 def _closure(target: Target, pins: dict[str, Pin], source_pin: str) -> tuple[str, str, int]:
@@ -280,4 +283,19 @@ def write_context(ctx: RenderContext, out: Path, *, patch_files: dict[str, Path]
         {"target": ctx.target.name, "kiln_version": KILN_VERSION, "labels": dict(ctx.labels)},
         indent=2, sort_keys=True) + "\n", encoding="utf-8")
     (out / ".dockerignore").write_text("**/__pycache__\n**/*.pyc\n", encoding="utf-8")
+    normalise_tree(out, ctx.source_date_epoch)
     return out / "Dockerfile"
+
+
+def normalise_tree(root: Path, epoch: int) -> None:
+    """Every file and directory under root dated `epoch`, modes 0755 (directories, executables) or 0644.
+
+    A COPY keeps the mtime and mode a context file has; without this they would be the checkout's
+    and the render's times, and the umask's modes, so two builds' layers would differ."""
+    for path in sorted(root.rglob("*"), reverse=True) + [root]:   # children first: a dir's mtime last
+        st = path.lstat()
+        if path.is_symlink():
+            os.utime(path, (epoch, epoch), follow_symlinks=False)
+            continue
+        os.chmod(path, 0o755 if path.is_dir() or st.st_mode & 0o111 else 0o644)
+        os.utime(path, (epoch, epoch))

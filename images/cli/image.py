@@ -111,6 +111,9 @@ def _build_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--cache-to", action="append", default=[], metavar="SPEC",
                    help="BuildKit cache export (e.g. type=registry,ref=...,mode=max); needs a buildx builder that "
                    "can export cache (docker-container driver); the image is then --load-ed for the push")
+    p.add_argument("--no-cache", action="store_true",
+                   help="build every step again, none from the builder's cache (to check that a rebuild "
+                   "gives the same layers: docs/images.md, 'Rebuild and compare')")
     opt.build_network(p)
 
 
@@ -149,9 +152,12 @@ def _build(args: argparse.Namespace) -> int:
         mode, binaries_ref = _prepare_binaries(args, target, pins, out)
         req = docker_build.BuildRequest(
             context=out, tags=[tag, *args.tag],
-            build_args={"ENGINE_FROM": mode, "KILN_BINARIES": binaries_ref},
+            build_args={"ENGINE_FROM": mode, "KILN_BINARIES": binaries_ref,
+                        # A BuildKit that knows it (0.11+) also dates the image's config and history with it.
+                        "SOURCE_DATE_EPOCH": str(ctx.source_date_epoch)},
             ca_bundle=ca_bundle, hf_token=os.environ.get("HF_TOKEN") or None,
-            cache_from=args.cache_from, cache_to=args.cache_to, network=args.build_network or "host")
+            cache_from=args.cache_from, cache_to=args.cache_to, network=args.build_network or "host",
+            no_cache=args.no_cache)
         print(f"building {tag} (engine: {mode}{', ' + binaries_ref if mode == 'fetch' else ''})", file=sys.stderr)
         docker_build.build(req)
     print(tag)

@@ -8,6 +8,12 @@
 # builds only llama-server, smoke-tests `--version` and writes the `--help`
 # output as the engine's flag snapshot.
 #
+# Reproducible: the same inputs give the same prefix, byte for byte, whatever the
+# work directory and whenever it runs. Build paths are mapped out of the binary
+# (-ffile-prefix-map: __FILE__ in GGML_ABORT and friends), SOURCE_DATE_EPOCH
+# (from the lock: --source-date-epoch) replaces the clock for the compiler and
+# every file's mtime, and the locale, time zone and umask are fixed.
+#
 # Output layout under --prefix:
 #   bin/llama-server
 #   share/kiln/llama-server.help.txt     flag snapshot (supervisor lints against it)
@@ -38,11 +44,14 @@ options:
                              build on a machine without a driver, e.g. docker build)
   --prepare-only             fetch, verify and patch the source, then stop
   --jobs N                   parallel build jobs (default: nproc)
+  --source-date-epoch N      seconds since 1970 for __DATE__/__TIME__ and every file's
+                             mtime in the prefix (default: $SOURCE_DATE_EPOCH, else 0)
 EOF
 }
 
 prefix="" work="" sdist="" sdist_sha="" git_url="" git_commit="" git_branch=""
 cuda_archs="" smoke_stubs="" prepare_only="false" jobs="$(nproc)"
+epoch="${SOURCE_DATE_EPOCH:-0}"
 patches=() excludes=() cmake_extra=()
 
 while [ $# -gt 0 ]; do
@@ -62,6 +71,7 @@ while [ $# -gt 0 ]; do
     --smoke-cuda-stubs) smoke_stubs="$2"; shift 2 ;;
     --prepare-only) prepare_only="true"; shift ;;
     --jobs) jobs="$2"; shift 2 ;;
+    --source-date-epoch) epoch="$2"; shift 2 ;;
     -h|--help) usage; exit 0 ;;
     *) usage >&2; die "unknown argument '$1'" ;;
   esac
@@ -73,7 +83,14 @@ if [ -n "$sdist" ] && [ -n "$git_url" ]; then die "give --sdist or --git-url, no
 if [ -z "$sdist" ] && [ -z "$git_url" ]; then die "a source is required: --sdist FILE or --git-url URL"; fi
 for c in "${cmake_extra[@]+"${cmake_extra[@]}"}"; do
   [[ "$c" =~ ^-D[A-Za-z0-9_]+=[^[:space:]]*$ ]] || die "--cmake-flag '$c' must look like -DNAME=VALUE"
+  # These would replace the prefix maps below and put build paths back into the binary.
+  if [[ "$c" =~ ^-DCMAKE_(C|CXX|CUDA)_FLAGS= ]]; then
+    die "--cmake-flag '$c' would drop the build-path maps: set CFLAGS, CXXFLAGS or CUDAFLAGS in the environment instead"
+  fi
 done
+[[ "$epoch" =~ ^[0-9]+$ ]] || die "--source-date-epoch (or SOURCE_DATE_EPOCH) must be whole seconds since 1970, got '$epoch'"
+export SOURCE_DATE_EPOCH="$epoch" TZ=UTC LC_ALL=C
+umask 022
 
 mkdir -p "$work" "$prefix/bin" "$prefix/share/kiln"
 work="$(cd "$work" && pwd)"
@@ -148,6 +165,16 @@ if [ "$prepare_only" = "true" ]; then
   exit 0
 fi
 
+# Build paths out of the binary: __FILE__ (GGML_ABORT, asserts) and any debug info name the source as
+# llama.cpp/... and the work directory as kiln-build/.... When several maps match, GCC uses the last one
+# given, so the source (inside the work directory) comes last.
+maps="-ffile-prefix-map=$work=kiln-build -ffile-prefix-map=$src=llama.cpp"
+export CFLAGS="${CFLAGS:+$CFLAGS }$maps" CXXFLAGS="${CXXFLAGS:+$CXXFLAGS }$maps"
+if [ -n "$cuda_archs" ]; then
+  # nvcc hands -Xcompiler options to the host compiler. Not measured: Kiln's CI machine has no CUDA toolkit.
+  export CUDAFLAGS="${CUDAFLAGS:+$CUDAFLAGS }-Xcompiler=-ffile-prefix-map=$work=kiln-build -Xcompiler=-ffile-prefix-map=$src=llama.cpp"
+fi
+
 cmake_args=(
   -S "$src" -B "$work/build"
   -DCMAKE_BUILD_TYPE=Release
@@ -199,5 +226,12 @@ KILN_ENGINE_COMMIT=$resolved_commit
 KILN_FLOATING=$floating
 KILN_PATCHES=$patch_desc
 KILN_CUDA_ARCHS=${cuda_archs:-none}
+KILN_SOURCE_DATE_EPOCH=$epoch
 EOF
+# Every file and directory of the prefix dated SOURCE_DATE_EPOCH, modes 0755 (dirs, executables) or
+# 0644: the prefix is the same whenever and wherever it was built (an image's COPY keeps both).
+find "$prefix" -type d -exec chmod 0755 {} +
+find "$prefix" -type f -perm /111 -exec chmod 0755 {} +
+find "$prefix" -type f ! -perm /111 -exec chmod 0644 {} +
+find "$prefix" -exec touch -h -d "@$epoch" {} +
 log "done: $prefix/bin/llama-server ($(head -n 1 "$prefix/share/kiln/llama-server.version.txt"))"
