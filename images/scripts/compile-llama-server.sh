@@ -94,6 +94,8 @@ umask 022
 
 mkdir -p "$work" "$prefix/bin" "$prefix/share/kiln"
 work="$(cd "$work" && pwd)"
+# The compiler's path maps (below) travel in CFLAGS, which CMake splits on whitespace.
+[[ "$work" =~ [[:space:]=] ]] && die "--work '$work' holds whitespace or '=': the build-path maps cannot name it; use another directory"
 prefix="$(cd "$prefix" && pwd)"
 # llama.cpp's build-info asks git for a commit: never let it find an enclosing
 # repository (the Kiln checkout, say) and stamp that repository's commit.
