@@ -1,6 +1,8 @@
 """Rebuild and compare: does compiling the same locked inputs again give the same tarball, byte for byte?
 
     fresh_compile(target, pins, out)  compile in a new work directory (never the cache) and pack
+    again(target, pins, out)          the target's binaries compiled once more from scratch: on this
+                                      host, or in the Dockerfile's compile stage with no build cache
     differences(a, b)                 every way two tarballs differ (images/tarcompare.py): the gzip
                                       header, each member's header and content sha256
     check_same(a, b)                  raises RebuildMismatch naming both sha256s and each difference
@@ -27,7 +29,7 @@ from ..tarcompare import differences
 from ..pins.lock import Pin
 from ..target import Target
 
-__all__ = ["RebuildMismatch", "check_same", "differences", "fresh_compile", "leaks", "toolchain"]
+__all__ = ["RebuildMismatch", "again", "check_same", "differences", "fresh_compile", "leaks", "toolchain"]
 
 
 class RebuildMismatch(ArtifactError):
@@ -60,6 +62,23 @@ def fresh_compile(target: Target, pins: Mapping[str, Pin], spec: ArtifactSpec, o
             raise BinariesError(f"compile ({label}) failed (exit {r.returncode}); see the output above")
         used = Path(work)
     return artifacts.pack(prefix, spec, out / "packed"), used
+
+
+def again(target: Target, pins: Mapping[str, Pin], out: Path, *, in_build: bool,
+          patch_files: Mapping[str, Path] | None = None, allow_floating: bool = False,
+          network: str = "host") -> Packed:
+    """Compile the target's binaries once more, never from a cache, and pack them into out.
+
+    in_build: the Dockerfile's engine-compile stage on the pinned build base, with --no-cache (the
+    tarball is keyed by that base); else on this host, in a work directory of its own."""
+    from .obtain import compile_in_build, expected_spec
+
+    if in_build:
+        return compile_in_build(target, pins, patch_files=patch_files, allow_floating=allow_floating,
+                                network=network, no_cache=True, out=Path(out) / "packed")
+    spec = expected_spec(target, pins, artifacts.os_identity())
+    packed, _ = fresh_compile(target, pins, spec, out, label="again", patch_files=patch_files)
+    return packed
 
 
 def check_same(first: Path, second: Path) -> str:

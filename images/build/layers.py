@@ -5,7 +5,9 @@
                             `docker image inspect` lists as RootFS.Layers) and the Dockerfile step that
                             wrote it (the config's history, empty steps skipped)
     compare(a_dir, b_dir)   one row per layer position: same or not, and for a layer that differs,
-                            how (images/tarcompare.py: which files, which header fields)
+                            how (images/tarcompare.py: which files, which header fields); a row is
+                            Kiln's when its step copies a staged /kiln-layer/ (images/templates/
+                            _supervisor.j2): those are the layers a rebuild must reproduce
 
 Compared by diff_id, not by the compressed digests a registry lists: compression is the pusher's
 choice, the content is the build's. The image config (and so the image ID) holds creation times the
@@ -25,7 +27,9 @@ from supervisor.errors import KilnError
 from ..tarcompare import differences
 from .docker import cli_env, docker_cli
 
-__all__ = ["Layer", "Row", "compare", "layers", "saved"]
+__all__ = ["KILN_STEP", "Layer", "Row", "compare", "layers", "saved"]
+
+KILN_STEP = "/kiln-layer/ /"     # in the history of `COPY --from=<stage> /kiln-layer/ /`
 
 
 @dataclass(frozen=True)
@@ -46,6 +50,11 @@ class Row:
     @property
     def same(self) -> bool:
         return self.first == self.second
+
+    @property
+    def kilns(self) -> bool:
+        """A layer Kiln writes (staged and dated), as opposed to the base's or a package manager's."""
+        return KILN_STEP in self.created_by
 
 
 def saved(ref: str, dest: Path) -> Path:

@@ -7,7 +7,8 @@ script `pip install -e .` installs): one parser, every workstation command. Impo
     image.py      build, render, list, tag
     pins.py       lock
     upgrade.py    upgrade (what it does: images/upgrade/engine.py)
-    binaries.py   compile, publish-binaries
+    binaries.py   compile, publish-binaries, rebuild-binaries
+    compare.py    compare-images
     runpod.py     template
     pods.py       pods up|status|logs|down|volumes
     endpoint.py   endpoint plan|up|status|logs|down (RunPod Serverless load-balancing endpoints)

@@ -23,7 +23,8 @@ import supervisor
 from supervisor.errors import KilnError
 from supervisor.redact import redact
 
-from . import binaries, cluster, endpoint, fleet, generate, image, pins, plan, pods, reference, router, runpod, upgrade
+from . import (binaries, cluster, compare, endpoint, fleet, generate, image, pins, plan, pods, reference, router,
+               runpod, upgrade)
 from .command import Command, Formatter, add_commands, walk
 
 EXIT_USAGE = 2
@@ -34,7 +35,8 @@ COMMANDS: tuple[Command, ...] = (
     *image.COMMANDS,        # build, render, list, tag
     *pins.COMMANDS,         # lock
     *upgrade.COMMANDS,      # upgrade
-    *binaries.COMMANDS,     # compile, publish-binaries
+    *binaries.COMMANDS,     # compile, publish-binaries, rebuild-binaries
+    *compare.COMMANDS,      # compare-images
     *runpod.COMMANDS,       # template
     *pods.COMMANDS,         # pods up|status|logs|down|volumes
     *endpoint.COMMANDS,     # endpoint plan|up|status|logs|down

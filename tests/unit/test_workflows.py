@@ -47,6 +47,9 @@ def test_builds_push_only_staging_tags_with_a_registry_cache():
     assert "--staging \"$STAGING\" --push" in build
     assert "--cache-from \"type=registry" in build and "--cache-to \"type=registry" in build and "mode=max" in build
     assert "publish-binaries" in build and "--in-build" in build
+    # The engine tarball is compiled twice and published only when both have one sha256 (issue 53).
+    publish = next(step["run"] for step in _jobs()["build"]["steps"] if "publish-binaries" in step.get("run", ""))
+    assert "--rebuild-check" in publish
     assert "images.ci promote" not in build and "imagetools" not in build
 
 
