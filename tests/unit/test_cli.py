@@ -171,6 +171,7 @@ def test_an_old_single_command_spelling_is_refused_not_guessed(argv, tmp_path):
     (["template", "--api", "http://127.0.0.1:9/v1"], "--api cannot be combined with printing the template"),
     (["template", "--allow-floating"], "--allow-floating cannot be combined with printing the template"),
     (["publish-binaries", "--store", "/x", "--build-network", "default"], "--build-network cannot be combined"),
+    (["rebuild-binaries", "--build-network", "default"], "--build-network cannot be combined"),
     (["render", "--push"], "unrecognized arguments: --push"),
     (["tag", "--out", "D"], "unrecognized arguments: --out"),
 ])
@@ -203,6 +204,9 @@ def test_bad_input_to_every_command_is_one_line_and_exit_2(tmp_path):
         (["lock", "--target", "nope"], "is not a known target"),
         (["lock", "--patch-file", "p=/nonexistent.patch"], "no such file"),
         (["publish-binaries", "--target", "cpu-llamacpp"], "the following arguments are required: --store"),
+        (["rebuild-binaries", "--target", "a40-vllm"], "is a vllm target: no compiled binaries to rebuild"),
+        (["rebuild-binaries", "--against", str(tmp_path / "empty-store")], "to compare with: pass --against STORE"),
+        (["compare-images", "kiln-test/none:1"], "the following arguments are required: OTHER"),
         (["template", "--image", "Registry/Me:tag"], "expected a repository"),
         (["template", "--upsert", "--target", "cpu-llamacpp"], "needs RUNPOD_API_KEY"),
         (["pods"], "the following arguments are required: COMMAND"),

@@ -5,7 +5,8 @@ tests/integration/test_engine_reproducible.py and test_image_reproducible.py):
 - it is part of the engine tarball's identity, and the packer dates every entry with it;
 - the build context build.py writes is dated and its modes normalised (a COPY keeps both);
 - the image's Kiln layers are made in stages and copied staged, so no RUN writes into the image itself;
-- tarcompare names each way two archives differ, and nothing when they are the same.
+- tarcompare names each way two archives differ, and nothing when they are the same; a rebuild that
+  differs stops with both sha256s named (what fails the images workflow before it publishes).
 """
 
 from __future__ import annotations
@@ -19,6 +20,7 @@ from pathlib import Path
 import pytest
 
 from images.binaries.artifacts import ArtifactSpec, build_config_hash, pack
+from images.binaries.rebuild import RebuildMismatch, check_same
 from images.build import render
 from images.paths import RENDERED_DIR
 from images.pins.lock import Pin, load_lock, pins_for, source_date_epoch
@@ -120,3 +122,17 @@ def test_tarcompare_names_each_difference_and_nothing_when_the_same(tmp_path):
     assert any(d.startswith("etc/x: sha256 ") for d in diffs)
     assert "etc/y: only in the second" in diffs
     assert differences(a, _tar(tmp_path / "c.tar", {"etc": (b"", 5), "etc/x": (b"one", 5)})) == []
+
+
+def test_a_rebuild_that_differs_names_both_sha256s_and_what_differs(tmp_path):
+    first = pack(_prefix(tmp_path / "a", f"KILN_SOURCE_DATE_EPOCH={NOV_29}\n"), SPEC, tmp_path / "one")
+    second_prefix = _prefix(tmp_path / "b", f"KILN_SOURCE_DATE_EPOCH={NOV_29}\n")
+    (second_prefix / "bin" / "llama-server").write_text("#!/bin/sh\n# /tmp/kiln-compile-x\n")
+    second = pack(second_prefix, SPEC, tmp_path / "two")
+    with pytest.raises(RebuildMismatch) as err:
+        check_same(first.tarball, second.tarball)
+    message = str(err.value)
+    assert first.sha256 in message and second.sha256 in message and "not publishing" in message
+    assert any(d.startswith("bin/llama-server: size ") for d in err.value.differences)
+    same = pack(_prefix(tmp_path / "c", f"KILN_SOURCE_DATE_EPOCH={NOV_29}\n"), SPEC, tmp_path / "three")
+    assert check_same(first.tarball, same.tarball) == first.sha256
