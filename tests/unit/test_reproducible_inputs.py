@@ -21,7 +21,7 @@ import pytest
 
 from images.binaries.artifacts import ArtifactSpec, build_config_hash, pack
 from images.binaries.rebuild import RebuildMismatch, check_same
-from images.build import render
+from images.build import layers, render
 from images.paths import RENDERED_DIR
 from images.pins.lock import Pin, load_lock, pins_for, source_date_epoch
 from images.tarcompare import differences
@@ -136,3 +136,34 @@ def test_a_rebuild_that_differs_names_both_sha256s_and_what_differs(tmp_path):
     assert any(d.startswith("bin/llama-server: size ") for d in err.value.differences)
     same = pack(_prefix(tmp_path / "c", f"KILN_SOURCE_DATE_EPOCH={NOV_29}\n"), SPEC, tmp_path / "three")
     assert check_same(first.tarball, same.tarball) == first.sha256
+
+
+def _saved(root: Path, steps: list[tuple[str, dict[str, tuple[bytes, int]]]]) -> Path:
+    """A directory laid out as `docker save` writes it: manifest.json, the config, one tar per layer."""
+    import hashlib
+    import json
+
+    root.mkdir()
+    tars, diff_ids, history = [], [], [{"created_by": "ARG X", "empty_layer": True}]
+    for i, (step, members) in enumerate(steps):
+        (root / str(i)).mkdir()
+        tar = _tar(root / str(i) / "layer.tar", members)
+        tars.append(f"{i}/layer.tar")
+        diff_ids.append("sha256:" + hashlib.sha256(tar.read_bytes()).hexdigest())
+        history.append({"created_by": step})
+    (root / "config.json").write_text(json.dumps({"rootfs": {"diff_ids": diff_ids}, "history": history}))
+    (root / "manifest.json").write_text(json.dumps([{"Config": "config.json", "Layers": tars}]))
+    return root
+
+
+def test_compare_images_says_which_layers_are_kilns_and_how_one_differs(tmp_path):
+    base = ("ADD rootfs", {"etc": (b"", 1)})
+    apt = "RUN apt-get install python3"
+    kiln = "COPY /kiln-layer/ / # buildkit"
+    a = _saved(tmp_path / "a", [base, (apt, {"var/log/dpkg.log": (b"10:00", 5)}), (kiln, {"opt": (b"", NOV_29)})])
+    b = _saved(tmp_path / "b", [base, (apt, {"var/log/dpkg.log": (b"10:01", 6)}), (kiln, {"opt": (b"", NOV_29)})])
+    rows = layers.compare(a, b)
+    assert [(r.same, r.kilns) for r in rows] == [(True, False), (False, False), (True, True)]
+    assert "var/log/dpkg.log: mtime 5 vs 6" in rows[1].differences
+    c = _saved(tmp_path / "c", [base, (apt, {}), (kiln, {"opt": (b"", 0)})])
+    assert layers.compare(a, c)[2].differences == [f"opt: mtime {NOV_29} vs 0"]
