@@ -118,7 +118,8 @@ def cmd_plan(args: argparse.Namespace) -> int:
     body["env"][SECRET_ENV] = SECRET_SHOWN
     print(dumps(body), end="")
     say(f"{shape.nodes} nodes x {shape.gpus_per_node} {shape.gpu_id}; POST /v2/clusters with this body is "
-        "`cluster up` (checked against RunPod's CreateClusterRequest; secrets are RunPod secret references)")
+        "`cluster up` (checked against RunPod's CreateClusterRequest; secrets are RunPod secret references, but "
+        f"{SECRET_ENV}, the beats' seal key, which `cluster up` makes for each cluster and puts in its env)")
     if args.volume:
         say(f"`cluster up` first checks that network volume {args.volume} exists, and places the cluster in its "
             "data center")
