@@ -13,6 +13,7 @@ import copy
 import hashlib
 import json
 import os
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -21,7 +22,10 @@ import jsonschema
 import pytest
 
 from images.attest import sbom
-from images.paths import LOCK_PATH, SPDX_SCHEMA, SUPERVISOR_REQUIREMENTS
+from images.binaries.artifacts import Packed
+from images.cli import attest_binaries
+from images.cli.command import target_and_pins
+from images.paths import LOCK_PATH, RENDERED_DIR, SPDX_SCHEMA, SUPERVISOR_REQUIREMENTS
 from kiln_dev.docker import docker_cli, local_base_image, require_docker
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -137,3 +141,25 @@ def test_publish_binaries_writes_a_statement_whose_subject_is_the_tarball(built)
     assert s["_type"] == "https://in-toto.io/Statement/v1" and s["predicateType"] == "https://slsa.dev/provenance/v1"
     assert s["subject"] == [{"name": tarball.name, "digest": {"sha256": digest}}]
     assert s["predicate"]["buildDefinition"]["buildType"].endswith("#build-type-binaries-v1")
+
+
+def test_an_in_build_compiles_statement_names_the_committed_dockerfile_and_the_pinned_build_base(built, tmp_path):
+    """publish-binaries --in-build compiles in the Dockerfile's engine-compile stage on the pinned build base:
+    its statement names that Dockerfile, which is the committed golden render (images/rendered/), and the
+    base by the lock's digest. The compile itself is not rerun here: the statement is written for the
+    tarball publish-binaries packed above, as the in-build path would write it."""
+    for f in built["store"].iterdir():
+        shutil.copy(f, tmp_path / f.name)
+    tarball = next(tmp_path.glob("*.tar.gz"))
+    packed = Packed(tarball=tarball, manifest=next(tmp_path.glob("*.manifest.json")),
+                    sha256_file=next(tmp_path.glob("*.sha256")), sha256=hashlib.sha256(tarball.read_bytes()).hexdigest())
+    target, pins = target_and_pins("cpu-llamacpp")
+    path = attest_binaries.write_statement(target, pins, packed, patch_files={}, in_build=True, allow_floating=False,
+                                           started_on="2026-12-06T00:00:00Z", finished_on="2026-12-06T00:00:01Z")
+    s = json.loads(path.read_text())
+    deps = {d.get("name") or d["uri"]: d for d in s["predicate"]["buildDefinition"]["resolvedDependencies"]}
+    golden = RENDERED_DIR / "cpu-llamacpp" / "Dockerfile"
+    assert deps["Dockerfile"]["digest"]["sha256"] == hashlib.sha256(golden.read_bytes()).hexdigest()
+    assert deps["base.build"]["digest"]["sha256"] == pins["base.build"].value.removeprefix("sha256:")
+    assert s["predicate"]["buildDefinition"]["externalParameters"] == {"target": "cpu-llamacpp", "inBuild": True}
+    assert s["predicate"]["runDetails"]["byproducts"][0]["name"] == packed.manifest.name
