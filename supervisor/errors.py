@@ -43,6 +43,8 @@ this tree and listed here.
     ├── EngineUnavailable        (images.build.docker) no Docker engine answers
     ├── BuildFailed              (images.build.docker) the image build failed
     ├── GateFailed               (images.ci.gate) the GPU selftest gate did not pass
+    ├── SbomInvalid              (images.attest.sbom) an SBOM is not a valid SPDX 2.3 document
+    ├── StatementError           (images.attest.statement) an in-toto statement's subject or type is wrong
     ├── RegistryError            (images.registry) a container registry refused, or could not be asked
     │   └── PromoteError         (images.ci.promote) staging tags could not be promoted
     ├── RunPodAPIError           (images.runpod.api) RunPod's API refused or failed a request
