@@ -1,5 +1,7 @@
-"""The payload of an image signature: cosign's "Simple Signing" (sigstore/cosign specs/SIGNATURE_SPEC.md,
-"Payloads"; field names as sigstore/sigstore pkg/signature/payload/payload.go spells them):
+"""The payload of an image signature, cosign's "Simple Signing", which names the manifest digest.
+
+sigstore/cosign specs/SIGNATURE_SPEC.md ("Payloads"), with the field names sigstore/sigstore
+pkg/signature/payload/payload.go spells:
 
     {"critical": {"identity": {"docker-reference": "<registry>/<repo>"},
                   "image": {"docker-manifest-digest": "sha256:<hex>"},

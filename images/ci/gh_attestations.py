@@ -1,5 +1,6 @@
-"""Verify the attestations GitHub Actions made keyless (actions/attest@v4, .github/workflows/images.yml)
-with the GitHub CLI, one predicate type at a time:
+"""Verify the attestations GitHub Actions made keyless (actions/attest@v4) with the GitHub CLI.
+
+.github/workflows/images.yml attests each staging digest; promote asks gh about each predicate type:
 
     gh attestation verify oci://<registry>/<repo>@sha256:<hex> --repo OWNER/REPO
         [--signer-workflow OWNER/REPO/.github/workflows/images.yml] --predicate-type T --format json
