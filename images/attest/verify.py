@@ -143,7 +143,7 @@ def attestation_problems(client: RegistryClient, image: ImageRef, digest: str, k
                 f"{key.describe()}: made with another key, or altered. Fix: --key the public key of the key that "
                 f"signed them, or attest with yours ({_sign_hint(image.name, digest, ' ' + hows)})"], []
     problems, lines = [], []
-    foreign: dict[tuple[str, ...], list[tuple[str, str]]] = {}     # other digests -> kinds about them
+    foreign: dict[tuple[str, ...], list[tuple[str, str]]] = {}    # other digests -> (kind, how) about them
     missing: list[tuple[str, str, str]] = []
     for what, types, how in kinds:
         of_type = [st for st in statements if st.get("predicateType") in types]
@@ -169,9 +169,10 @@ def attestation_problems(client: RegistryClient, image: ImageRef, digest: str, k
             lines.append(f"{ref}: {what} attestation verified ({mine[-1].get('predicateType')})")
     for about, whats in foreign.items():
         many = len(whats) > 1
+        about_s = ", ".join(about) or "no digest"
         problems.append(f"{ref}: the {_and([w for w, _ in whats])} attestation{'s' if many else ''} at "
-                        f"{image.name}:{tag} {'are' if many else 'is'} about {', '.join(about) or 'no digest'}, not this image ({digest}): made for another "
-                        f"image. Fix: attest this image's own "
+                        f"{image.name}:{tag} {'are' if many else 'is'} about {about_s}, not this image ({digest}): "
+                        "made for another image. Fix: attest this image's own "
                         f"({_sign_hint(image.name, digest, ' ' + ' '.join(dict.fromkeys(h for _, h in whats)))})")
     for what, ptype, how in missing:
         why = f"{unverified} other(s) there do not verify with {key.describe()}" if unverified else "none there"

@@ -9,8 +9,11 @@ immutable release tag already names a different image (an immutable tag never mo
 same digest is a no-op). Then the immutable tags are written, then the moving ones (e.g. `<target>`).
 
     key_verifier   signed with a key the user holds (`build.py sign`): images/attest/verify.py
-    GhVerifier     attested keyless in GitHub Actions: `gh attestation verify` (images/ci/gh_attestations.py) `docker buildx bake --push` tags each image
-as it finishes even when a later target fails (docker/buildx#1089); this is the opposite.
+    GhVerifier     attested keyless in GitHub Actions: `gh attestation verify`
+                   (images/ci/gh_attestations.py)
+
+`docker buildx bake --push` tags each image as it finishes even when a later target fails
+(docker/buildx#1089); this is the opposite.
 
 Speaks the OCI distribution API directly (GET/PUT /v2/<repo>/manifests/<ref>) with the Bearer
 token flow registries use (ghcr.io, Docker Hub); credentials from $KILN_REGISTRY_USER and

@@ -257,7 +257,8 @@ def _operator_key_first(api: RunPodAPI, target, router_target, replicas: int) ->
                         f"with its operator key: {where}, then run this again. Nothing was created")
 
 
-def refuse_unless_ok(verdict: precheck.Verdict, dep: deployment.Deployment, image: str, key=None) -> None:  # type: ignore[no-untyped-def]
+def refuse_unless_ok(verdict: precheck.Verdict, dep: deployment.Deployment, image: str,  # type: ignore[no-untyped-def]
+                     key=None) -> None:
     """Say what was checked; refuse, with every problem, when the pod would refuse what it is given, its
     image is not in its registry, or (`--verify`, `key` given) the image does not verify: unsigned, signed
     over another digest, its SBOM, provenance or gate verdict missing, made for another image, or failed.

@@ -64,7 +64,8 @@ def test_promotes_all_or_nothing_and_never_moves_an_immutable_tag(registry, sign
     lines = promote.promote(runs, client, verifier(client, signer))
     assert digest_of(client, f"{h}/kiln:a-0.1.0-aaaa") == a == digest_of(client, f"{h}/kiln:a")
     assert digest_of(client, f"{h}/kiln:b-0.1.0-bbbb") == b == digest_of(client, f"{h}/kiln:b")
-    assert len(lines) == 6 and lines[:2] == [f"verified {h}/kiln:staging-a-1 ({a})", f"verified {h}/kiln:staging-b-1 ({b})"]
+    assert len(lines) == 6
+    assert lines[:2] == [f"verified {h}/kiln:staging-a-1 ({a})", f"verified {h}/kiln:staging-b-1 ({b})"]
 
     # The same run again: nothing moves, nothing fails.
     assert all(line.startswith("verified") or "already" in line or "->" in line
