@@ -241,3 +241,44 @@ def test_a_verdict_from_another_image_is_not_signed(world, tmp_path):
     assert f"the gate ran {h}/kiln@{world.digests['good']}" in r.stderr and "a verdict is signed only for the image" \
         in r.stderr
     assert store.read(world.client, parse_ref(f"{h}/kiln"), world.digests["unsigned"], store.SIG) is None
+
+
+@pytest.mark.docker
+def test_an_image_the_docker_engine_built_and_pushed_is_signed_verified_and_pulled_by_digest(world, tmp_path):
+    """A real engine's image (Docker's v2 schema2 manifest, FROM scratch with one file): pushed, signed from
+    the command line, verified, pulled by the verified digest; rebuilt with a changed layer and pushed to the
+    same tag, it no longer verifies."""
+    from kiln_dev.docker import docker_cli
+
+    prefix, env = docker_cli()
+
+    def docker(*args: str) -> subprocess.CompletedProcess:
+        return subprocess.run([*prefix, *args], capture_output=True, text=True, env=env, timeout=300)
+
+    ref = f"{world.host}/engine-made:v1"
+    digests = []
+    for marker in ("first build", "a changed layer"):
+        ctx = tmp_path / marker.replace(" ", "-")
+        ctx.mkdir()
+        (ctx / "marker").write_text(marker)
+        (ctx / "Dockerfile").write_text("FROM scratch\nCOPY marker /marker\n")
+        built = docker("build", "--network", "host", "-t", ref, str(ctx))
+        assert built.returncode == 0, built.stderr
+        pushed = docker("push", ref)
+        assert pushed.returncode == 0, pushed.stderr
+        digests.append(next(w for w in pushed.stdout.split() if w.startswith("sha256:")))
+        if len(digests) == 1:
+            sign_all(world.root, f"{world.host}/engine-made@{digests[0]}", world.key)
+            ok = subprocess.run([sys.executable, str(ROOT / "build.py"), "verify", "--image", ref, "--key",
+                                 str(world.pub)], capture_output=True, text=True, cwd=ROOT, timeout=60)
+            assert ok.returncode == 0, ok.stderr
+            assert f"{world.host}/engine-made@{digests[0]}: signature verified" in ok.stdout
+            docker("rmi", ref)
+            pulled = docker("pull", f"{world.host}/engine-made@{digests[0]}")
+            assert pulled.returncode == 0, pulled.stderr
+    assert digests[0] != digests[1]
+    moved = subprocess.run([sys.executable, str(ROOT / "build.py"), "verify", "--image", ref, "--key",
+                            str(world.pub)], capture_output=True, text=True, cwd=ROOT, timeout=60)
+    assert moved.returncode == 1
+    assert f"FAILED {world.host}/engine-made@{digests[1]}: unsigned: no signature at" in moved.stderr
+    docker("rmi", ref, f"{world.host}/engine-made@{digests[0]}")
