@@ -23,7 +23,7 @@ import supervisor
 from supervisor.errors import KilnError
 from supervisor.redact import redact
 
-from . import binaries, cluster, endpoint, fleet, generate, image, pins, plan, pods, reference, router, runpod, upgrade
+from . import binaries, cluster, endpoint, fleet, generate, image, pins, plan, pods, reference, router, runpod, sign, upgrade
 from .command import Command, Formatter, add_commands, walk
 
 EXIT_USAGE = 2
@@ -35,6 +35,7 @@ COMMANDS: tuple[Command, ...] = (
     *pins.COMMANDS,         # lock
     *upgrade.COMMANDS,      # upgrade
     *binaries.COMMANDS,     # compile, publish-binaries
+    *sign.COMMANDS,         # keygen, sign, verify
     *runpod.COMMANDS,       # template
     *pods.COMMANDS,         # pods up|status|logs|down|volumes
     *endpoint.COMMANDS,     # endpoint plan|up|status|logs|down

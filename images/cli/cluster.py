@@ -22,6 +22,7 @@ from ..runpod import clusters
 from ..runpod import pods as runpod_pods
 from ..runpod.template import dumps
 from ..target import load_target
+from . import command as opt
 from .command import Command
 from .. import deployment
 from ..runpod import precheck
@@ -57,6 +58,7 @@ def _up_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--poll", type=float, default=5.0, help="seconds between status reads")
     p.add_argument("--proxy", metavar="PATTERN", help="proxy URL pattern with {pod_id} and {port} "
                    f"(default: $RUNPOD_PROXY_URL or {runpod_pods.PROXY_URL})")
+    opt.verify_options(p)
     _common(p)
 
 
@@ -99,7 +101,7 @@ def _body(args: argparse.Namespace, *, check: bool = True):  # type: ignore[no-u
         count_from = "--gpus-per-node" if args.gpus_per_node is not None else dep.count_from
         verdict = precheck.check(dep, precheck.PodShape(shape.gpu_id, shape.gpus_per_node, shape.nodes, dep.gpu_from,
                                                         count_from, nodes_from))
-        refuse_unless_ok(verdict, dep, tpl.body["image"])
+        refuse_unless_ok(verdict, dep, tpl.body["image"], opt.verify_key(args))
     if args.volume_path and not args.volume:
         raise KilnError(f"--volume-path {args.volume_path}: give --volume VOLUME_ID as well (the volume to "
                         "mount there)")

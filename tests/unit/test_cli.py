@@ -45,6 +45,9 @@ TAKES = {
     "upgrade": {"--target", "--to", "--dry-run", "--published", "--snapshot", "--index", "--python", "--cpu-torch"},
     "compile": {"--target", "--patch-file", "--jobs", "--force", "--allow-floating", "--publish"},
     "publish-binaries": {"--target", "--store", "--patch-file", "--allow-floating", "--in-build", "--build-network"},
+    "keygen": {"--out"},
+    "sign": {"--target", "--image", "--key", "--attest", "--verdict"},
+    "verify": {"--image", "--key", "--ungated"},
     "template": {"--target", "--image", "--image-ref", "--name", "--registry-auth", "--upsert", "--api",
                  "--allow-floating"},
     "pods": set(),          # a group: up, status, logs, down, volumes (their options: images/cli/pods.py)
@@ -132,6 +135,8 @@ def test_the_pods_group_mounts_every_pod_command():
     assert {"up", "status", "logs", "down", "volumes"} <= {
         path[1] for _, path in cli.walk(cli.parser()) if len(path) == 2 and path[0] == "pods"}
     assert "--replicas" in cli.options_of("pods up") and "--all" in cli.options_of("pods down")
+    for up in ("pods up", "endpoint up", "cluster up"):          # verify the image before renting (issue 53)
+        assert {"--verify", "--key"} <= cli.options_of(up), up
 
 
 # -- the design card's short form: `--target T` is `build --target T` (issue 48) ---------------------
