@@ -45,6 +45,11 @@ this tree and listed here.
     ├── GateFailed               (images.ci.gate) the GPU selftest gate did not pass
     ├── SbomInvalid              (images.attest.sbom) an SBOM is not a valid SPDX 2.3 document
     ├── StatementError           (images.attest.statement) an in-toto statement's subject or type is wrong
+    ├── EnvelopeError            (images.attest.dsse) not a DSSE envelope (bad JSON, a missing field, bad base64)
+    ├── KeyFileError             (images.attest.keys) a signing or verifying key file cannot be read or used
+    ├── SignError                (images.attest.sign) an image could not be signed (nothing was written)
+    ├── VerdictError             (images.attest.verdict) the gate's verdict is not one Kiln can sign
+    ├── VerifyFailed             (images.attest.verify) an image's signature or attestations do not verify
     ├── RegistryError            (images.registry) a container registry refused, or could not be asked
     │   └── PromoteError         (images.ci.promote) staging tags could not be promoted
     ├── RunPodAPIError           (images.runpod.api) RunPod's API refused or failed a request

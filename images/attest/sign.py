@@ -7,7 +7,7 @@ stored beside the image (store.py). Each part is optional but the signature; `ve
     provenance   attest/provenance.predicate.json, predicateType https://slsa.dev/provenance/v1
     verdict      the gate's JSON (verdict.py), predicateType https://kiln.dev/selftest-verdict/v1
 
-The statement is in-toto Statement v1 (in-toto/attestation spec/v1/statement.md, read at commit
+The statement is in-toto Statement v1 (statement.py; in-toto/attestation spec/v1/statement.md, read at commit
 051624ce): _type https://in-toto.io/Statement/v1, one subject {name: <registry>/<repo>, digest:
 {sha256: <hex>}}, as `cosign attest` and actions/attest name an image subject. The predicate types are
 in-toto's own for SPDX 2 (spec/predicates/spdx2.md) and SLSA provenance v1, the ones cosign's `--type
@@ -30,23 +30,15 @@ from supervisor.errors import KilnError
 from ..registry import ImageRef, RegistryClient, parse_ref
 from . import dsse, simplesigning, store, verdict
 from .keys import PrivateKey
-
-STATEMENT_TYPE = "https://in-toto.io/Statement/v1"
-SBOM_TYPE = "https://spdx.dev/Document"
-PROVENANCE_TYPE = "https://slsa.dev/provenance/v1"
+from .statement import SLSA_PROVENANCE_V1 as PROVENANCE_TYPE
+from .statement import SPDX_DOCUMENT as SBOM_TYPE
+from .statement import statement
 SBOM_FILE = "sbom.spdx.json"                        # B's build writes these two into attest/ (issue 53)
 PROVENANCE_FILE = "provenance.predicate.json"
 
 
 class SignError(KilnError):
     pass
-
-
-def statement(subject_name: str, digest_sha256: str, predicate_type: str, predicate: dict) -> dict:
-    """An in-toto Statement v1 about one image. A private copy until images/attest/statement.py (issue 53,
-    the SBOM/provenance part) lands with the same signature; then that one is used."""
-    return {"_type": STATEMENT_TYPE, "subject": [{"name": subject_name, "digest": {"sha256": digest_sha256}}],
-            "predicateType": predicate_type, "predicate": predicate}
 
 
 @dataclass(frozen=True)
