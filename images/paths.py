@@ -18,6 +18,8 @@ LOCK_PATH = IMAGES_DIR / "lock.toml"              # the resolved pins of every t
 CLOSURES_DIR = IMAGES_DIR / "closures"            # <package>-<version>-cp312.txt: a wheel engine's hash-locked closure
 SCHEMAS_DIR = IMAGES_DIR / "schemas"
 RUNPOD_SCHEMA = SCHEMAS_DIR / "runpod-rest-v2.json"   # the vendored excerpt of RunPod's REST v2 document
+SPDX_SCHEMA = SCHEMAS_DIR / "spdx-2.3.schema.json"    # the SPDX 2.3 JSON schema, verbatim (an SBOM is checked against it)
+SPDX_SCHEMA_SOURCE = SCHEMAS_DIR / "spdx-2.3.schema.source.json"   # where it came from: URL, commit, sha256
 
 # -- scripts a build copies into its context --------------------------------------------------------
 SCRIPTS_DIR = IMAGES_DIR / "scripts"

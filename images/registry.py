@@ -1,12 +1,19 @@
-"""A container registry's manifests over the OCI distribution API (GET/PUT /v2/<repo>/manifests/<ref>),
-with the Bearer token flow registries use (ghcr.io, Docker Hub) or Basic credentials. Two users:
-`promote` moves release tags by digest (images/ci/promote.py), and `up` checks an image exists before
-renting anything (images/runpod/image_check.py)."""
+"""A container registry over the OCI distribution API: manifests (GET/PUT /v2/<repo>/manifests/<ref>) and
+blobs (GET /v2/<repo>/blobs/<digest>, POST+PUT /v2/<repo>/blobs/uploads/ as one monolithic upload), with the
+Bearer token flow registries use (ghcr.io, Docker Hub) or Basic credentials. Users: `promote` moves release
+tags by digest (images/ci/promote.py), `up` checks an image exists before renting anything
+(images/runpod/image_check.py), and images/attest/store.py keeps signatures and attestations beside an image.
+
+Spec: opencontainers/distribution-spec spec.md ("Pulling manifests", "Pulling blobs", "Pushing a blob
+monolithically" with POST then PUT ?digest=, "Pushing Manifests"). Every manifest and blob read by
+digest is hashed here and refused when its bytes do not hash to that digest: a registry (or anything
+between) cannot hand over other bytes under a digest a signature names."""
 
 from __future__ import annotations
 
 import base64
 import hashlib
+import os
 import re
 from dataclasses import dataclass
 
@@ -15,6 +22,10 @@ import requests
 from supervisor.errors import KilnError
 
 from .pins.resolve import MANIFEST_ACCEPT, split_ref
+
+
+LOOPBACK = ("localhost", "127.0.0.1", "[::1]")
+USER_ENV, PASSWORD_ENV = "KILN_REGISTRY_USER", "KILN_REGISTRY_PASSWORD"
 
 
 class RegistryError(KilnError):
@@ -26,6 +37,46 @@ class Manifest:
     body: bytes
     media_type: str
     digest: str
+
+
+@dataclass(frozen=True)
+class ImageRef:
+    """registry/repo[:tag][@sha256:hex], split. `reference` is what a manifest request names: the digest
+    when there is one (then the tag is only a label), else the tag."""
+    registry: str
+    repo: str
+    tag: str | None
+    digest: str | None
+
+    @property
+    def reference(self) -> str:
+        return self.digest or self.tag or "latest"
+
+    @property
+    def name(self) -> str:
+        """registry/repo, as a signature's docker-reference and an attestation's subject name spell it."""
+        host = "docker.io" if self.registry == "registry-1.docker.io" else self.registry
+        return f"{host}/{self.repo}"
+
+    def at(self, digest: str) -> str:
+        return f"{self.name}@{digest}"
+
+
+DIGEST_RE = re.compile(r"sha256:[0-9a-f]{64}")
+
+
+def parse_ref(ref: str) -> ImageRef:
+    """'ghcr.io/you/kiln:t@sha256:…' -> ImageRef('ghcr.io', 'you/kiln', 't', 'sha256:…')."""
+    name, at, digest = ref.partition("@")
+    if at and not DIGEST_RE.fullmatch(digest):
+        raise RegistryError(f"image {ref!r}: the part after @ must be sha256: and 64 lowercase hex digits")
+    tagged = ":" in name.split("/")[-1]
+    registry, repo, tag = split_ref(name)
+    return ImageRef(registry, repo, tag if tagged or not at else None, digest if at else None)
+
+
+def sha256_digest(data: bytes) -> str:
+    return "sha256:" + hashlib.sha256(data).hexdigest()
 
 
 class RegistryClient:
@@ -89,9 +140,80 @@ class RegistryClient:
             raise RegistryError(f"GET manifest {registry}/{repo}@{digest}: HTTP {r.status_code}")
         return Manifest(r.content, r.headers.get("Content-Type", "").split(";")[0].strip(), digest)
 
+    def manifest(self, image: ImageRef, *, push: bool = False) -> Manifest | None:
+        """The manifest `image` names (by digest when it has one), None when the registry has none. Its
+        digest is the sha256 of the bytes served; a digest reference whose bytes hash otherwise is refused."""
+        where = f"{image.name}@{image.digest}" if image.digest else f"{image.name}:{image.reference}"
+        r = self._request("GET", image.registry, image.repo, f"manifests/{image.reference}",
+                          headers={"Accept": MANIFEST_ACCEPT}, push=push)
+        if r.status_code == 404:
+            return None
+        if r.status_code != 200:
+            raise RegistryError(f"GET manifest {where}: HTTP {r.status_code}")
+        digest = sha256_digest(r.content)
+        if image.digest and digest != image.digest:
+            raise RegistryError(f"GET manifest {where}: the registry served bytes whose sha256 is {digest}, not "
+                                f"{image.digest}: refused (a registry or proxy altering content)")
+        return Manifest(r.content, r.headers.get("Content-Type", "").split(";")[0].strip(), digest)
+
+    def blob(self, image: ImageRef, digest: str) -> bytes | None:
+        """A blob of image's repository by digest (checked against its bytes), None when there is none."""
+        r = self._request("GET", image.registry, image.repo, f"blobs/{digest}")
+        if r.status_code == 404:
+            return None
+        if r.status_code != 200:
+            raise RegistryError(f"GET blob {image.name}@{digest}: HTTP {r.status_code}")
+        if sha256_digest(r.content) != digest:
+            raise RegistryError(f"GET blob {image.name}@{digest}: the bytes served hash to "
+                                f"{sha256_digest(r.content)}: refused")
+        return r.content
+
+    def push_blob(self, image: ImageRef, data: bytes) -> str:
+        """Upload `data` into image's repository (skipped when the registry has it); returns its digest."""
+        digest = sha256_digest(data)
+        head = self._request("HEAD", image.registry, image.repo, f"blobs/{digest}", push=True)
+        if head.status_code == 200:
+            return digest
+        start = self._request("POST", image.registry, image.repo, "blobs/uploads/", push=True)
+        if start.status_code != 202 or not start.headers.get("Location"):
+            raise RegistryError(f"POST blob upload to {image.name}: HTTP {start.status_code}: {start.text[:200]} "
+                                "(may the token write packages?)")
+        location = start.headers["Location"]
+        if location.startswith("/"):
+            location = f"{self.scheme}://{image.registry}{location}"
+        headers = {"Content-Type": "application/octet-stream"}
+        key = (image.registry, image.repo)
+        if key in self._tokens:
+            headers["Authorization"] = self._tokens[key]
+        sep = "&" if "?" in location else "?"
+        r = self.s.put(f"{location}{sep}digest={digest}", data=data, headers=headers, timeout=self.timeout)
+        if r.status_code != 201:
+            raise RegistryError(f"PUT blob {digest} to {image.name}: HTTP {r.status_code}: {r.text[:200]}")
+        return digest
+
+    def put_manifest(self, image: ImageRef, reference: str, body: bytes, media_type: str) -> str:
+        """PUT a manifest under `reference` (a tag) in image's repository; returns its digest."""
+        r = self._request("PUT", image.registry, image.repo, f"manifests/{reference}", data=body, push=True,
+                          headers={"Content-Type": media_type})
+        if r.status_code not in (200, 201):
+            raise RegistryError(f"PUT manifest {image.name}:{reference}: HTTP {r.status_code}: {r.text[:200]}")
+        return sha256_digest(body)
+
     def put(self, ref: str, manifest: Manifest) -> None:
         registry, repo, tag = split_ref(ref)
         r = self._request("PUT", registry, repo, f"manifests/{tag}", data=manifest.body, push=True,
                           headers={"Content-Type": manifest.media_type})
         if r.status_code not in (200, 201):
             raise RegistryError(f"PUT manifest {ref}: HTTP {r.status_code}: {r.text[:200]}")
+
+
+def scheme_for(registry: str) -> str:
+    """http for a registry on loopback (a test's, a local mirror's), as Docker does for those hosts; else https."""
+    host = registry.rsplit(":", 1)[0] if not registry.startswith("[") else registry.split("]")[0] + "]"
+    return "http" if host in LOOPBACK else "https"
+
+
+def client_for(registry: str, *, timeout: float = 60.0) -> RegistryClient:
+    """A client for `registry` with the credentials in $KILN_REGISTRY_USER / $KILN_REGISTRY_PASSWORD, if any."""
+    return RegistryClient(scheme=scheme_for(registry), username=os.environ.get(USER_ENV) or None,
+                          password=os.environ.get(PASSWORD_ENV) or None, timeout=timeout)

@@ -13,7 +13,8 @@ this tree and listed here.
     │       ├── ArtifactCorrupt  its bytes are not the published bytes
     │       ├── ArtifactUnsafe   it would write outside its destination
     │       ├── ArtifactMismatch it is intact but not the one the target names
-    │       └── SmokeTestFailed  the extracted llama-server did not start
+    │       ├── SmokeTestFailed  the extracted llama-server did not start
+    │       └── RebuildMismatch  (images.binaries.rebuild) two compiles of the same inputs gave different tarballs
     ├── Cancelled                a stop was requested while a task ran (the task is gone)
     ├── ClientError              (supervisor.selftest.client) a request to the engine failed
     │   └── RequestCancelled     the selftest was told to stop (also a Cancelled)
@@ -43,6 +44,13 @@ this tree and listed here.
     ├── EngineUnavailable        (images.build.docker) no Docker engine answers
     ├── BuildFailed              (images.build.docker) the image build failed
     ├── GateFailed               (images.ci.gate) the GPU selftest gate did not pass
+    ├── SbomInvalid              (images.attest.sbom) an SBOM is not a valid SPDX 2.3 document
+    ├── StatementError           (images.attest.statement) an in-toto statement's subject or type is wrong
+    ├── EnvelopeError            (images.attest.dsse) not a DSSE envelope (bad JSON, a missing field, bad base64)
+    ├── KeyFileError             (images.attest.keys) a signing or verifying key file cannot be read or used
+    ├── SignError                (images.attest.sign) an image could not be signed (nothing was written)
+    ├── VerdictError             (images.attest.verdict) the gate's verdict is not one Kiln can sign
+    ├── VerifyFailed             (images.attest.verify) an image's signature or attestations do not verify
     ├── RegistryError            (images.registry) a container registry refused, or could not be asked
     │   └── PromoteError         (images.ci.promote) staging tags could not be promoted
     ├── RunPodAPIError           (images.runpod.api) RunPod's API refused or failed a request

@@ -1,4 +1,5 @@
-"""Talking to a Docker engine: is one there, does a base exist, build with secrets, push.
+"""Talking to a Docker engine: is one there, does a base exist, build with secrets, push, read a file
+of a built image, and the versions of what builds.
 
 Builds go through the docker CLI with BuildKit, not docker-py: docker-py's
 build API drives the legacy builder, which has no `RUN --mount=type=secret`,
@@ -8,10 +9,13 @@ land in a layer. docker-py is used for what it does well: ping, inspect, run.
 
 from __future__ import annotations
 
+import io
+import json
 import os
 import shutil
 import subprocess
 import sys
+import tarfile
 import tempfile
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -99,6 +103,7 @@ class BuildRequest:
     cache_from: Sequence[str] = ()     # BuildKit cache specs, e.g. type=registry,ref=R:T
     cache_to: Sequence[str] = ()       # needs a builder that exports cache (buildx docker-container)
     network: str = "host"              # host: the private dockerd has no bridge; default: buildx builders
+    iidfile: Path | None = None        # where docker writes the built image's ID (sha256:...)
 
 
 def build_argv(req: BuildRequest) -> list[str]:
@@ -124,6 +129,8 @@ def build_argv(req: BuildRequest) -> list[str]:
         argv += ["--target", req.target_stage]
     if req.output_dir:
         argv += ["--output", f"type=local,dest={req.output_dir}"]
+    if req.iidfile:
+        argv += ["--iidfile", str(req.iidfile)]
     return argv
 
 
@@ -178,6 +185,63 @@ def _end(proc: subprocess.Popen, grace_s: float = 10.0) -> None:
     except subprocess.TimeoutExpired:
         proc.kill()
         proc.wait()
+
+
+def read_image_file(image: str, path: str) -> bytes:
+    """One file of an image, as its layers leave it: copied out of a created, never started, container
+    (`docker cp` follows a symbolic link at `path`), so nothing from the image runs here."""
+    cli = docker_cli()
+    r = subprocess.run([cli, "create", image], capture_output=True, text=True, env=cli_env(), check=False)
+    if r.returncode != 0:
+        raise BuildFailed(f"cannot read {path} from {image}: docker create failed: {r.stderr.strip()[:200]}")
+    container = r.stdout.strip().splitlines()[-1]
+    try:
+        cp = subprocess.run([cli, "cp", "-L", f"{container}:{path}", "-"], capture_output=True, env=cli_env(), check=False)
+    finally:
+        subprocess.run([cli, "rm", container], capture_output=True, env=cli_env(), check=False)
+    if cp.returncode != 0:
+        raise BuildFailed(f"cannot read {path} from {image}: {cp.stderr.decode(errors='replace').strip()[:200]}")
+    with tarfile.open(fileobj=io.BytesIO(cp.stdout)) as tar:
+        member = next((m for m in tar.getmembers() if m.isfile()), None)
+        f = tar.extractfile(member) if member else None
+        if f is None:
+            raise BuildFailed(f"cannot read {path} from {image}: it is not a regular file")
+        return f.read()
+
+
+def image_id(ref: str) -> str:
+    """The image's ID (sha256:<hex> of its config) in the engine's store."""
+    r = subprocess.run([docker_cli(), "image", "inspect", "--format", "{{.Id}}", ref],
+                       capture_output=True, text=True, env=cli_env(), check=False)
+    if r.returncode != 0:
+        raise BuildFailed(f"no image {ref} in the engine's store: {r.stderr.strip()[:200]}")
+    return r.stdout.strip()
+
+
+def versions() -> dict[str, str]:
+    """The versions of what builds: the docker CLI, the engine (whose built-in BuildKit runs a plain
+    `DOCKER_BUILDKIT=1 docker build`) and, where the CLI has it, buildx. Only what the tools print."""
+    cli = docker_cli()
+    out: dict[str, str] = {}
+    r = subprocess.run([cli, "version", "--format", "{{json .}}"], capture_output=True, text=True, env=cli_env(),
+                       check=False)
+    try:
+        v = json.loads(r.stdout) if r.returncode == 0 else {}
+    except json.JSONDecodeError:
+        v = {}
+    if (v.get("Client") or {}).get("Version"):
+        out["docker-cli"] = v["Client"]["Version"]
+    if (v.get("Server") or {}).get("Version"):
+        out["docker-engine"] = v["Server"]["Version"]
+    r = subprocess.run([cli, "buildx", "version"], capture_output=True, text=True, env=cli_env(), check=False)
+    words = r.stdout.split()
+    if r.returncode == 0 and len(words) >= 2 and "buildx" in words[0]:
+        out["buildx"] = words[1]    # "github.com/docker/buildx v0.11.2 <commit>"
+    elif "docker-engine" in out:
+        # No buildx: `DOCKER_BUILDKIT=1 docker build` runs the BuildKit built into the engine, which
+        # reports no version of its own; the engine's version names it.
+        out["buildkit"] = f"built into docker-engine {out['docker-engine']}"
+    return out
 
 
 def push(tag: str) -> None:

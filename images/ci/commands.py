@@ -5,8 +5,14 @@
         `skipped`, never built for release), with its immutable release tag and staging tag
     python -m images.ci gate --target T --image REF (--local | --runpod) [--timeout S]
         start a staging image on a GPU and wait for the supervisor's selftest verdict (images/ci/gate.py)
-    python -m images.ci promote --run-id ID --targets a,b [--image REPO]
-        copy every staging tag of the run to its release tags, all or nothing (images/ci/promote.py)
+    python -m images.ci digest --image REF
+        the manifest digest a reference names (sha256:…), hashed from the bytes the registry serves
+    python -m images.ci verdict --gate verdict.json
+        the signed verdict's predicate (https://kiln.dev/selftest-verdict/v1) from what `gate` printed
+    python -m images.ci promote --run-id ID --targets a,b [--image REPO] (--key FILE | --gh-repo O/R) [--ungated]
+        verify every staging image, then copy every staging tag of the run to its release tags, all or
+        nothing (images/ci/promote.py): --key checks `build.py sign`'s signatures with a public key
+        (or $KILN_VERIFY_KEY), --gh-repo the keyless attestations the workflow made (`gh attestation verify`)
 
 Exit 0 on success, 1 when a gate fails, 2 on a usage or configuration error.
 """
@@ -17,6 +23,8 @@ import argparse
 import json
 import os
 import sys
+from datetime import datetime, timezone
+from pathlib import Path
 
 from supervisor.errors import KilnError
 
@@ -50,6 +58,23 @@ def matrix(run_id: str, repository: str | None = None) -> dict:
     return {"include": include, "skipped": skipped}
 
 
+def _verifier(args: argparse.Namespace, client):  # type: ignore[no-untyped-def]
+    from ..attest import keys
+    from .gh_attestations import GhVerifier
+    from .promote import key_verifier
+
+    key_file = args.key or (Path(os.environ[keys.VERIFY_KEY_ENV]) if os.environ.get(keys.VERIFY_KEY_ENV) else None)
+    if key_file is not None and args.gh_repo:
+        raise KilnError(f"--gh-repo and --key (or ${keys.VERIFY_KEY_ENV}): choose one way to verify")
+    if args.gh_repo:
+        return GhVerifier(args.gh_repo, args.gh_signer_workflow, require_verdict=not args.ungated)
+    if key_file is None:
+        raise KilnError("promote verifies every image before it moves a tag: --key FILE (the public key of "
+                        f"`build.py sign`'s key, or ${keys.VERIFY_KEY_ENV}) or --gh-repo OWNER/REPO (attested "
+                        "keyless by the images workflow)")
+    return key_verifier(client, keys.load_public(key_file), require_verdict=not args.ungated)
+
+
 def _promote(args: argparse.Namespace) -> int:
     from .promote import Promotion, client_from_env, promote
 
@@ -60,8 +85,33 @@ def _promote(args: argparse.Namespace) -> int:
         raise KilnError(f"--targets: {', '.join(unknown) or '(none)'} not releasable in this run "
                         f"(releasable: {', '.join(rows) or 'none'})")
     promotions = [Promotion(rows[t]["staging"], (rows[t]["release"],), (rows[t]["moving"],)) for t in wanted]
-    for line in promote(promotions, client_from_env(scheme=args.scheme)):
+    client = client_from_env(scheme=args.scheme)
+    for line in promote(promotions, client, _verifier(args, client)):
         print(line)
+    if args.ungated:
+        print("note: --ungated: promoted without a GPU gate verdict (signature, SBOM and provenance verified)")
+    return 0
+
+
+def _digest(args: argparse.Namespace) -> int:
+    from ..registry import client_for, parse_ref
+
+    image = parse_ref(args.image)
+    found = client_for(image.registry).manifest(image)
+    if found is None:
+        raise KilnError(f"--image {args.image}: {image.registry} has no manifest for {image.repo}:{image.reference}")
+    print(found.digest)
+    return 0
+
+
+def _verdict(args: argparse.Namespace) -> int:
+    from ..attest import verdict
+
+    try:
+        gate = json.loads(Path(args.gate).read_text())
+    except (OSError, ValueError) as e:
+        raise KilnError(f"--gate {args.gate}: cannot be read as JSON ({e})") from None
+    print(json.dumps(verdict.predicate(gate, f"--gate {args.gate}"), indent=2, sort_keys=True))
     return 0
 
 
@@ -85,7 +135,10 @@ def _gate(args: argparse.Namespace) -> int:
         verdict = gate.gate_runpod(RunPodAPI(key), tpl, target, timeout_s=args.timeout,
                                    pod_name=f"kiln-gate-{target.name}-{args.run_id}", proxy=args.proxy)
     print(json.dumps({"target": target.name, "image": args.image, "passed": verdict.passed,
-                      "state": verdict.state, "reason": verdict.reason, "selftest": verdict.selftest}, indent=2))
+                      "state": verdict.state, "reason": verdict.reason, "selftest": verdict.selftest,
+                      "gate": "local" if args.local else "runpod", "gpus": list(verdict.gpus),
+                      "driver": verdict.driver,
+                      "finished": datetime.now(timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")}, indent=2))
     return 0 if verdict.passed else 1
 
 
@@ -114,6 +167,17 @@ def main(argv: list[str] | None = None) -> int:
     pr.add_argument("--targets", required=True, help="comma-separated targets that built and passed")
     pr.add_argument("--image", help="repository (default: each target's `image`)")
     pr.add_argument("--scheme", default="https", choices=("https", "http"))
+    pr.add_argument("--key", type=Path, metavar="FILE", help="verify with this public key (`build.py sign`'s "
+                    "signatures; default: $KILN_VERIFY_KEY)")
+    pr.add_argument("--gh-repo", metavar="OWNER/REPO", help="verify the workflow's keyless attestations with "
+                    "`gh attestation verify --repo OWNER/REPO`")
+    pr.add_argument("--gh-signer-workflow", metavar="OWNER/REPO/PATH", help="with --gh-repo: only attestations "
+                    "this workflow signed (e.g. you/kiln/.github/workflows/images.yml)")
+    pr.add_argument("--ungated", action="store_true", help="no GPU gate ran: do not require its verdict")
+    d = sub.add_parser("digest")
+    d.add_argument("--image", required=True, help="an image reference (tag or digest)")
+    v = sub.add_parser("verdict")
+    v.add_argument("--gate", required=True, metavar="FILE", help="what `gate` printed")
     args = ap.parse_args(argv)
     try:
         if args.cmd == "matrix":
@@ -121,6 +185,10 @@ def main(argv: list[str] | None = None) -> int:
             return 0
         if args.cmd == "gate":
             return _gate(args)
+        if args.cmd == "digest":
+            return _digest(args)
+        if args.cmd == "verdict":
+            return _verdict(args)
         return _promote(args)
     except KilnError as e:
         print(f"error: {e}", file=sys.stderr)

@@ -43,11 +43,22 @@ class GateFailed(KilnError):
 
 @dataclass(frozen=True)
 class GateResult:
-    """The gate's answer for one staging image: passed or not, the supervisor's last state, and why."""
+    """The gate's answer for one staging image: passed or not, the supervisor's last state, and why; the
+    GPUs the pod's /status reported (hardware.gpus[].name) and their driver, for the signed verdict
+    (images/attest/verdict.py)."""
     passed: bool
     state: str
     reason: str
     selftest: dict[str, Any] | None = None
+    gpus: tuple[str, ...] = ()
+    driver: str | None = None
+
+
+def _hardware(snap: dict[str, Any]) -> dict[str, Any]:
+    hw = snap.get("hardware") if isinstance(snap.get("hardware"), dict) else {}
+    gpus = tuple(str(g["name"]) for g in hw.get("gpus") or [] if isinstance(g, dict) and g.get("name"))
+    driver = hw.get("driver") if isinstance(hw.get("driver"), str) else None
+    return {"gpus": gpus, "driver": driver}
 
 
 def judge(snap: dict[str, Any]) -> GateResult | None:
@@ -56,12 +67,13 @@ def judge(snap: dict[str, Any]) -> GateResult | None:
     selftest = snap.get("selftest") if isinstance(snap.get("selftest"), dict) else None
     if snap.get("ready") is True:
         if selftest and selftest.get("passed") is True:
-            return GateResult(True, state, "ready, selftest passed", selftest)
-        return GateResult(False, state, "ready without a passing selftest (is [selftest] enabled?)", selftest)
+            return GateResult(True, state, "ready, selftest passed", selftest, **_hardware(snap))
+        return GateResult(False, state, "ready without a passing selftest (is [selftest] enabled?)", selftest,
+                          **_hardware(snap))
     if state == "FAILED":
         failure = snap.get("last_failure") or {}
         why = failure.get("message") or failure.get("class") or "see /status"
-        return GateResult(False, state, f"FAILED: {why}", selftest)
+        return GateResult(False, state, f"FAILED: {why}", selftest, **_hardware(snap))
     return None
 
 

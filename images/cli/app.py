@@ -24,7 +24,7 @@ from supervisor.errors import KilnError
 from supervisor.redact import redact
 
 from . import (binaries, cluster, compare, endpoint, fleet, generate, image, pins, plan, pods, reference, router,
-               runpod, upgrade)
+               runpod, sign, upgrade)
 from .command import Command, Formatter, add_commands, walk
 
 EXIT_USAGE = 2
@@ -37,6 +37,7 @@ COMMANDS: tuple[Command, ...] = (
     *upgrade.COMMANDS,      # upgrade
     *binaries.COMMANDS,     # compile, publish-binaries, rebuild-binaries
     *compare.COMMANDS,      # compare-images
+    *sign.COMMANDS,         # keygen, sign, verify
     *runpod.COMMANDS,       # template
     *pods.COMMANDS,         # pods up|status|logs|down|volumes
     *endpoint.COMMANDS,     # endpoint plan|up|status|logs|down

@@ -91,7 +91,9 @@ def _publish_arguments(p: argparse.ArgumentParser) -> None:
 
 
 def _publish(args: argparse.Namespace) -> int:
+    from ..attest import provenance
     from ..binaries import obtain as binaries
+    from . import attest_binaries
 
     if args.build_network and not args.in_build:
         raise KilnError("--build-network cannot be combined with a host compile (no build runs); add --in-build "
@@ -100,6 +102,7 @@ def _publish(args: argparse.Namespace) -> int:
     _refuse_floating(target, pins, args.allow_floating)
     _llamacpp_only(target, "no compiled binaries to publish")
     patch_files = opt.parse_patch_files(args.patch_file)
+    started = provenance.now()
     if args.in_build:
         packed = binaries.compile_in_build(target, pins, patch_files=patch_files,
                                            allow_floating=args.allow_floating, network=args.build_network or "host")
@@ -108,6 +111,11 @@ def _publish(args: argparse.Namespace) -> int:
     if args.rebuild_check:
         _check_rebuild(packed, target, pins, in_build=args.in_build, patch_files=patch_files,
                        allow_floating=args.allow_floating, network=args.build_network or "host")
+    finished = provenance.now()
+    statement_path = attest_binaries.write_statement(
+        target, pins, packed, patch_files=patch_files, in_build=args.in_build, allow_floating=args.allow_floating,
+        started_on=started, finished_on=finished)
+    print(f"wrote {packed.sha256_file} and {statement_path}", file=sys.stderr)
     print(opt.open_binaries_store(args.store, target).put(packed))
     return 0
 

@@ -22,6 +22,7 @@ from ..runpod import clusters
 from ..runpod import pods as runpod_pods
 from ..runpod.template import dumps
 from ..target import load_target
+from . import command as opt
 from .command import Command
 from .. import deployment
 from ..runpod import precheck
@@ -57,6 +58,7 @@ def _up_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--poll", type=float, default=5.0, help="seconds between status reads")
     p.add_argument("--proxy", metavar="PATTERN", help="proxy URL pattern with {pod_id} and {port} "
                    f"(default: $RUNPOD_PROXY_URL or {runpod_pods.PROXY_URL})")
+    opt.verify_options(p)
     _common(p)
 
 
@@ -99,7 +101,7 @@ def _body(args: argparse.Namespace, *, check: bool = True):  # type: ignore[no-u
         count_from = "--gpus-per-node" if args.gpus_per_node is not None else dep.count_from
         verdict = precheck.check(dep, precheck.PodShape(shape.gpu_id, shape.gpus_per_node, shape.nodes, dep.gpu_from,
                                                         count_from, nodes_from))
-        refuse_unless_ok(verdict, dep, tpl.body["image"])
+        refuse_unless_ok(verdict, dep, tpl.body["image"], opt.verify_key(args))
     if args.volume_path and not args.volume:
         raise KilnError(f"--volume-path {args.volume_path}: give --volume VOLUME_ID as well (the volume to "
                         "mount there)")
@@ -118,7 +120,8 @@ def cmd_plan(args: argparse.Namespace) -> int:
     body["env"][SECRET_ENV] = SECRET_SHOWN
     print(dumps(body), end="")
     say(f"{shape.nodes} nodes x {shape.gpus_per_node} {shape.gpu_id}; POST /v2/clusters with this body is "
-        "`cluster up` (checked against RunPod's CreateClusterRequest; secrets are RunPod secret references)")
+        "`cluster up` (checked against RunPod's CreateClusterRequest; secrets are RunPod secret references, but "
+        f"{SECRET_ENV}, the beats' seal key, which `cluster up` makes for each cluster and puts in its env)")
     if args.volume:
         say(f"`cluster up` first checks that network volume {args.volume} exists, and places the cluster in its "
             "data center")

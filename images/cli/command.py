@@ -118,6 +118,15 @@ def template_reference_options(p: argparse.ArgumentParser, *, name_flag: str = "
                    "template's `registry`) for a private image")
 
 
+def verify_options(p: argparse.ArgumentParser) -> None:
+    """`up --verify`: the image is verified before anything is rented (pods, endpoint, cluster)."""
+    p.add_argument("--verify", action="store_true", help="verify the image before anything is rented: signed over "
+                   "its exact manifest digest, its SBOM, provenance and a passed GPU gate attested about that digest "
+                   "(`build.py sign`); refused, naming what failed, otherwise")
+    p.add_argument("--key", type=Path, metavar="FILE", help="with --verify: the signer's public key (PEM; default: "
+                   "$KILN_VERIFY_KEY)")
+
+
 # -- helpers for the commands' run functions ------------------------------------------------------
 def parse_patch_files(items: list[str] | None) -> dict[str, Path]:
     out: dict[str, Path] = {}
@@ -145,6 +154,17 @@ def readable_file(option: str, path: Path | None) -> Path | None:
     if not os.access(path, os.R_OK):
         raise KilnError(f"{option} {path}: not readable by this user")
     return path
+
+
+def verify_key(args: argparse.Namespace):  # type: ignore[no-untyped-def]
+    """The public key `up --verify` checks the image with; None without --verify."""
+    from ..attest.keys import verify_key as load
+
+    if not getattr(args, "verify", False):
+        if getattr(args, "key", None) is not None:
+            raise KilnError(f"--key {args.key}: the key is what --verify checks the image with: add --verify")
+        return None
+    return load(args.key)
 
 
 def target_and_pins(name: str):

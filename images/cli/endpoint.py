@@ -119,6 +119,7 @@ def _up_arguments(p: argparse.ArgumentParser) -> None:
     _wait_options(p, "wait until a worker of the release this `up` made reports healthy (one request wakes it "
                   "from zero); a new release that never does is undone, unless a newer release (a teammate's, "
                   "CI's) replaced it: that one is named and left live")
+    opt.verify_options(p)
     _api_option(p)
 
 
@@ -205,7 +206,7 @@ def _deployment(args: argparse.Namespace, *, check: bool):  # type: ignore[no-un
     if check and target.is_gpu:
         shape = precheck.PodShape(target.runpod.gpu_type, target.runpod.gpu_count, 1, dep.gpu_from, dep.count_from)
         image = args.image_ref or _plan(args, target, pins, ep.Compute(pools=("catalog",), gpu_count=1)).body["image"]
-        refuse_unless_ok(precheck.check(dep, shape), dep, image)
+        refuse_unless_ok(precheck.check(dep, shape), dep, image, opt.verify_key(args))
     return target, pins
 
 

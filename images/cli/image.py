@@ -115,10 +115,14 @@ def _build_arguments(p: argparse.ArgumentParser) -> None:
                    help="build every step again, none from the builder's cache (to check that a rebuild "
                    "gives the same layers: docs/images.md, 'Rebuild and compare')")
     opt.build_network(p)
+    p.add_argument("--out", type=Path, metavar="DIR", help="where the build writes its SBOM and provenance predicate "
+                   "(DIR/attest/sbom.spdx.json, DIR/attest/provenance.predicate.json; default: build-out/<target>)")
 
 
 def _build(args: argparse.Namespace) -> int:
+    from ..attest import provenance, write as attest_files
     from ..build import docker as docker_build, render, tags
+    from . import attest_build
 
     if args.binaries == "compile":
         extra = [o for o, given in (("--fallback-compile", args.fallback_compile),
@@ -146,20 +150,27 @@ def _build(args: argparse.Namespace) -> int:
     if args.staging and not re.fullmatch(r"[a-z0-9][a-z0-9._/:-]*:[A-Za-z0-9_][A-Za-z0-9_.-]{0,127}", args.staging):
         raise KilnError(f"--staging {args.staging!r}: expected repository:tag, e.g. ghcr.io/you/kiln:staging-x")
     tag = args.staging or tags.release_tag(target, pins, args.image, floating=ctx.floating)
+    out_dir = args.out or attest_files.default_out(target.name)
     with tempfile.TemporaryDirectory(prefix=f"kiln-{target.name}-") as tmp:
-        out = Path(tmp)
-        render.write_context(ctx, out, patch_files=patch_files)
-        mode, binaries_ref = _prepare_binaries(args, target, pins, out)
+        context = Path(tmp) / "context"
+        render.write_context(ctx, context, patch_files=patch_files)
+        mode, binaries_ref = _prepare_binaries(args, target, pins, context)
         req = docker_build.BuildRequest(
-            context=out, tags=[tag, *args.tag],
+            context=context, tags=[tag, *args.tag],
             build_args={"ENGINE_FROM": mode, "KILN_BINARIES": binaries_ref,
                         # A BuildKit that knows it (0.11+) also dates the image's config and history with it.
                         "SOURCE_DATE_EPOCH": str(ctx.source_date_epoch)},
             ca_bundle=ca_bundle, hf_token=os.environ.get("HF_TOKEN") or None,
             cache_from=args.cache_from, cache_to=args.cache_to, network=args.build_network or "host",
-            no_cache=args.no_cache)
+            no_cache=args.no_cache, iidfile=Path(tmp) / "image-id")
         print(f"building {tag} (engine: {mode}{', ' + binaries_ref if mode == 'fetch' else ''})", file=sys.stderr)
+        started = provenance.now()
         docker_build.build(req)
+        finished = provenance.now()
+        built = attest_build.BuiltImage(tag=tag, image_id=req.iidfile.read_text(encoding="utf-8").strip(),
+                           started_on=started, finished_on=finished, engine_from=mode, binaries_ref=binaries_ref)
+        for path in attest_build.attest(args, target, pins, ctx, context, built, out_dir, patch_files):
+            print(f"wrote {path}", file=sys.stderr)
     print(tag)
     if args.push:
         for t in [tag, *args.tag]:

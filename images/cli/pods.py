@@ -108,6 +108,7 @@ def _up_arguments(up: argparse.ArgumentParser) -> None:
     up.add_argument("--proxy", metavar="PATTERN", help="proxy URL pattern with {pod_id} and {port} "
                     f"(default: $RUNPOD_PROXY_URL or {pods.PROXY_URL})")
     _template_options(up)
+    opt.verify_options(up)
     _common(up)
 
 
@@ -155,6 +156,7 @@ def cmd_up(args: argparse.Namespace) -> int:
     if args.target == router_pod.ROUTER_TARGET:
         raise KilnError("--target router: the router runs in front of another target's replicas: "
                         "`pods up --target T --replicas N --router`")
+    key = opt.verify_key(args)
     dep = deployment.load(args.target, args.config, gpu=args.gpu, count=args.gpu_count)
     target = dep.target
     if target.runpod.is_cluster:
@@ -179,7 +181,7 @@ def cmd_up(args: argparse.Namespace) -> int:
     template = _template(args, target, pins)
     verdict = precheck.check(dep, precheck.PodShape(placement.gpu_id, placement.gpu_count, 1, dep.gpu_from,
                                                     dep.count_from))
-    refuse_unless_ok(verdict, dep, template.body["image"])
+    refuse_unless_ok(verdict, dep, template.body["image"], key)
     req = pods.UpRequest(target=target, template=template, placement=placement,
                          replicas=args.replicas, network_volume=args.network_volume,
                          network_volume_gb=args.network_volume_gb, terminate_on_failure=args.terminate_on_failure,
@@ -255,19 +257,40 @@ def _operator_key_first(api: RunPodAPI, target, router_target, replicas: int) ->
                         f"with its operator key: {where}, then run this again. Nothing was created")
 
 
-def refuse_unless_ok(verdict: precheck.Verdict, dep: deployment.Deployment, image: str) -> None:
-    """Say what was checked; refuse, with every problem, when the pod would refuse what it is given or
-    its image is not in its registry. Nothing is rented before this passes."""
+def refuse_unless_ok(verdict: precheck.Verdict, dep: deployment.Deployment, image: str,  # type: ignore[no-untyped-def]
+                     key=None) -> None:
+    """Say what was checked; refuse, with every problem, when the pod would refuse what it is given, its
+    image is not in its registry, or (`--verify`, `key` given) the image does not verify: unsigned, signed
+    over another digest, its SBOM, provenance or gate verdict missing, made for another image, or failed.
+    Nothing is rented before this passes."""
     for note in verdict.notes:
         say(f"note: {note}")
     found = image_check.check(image)
     if found.verdict != "missing":
         say(found.line)
     problems = verdict.problems + ([found.line] if found.verdict == "missing" else [])
+    if key is not None and found.verdict != "missing":
+        problems += _verify_image(image, key)
     if problems:
         raise KilnError(f"{dep.describe()} on the {dep.target.name} image: {len(problems)} problem(s); nothing "
                         "was rented:\n  - " + "\n  - ".join(problems))
     say(f"checked before renting: {dep.describe()} on the {dep.target.name} image")
+
+
+def _verify_image(image: str, key) -> list[str]:  # type: ignore[no-untyped-def]
+    from ..attest.verify import VerifyFailed, verify
+    from ..registry import client_for, parse_ref
+
+    try:
+        done = verify(client_for(parse_ref(image).registry, timeout=30), image, key)
+    except VerifyFailed as e:
+        return [f"--verify: {p}" for p in e.problems]
+    for line in done.lines:
+        say(f"verified {line}")
+    if parse_ref(image).digest is None:
+        say(f"note: RunPod pulls {image} by its tag; --image-ref {done.name}@{done.digest} pins the digest verified "
+            "here, so a tag moved later cannot swap it")
+    return []
 
 
 def cmd_status(args: argparse.Namespace) -> int:

@@ -14,28 +14,20 @@ Docker does for those hosts; every other one over HTTPS.
 
 from __future__ import annotations
 
-import os
 from dataclasses import dataclass
 
 import requests
 
 from supervisor.errors import KilnError
 
-from ..registry import RegistryClient
+from ..registry import client_for
 from ..pins.resolve import split_ref
-
-LOOPBACK = ("localhost", "127.0.0.1", "[::1]")
 
 
 @dataclass(frozen=True)
 class ImageCheck:
     verdict: str          # found | missing | unknown
     line: str
-
-
-def scheme_for(registry: str) -> str:
-    host = registry.rsplit(":", 1)[0] if not registry.startswith("[") else registry.split("]")[0] + "]"
-    return "http" if host in LOOPBACK else "https"
 
 
 def check(ref: str, *, timeout: float = 15.0) -> ImageCheck:
@@ -45,8 +37,7 @@ def check(ref: str, *, timeout: float = 15.0) -> ImageCheck:
         tag = digest if at else tag            # repo@sha256:...: the manifest by its digest
     except KilnError as e:
         return ImageCheck("unknown", f"image {ref}: not checked ({e})")
-    client = RegistryClient(scheme=scheme_for(registry), username=os.environ.get("KILN_REGISTRY_USER") or None,
-                            password=os.environ.get("KILN_REGISTRY_PASSWORD") or None, timeout=timeout)
+    client = client_for(registry, timeout=timeout)
     try:
         found = client.get_digest(registry, repo, tag) if at else client.get(ref, push=False)
     except requests.RequestException as e:

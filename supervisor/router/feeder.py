@@ -52,6 +52,24 @@ def probe(status_url: str, timeout_s: float) -> tuple[bool, str]:
         conn.close()
 
 
+def api_answers(url: str, timeout_s: float) -> bool:
+    """The replica's API address takes a connection. A replica restarted on RunPod keeps its status URL
+    (the HTTPS proxy's, by pod id) but its TCP port gets a new public port: ready by its status and
+    silent at the address the router has is a moved replica, never one to route to."""
+    u = urllib.parse.urlsplit(url)
+    port = u.port or (443 if u.scheme == "https" else 80)
+    try:
+        with socket.create_connection((u.hostname or "127.0.0.1", port), timeout=timeout_s):
+            return True
+    except OSError:
+        return False
+
+
+MOVED = ("its status says ready but its API address {addr} takes no connection: its port moved (a restarted "
+         "pod's TCP port gets a new public port) or the address is wrong. Fix: `python build.py pods up --target "
+         "T --replicas N --router` again hands the router the replicas' current addresses")
+
+
 class Feeder:
     def __init__(self, live: Callable[[], DeployConfig], key: Callable[[], str | None],
                  operator_key: Callable[[], str | None] = lambda: None):
@@ -191,7 +209,7 @@ class Feeder:
     def round(self) -> None:
         cfg = self.live()
         spec, key, replicas = cfg.router, self.key(), self.replicas()
-        answers = list(self._pool.map(lambda r: probe(r.status_url, spec.probe_timeout_s), replicas))
+        answers = list(self._pool.map(lambda r: self._probe(r, spec.probe_timeout_s), replicas))
         ready = {r.url: ok for r, (ok, _) in zip(replicas, answers)}
         smg = Smg("127.0.0.1", spec.engine_port, key, timeout_s=spec.probe_timeout_s)
         error = None
@@ -206,6 +224,14 @@ class Feeder:
         if not replicas and error is None:
             error = "no replicas configured: [[router.replicas]] in the deploy config, or KILN_ROUTER_REPLICAS"
         self._record(replicas, answers, ready, workers, error)
+
+    @staticmethod
+    def _probe(r: ReplicaSpec, timeout_s: float) -> tuple[bool, str]:
+        ok, said = probe(r.status_url, timeout_s)
+        if ok and r.url != r.status_url and not api_answers(r.url, timeout_s):
+            u = urllib.parse.urlsplit(r.url)
+            return False, MOVED.format(addr=f"{u.hostname}:{u.port}")
+        return ok, said
 
     def _settled(self, smg: Smg, added: tuple[str, ...]) -> list[Worker]:
         """smg's list once this round's adds are ready (~50 ms, measured), so a replica is routed in the

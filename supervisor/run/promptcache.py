@@ -60,7 +60,6 @@ class PromptCache:
     def before_ready(self, eng: Any) -> None:
         """An engine about to be SERVING for the first time: what the last stop saved, restored."""
         if eng is not None and not eng.served:
-            self.rt.rec.phase("prompt_cache")
             self.restore(*self._of(eng))
             eng.served = True
 
@@ -81,10 +80,12 @@ class PromptCache:
         if not self._applies(cfg) or cfg.cache.restore_s <= 0:
             return
         key = self._key(argv, model, env)
-        if key is None:
+        store = self._store(cfg)
+        if key is None or not store.entries():
             return
-        report = self._store(cfg).restore(self._api(cfg, cfg.cache.restore_s), key,
-                                          time.monotonic() + cfg.cache.restore_s)
+        self.rt.rec.phase("prompt_cache")    # a boot-timeline phase only when something was saved to read
+        report = store.restore(self._api(cfg, cfg.cache.restore_s), key,
+                              time.monotonic() + cfg.cache.restore_s)
         self._record(report, key)
 
     def _record(self, report: Any, key: str) -> None:

@@ -61,13 +61,15 @@ def image(store, tmp_path_factory) -> dict:
     # The host's bundle (this machine reaches PyPI through a TLS-intercepting proxy) plus a canary
     # line outside any certificate, so we can prove the bundle lands in no layer.
     ca.write_text(Path("/etc/ssl/certs/ca-certificates.crt").read_text() + f"\n# {CA_CANARY}\n")
+    out = tmp_path_factory.mktemp("out")
     r = build_py("build", "--target", "cpu-llamacpp", "--base-image", base, "--ca-bundle", str(ca),
-                 "--binaries", "fetch", "--binaries-store", str(store), "--tag", TAG,
+                 "--binaries", "fetch", "--binaries-store", str(store), "--tag", TAG, "--out", str(out),
                  env={"HF_TOKEN": HF_CANARY, "DOCKER_HOST": host})
     assert r.returncode == 0, r.stderr[-4000:]
     assert HF_CANARY not in r.stdout + r.stderr
     inspect = json.loads(docker("image", "inspect", TAG).stdout)[0]
-    return {"inspect": inspect, "build_log": r.stderr, "base": base}
+    attest = "".join(f.read_text() for f in sorted((out / "attest").iterdir()))
+    return {"inspect": inspect, "build_log": r.stderr, "base": base, "attest": attest}
 
 
 def test_build_took_the_fetch_path_and_labels_say_what_is_inside(image):
@@ -78,6 +80,9 @@ def test_build_took_the_fetch_path_and_labels_say_what_is_inside(image):
     assert labels["io.kiln.engine.binaries"].startswith("llama-server_src-b0a2feb64c6f_")
     assert "@sha256:" in labels["io.kiln.engine.binaries"]
     assert labels["io.kiln.base.override"] == image["base"]
+    # the SBOM and provenance name the build's choices, never its secrets
+    assert "sbom.spdx.json" in image["build_log"] and '"caBundleSecret": true' in image["attest"]
+    assert HF_CANARY not in image["attest"] and CA_CANARY not in image["attest"]
     assert labels["io.kiln.floating"] == "false"
     assert labels["org.opencontainers.image.version"] == labels["io.kiln.version"]
     assert image["inspect"]["Config"]["Entrypoint"] == ["/opt/kiln/venv/bin/python3", "-m", "supervisor"]

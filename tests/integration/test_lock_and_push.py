@@ -127,7 +127,7 @@ def test_push_sends_the_image_to_the_registry(tmp_path, registry):
     assert r.returncode == 0, r.stderr
     r = subprocess.run([sys.executable, "build.py", "build", "--target", "cpu-llamacpp", "--base-image", local_base_image(),
                         "--binaries", "fetch", "--binaries-store", str(store), "--image", f"{registry.host}/kiln",
-                        "--push"], cwd=ROOT, capture_output=True, text=True, env={**os.environ, "DOCKER_HOST": host},
+                        "--push", "--out", str(tmp_path / "out")], cwd=ROOT, capture_output=True, text=True, env={**os.environ, "DOCKER_HOST": host},
                        timeout=1800)
     assert r.returncode == 0, r.stderr[-3000:]
     tag = r.stdout.strip().splitlines()[-1].rsplit(":", 1)[1]

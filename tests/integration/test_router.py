@@ -251,14 +251,18 @@ def test_a_replica_whose_selftest_fails_is_never_routed_to(fleet):
 
 def test_a_ready_replica_smg_never_takes_is_said_once_on_status_not_logged_every_poll(tmp_path):
     """Issue 50 item 5: a replica smg never adopts was logged "is ready: added" at every poll, with /ready 503 and
-    nothing on /status. Here its readiness (a live llama-server's /health) says 200 while its API address has
-    no server at all: smg cannot take it."""
+    nothing on /status. Here its readiness (a live llama-server's /health) says 200 while its API address takes
+    connections and never answers (a listening socket nobody serves): smg cannot take it."""
+    import socket
+
     from supervisor.router.feeder import ADOPT_ROUNDS
 
     router_python()
     model = make_tiny_gguf(tmp_path / "tiny.gguf")
-    with LlamaServer(require_prefix(), model, api_key=KEY) as live:
-        nowhere = f"http://127.0.0.1:{free_port()}"
+    with LlamaServer(require_prefix(), model, api_key=KEY) as live, socket.socket() as mute:
+        mute.bind(("127.0.0.1", 0))
+        mute.listen(64)
+        nowhere = f"http://127.0.0.1:{mute.getsockname()[1]}"
         text = router_config(tmp_path, port=free_port(), status_port=free_port(), metrics_port=free_port(),
                              replicas=[(nowhere, live.url + "/health")], poll_s=0.3)
         with Supervised(tmp_path, text, env={"KILN_API_KEY": KEY}) as router:
@@ -270,4 +274,27 @@ def test_a_ready_replica_smg_never_takes_is_said_once_on_status_not_logged_every
             n = router.log().count(f"replica {nowhere} is ready: added")
             assert n <= 1, n                                   # said once, not at every poll
             assert router.log().count(f"replica {nowhere} is ready but not routed") == 1
+            router.stop()
+
+
+def test_a_replica_that_moved_to_another_port_is_never_routed_at_its_old_address(tmp_path):
+    """Issue 50 item 5: a replica restarted on another port stayed routed at its old address. A RunPod pod
+    keeps its status URL (the HTTPS proxy, by pod id) across a restart while its TCP port gets a new public
+    port. Here the replica's readiness says 200 (a live llama-server's /health) and the address the router
+    has for its API is closed: the router takes it out and says how to hand it the new address."""
+    router_python()
+    model = make_tiny_gguf(tmp_path / "tiny.gguf")
+    with LlamaServer(require_prefix(), model, api_key=KEY) as live:
+        old = f"http://127.0.0.1:{free_port()}"             # where it was; nothing listens there now
+        text = router_config(tmp_path, port=free_port(), status_port=free_port(), metrics_port=free_port(),
+                             replicas=[(old, live.url + "/health"), (live.url, live.url + "/health")], poll_s=0.3)
+        with Supervised(tmp_path, text, env={"KILN_API_KEY": KEY}) as router:
+            st = wait_for(lambda: (s := router.status()) and (s.get("router") or {}).get("routed") == 1 and s, 90,
+                          "the router routing the replica that answers")
+            rows = {r["url"]: r for r in st["router"]["replicas"]}
+            assert rows[live.url]["routed"] is True
+            moved = rows[old]
+            assert moved["ready"] is False and moved["routed"] is False and moved["worker"] is None
+            assert "port moved" in moved["answer"] and "pods up" in moved["answer"], moved
+            assert f"replica {old} is ready: added" not in router.log()       # never handed to smg
             router.stop()

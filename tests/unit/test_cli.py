@@ -37,7 +37,7 @@ def one_line_error(r: subprocess.CompletedProcess[str]) -> str:
 TAKES = {
     "build": {"--target", "--image", "--tag", "--push", "--staging", "--base-image", "--ca-bundle",
               "--allow-floating", "--binaries", "--binaries-store", "--fallback-compile", "--patch-file",
-              "--cache-from", "--cache-to", "--build-network", "--no-cache"},
+              "--cache-from", "--cache-to", "--build-network", "--no-cache", "--out"},
     "render": {"--target", "--out", "--base-image", "--allow-floating", "--patch-file"},
     "list": set(),
     "tag": {"--target", "--image", "--base-image"},
@@ -48,6 +48,9 @@ TAKES = {
                          "--rebuild-check"},
     "rebuild-binaries": {"--target", "--against", "--in-build", "--patch-file", "--allow-floating", "--build-network"},
     "compare-images": {"--show"},
+    "keygen": {"--out"},
+    "sign": {"--target", "--image", "--key", "--attest", "--verdict"},
+    "verify": {"--image", "--key", "--ungated"},
     "template": {"--target", "--image", "--image-ref", "--name", "--registry-auth", "--upsert", "--api",
                  "--allow-floating"},
     "pods": set(),          # a group: up, status, logs, down, volumes (their options: images/cli/pods.py)
@@ -135,6 +138,8 @@ def test_the_pods_group_mounts_every_pod_command():
     assert {"up", "status", "logs", "down", "volumes"} <= {
         path[1] for _, path in cli.walk(cli.parser()) if len(path) == 2 and path[0] == "pods"}
     assert "--replicas" in cli.options_of("pods up") and "--all" in cli.options_of("pods down")
+    for up in ("pods up", "endpoint up", "cluster up"):          # verify the image before renting (issue 53)
+        assert {"--verify", "--key"} <= cli.options_of(up), up
 
 
 # -- the design card's short form: `--target T` is `build --target T` (issue 48) ---------------------
@@ -159,7 +164,7 @@ def test_the_short_form_with_an_equals_sign_and_its_help_line():
 
 # -- the old spellings are gone (issue 35: no shims before a first release; CHANGELOG.md) -------------
 @pytest.mark.parametrize("argv", [["--list"], ["--target", "cpu-llamacpp", "--render", "--out", "D"],
-                                  ["--target", "cpu-llamacpp", "--print-tag"]])    # build takes neither option
+                                  ["--target", "cpu-llamacpp", "--print-tag"]])    # build takes no --render, no --print-tag
 def test_an_old_single_command_spelling_is_refused_not_guessed(argv, tmp_path):
     r = build_py(*argv, cwd=tmp_path)
     assert r.returncode == 2 and r.stdout == "" and list(tmp_path.iterdir()) == []

@@ -66,3 +66,13 @@ def test_the_readmes_render_examples_render(tmp_path):
         words = [str(tmp_path / f"out{i}") if w == "D" else w for w in words]
         r = subprocess.run([sys.executable, "build.py", *words], cwd=ROOT, capture_output=True, text=True)
         assert r.returncode == 0, f"{command}: {r.stderr}"
+
+
+def test_the_front_doors_stay_short():
+    # Issue 48: the README was 968 lines and benchmarks.md a 1,410-line lab notebook. The README opens the
+    # project in at most 300 lines with "Serve your own model"; benchmarks.md opens with its results table
+    # in at most 400 (the run-by-run history lives in docs/research/benchmarks-history.md).
+    readme = (ROOT / "README.md").read_text(encoding="utf-8")
+    bench = (ROOT / "docs" / "benchmarks.md").read_text(encoding="utf-8")
+    assert readme.count("\n") <= 300 and "## Serve your own model" in readme
+    assert bench.count("\n") <= 400 and bench.index("## Results") < bench.index("\n## P1")

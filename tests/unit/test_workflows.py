@@ -68,3 +68,36 @@ def test_release_tags_move_only_in_promote_after_every_build_and_gate():
     assert "vars.KILN_GPU_RUNNER" in jobs["gate-gpu-runner"]["if"]
     assert "vars.KILN_RUNPOD_GATE" in jobs["gate-runpod"]["if"]
     assert jobs["build"]["strategy"]["fail-fast"] is False
+
+
+def test_each_image_is_attested_and_promote_verifies_before_it_moves_a_tag():
+    """Issue 53: keyless attestations through actions/attest@v4 (provenance and SBOM after the push, the
+    verdict after the gate, each about the staging digest, pushed beside the image), and promote's
+    `gh attestation verify` of every digest before any tag moves."""
+    import yaml
+
+    doc = yaml.safe_load((ROOT / ".github" / "workflows" / "images.yml").read_text())
+    assert doc["defaults"]["run"]["shell"] == "bash"          # -eo pipefail: `gate | tee` keeps gate's status
+    jobs = doc["jobs"]
+
+    def attests(job):
+        return [s for s in jobs[job]["steps"] if str(s.get("uses", "")).startswith("actions/attest")]
+
+    build = attests("build")
+    assert [s["uses"] for s in build] == ["actions/attest@v4", "actions/attest@v4"]
+    assert "sbom-path" not in build[0]["with"] and "predicate-type" not in build[0]["with"]   # provenance mode
+    assert build[1]["with"]["sbom-path"].endswith("/sbom.spdx.json")
+    for job in ("gate-gpu-runner", "gate-runpod"):
+        (verdict,) = attests(job)
+        assert verdict["with"]["predicate-type"] == "https://kiln.dev/selftest-verdict/v1"
+        runs = "\n".join(s.get("run", "") for s in jobs[job]["steps"])
+        assert '--image "$IMAGE"' in runs and "images.ci verdict --gate verdict.json" in runs
+    for job in ("build", "gate-gpu-runner", "gate-runpod"):
+        for step in attests(job):
+            assert step["with"]["push-to-registry"] is True
+            assert step["with"]["subject-digest"].startswith("${{ steps.")
+        assert jobs[job]["permissions"] == {"contents": "read", "packages": "write", "id-token": "write",
+                                            "attestations": "write"}
+    promote = "\n".join(s.get("run", "") for s in jobs["promote"]["steps"])
+    assert '--gh-repo "$REPO"' in promote and "--gh-signer-workflow" in promote
+    assert jobs["promote"]["permissions"]["attestations"] == "read"
