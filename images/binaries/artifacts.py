@@ -272,6 +272,11 @@ def manifest_name(tarball_name: str) -> str:
     return tarball_name.removesuffix(".tar.gz") + ".manifest.json"
 
 
+def provenance_name(tarball_name: str) -> str:
+    """<stem>.provenance.json beside <stem>.tar.gz: publish-binaries' in-toto statement (SLSA provenance)."""
+    return tarball_name.removesuffix(".tar.gz") + ".provenance.json"
+
+
 def sha256_name(tarball_name: str) -> str:
     """<stem>.sha256 beside <stem>.tar.gz; it names the tarball, so `sha256sum --check` works next to it."""
     return tarball_name.removesuffix(".tar.gz") + ".sha256"

@@ -1,7 +1,7 @@
 """Where binaries artifacts live: a local directory, or a Hugging Face Hub repo.
 
-A store only moves the three files of a packed artifact (tarball, manifest, sha256); it trusts
-nothing. Trust is images.binaries.artifacts.verify + extract_and_smoke, after fetch.
+A store only moves the files of a packed artifact (tarball, manifest, sha256, and the provenance
+statement publish-binaries writes beside the tarball, when there is one); it trusts nothing. Trust is images.binaries.artifacts.verify + extract_and_smoke, after fetch.
 
     open_store("hf://owner/name@revision")   -> HubStore, files under binaries/<name> in the repo
     open_store("hf://datasets/owner/name")   -> HubStore on a dataset repo
@@ -16,7 +16,8 @@ import shutil
 from pathlib import Path
 from typing import TYPE_CHECKING, NoReturn, Protocol, runtime_checkable
 
-from .artifacts import ArtifactError, Packed, _tmp_path, check_tarball_name, manifest_name, sha256_name
+from .artifacts import (ArtifactError, Packed, _tmp_path, check_tarball_name, manifest_name, provenance_name,
+                        sha256_name)
 from supervisor.redact import redact
 
 if TYPE_CHECKING:
@@ -29,7 +30,7 @@ _REPO_ID = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]*/[A-Za-z0-9][A-Za-z0-9._-]*")
 @runtime_checkable
 class Store(Protocol):
     def put(self, packed: Packed) -> str:
-        """Publish the three files; return where they went."""
+        """Publish the files (with the provenance statement where there is one); return where they went."""
         ...
 
     def fetch(self, name: str, dest_dir: Path) -> tuple[Path, Path]:
@@ -52,6 +53,11 @@ def _copy_atomic(src: Path, dest: Path) -> Path:
     return dest
 
 
+def _statement(packed: Packed) -> Path:
+    """The provenance statement publish-binaries wrote beside the tarball (images/cli/attest_binaries.py)."""
+    return packed.tarball.with_name(provenance_name(packed.tarball.name))
+
+
 class LocalStore:
     """A directory holding <stem>.tar.gz, <stem>.manifest.json and <stem>.sha256 side by side."""
 
@@ -67,6 +73,8 @@ class LocalStore:
         # The manifest goes last: exists() looks for it, so a reader never sees a half-published artifact.
         _copy_atomic(packed.tarball, self.root / name)
         _copy_atomic(packed.sha256_file, self.root / sha256_name(name))
+        if _statement(packed).is_file():
+            _copy_atomic(_statement(packed), self.root / provenance_name(name))
         _copy_atomic(packed.manifest, self.root / manifest_name(name))
         return str(self.root / name)
 
@@ -139,11 +147,14 @@ class HubStore:
             CommitOperationAdd(path_in_repo=f"{HUB_PREFIX}/{sha256_name(name)}", path_or_fileobj=str(packed.sha256_file)),
             CommitOperationAdd(path_in_repo=f"{HUB_PREFIX}/{manifest_name(name)}", path_or_fileobj=str(packed.manifest)),
         ]
+        if _statement(packed).is_file():
+            ops.append(CommitOperationAdd(path_in_repo=f"{HUB_PREFIX}/{provenance_name(name)}",
+                                          path_or_fileobj=str(_statement(packed))))
         try:
             api.create_repo(self.repo_id, repo_type=self.repo_type, exist_ok=True)
             if self.revision != "main":  # publishing to a branch: make it (from main) the first time
                 api.create_branch(self.repo_id, branch=self.revision, repo_type=self.repo_type, exist_ok=True)
-            # One commit for all three files: nobody can fetch a tarball without its manifest.
+            # One commit for every file: nobody can fetch a tarball without its manifest.
             info = api.create_commit(
                 self.repo_id,
                 ops,

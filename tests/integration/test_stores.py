@@ -28,6 +28,7 @@ from images.binaries.artifacts import (
     build_config_hash,
     extract_and_smoke,
     manifest_name,
+    provenance_name,
     pack,
     sha256_name,
     verify,
@@ -130,6 +131,19 @@ def test_hub_store_round_trip(packed: Packed, hub: HubServer, env: ClientEnv, tm
     assert (dest / "bin" / "llama-server").read_bytes() == (tmp_path / "prefix" / "bin" / "llama-server").read_bytes()
     # The download went through the HF cache (a later offline boot can reuse it).
     assert any(env.cache_dir.rglob(SPEC.name()))
+
+
+def test_a_provenance_statement_beside_the_tarball_travels_in_the_same_commit(
+    packed: Packed, hub: HubServer, env: ClientEnv, tmp_path: Path
+) -> None:
+    statement = packed.tarball.with_name(provenance_name(packed.tarball.name))
+    statement.write_text('{"_type": "https://in-toto.io/Statement/v1"}\n')   # what publish-binaries writes there
+    open_store(f"hf://{REPO}", token=CANARY, endpoint=hub.url).put(packed)
+    assert hub.counts["commit"] == 1
+    assert f"binaries/{provenance_name(SPEC.name())}" in HfApi(endpoint=hub.url, token=CANARY).list_repo_files(REPO)
+    local = open_store(str(tmp_path / "store"))
+    local.put(packed)
+    assert (tmp_path / "store" / provenance_name(SPEC.name())).read_bytes() == statement.read_bytes()
 
 
 def test_hub_store_publishes_to_a_branch_and_fetches_from_it(
