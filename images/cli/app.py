@@ -108,7 +108,9 @@ def short_form(argv: list[str]) -> list[str]:
 def _main(argv: list[str], prog: str) -> int:
     try:
         args = parser(prog).parse_args(short_form(argv))
-        return args.run(args)
+        code = args.run(args)
+        sys.stdout.flush()      # a buffered stdout's last write fails here, not in the interpreter's exit
+        return code
     except BrokenPipeError:
         # The reader went away (`build.py list | head -1`): not an error of the user's. Point stdout
         # at /dev/null so the interpreter's final flush does not complain either.
