@@ -31,6 +31,7 @@ from images.target import load_target
 from .cachelock import held
 from .docker import docker_cli, local_base_image, require_docker
 from .models import kiln_cache_dir
+from .reproducible import recorded
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
 TAGS = ("kiln-repro/cpu-llamacpp:first", "kiln-repro/cpu-llamacpp:second")
@@ -85,11 +86,8 @@ def _layers_of(tag: str) -> list[str] | None:
 
 
 def _cached(slot: Path, inputs: dict) -> dict | None:
-    try:
-        record = json.loads((slot / "record.json").read_text(encoding="utf-8"))
-    except (OSError, ValueError):
-        return None
-    if record.get("inputs") != inputs:
+    record = recorded(slot, inputs)
+    if record is None:
         return None
     for which, tag in zip(("first", "second"), TAGS):
         if _layers_of(tag) != [r[which] for r in record["rows"]]:

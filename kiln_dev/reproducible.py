@@ -65,12 +65,18 @@ def engine_record(target_name: str = "cpu-llamacpp") -> dict:
         return {**_compile_twice(target_name, inputs, slot), "cache": "miss"}
 
 
-def _cached(slot: Path, inputs: dict) -> dict | None:
+def recorded(slot: Path, inputs: dict) -> dict | None:
+    """The record kept in `slot` when it was made from exactly these inputs (image_rebuild.py's too)."""
     try:
         record = json.loads((slot / "record.json").read_text(encoding="utf-8"))
     except (OSError, ValueError):
         return None
-    if record.get("inputs") != inputs:
+    return record if record.get("inputs") == inputs else None
+
+
+def _cached(slot: Path, inputs: dict) -> dict | None:
+    record = recorded(slot, inputs)
+    if record is None:
         return None
     for which in ("first", "second"):
         path = slot / f"{which}.tar.gz"
