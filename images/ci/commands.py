@@ -193,6 +193,9 @@ def main(argv: list[str] | None = None) -> int:
     except KilnError as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
+    except OSError as e:        # a tool missing (docker, gh), a disk full: one line, never a traceback
+        print(f"error: {e.strerror or e}{': ' + str(e.filename) if e.filename else ''}", file=sys.stderr)
+        return 2
 
 
 if __name__ == "__main__":

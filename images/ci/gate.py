@@ -118,8 +118,14 @@ def gate_local(image: str, target: Target, *, timeout_s: float, volume: str | No
     if r.returncode != 0:
         raise GateFailed(f"docker run {image} failed: {r.stderr.strip()[:300]}")
     try:
-        port = subprocess.run([docker, "port", name, str(cfg.status.port)], capture_output=True, text=True,
-                              check=True).stdout.split()[0].rsplit(":", 1)[1]
+        published = subprocess.run([docker, "port", name, str(cfg.status.port)], capture_output=True, text=True,
+                                   check=False)
+        if published.returncode != 0 or not published.stdout.split():
+            # The container exited at once (an image with no supervisor) or the engine publishes no ports.
+            _print_logs(docker, name)
+            return GateResult(False, "", f"no status port {cfg.status.port} to read the verdict from: "
+                              f"{published.stderr.strip()[:300] or 'docker port printed nothing'}")
+        port = published.stdout.split()[0].rsplit(":", 1)[1]
 
         def alive() -> bool:
             out = subprocess.run([docker, "inspect", "-f", "{{.State.Running}}", name], capture_output=True,
@@ -128,12 +134,15 @@ def gate_local(image: str, target: Target, *, timeout_s: float, volume: str | No
 
         verdict = wait_verdict(f"http://127.0.0.1:{port}", timeout_s=timeout_s, alive=alive)
         if not verdict.passed:
-            logs = subprocess.run([docker, "logs", "--tail", "100", name], capture_output=True, text=True,
-                                  check=False)
-            print(logs.stdout + logs.stderr, file=sys.stderr)
+            _print_logs(docker, name)
         return verdict
     finally:
         subprocess.run([docker, "rm", "-f", name], capture_output=True, check=False)
+
+
+def _print_logs(docker: str, name: str) -> None:
+    logs = subprocess.run([docker, "logs", "--tail", "100", name], capture_output=True, text=True, check=False)
+    print(logs.stdout + logs.stderr, file=sys.stderr)
 
 
 # -- runpod: a pod from a staging template ------------------------------------------------
